@@ -1,0 +1,92 @@
+"""The command line: translate arguments into a Problem, call the engine, pick a renderer.
+
+Errors from the core (AttnError) become one line on stderr and exit code 2; anything
+unexpected is exit code 1 (the traceback only with ATTNCLI_DEBUG=1); Ctrl-C is 130.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from attncli import __version__
+from attncli.errors import AttnError
+
+app = typer.Typer(
+    name="attncli",
+    help="Compute attention on matrices you supply, and explain every step.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def error(message: str) -> None:
+    """One line on stderr, prefixed with the program name."""
+    sys.stderr.write(f"attncli: error: {message}\n")
+    sys.stderr.flush()
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map domain errors to exit 2, Ctrl-C to 130 and surprises to 1, each with one line."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except AttnError as e:
+            error(str(e))
+            raise typer.Exit(EXIT_INPUT) from None
+        except KeyboardInterrupt:
+            error("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except MemoryError:
+            error("out of memory; try smaller inputs, --steps output, or --dtype float32")
+            raise typer.Exit(EXIT_INTERNAL) from None
+        except Exception as e:
+            if os.environ.get("ATTNCLI_DEBUG"):
+                raise
+            error(f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+                  "(set ATTNCLI_DEBUG=1 for the traceback, and please report it)")
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return wrapper
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"attncli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Compute attention on matrices you supply, and explain every step.
+
+    Example: attncli run examples/cat_milk_sweet.yaml
+    """
+
+
+from attncli.cli import run as _run  # noqa: E402,F401  (registers the run command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        error("interrupted")
+        sys.exit(EXIT_INTERRUPTED)

@@ -1,0 +1,126 @@
+"""Options shared by several commands, declared once and attached with ``@with_options``.
+
+Each group is a list of ``inspect.Parameter`` with a Typer ``Annotated`` type; the
+decorator appends them to a command's signature and hands their values to the command
+as one ``opts`` dict, so ``run``, ``check`` and ``examples run`` take the same options
+without repeating them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from attncli.backend import BACKENDS, DEVICES, DTYPES
+from attncli.problem import CAUSAL_ALIGNS, MASK_CONVENTIONS
+from attncli.scoring import SCALINGS, score_names
+
+Group = list[inspect.Parameter]
+
+
+def choices(name: str, values: list[str] | tuple[str, ...]) -> type[Enum]:
+    """A str Enum for Typer built from a registry's keys."""
+    return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
+
+
+ScoreChoice = choices("ScoreChoice", score_names())
+ScalingChoice = choices("ScalingChoice", list(SCALINGS))
+MaskConvention = choices("MaskConvention", MASK_CONVENTIONS)
+CausalAlign = choices("CausalAlign", CAUSAL_ALIGNS)
+Dtype = choices("Dtype", DTYPES)
+BackendChoice = choices("BackendChoice", BACKENDS)
+DeviceChoice = choices("DeviceChoice", DEVICES)
+
+
+def option(name: str, annotation: Any, default: Any, *flags: str, help: str, **kw: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[annotation, typer.Option(*flags, help=help, **kw)])
+
+
+COMPUTE = "Computation"
+MASKING = "Masks and valid lengths"
+LABELS = "Labels"
+OUTPUT = "Output"
+
+PROBLEM_OPTIONS: Group = [
+    option("score", Optional[ScoreChoice], None, "--score", "-s", rich_help_panel=COMPUTE,
+           help="Scoring function (default scaled-dot)."),
+    option("scale", Optional[float], None, "--scale", rich_help_panel=COMPUTE,
+           help="Multiply the scores by this instead of the score's own scaling (e.g. 1/sqrt(d))."),
+    option("scaling", Optional[ScalingChoice], None, "--scaling", rich_help_panel=COMPUTE,
+           help="Scaling rule: sqrt-d (scaled-dot's default), none, seq (sqrt(d)·sqrt(n)), norm (‖S‖_F)."),
+    option("temperature", Optional[float], None, "--temperature", "-t", rich_help_panel=COMPUTE,
+           help="Divide the (scaled) scores by T before the softmax."),
+    option("valid_lens", Optional[str], None, "--valid-lens", rich_help_panel=MASKING,
+           help="Valid key counts as in d2l: '2,3' (one per batch entry), '2,3;1,2' (per query), or a file."),
+    option("mask", Optional[str], None, "--mask", rich_help_panel=MASKING,
+           help="Mask file: boolean/0-1 (meaning set by --mask-convention) or float (added to the scores)."),
+    option("mask_convention", Optional[MaskConvention], None, "--mask-convention", rich_help_panel=MASKING,
+           help="keep (default, as PyTorch SDPA): 1/True takes part. drop (as key_padding_mask and the notes' "
+                "score += mask·-1e9): 1/True is masked out."),
+    option("mask_value", Optional[float], None, "--mask-value", rich_help_panel=MASKING,
+           help="Value given to masked scores (default -inf: masked weights are exactly 0; -1e6 reproduces d2l)."),
+    option("causal", Optional[bool], None, "--causal/--no-causal", rich_help_panel=MASKING,
+           help="Mask keys after each query (as PyTorch is_causal)."),
+    option("causal_align", Optional[CausalAlign], None, "--causal-align", rich_help_panel=MASKING,
+           help="When queries and keys differ in number: top-left (is_causal, default) or bottom-right "
+                "(causal_lower_right)."),
+    option("labels", Optional[str], None, "--labels", rich_help_panel=LABELS,
+           help="Comma-separated labels for both queries and keys (self-attention)."),
+    option("query_labels", Optional[str], None, "--query-labels", rich_help_panel=LABELS,
+           help="Comma-separated query (row) labels, e.g. cat,milk,it,sweet."),
+    option("key_labels", Optional[str], None, "--key-labels", rich_help_panel=LABELS,
+           help="Comma-separated key (column) labels."),
+    option("dtype", Optional[Dtype], None, "--dtype", rich_help_panel=COMPUTE,
+           help="Compute in float32 or float64 (default: float32 only if every input is float32)."),
+    option("backend", Optional[BackendChoice], None, "--backend", rich_help_panel=COMPUTE,
+           help="numpy (default, CPU) or torch (needs PyTorch)."),
+    option("device", Optional[DeviceChoice], None, "--device", rich_help_panel=COMPUTE,
+           help="cpu (default), cuda or mps (imply torch), or auto (CUDA, then MPS, then the CPU)."),
+]
+
+FORMAT_CHOICES = ("rich", "json", "npz")
+FormatChoice = choices("FormatChoice", FORMAT_CHOICES)
+
+OUTPUT_OPTIONS: Group = [
+    option("format", FormatChoice, FormatChoice("rich"), "--format", "-f", rich_help_panel=OUTPUT,
+           help="rich: the step-by-step view; json: one JSON object on stdout; npz: an NPZ archive on stdout."),
+    option("save", Optional[Path], None, "--save", "-o", rich_help_panel=OUTPUT,
+           help="Also write every step to FILE (.npz or .json), atomically."),
+    option("precision", int, 4, "--precision", "-p", min=0, max=17, rich_help_panel=OUTPUT,
+           help="Decimals shown in the terminal view (JSON and NPZ keep full precision)."),
+    option("steps", Optional[str], None, "--steps", rich_help_panel=OUTPUT,
+           help="Comma-separated steps to show/save, e.g. weights,output (default: all)."),
+    option("full", bool, False, "--full", rich_help_panel=OUTPUT,
+           help="Show every row, column and batch entry of big matrices."),
+    option("quiet", bool, False, "--quiet", "-q", rich_help_panel=OUTPUT,
+           help="No terminal view and no warnings on stderr (use with --save)."),
+]
+
+
+def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Append option groups to a command; their values reach it as ``opts: dict``."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "opts"]
+        extra = [p for g in groups for p in g]
+        names = [p.name for p in extra]
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            opts = {n: kwargs.pop(n) for n in names if n in kwargs}
+            return fn(**kwargs, opts=opts)
+
+        del wrapper.__wrapped__  # Typer must see the new signature, not fn's
+        wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + extra}
+        return wrapper
+
+    return deco

@@ -1,0 +1,81 @@
+"""``attncli run``: attention on the given Q, K, V, step by step."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from attncli.cli import app, handles_errors
+from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
+from attncli.errors import InputError
+
+RUN_HELP = """Compute attention on Q, K, V and show every step.
+
+Inputs are .npy, .npz, .yaml/.yml, .json, .csv/.txt files, or - for stdin. One input is a
+problem file (q, k, v, labels, valid_lens, mask, options) or a matrix used as Q, K and V;
+two are Q and K (K is also V); three are Q, K, V.
+
+Examples:
+
+  attncli run examples/cat_milk_sweet.yaml
+
+  attncli run --score scaled-dot q.npy k.npy v.npy --valid-lens 2,3
+
+  attncli run q.yaml k.yaml v.yaml --format json | jq .output
+"""
+
+
+@app.command("run", help=RUN_HELP)
+@handles_errors
+@with_options(PROBLEM_OPTIONS, OUTPUT_OPTIONS)
+def run_command(
+    inputs: Annotated[list[str], typer.Argument(metavar="Q [K [V]]", help="Input files, or - for stdin.",
+                                                show_default=False)],
+    opts: dict[str, Any],
+) -> None:
+    from attncli.cli.inputs import build_problem
+    from attncli.engine import run
+    from attncli.io import Reader
+
+    problem = build_problem(inputs, opts, Reader())
+    trace = run(problem)
+    emit(trace, opts, protect=inputs)
+
+
+def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
+    """Print the trace in the chosen format, save it if asked, and report warnings on stderr."""
+    from rich.console import Console
+
+    from attncli.io import atomic_write
+    from attncli.render import FORMATS, SAVERS, RenderOptions, load_renderers
+
+    load_renderers()
+    steps = [s.strip() for s in opts["steps"].split(",")] if opts.get("steps") else None
+    if steps is not None:
+        known = {*trace.names(), *trace.inputs}
+        unknown = [s for s in steps if s not in known]
+        if unknown:
+            raise InputError(f"unknown step(s) {', '.join(unknown)}; this run has {', '.join([*trace.inputs, *trace.names()])}",
+                             "--steps")
+    ropts = RenderOptions(precision=opts["precision"], steps=steps, full=opts["full"])
+    save: Path | None = opts.get("save")
+    if save is not None:
+        ext = save.suffix.lower()
+        if ext not in SAVERS:
+            raise InputError(f"cannot save as {ext or '(no extension)'!r}; use one of {', '.join(sorted(SAVERS))}",
+                             str(save))
+        with atomic_write(save, protect=protect) as f:
+            SAVERS[ext](trace, ropts, f)
+    fmt = opts["format"].value
+    if fmt == "rich":
+        if not opts["quiet"]:
+            FORMATS["rich"](trace, ropts, Console(soft_wrap=False))
+    else:
+        FORMATS[fmt](trace, ropts, sys.stdout)
+        sys.stdout.flush()
+    if not opts["quiet"]:
+        for w in trace.warnings:
+            sys.stderr.write(f"attncli: warning: {w}\n")

@@ -1,0 +1,168 @@
+"""The math: one implementation over the array API, as a sequence of named steps.
+
+    scores  = score(Q, K)                       (..., m, n)
+    scaled  = scores · factor / temperature
+    masked  = scaled with masked keys at -inf (or --mask-value), plus any float mask
+    weights = softmax(masked)                   rows sum to 1 (0 where fully masked)
+    output  = weights @ V                       (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from attncli.backend import Backend, get_backend, to_numpy
+from attncli.problem import Options, Problem
+from attncli.scoring import SCALINGS, ScoreInput, get_score
+from attncli.trace import FEATURES, KEYS, QUERIES, Trace
+
+
+def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask: Any = None,
+           query_labels: list[str] | None = None, key_labels: list[str] | None = None,
+           params: dict[str, Any] | None = None, **options: Any) -> Trace:
+    """Attention of queries ``q`` over keys ``k`` and values ``v``, returned as a :class:`Trace`.
+
+    ``k`` and ``v`` default to ``q`` (self-attention). Keyword options are the fields of
+    :class:`attncli.problem.Options` (``score``, ``scale``, ``temperature``, ``causal``,
+    ``mask_convention``, ``mask_value``, ``dtype``, ``backend``, ``device``, ...).
+
+    >>> import numpy as np
+    >>> attend(np.eye(2), score="dot").weights.sum(axis=-1).tolist()
+    [1.0, 1.0]
+    """
+    problem = Problem.build(q, k, v, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
+                            key_labels=key_labels, params=dict(params or {}),
+                            options=Options().merged(options, "attend()"))
+    return run(problem)
+
+
+def run(problem: Problem, backend: Backend | None = None) -> Trace:
+    """Compute every step of ``problem`` on its backend and return the Trace."""
+    o = problem.options
+    be = backend or get_backend(o.backend, o.device)
+    xp, dt = be.xp, problem.dtype
+    q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
+    trace = Trace(query_labels=problem.query_labels, key_labels=problem.key_labels)
+    trace.meta.update(score=get_score(o.score).name, score_formula=get_score(o.score).formula, backend=be.name, device=be.device_name(), dtype=dt,
+                      shapes={"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)})
+    trace.inputs.update(q=q, k=k, v=v)
+    trace.meta["self_attention"] = problem.self_attention
+    params = {name: be.asarray(w, dt) for name, w in problem.params.items()}
+    weights = attention_weights(problem, be, q, k, params, trace)
+    out = weights @ v  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+    trace.add("output", "output = weights · V", out, (QUERIES, FEATURES))
+    return trace
+
+
+def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any],
+                      trace: Trace) -> Any:
+    """Scores, scaling, masking and softmax for ``q`` against ``k``: adds the steps, returns the weights."""
+    o, xp = problem.options, be.xp
+    score = get_score(o.score)
+
+    # 1) score
+    s = score.fn(ScoreInput(xp, q, k, params, trace, o.__dict__))
+    trace.add("scores", f"scores = {score.symbol}", s)
+
+    # 2) scale
+    factor, text = scale_factor(problem, xp, s)
+    if factor is not None:
+        s = s * factor
+    if o.temperature is not None:
+        s = s / o.temperature
+        text = f"({text}) / T = ({text}) / {o.temperature:g}" if factor is not None else f"S / T = S / {o.temperature:g}"
+    if factor is not None or o.temperature is not None:
+        trace.add("scaled", f"scaled = {text}", s)
+
+    # 3) mask
+    keep, bias = masks(problem, be, s.shape)
+    if keep is not None or bias is not None:
+        fill = -math.inf if o.mask_value is None else o.mask_value
+        if bias is not None:
+            s = s + bias
+        if keep is not None:
+            s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
+        trace.add("masked", f"masked = scores with masked keys set to {fill:g}" + (" (+ float mask)" if bias is not None else ""), s)
+
+    # 4) softmax over keys (stable); a row with every key at -inf gets zero weights
+    w = softmax(xp, s)
+    dead = _fully_masked_rows(xp, s, keep)
+    if dead is not None:
+        trace.warnings.extend(_dead_row_messages(problem, dead, o.mask_value))
+    trace.add("weights", "weights = softmax(masked, over keys)" if "masked" in trace else
+              f"weights = softmax({'scaled' if 'scaled' in trace else 'scores'}, over keys)", w)
+    return w
+
+
+def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
+    """The factor the scores are multiplied by (None for none) and its description."""
+    o = problem.options
+    d, n = int(problem.q.shape[-1]), problem.n
+    if o.scale is not None:
+        return o.scale, f"S · {o.scale:g}"
+    rule = SCALINGS[o.scaling or get_score(o.score).scaling]
+    if rule.name == "none":
+        return None, "S"
+    return rule.factor(xp, s, d, n), rule.describe(d, n)
+
+
+def masks(problem: Problem, be: Backend, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """(keep, bias): a boolean keep-mask broadcastable to ``shape`` and an additive float mask."""
+    xp, o = be.xp, problem.options
+    m, n = int(shape[-2]), int(shape[-1])
+    keep = None
+    j = np.arange(n)  # key index
+    if problem.query_limit is not None:
+        keep = j < problem.query_limit[..., None]  # (..., m, 1) vs (n,) -> (..., m, n)
+    if o.causal:
+        i = np.arange(m)[:, None]
+        offset = n - m if o.causal_align == "bottom-right" else 0
+        causal = j <= i + offset  # (m, n)
+        keep = causal if keep is None else keep & causal
+    bias = None
+    if problem.mask is not None:
+        mk = problem.mask
+        if mk.dtype == bool:
+            mk = mk if o.mask_convention == "keep" else ~mk
+            keep = mk if keep is None else keep & mk
+        else:
+            bias = be.asarray(mk, str(problem.dtype))
+    return (None if keep is None else be.asbool(keep)), bias
+
+
+def softmax(xp: Any, s: Any) -> Any:
+    """Stable softmax over the last axis: exp(s - max) / sum. Rows of -inf give zeros."""
+    mx = xp.max(s, axis=-1, keepdims=True)
+    mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+    e = xp.exp(s - mx)
+    z = xp.sum(e, axis=-1, keepdims=True)
+    return e / xp.where(z > 0, z, xp.ones_like(z))
+
+
+def _fully_masked_rows(xp: Any, s: Any, keep: Any) -> np.ndarray | None:
+    dead = xp.all(xp.isinf(s) & (s < 0), axis=-1)
+    if keep is not None:
+        dead = dead | ~xp.any(keep, axis=-1)
+    dead_np = to_numpy(dead)
+    return dead_np if dead_np.any() else None
+
+
+def _dead_row_messages(problem: Problem, dead: np.ndarray, mask_value: float | None) -> list[str]:
+    dead = np.broadcast_to(dead, problem.batch_shape + (problem.m,))
+    labels = problem.query_labels
+    out = []
+    for idx in np.argwhere(dead)[:10]:
+        *b, i = (int(x) for x in idx)
+        row = f"query {labels[i]!r}" if labels else f"query {i}"
+        where = f"{row} (batch {', '.join(map(str, b))})" if b else row
+        if mask_value is None or math.isinf(mask_value):
+            out.append(f"{where} has every key masked: its weights and output are zero")
+        else:
+            out.append(f"{where} has every key masked: with mask value {mask_value:g} its weights are uniform (as d2l)")
+    extra = int(dead.sum()) - len(out)
+    if extra > 0:
+        out.append(f"... and {extra} more fully masked rows")
+    return out

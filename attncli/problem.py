@@ -1,0 +1,257 @@
+"""Problem: validated inputs and options. The one place for shape checks and their messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+
+from attncli.errors import InputError
+from attncli.scoring import SCALINGS, get_score
+
+MASK_CONVENTIONS = ("keep", "drop")
+CAUSAL_ALIGNS = ("top-left", "bottom-right")
+ARRAY_TITLES = {"q": "Q", "k": "K", "v": "V", "valid_lens": "valid lengths", "mask": "mask"}
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to compute: every field can come from a problem file or the command line."""
+
+    score: str = "scaled-dot"
+    scale: float | None = None  # multiply the scores by this instead of the score's scaling
+    scaling: str | None = None  # a SCALINGS key; None: the score's default
+    temperature: float | None = None  # divide the (scaled) scores by this
+    causal: bool = False
+    causal_align: str = "top-left"
+    mask_convention: str = "keep"  # a 1/True in --mask means keep (SDPA) or drop (key_padding_mask)
+    mask_value: float | None = None  # None: -inf, masked weights are exactly 0
+    dtype: str | None = None  # None: float32 if every input is float32, else float64
+    backend: str | None = None
+    device: str = "cpu"
+    keep_weights: bool = True
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def merged(self, overrides: dict[str, Any], source: str = "options") -> Options:
+        """These options with ``overrides`` (those not None) applied, checked by name."""
+        unknown = set(overrides) - self.field_names()
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}", source)
+        return replace(self, **{k: _coerce(k, v, source) for k, v in overrides.items() if v is not None})
+
+
+_FLOATS = {"scale", "temperature", "mask_value"}
+_BOOLS = {"causal", "keep_weights"}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """An option value from a file or an API call, checked for its type."""
+    if name in _FLOATS:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise InputError(f"option {name} must be a number, got {value!r}", source)
+        try:
+            return float(value)
+        except ValueError:
+            raise InputError(f"option {name} must be a number, got {value!r}", source) from None
+    if name in _BOOLS:
+        if not isinstance(value, bool):
+            raise InputError(f"option {name} must be true or false, got {value!r}", source)
+        return value
+    if not isinstance(value, str):
+        raise InputError(f"option {name} must be a name, got {value!r}", source)
+    return value
+
+
+@dataclass
+class Problem:
+    """Validated q, k, v (numpy, host), masks, labels, options and where each array came from."""
+
+    q: np.ndarray  # (..., m, d_q)
+    k: np.ndarray  # (..., n, d_k)
+    v: np.ndarray  # (..., n, d_v)
+    valid_lens: np.ndarray | None = None  # as given: (B,), (B, m), batch or batch + (m,)
+    mask: np.ndarray | None = None  # bool or float, broadcastable to (..., m, n)
+    query_labels: list[str] | None = None
+    key_labels: list[str] | None = None
+    options: Options = field(default_factory=Options)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    # ---- derived, set by validate() ----
+    batch_shape: tuple[int, ...] = ()
+    query_limit: np.ndarray | None = None  # (..., m): keys j >= limit are masked (valid lens)
+
+    @property
+    def m(self) -> int:
+        return int(self.q.shape[-2])
+
+    @property
+    def n(self) -> int:
+        return int(self.k.shape[-2])
+
+    @property
+    def self_attention(self) -> bool:
+        """Q, K and V are one and the same matrix (X)."""
+        return self.k is self.q and self.v is self.k
+
+    @property
+    def dtype(self) -> str:
+        if self.options.dtype:
+            return self.options.dtype
+        every_f32 = all(a.dtype == np.float32 for a in (self.q, self.k, self.v))
+        return "float32" if every_f32 else "float64"
+
+    def where(self, name: str) -> str:
+        """The file (or stdin / option) an array came from, for error messages."""
+        return self.sources.get(name, "input")
+
+    def _fail(self, name: str, message: str) -> InputError:
+        return InputError(message, self.where(name))
+
+    @classmethod
+    def build(cls, q: Any, k: Any = None, v: Any = None, **kw: Any) -> Problem:
+        """A validated Problem; k and v default to q (self-attention shorthand)."""
+        k = q if k is None else k
+        v = k if v is None else v
+        p = cls(q=q, k=k, v=v, **kw)
+        p.validate()
+        return p
+
+    def validate(self) -> None:
+        o = self.options
+        score = get_score(o.score)
+        if o.scaling is not None and o.scaling not in SCALINGS:
+            raise InputError(f"unknown scaling {o.scaling!r}; choose one of {', '.join(SCALINGS)}", "--scaling")
+        if o.mask_convention not in MASK_CONVENTIONS:
+            raise InputError(f"unknown mask convention {o.mask_convention!r}; choose keep or drop", "--mask-convention")
+        if o.causal_align not in CAUSAL_ALIGNS:
+            raise InputError(f"unknown causal alignment {o.causal_align!r}; choose top-left or bottom-right", "--causal-align")
+        if o.temperature is not None and not (np.isfinite(o.temperature) and o.temperature > 0):
+            raise InputError(f"temperature must be a positive number, got {o.temperature}", "--temperature")
+        if o.scale is not None and not np.isfinite(o.scale):
+            raise InputError(f"scale must be a finite number, got {o.scale}", "--scale")
+        if o.mask_value is not None and np.isnan(o.mask_value):
+            raise InputError("mask value must be a number or -inf, got nan", "--mask-value")
+
+        k_is_q, v_is_k = self.k is self.q, self.v is self.k
+        self.q = self._matrix("q", self.q)
+        self.k = self.q if k_is_q else self._matrix("k", self.k)
+        self.v = self.k if v_is_k else self._matrix("v", self.v)
+        q, k, v = self.q, self.k, self.v
+        if score.same_width and q.shape[-1] != k.shape[-1]:
+            raise self._fail("k", f"K has width {k.shape[-1]} but Q has width {q.shape[-1]}; "
+                                  f"--score {score.name} needs equal widths (use --score additive for different widths)")
+        if k.shape[-2] != v.shape[-2]:
+            raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
+        try:
+            self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+        except ValueError:
+            raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
+                                  "(leading axes must be equal or 1)") from None
+        self._check_labels()
+        self.query_limit = self._valid_lens_limit()
+        self.mask = self._check_mask()
+
+    # ---- pieces of validate ----
+
+    def _matrix(self, name: str, a: Any) -> np.ndarray:
+        title = ARRAY_TITLES[name]
+        a = numeric_array(a, title, self.where(name))
+        if a.ndim == 0:
+            raise self._fail(name, f"{title} is a single number; expected a vector or a matrix (..., rows, width)")
+        if a.ndim == 1:
+            a = a[None, :]  # a 1-D q is one query (and a 1-D k or v one key)
+        if a.size == 0:
+            raise self._fail(name, f"{title} is empty (shape {a.shape})")
+        return a
+
+    def _check_labels(self) -> None:
+        for attr, count, what in (("query_labels", self.m, "queries"), ("key_labels", self.n, "keys")):
+            labels = getattr(self, attr)
+            if labels is None:
+                continue
+            labels = [str(x) for x in labels]
+            if len(labels) != count:
+                raise InputError(f"{len(labels)} {attr.replace('_', ' ')} given for {count} {what}",
+                                 self.sources.get(attr, f"--{attr.replace('_', '-')}"))
+            setattr(self, attr, labels)
+
+    def _valid_lens_limit(self) -> np.ndarray | None:
+        """Valid lengths as a per-query key limit, shape broadcastable to batch + (m,)."""
+        if self.valid_lens is None:
+            return None
+        vl = numeric_array(self.valid_lens, "valid lengths", self.where("valid_lens"))
+        if not np.all(vl == np.round(vl)):
+            raise self._fail("valid_lens", f"valid lengths must be whole numbers, got {vl.tolist()}")
+        vl = vl.astype(np.int64)
+        if np.any(vl < 0) or np.any(vl > self.n):
+            bad = vl[(vl < 0) | (vl > self.n)]
+            raise self._fail("valid_lens", f"valid length {int(bad.flat[0])} is out of range: there are {self.n} keys "
+                                           f"(each valid length must be between 0 and {self.n})")
+        b, m = self.batch_shape, self.m
+        nb = len(b)
+        s = vl.shape
+        if s in ((), (1,)):
+            return vl.reshape((1,) * nb + (1,))
+        if s == b + (m,) and nb:
+            return vl
+        if nb and s == (b[0],):
+            return vl.reshape((b[0],) + (1,) * (nb - 1) + (1,))  # d2l: one length per batch element
+        if nb and s == (b[0], m):
+            return vl.reshape((b[0],) + (1,) * (nb - 1) + (m,))  # d2l: one length per query
+        if nb and s == b:
+            return vl[..., None]
+        if not nb and s == (m,):
+            return vl
+        want = f"({b[0]},) or ({b[0]}, {m})" if nb else f"a single number or ({m},)"
+        raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
+
+    def _check_mask(self) -> np.ndarray | None:
+        if self.mask is None:
+            return None
+        mk = np.asarray(self.mask)
+        if mk.dtype == bool:
+            pass
+        else:
+            mk = numeric_array(mk, "mask", self.where("mask"), allow_inf=True)
+            if np.all((mk == 0) | (mk == 1)) and not np.issubdtype(np.asarray(self.mask).dtype, np.floating):
+                mk = mk.astype(bool)  # 0/1 integers are a boolean mask
+        target = self.batch_shape + (self.m, self.n)
+        try:
+            full = np.broadcast_shapes(mk.shape, target)
+        except ValueError:
+            full = None
+        if full != target:
+            raise self._fail("mask", f"mask has shape {mk.shape}, which does not broadcast to the scores' shape {target} "
+                                     "(batch..., queries, keys)")
+        return mk
+
+
+def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> np.ndarray:
+    """``a`` as a real float64/float32 array, or an InputError naming the array and the problem."""
+    try:
+        arr = np.asarray(a)
+    except ValueError as e:  # ragged nested lists
+        raise InputError(f"{title} is ragged: rows of different lengths ({e})", source) from None
+    if arr.dtype == object:
+        raise InputError(f"{title} is ragged or holds non-numbers; expected a rectangular array of numbers", source)
+    if arr.dtype.kind in "US":
+        raise InputError(f"{title} holds text where numbers belong", source)
+    if arr.dtype.kind == "c":
+        raise InputError(f"{title} holds complex numbers; attention needs real numbers", source)
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"{title} has dtype {arr.dtype}; expected numbers", source)
+    if arr.dtype.kind == "b" and title not in ("mask",):
+        raise InputError(f"{title} holds booleans where numbers belong", source)
+    if arr.dtype.kind in "biu" or arr.dtype.itemsize < 4:
+        arr = arr.astype(np.float64)
+    bad = np.isnan(arr) if allow_inf else ~np.isfinite(arr)
+    if np.any(bad):
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        what = "NaN" if np.isnan(arr[idx]) else "an infinite value"
+        raise InputError(f"{title} holds {what} at index {list(idx)}; inputs must be finite numbers", source)
+    return arr

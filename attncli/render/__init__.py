@@ -1,0 +1,54 @@
+"""Turning a Trace into something to read: terminal tables, JSON, NPZ.
+
+Two registries: ``FORMATS`` (what ``--format`` prints to stdout) and ``SAVERS`` (what
+``--save FILE`` writes, by extension). Rendering never computes attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from attncli.trace import Trace
+
+
+@dataclass
+class RenderOptions:
+    """How to show a trace: decimals, which steps, how much of a big matrix."""
+
+    precision: int = 4
+    steps: list[str] | None = None  # None: every step
+    full: bool = False  # show every cell of big matrices
+    max_rows: int = 12
+    max_cols: int = 10
+    max_batches: int = 4
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Formatter = Callable[[Trace, RenderOptions, Any], None]  # (trace, options, console or stream)
+FORMATS: dict[str, Formatter] = {}
+Saver = Callable[[Trace, RenderOptions, IO[bytes]], None]
+SAVERS: dict[str, Saver] = {}
+
+
+def output_format(name: str) -> Callable[[Formatter], Formatter]:
+    def deco(fn: Formatter) -> Formatter:
+        FORMATS[name] = fn
+        return fn
+
+    return deco
+
+
+def saver(*exts: str) -> Callable[[Saver], Saver]:
+    def deco(fn: Saver) -> Saver:
+        for e in exts:
+            SAVERS[e] = fn
+        return fn
+
+    return deco
+
+
+def load_renderers() -> None:
+    """Import the modules that fill the registries (kept out of import time for start-up)."""
+    from attncli.render import data, terminal  # noqa: F401

@@ -1,0 +1,81 @@
+"""Machine formats: JSON (stdout or file) and NPZ (stdout or file)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import IO, Any
+
+import numpy as np
+
+from attncli import __version__
+from attncli.render import RenderOptions, output_format, saver
+from attncli.trace import Trace
+
+
+def _plain(a: Any) -> Any:
+    """Nested lists of Python floats (full precision); non-finite values become null."""
+    arr = np.asarray(a)
+    if arr.dtype == bool:
+        return arr.tolist()
+    if arr.dtype.kind in "iu":
+        return arr.tolist()
+    flat = [None if not math.isfinite(x) else x for x in arr.astype(np.float64).ravel().tolist()]
+    if arr.ndim == 0:
+        return flat[0]
+    return np.array(flat, dtype=object).reshape(arr.shape).tolist()
+
+
+def trace_dict(trace: Trace, opts: RenderOptions) -> dict[str, Any]:
+    """The JSON document: ``weights``, ``output``, ``steps`` (name, formula, shape, values), ..."""
+    names = opts.steps
+    steps = [s for s in trace.steps if names is None or s.name in names]
+    doc: dict[str, Any] = {
+        "attncli": __version__,
+        **trace.meta,
+        "labels": {"queries": trace.query_labels, "keys": trace.key_labels},
+        "steps": [{"name": s.name, "formula": s.formula, "axes": list(s.axes), "shape": list(np.shape(s.values)),
+                   "values": _plain(s.numpy()), **({"notes": s.notes} if s.notes else {})} for s in steps],
+    }
+    for key in ("weights", "output"):
+        if key in trace:
+            doc[key] = _plain(trace[key])
+    doc["warnings"] = list(trace.warnings)
+    doc.update(trace.extra)
+    return doc
+
+
+def dumps(trace: Trace, opts: RenderOptions) -> str:
+    return json.dumps(trace_dict(trace, opts), ensure_ascii=False, allow_nan=False)
+
+
+@output_format("json")
+def print_json(trace: Trace, opts: RenderOptions, out: Any) -> None:
+    out.write(dumps(trace, opts) + "\n")
+
+
+@saver(".json")
+def save_json(trace: Trace, opts: RenderOptions, f: IO[bytes]) -> None:
+    f.write((dumps(trace, opts) + "\n").encode())
+
+
+def npz_arrays(trace: Trace, opts: RenderOptions) -> dict[str, np.ndarray]:
+    arrays = {k: v for k, v in trace.arrays().items() if opts.steps is None or k in opts.steps}
+    arrays.update({k: np.asarray(v) for k, v in trace.inputs_numpy().items() if k not in arrays})
+    for name, labels in (("query_labels", trace.query_labels), ("key_labels", trace.key_labels)):
+        if labels is not None:
+            arrays[name] = np.asarray(labels, dtype=str)
+    return arrays
+
+
+@saver(".npz")
+def save_npz(trace: Trace, opts: RenderOptions, f: IO[bytes]) -> None:
+    np.savez(f, **npz_arrays(trace, opts))  # type: ignore[arg-type]
+
+
+@output_format("npz")
+def print_npz(trace: Trace, opts: RenderOptions, out: Any) -> None:
+    buf = io.BytesIO()
+    save_npz(trace, opts, buf)
+    out.buffer.write(buf.getvalue()) if hasattr(out, "buffer") else out.write(buf.getvalue())

@@ -1,0 +1,79 @@
+"""The Trace: the contract between computing attention and showing it.
+
+An ordered list of named steps, each with its formula in plain text, its array, the
+names of its two last axes (so a renderer can label rows and columns) and notes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attncli.backend import to_numpy
+
+# Names of the axes a step's last two dimensions run over; renderers map them to labels.
+QUERIES, KEYS, FEATURES = "queries", "keys", "features"
+
+
+@dataclass
+class Step:
+    """One named step of the computation: ``values`` has shape ``(..., rows, cols)``."""
+
+    name: str
+    formula: str
+    values: Any
+    axes: tuple[str, str] = (QUERIES, KEYS)
+    notes: list[str] = field(default_factory=list)
+
+    def numpy(self) -> np.ndarray:
+        return to_numpy(self.values)
+
+
+@dataclass
+class Trace:
+    """What ``attend`` returns: the steps in order, labels, warnings and run facts."""
+
+    steps: list[Step] = field(default_factory=list)
+    query_labels: list[str] | None = None
+    key_labels: list[str] | None = None
+    warnings: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)  # score, backend, device, dtype, shapes
+    inputs: dict[str, Any] = field(default_factory=dict)  # q, k, v as computed on (backend arrays)
+    extra: dict[str, Any] = field(default_factory=dict)  # more JSON fields (e.g. diagnostics)
+
+    def add(self, name: str, formula: str, values: Any, axes: tuple[str, str] = (QUERIES, KEYS),
+            notes: list[str] | None = None) -> Any:
+        self.steps.append(Step(name, formula, values, axes, list(notes or [])))
+        return values
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.steps]
+
+    def step(self, name: str) -> Step:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"no step named {name!r}; steps are {', '.join(self.names())}")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.step(name).numpy()
+
+    def __contains__(self, name: object) -> bool:
+        return any(s.name == name for s in self.steps)
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self["weights"]
+
+    @property
+    def output(self) -> np.ndarray:
+        return self["output"]
+
+    def inputs_numpy(self) -> dict[str, np.ndarray]:
+        return {k: to_numpy(v) for k, v in self.inputs.items()}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every step as a numpy array, by name (what ``--save x.npz`` writes)."""
+        return {s.name: s.numpy() for s in self.steps}
