@@ -146,6 +146,30 @@ def _one_line(e: object) -> str:
     return " ".join(str(e).split())[:200]
 
 
+@loader(".pt", ".pth")
+def load_torch(data: bytes, source: str) -> dict[str, Any]:
+    """A PyTorch state dict (or a dict of tensors), loaded with ``weights_only=True``."""
+    from attncli.backend import TORCH_HINT, torch_available
+
+    if not torch_available():
+        raise InputError(f"is a PyTorch file, and reading it needs PyTorch; {TORCH_HINT}", source)
+    import pickle
+
+    import torch
+
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, TypeError) as e:
+        raise InputError(f"is not a PyTorch state dict that loads with weights_only=True ({_one_line(e)[:160]})",
+                         source) from None
+    if isinstance(obj, torch.Tensor):
+        return {"tensor": obj.detach().cpu().numpy()}
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise InputError(f"holds a {type(obj).__name__}, not a state dict of tensors", source)
+    return {str(k): v.detach().cpu().float().numpy() if v.dtype == torch.bfloat16 else v.detach().cpu().numpy()
+            for k, v in obj.items()}
+
+
 def sniff(data: bytes) -> str:
     """The extension whose loader fits bytes read from stdin."""
     if data.startswith(b"\x93NUMPY"):
