@@ -159,7 +159,10 @@ def load_torch(data: bytes, source: str) -> dict[str, Any]:
 
     try:
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, TypeError) as e:
+    except pickle.UnpicklingError:
+        raise InputError("holds Python objects beyond tensors (a whole pickled model?); only state dicts are read, "
+                         "with weights_only=True: save model.state_dict() instead", source) from None
+    except (RuntimeError, EOFError, ValueError, AttributeError, TypeError) as e:
         raise InputError(f"is not a PyTorch state dict that loads with weights_only=True ({_one_line(e)[:160]})",
                          source) from None
     if isinstance(obj, torch.Tensor):
