@@ -69,6 +69,8 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
 
     # 2) scale
     factor, text = scale_factor(problem, xp, s)
+    trace.meta["scaling"] = {"rule": text, "factor": factor if isinstance(factor, (int, float)) else None,
+                             "temperature": o.temperature}  # for explanations
     if factor is not None:
         s = s * factor
     if o.temperature is not None:
