@@ -1,0 +1,211 @@
+"""Diagnostics of a computed attention: how spread out each row's weights are, which key
+wins, whether the softmax saturated, and how similar the output rows are to each other.
+
+Math only (numpy on the host copies of the trace's arrays); the terminal renderer shows
+the result and ``--format json`` carries it under ``diagnostics``.
+
+    entropy H_i        = -Σ_j w_ij ln w_ij           (nats; 0 for a one-hot row)
+    effective keys     = exp(H_i)                    (n for uniform weights over n keys, 1 for one-hot)
+    saturated row      : max_j w_ij > 0.99
+    score spread       : max_j s_ij - min_j s_ij of the raw scores, compared with √d for unscaled dot
+                         products (their standard deviation grows like √d: the notes' reason to scale)
+    similarity         : output rows compared by dot product or cosine (and the inputs, for self-attention)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from attncli.trace import Trace
+
+SATURATION = 0.99  # a row whose largest weight exceeds this is (nearly) one-hot
+SPREAD_FACTOR = 2.0  # unscaled dot scores spreading over more than this many √d are flagged
+MAX_LISTED = 10  # rows named one by one in warnings
+MAX_JSON_ROWS = 1000  # rows listed one by one in saturated_rows / fully_masked_rows (the counts are exact)
+
+Similarity = Callable[[np.ndarray, np.ndarray], np.ndarray]
+SIMILARITIES: dict[str, Similarity] = {}
+
+
+def similarity(name: str) -> Callable[[Similarity], Similarity]:
+    def deco(fn: Similarity) -> Similarity:
+        SIMILARITIES[name] = fn
+        return fn
+
+    return deco
+
+
+@similarity("dot")
+def dot_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dot product of rows: sim_ij = a_i · b_j. (..., m, d) x (..., n, d) -> (..., m, n)"""
+    return a @ np.swapaxes(b, -1, -2)  # (..., m, d) x (..., d, n) -> (..., m, n)
+
+
+@similarity("cosine")
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of rows: sim_ij = a_i · b_j / (‖a_i‖ ‖b_j‖) (0 for a zero row). (..., m, d) x (..., n, d) -> (..., m, n)"""
+    na = np.linalg.norm(a, axis=-1, keepdims=True)  # (..., m, 1)
+    nb = np.linalg.norm(b, axis=-1, keepdims=True)  # (..., n, 1)
+    a = a / np.where(na > 0, na, 1.0)
+    b = b / np.where(nb > 0, nb, 1.0)
+    return a @ np.swapaxes(b, -1, -2)  # (..., m, d) x (..., d, n) -> (..., m, n)
+
+
+def row_entropy(w: np.ndarray) -> np.ndarray:
+    """H = -Σ_j w_j ln w_j over the last axis (0·ln 0 = 0). (..., m, n) -> (..., m)"""
+    w = np.asarray(w, dtype=np.float64)
+    safe = np.where(w > 0, w, 1.0)
+    return -np.sum(np.where(w > 0, w * np.log(safe), 0.0), axis=-1)
+
+
+def fully_masked(trace: Trace) -> np.ndarray:
+    """Rows (..., m) where every key is masked: zero weights, or every masked score replaced by one fill value."""
+    w = trace.weights
+    dead = np.sum(w, axis=-1) == 0
+    if "masked" in trace:
+        masked = trace["masked"]
+        before = trace["scaled"] if "scaled" in trace else trace["scores"]
+        before = np.broadcast_to(before, masked.shape)
+        changed = np.all(masked != before, axis=-1)
+        same = np.all(masked == masked[..., :1], axis=-1)
+        dead = dead | (changed & same)
+    return dead
+
+
+def label(labels: list[str] | None, i: int, prefix: str) -> str:
+    return labels[i] if labels and i < len(labels) else f"{prefix}{i}"
+
+
+def where(labels: list[str] | None, idx: tuple[int, ...], prefix: str = "q") -> str:
+    """'it' or 'q2', with its batch index when there are leading axes: 'it (batch 0)'."""
+    *b, i = idx
+    name = label(labels, i, prefix)
+    return f"{name} (batch {', '.join(map(str, b))})" if b else name
+
+
+def plain(a: np.ndarray) -> Any:
+    """Nested lists of Python numbers for JSON; non-finite floats become None."""
+    arr = np.asarray(a)
+    if arr.dtype.kind in "biu":
+        return arr.tolist()
+    flat = [x if math.isfinite(x) else None for x in arr.astype(np.float64).ravel().tolist()]
+    if arr.ndim == 0:
+        return flat[0]
+    return np.array(flat, dtype=object).reshape(arr.shape).tolist()
+
+
+def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
+    """The diagnostics of ``trace`` as plain data (lists, numbers, strings), ready for JSON.
+
+    Per row (shape batch... + (m,)): ``entropy``, ``effective_keys``, ``max_weight``,
+    ``argmax`` (key index) and ``argmax_key`` (its label); then ``saturated_rows``,
+    ``fully_masked_rows``, ``score_spread`` (unscaled dot products), ``similarity`` (when asked)
+    and ``warnings`` (sentences).
+    """
+    if "weights" not in trace:
+        return {}
+    w = np.asarray(trace.weights, dtype=np.float64)  # (..., m, n)
+    n = int(w.shape[-1])
+    dead = np.broadcast_to(fully_masked(trace), w.shape[:-1])
+    h = row_entropy(w)
+    h = np.where(dead, np.nan, h)
+    top = np.max(w, axis=-1)
+    arg = np.argmax(w, axis=-1)
+    qlab, klab = trace.query_labels, trace.key_labels
+    out: dict[str, Any] = {
+        "entropy": plain(h),
+        "effective_keys": plain(np.exp(h)),
+        "max_weight": plain(top),
+        "argmax": plain(np.where(dead, -1, arg)),
+        "keys": n,
+    }
+    if klab:
+        names = np.asarray([*klab, ""], dtype=object)  # index -1: a fully masked row
+        out["argmax_key"] = names[np.where(dead, -1, arg)].tolist()
+    warnings: list[str] = []
+
+    sat = np.argwhere((top > SATURATION) & ~dead)
+    out["saturated_count"] = len(sat)
+    out["saturated_rows"] = [
+        {"index": [int(x) for x in idx], "query": where(qlab, tuple(int(x) for x in idx)),
+         "key": label(klab, int(arg[tuple(idx)]), "k"), "max_weight": float(top[tuple(idx)])} for idx in sat[:MAX_JSON_ROWS]]
+    for r in out["saturated_rows"][:MAX_LISTED]:
+        warnings.append(f"row {r['query']} is saturated: {r['max_weight']:.4f} of its weight is on key "
+                        f"{r['key']} (> {SATURATION}); the softmax is nearly one-hot there")
+    if len(sat) > MAX_LISTED:
+        warnings.append(f"... and {len(sat) - MAX_LISTED} more saturated rows")
+
+    gone = np.argwhere(dead)
+    out["fully_masked_count"] = len(gone)
+    out["fully_masked_rows"] = [where(qlab, tuple(int(x) for x in idx)) for idx in gone[:MAX_JSON_ROWS]]
+
+    spread = score_spread(trace)
+    if spread is not None:
+        out["score_spread"] = spread
+        if spread["warning"]:
+            warnings.append(spread["warning"])
+
+    if similarity is not None:
+        out["similarity"] = output_similarity(trace, similarity)
+    out["warnings"] = warnings
+    return out
+
+
+def score_spread(trace: Trace) -> dict[str, Any] | None:
+    """For unscaled dot products: the largest per-row score range against √d (None otherwise)."""
+    if trace.meta.get("score") != "dot" or "scaled" in trace or "scores" not in trace:
+        return None
+    s = np.asarray(trace["scores"], dtype=np.float64)
+    d = int(trace.meta.get("shapes", {}).get("q", [0, s.shape[-1]])[-1])
+    if "q" in trace.inputs:
+        d = int(np.shape(trace.inputs["q"])[-1])
+    finite = np.isfinite(s)
+    hi = np.max(np.where(finite, s, -np.inf), axis=-1)
+    lo = np.min(np.where(finite, s, np.inf), axis=-1)
+    rng = np.where(np.isfinite(hi) & np.isfinite(lo), hi - lo, 0.0)  # (..., m)
+    worst = tuple(int(x) for x in np.unravel_index(int(np.argmax(rng)), rng.shape))
+    biggest = float(rng[worst])
+    root = math.sqrt(d)
+    info: dict[str, Any] = {"max_row_spread": biggest, "row": where(trace.query_labels, worst), "d": d,
+                            "sqrt_d": root, "spread_over_sqrt_d": biggest / root, "warning": None}
+    if biggest > SPREAD_FACTOR * root:
+        info["warning"] = (f"unscaled dot products: row {info['row']} spreads its scores over {biggest:.4g} "
+                           f"(more than {SPREAD_FACTOR:g}·√d = {SPREAD_FACTOR * root:.4g}, d = {d}); dot products "
+                           f"grow like √d, which pushes the softmax towards one-hot. --score scaled-dot divides "
+                           f"by √d = {root:.4g} (spread {biggest / root:.4g})")
+    return info
+
+
+def output_similarity(trace: Trace, kind: str) -> dict[str, Any]:
+    """Output rows compared with each other (and, for self-attention, the input rows before attention)."""
+    fn = SIMILARITIES[kind]
+    o = np.asarray(trace.output, dtype=np.float64)  # (..., m, d_v)
+    after = fn(o, o)  # (..., m, m)
+    res: dict[str, Any] = {"kind": kind, "after": plain(after), "nearest": plain(nearest(after))}
+    if trace.meta.get("self_attention") and "q" in trace.inputs:
+        x = np.asarray(trace.inputs_numpy()["q"], dtype=np.float64)
+        before = fn(x, x)
+        res["before"] = plain(before)
+        res["nearest_before"] = plain(nearest(before))
+    return res
+
+
+def nearest(sim: np.ndarray) -> np.ndarray:
+    """For each row the most similar other row (ties: the first); -1 when there is only one row."""
+    m = sim.shape[-1]
+    if m < 2:
+        return np.full(sim.shape[:-1], -1)
+    s = np.where(np.eye(m, dtype=bool), -np.inf, sim)
+    return np.argmax(s, axis=-1)
+
+
+def attach(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
+    """Compute the diagnostics and store them in ``trace.extra['diagnostics']`` (what JSON shows)."""
+    diag = diagnose(trace, similarity)
+    if diag:
+        trace.extra["diagnostics"] = diag
+    return diag
