@@ -31,6 +31,13 @@ class Options:
     backend: str | None = None
     device: str = "cpu"
     keep_weights: bool = True
+    # score parameters and softmax variants (issue 3)
+    activation: str | None = None  # additive/location: tanh (default), relu, identity
+    bandwidth: float | None = None  # gaussian: sigma of -‖q-k‖²/(2σ²) (default 1)
+    hidden: int | None = None  # width h of initialised score weights (default d_q)
+    seed: int | None = None  # numpy default_rng seed for initialised weights and dropout (default 0)
+    hard: bool = False  # one-hot weights at each row's argmax
+    dropout: float = 0.0  # inverted dropout on the weights, as nn.Dropout in training
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -44,8 +51,9 @@ class Options:
         return replace(self, **{k: _coerce(k, v, source) for k, v in overrides.items() if v is not None})
 
 
-_FLOATS = {"scale", "temperature", "mask_value"}
-_BOOLS = {"causal", "keep_weights"}
+_FLOATS = {"scale", "temperature", "mask_value", "bandwidth", "dropout"}
+_BOOLS = {"causal", "keep_weights", "hard"}
+_INTS = {"hidden", "seed"}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -57,6 +65,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             return float(value)
         except ValueError:
             raise InputError(f"option {name} must be a number, got {value!r}", source) from None
+    if name in _INTS:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or not _is_whole(value):
+            raise InputError(f"option {name} must be a whole number, got {value!r}", source)
+        return int(float(value))
     if name in _BOOLS:
         if not isinstance(value, bool):
             raise InputError(f"option {name} must be true or false, got {value!r}", source)
@@ -64,6 +76,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     if not isinstance(value, str):
         raise InputError(f"option {name} must be a name, got {value!r}", source)
     return value
+
+
+def _is_whole(value: int | float | str) -> bool:
+    try:
+        f = float(value)
+    except ValueError:
+        return False
+    return f == f and abs(f) != float("inf") and f == int(f)
 
 
 @dataclass

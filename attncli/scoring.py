@@ -64,6 +64,16 @@ def register(name: str, *, aliases: tuple[str, ...] = (), same_width: bool = Tru
     return deco
 
 
+# --- activations of the additive and location scores ----------------------------------
+
+ACTIVATIONS: dict[str, Callable[[Any, Any], Any]] = {
+    "tanh": lambda xp, x: xp.tanh(x),
+    "relu": lambda xp, x: xp.where(x > 0, x, xp.zeros_like(x)),
+    "identity": lambda xp, x: x,
+}
+DEFAULT_ACTIVATION = "tanh"
+
+
 def get_score(name: str) -> Score:
     key = ALIASES.get(name, name)
     if key not in SCORES:

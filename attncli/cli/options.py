@@ -19,7 +19,7 @@ import typer
 
 from attncli.backend import BACKENDS, DEVICES, DTYPES
 from attncli.problem import CAUSAL_ALIGNS, MASK_CONVENTIONS
-from attncli.scoring import SCALINGS, score_names
+from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
 
 Group = list[inspect.Parameter]
 
@@ -31,6 +31,7 @@ def choices(name: str, values: list[str] | tuple[str, ...]) -> type[Enum]:
 
 ScoreChoice = choices("ScoreChoice", score_names())
 ScalingChoice = choices("ScalingChoice", list(SCALINGS))
+ActivationChoice = choices("ActivationChoice", list(ACTIVATIONS))
 MaskConvention = choices("MaskConvention", MASK_CONVENTIONS)
 CausalAlign = choices("CausalAlign", CAUSAL_ALIGNS)
 Dtype = choices("Dtype", DTYPES)
@@ -46,6 +47,7 @@ def option(name: str, annotation: Any, default: Any, *flags: str, help: str, **k
 COMPUTE = "Computation"
 MASKING = "Masks and valid lengths"
 LABELS = "Labels"
+PARAMS = "Score parameters"
 OUTPUT = "Output"
 
 PROBLEM_OPTIONS: Group = [
@@ -83,6 +85,23 @@ PROBLEM_OPTIONS: Group = [
            help="numpy (default, CPU) or torch (needs PyTorch)."),
     option("device", Optional[DeviceChoice], None, "--device", rich_help_panel=COMPUTE,
            help="cpu (default), cuda or mps (imply torch), or auto (CUDA, then MPS, then the CPU)."),
+    option("weights", Optional[Path], None, "--weights", "-w", rich_help_panel=PARAMS,
+           help="Score weights (.npz .yaml .json, or a PyTorch state dict .pt) in the textbook convention q @ W_q: "
+                "W (d_q,d_k) for general; W_q (d_q,h), W_k (d_k,h), w_v (h,), b (h,) for additive; W (d_k,), b for "
+                "location; w for gaussian. nn.Linear names (W_q.weight of shape (h,d_q), ...) are converted."),
+    option("hidden", Optional[int], None, "--hidden", min=1, rich_help_panel=PARAMS,
+           help="Hidden width h of weights initialised without --weights (default: the query width)."),
+    option("seed", Optional[int], None, "--seed", rich_help_panel=PARAMS,
+           help="Seed of numpy.random.default_rng for initialised weights (nn.Linear style, uniform "
+                "±1/sqrt(fan_in)) and dropout (default 0); numpy and torch get the same numbers."),
+    option("activation", Optional[ActivationChoice], None, "--activation", rich_help_panel=PARAMS,
+           help="Activation of the additive and location scores (default tanh)."),
+    option("bandwidth", Optional[float], None, "--bandwidth", rich_help_panel=PARAMS,
+           help="σ of the gaussian score -‖q-k‖²/(2σ²) (default 1)."),
+    option("hard", Optional[bool], None, "--hard/--soft", rich_help_panel=COMPUTE,
+           help="Hard attention: one-hot weights at each row's largest weight (ties: the first key)."),
+    option("dropout", Optional[float], None, "--dropout", min=0.0, max=1.0, rich_help_panel=COMPUTE,
+           help="Inverted dropout on the weights as nn.Dropout(P) in training (default 0), seeded by --seed."),
 ]
 
 FORMAT_CHOICES = ("rich", "json", "npz")
