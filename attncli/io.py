@@ -231,13 +231,14 @@ class Reader:
     def source(self, spec: str) -> str:
         return "<stdin>" if spec == STDIN else spec
 
-    def array(self, spec: str, name: str) -> Any:
+    def array(self, spec: str, name: str, fallbacks: tuple[str, ...] = ()) -> Any:
         """The array for slot ``name`` (q, k, v, mask, ...) from ``spec``: the file's one array,
-        or its entry ``name`` when the file is a mapping."""
+        or, when the file is a mapping, its entry ``name`` (else the first of ``fallbacks``)."""
         content = self.read(spec)
         if isinstance(content, dict):
-            if name in content:
-                return content[name]
+            for key in (name, *fallbacks):
+                if key in content:
+                    return content[key]
             arrays = [k for k, v in content.items() if not isinstance(v, (str, dict))]
             if len(arrays) == 1:
                 return content[arrays[0]]

@@ -47,6 +47,15 @@ def _labels(value: Any, source: str) -> list[str] | None:
     return [str(x) for x in arr.tolist()]
 
 
+def _rows(a: Any) -> int | None:
+    """The number of rows of a (possibly still unvalidated) matrix, or None if it has none."""
+    try:
+        shape = np.shape(a)
+    except ValueError:  # ragged: Problem validation reports it
+        return None
+    return shape[-2] if len(shape) >= 2 else 1
+
+
 def _file_options(raw: Any, source: str) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -84,8 +93,9 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader) -> Pr
     slots = ("q", "k", "v")
     sources: dict[str, str] = {}
     arrays: dict[str, Any] = {}
+    fallbacks = {"q": (), "k": ("q",), "v": ("k", "q")}  # in a problem file K defaults to Q, V to K
     for slot, spec in zip(slots, inputs):
-        arrays[slot] = reader.array(spec, slot)
+        arrays[slot] = reader.array(spec, slot, fallbacks[slot])
         sources[slot] = reader.source(spec)
     if from_file and len(inputs) == 1:
         for slot in ("k", "v"):
@@ -105,12 +115,14 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader) -> Pr
     if opts.get("mask") is not None:
         mask, sources["mask"] = reader.array(opts["mask"], "mask"), reader.source(opts["mask"])
 
+    # `labels` name the queries, and the keys too when there are as many (self-attention)
     both = _labels(from_file.get("labels"), file_source)
-    qlab = _labels(from_file.get("query_labels"), file_source) or both
-    klab = _labels(from_file.get("key_labels"), file_source) or both
     if opts.get("labels"):
-        qlab = klab = split_labels(opts["labels"])
+        both = split_labels(opts["labels"])
         sources["query_labels"] = sources["key_labels"] = "--labels"
+    n_keys = _rows(arrays["k"])
+    qlab = _labels(from_file.get("query_labels"), file_source) or both
+    klab = _labels(from_file.get("key_labels"), file_source) or (both if both and len(both) == n_keys else None)
     if opts.get("query_labels"):
         qlab, sources["query_labels"] = split_labels(opts["query_labels"]), "--query-labels"
     if opts.get("key_labels"):
