@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
+import struct
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,11 +50,60 @@ def _text(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise InputError(f"is not UTF-8 text (byte {e.start}); expected {Path(source).suffix or 'text'} data", source) from None
+        raise InputError(f"is not UTF-8 text (byte {e.start}); expected {Path(source).suffix or 'text'} data",
+                         source) from None
+
+
+# Text formats (YAML/JSON) are for small, hand-written problems: a document that expands to
+# more numbers than this (e.g. a YAML alias bomb, "billion laughs") is refused before numpy sees it.
+MAX_TEXT_ITEMS = 10_000_000
+
+
+def memory_limit() -> int:
+    """Bytes an array read into memory may take: the machine's physical memory (a declared
+    size above it is refused before anything is allocated)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".npy file") -> None:
+    """Read an .npy header from ``f`` and check that the data it declares fits in the
+    ``available`` bytes after it (and in memory): a truncated file or one declaring an
+    enormous shape fails here, fast, instead of allocating. Leaves ``f`` after the header."""
+    start = f.tell()
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, struct.error) as e:
+        raise InputError(f"is not a valid {what} ({_one_line(e)})", source) from None
+    if dtype.hasobject:
+        raise InputError("holds an object array that needs pickle to load; pickles are never loaded "
+                         "(save a numeric array instead)", source)
+    count = math.prod(int(x) for x in shape)
+    need, have = count * dtype.itemsize, available - (f.tell() - start)
+    if need > have:
+        raise InputError(f"is truncated or corrupt: its header declares shape {tuple(shape)} {dtype} "
+                         f"({_size(need)}) but only {_size(max(have, 0))} of data follow", source)
+    if need > memory_limit():
+        raise InputError(f"declares shape {tuple(shape)} ({_size(need)}), more than this machine's memory", source)
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"
 
 
 @loader(".npy")
 def load_npy(data: bytes, source: str) -> np.ndarray:
+    check_npy_header(io.BytesIO(data), len(data), source)
     try:
         return np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as e:
@@ -66,6 +118,17 @@ def load_npy(data: bytes, source: str) -> np.ndarray:
 @loader(".npz")
 def load_npz(data: bytes, source: str) -> dict[str, Any]:
     try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            for info in zf.infolist():  # check each member's declared shape before numpy allocates it
+                if info.filename.endswith(".npy") and not info.is_dir():
+                    with zf.open(info) as member:
+                        check_npy_header(member, info.file_size, f"{source}[{info.filename[:-4]}]", "array")
+    except InputError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
+            RuntimeError, zlib.error, struct.error) as e:
+        raise InputError(f"is not a valid .npz file ({_one_line(e)})", source) from None
+    try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             out: dict[str, Any] = {}
             for name in z.files:
@@ -73,9 +136,11 @@ def load_npz(data: bytes, source: str) -> dict[str, Any]:
             return out
     except ValueError as e:
         if "pickle" in str(e):
-            raise InputError("holds an object array that needs pickle to load; pickles are never loaded", source) from None
+            raise InputError("holds an object array that needs pickle to load; pickles are never loaded",
+                             source) from None
         raise InputError(f"is not a valid .npz file ({_one_line(e)})", source) from None
-    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError, NotImplementedError, RuntimeError, zlib.error,
+            struct.error) as e:
         raise InputError(f"is not a valid .npz file ({_one_line(e)})", source) from None
 
 
@@ -85,10 +150,11 @@ def load_yaml(data: bytes, source: str) -> Content:
 
     text = _text(data, source)
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_yaml_loader())
     except yaml.constructor.ConstructorError as e:
         tag = getattr(e, "problem", "") or ""
-        raise InputError(f"holds a YAML tag that is not plain data ({_one_line(tag)}); only plain data is read", source) from None
+        raise InputError(f"holds a YAML tag that is not plain data ({_one_line(tag)}); only plain data is read",
+                         source) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -96,9 +162,58 @@ def load_yaml(data: bytes, source: str) -> Content:
         raise InputError(f"is not valid YAML{where}: {problem}", source) from None
     except RecursionError:
         raise InputError("is nested too deeply to read", source) from None
+    except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
+        raise InputError(f"holds a value that cannot be read ({_one_line(e)[:120]})", source) from None
     if doc is None:
         raise InputError("is empty: expected an array or a mapping with q, k, v", source)
+    check_text_size(doc, source)
     return doc
+
+
+_YAML_LOADER: Any = None
+
+
+def _yaml_loader() -> Any:
+    """yaml.SafeLoader that also reads YAML 1.2 floats such as ``1e3`` and ``.5`` as numbers
+    (YAML 1.1 wants ``1.0e+3``). Built once, on first use (yaml is imported lazily)."""
+    global _YAML_LOADER
+    if _YAML_LOADER is None:
+        import re
+
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            pass
+
+        Loader.add_implicit_resolver(
+            "tag:yaml.org,2002:float",
+            re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+            list("-+0123456789."))
+        _YAML_LOADER = Loader
+    return _YAML_LOADER
+
+
+def check_text_size(doc: Any, source: str, limit: int = MAX_TEXT_ITEMS) -> None:
+    """Refuse a YAML/JSON document that expands to more than ``limit`` values. YAML aliases
+    share one object, so a small file can stand for 10**9 numbers ("billion laughs"); the
+    count is memoised by object, so this check itself stays linear in the file."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, (list, dict)) or (id(node) in sizes and not done):
+            continue
+        children = list(node.values()) if isinstance(node, dict) else node
+        if not done:
+            sizes[id(node)] = 0  # placeholder: a node that contains itself counts once
+            stack.append((node, True))
+            stack.extend((c, False) for c in children)
+            continue
+        total = len(children) + sum(sizes.get(id(c), 0) for c in children if isinstance(c, (list, dict)))
+        sizes[id(node)] = total
+        if total > limit:
+            raise InputError(f"expands to more than {limit:,} values (YAML aliases?); "
+                             "save large arrays as .npy instead", source)
 
 
 @loader(".json")
@@ -110,6 +225,9 @@ def load_json(data: bytes, source: str) -> Content:
         raise InputError(f"is not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}", source) from None
     except RecursionError:
         raise InputError("is nested too deeply to read", source) from None
+    except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
+        raise InputError(f"holds a value that cannot be read ({_one_line(e)[:120]})", source) from None
+    check_text_size(doc, source)
     return doc
 
 
@@ -242,7 +360,8 @@ class Reader:
             arrays = [k for k, v in content.items() if not isinstance(v, (str, dict))]
             if len(arrays) == 1:
                 return content[arrays[0]]
-            raise InputError(f"has no entry {name!r} (it has {', '.join(map(str, content)) or 'none'})", self.source(spec))
+            raise InputError(f"has no entry {name!r} (it has {', '.join(map(str, content)) or 'none'})",
+                             self.source(spec))
         return content
 
 
