@@ -17,7 +17,7 @@ import numpy as np
 from attncli.backend import Backend, get_backend, to_numpy
 from attncli.problem import Options, Problem
 from attncli.scoring import SCALINGS, ScoreInput, get_score
-from attncli.trace import FEATURES, KEYS, QUERIES, Trace
+from attncli.trace import FEATURES, QUERIES, Trace
 
 
 def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask: Any = None,
@@ -43,10 +43,11 @@ def run(problem: Problem, backend: Backend | None = None) -> Trace:
     """Compute every step of ``problem`` on its backend and return the Trace."""
     o = problem.options
     be = backend or get_backend(o.backend, o.device)
-    xp, dt = be.xp, problem.dtype
+    dt = problem.dtype
     q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
     trace = Trace(query_labels=problem.query_labels, key_labels=problem.key_labels)
-    trace.meta.update(score=get_score(o.score).name, score_formula=get_score(o.score).formula, backend=be.name, device=be.device_name(), dtype=dt,
+    score = get_score(o.score)
+    trace.meta.update(score=score.name, score_formula=score.formula, backend=be.name, device=be.device_name(), dtype=dt,
                       shapes={"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)})
     trace.inputs.update(q=q, k=k, v=v)
     trace.meta["self_attention"] = problem.self_attention
@@ -87,7 +88,8 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
             s = s + bias
         if keep is not None:
             s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
-        trace.add("masked", f"masked = scores with masked keys set to {fill:g}" + (" (+ float mask)" if bias is not None else ""), s)
+        plus = " (+ float mask)" if bias is not None else ""
+        trace.add("masked", f"masked = scores with masked keys set to {fill:g}{plus}", s)
 
     # 4) softmax over keys (stable); a row with every key at -inf gets zero weights
     w = softmax(xp, s)
@@ -113,7 +115,7 @@ def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
 
 def masks(problem: Problem, be: Backend, shape: tuple[int, ...]) -> tuple[Any, Any]:
     """(keep, bias): a boolean keep-mask broadcastable to ``shape`` and an additive float mask."""
-    xp, o = be.xp, problem.options
+    o = problem.options
     m, n = int(shape[-2]), int(shape[-1])
     keep = None
     j = np.arange(n)  # key index

@@ -31,7 +31,7 @@ def files(tmp_path: Path) -> Path:
     np.savez(tmp_path / "problem.npz", q=q, k=k, v=v, valid_lens=np.array([2, 5]),
              labels=np.array(["a", "b", "c"]))
     (tmp_path / "cm.yaml").write_text(
-        "# cat/milk\nq: %s\nlabels: [cat, milk, it, sweet]\noptions: {score: scaled-dot}\n" % CAT_MILK)
+        f"# cat/milk\nq: {CAT_MILK}\nlabels: [cat, milk, it, sweet]\noptions: {{score: scaled-dot}}\n")
     (tmp_path / "cm.json").write_text(json.dumps(CAT_MILK))
     (tmp_path / "cm.csv").write_text("\n".join(",".join(map(str, r)) for r in CAT_MILK) + "\n")
     (tmp_path / "k5.yaml").write_text("[[1, 2, 3, 4, 5]]\n")
@@ -190,7 +190,8 @@ BAD = [
     (["q.npy", "kb3.npy"], "kb3.npy: batch axes do not match"),
     (["q.npy", "k.npy", "v.npy", "--valid-lens", "-1,2"], "--valid-lens: valid length -1 is out of range"),
     (["q.npy", "k.npy", "v.npy", "--valid-lens", "2,6"], "--valid-lens: valid length 6 is out of range: there are 5 keys"),
-    (["q.npy", "k.npy", "v.npy", "--valid-lens", "1,2,3"], "--valid-lens: valid lengths have shape (3,); expected (2,) or (2, 3)"),
+    (["q.npy", "k.npy", "v.npy", "--valid-lens", "1,2,3"],
+     "--valid-lens: valid lengths have shape (3,); expected (2,) or (2, 3)"),
     (["q.npy", "k.npy", "v.npy", "--valid-lens", "x"], "--valid-lens: 'x' is neither numbers"),
     (["cm.yaml", "--mask", "mask_bad.npy"], "mask_bad.npy: mask has shape (4, 3), which does not broadcast"),
     (["cm.yaml", "--query-labels", "a,b"], "--query-labels: 2 query labels given for 4 queries"),
