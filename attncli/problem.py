@@ -258,7 +258,8 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
     except ValueError as e:  # ragged nested lists
         raise InputError(f"{title} is ragged: rows of different lengths ({e})", source) from None
     if arr.dtype == object:
-        raise InputError(f"{title} is ragged or holds non-numbers; expected a rectangular array of numbers", source)
+        raise InputError(f"{title} is ragged or holds non-numbers (null, text, numbers too large for a float); "
+                         "expected a rectangular array of numbers", source)
     if arr.dtype.kind in "US":
         raise InputError(f"{title} holds text where numbers belong", source)
     if arr.dtype.kind == "c":
@@ -267,6 +268,8 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
         raise InputError(f"{title} has dtype {arr.dtype}; expected numbers", source)
     if arr.dtype.kind == "b" and title not in ("mask",):
         raise InputError(f"{title} holds booleans where numbers belong", source)
+    if arr.dtype.kind != "b" and title != "mask" and isinstance(a, (list, tuple)) and _holds_bool(a):
+        raise InputError(f"{title} holds true/false among its numbers; expected numbers only", source)
     if arr.dtype.kind in "biu" or arr.dtype.itemsize < 4:
         arr = arr.astype(np.float64)
     bad = np.isnan(arr) if allow_inf else ~np.isfinite(arr)
@@ -275,3 +278,15 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
         what = "NaN" if np.isnan(arr[idx]) else "an infinite value"
         raise InputError(f"{title} holds {what} at index {list(idx)}; inputs must be finite numbers", source)
     return arr
+
+
+def _holds_bool(a: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether nested lists (from YAML/JSON) hold a bool among numbers (numpy would read it as 0/1)."""
+    stack: list[Any] = [a]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, bool):
+            return True
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return False
