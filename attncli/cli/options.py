@@ -18,6 +18,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from attncli.backend import BACKENDS, DEVICES, DTYPES
+from attncli.diagnostics import SIMILARITIES
 from attncli.problem import CAUSAL_ALIGNS, MASK_CONVENTIONS
 from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
 
@@ -37,6 +38,7 @@ CausalAlign = choices("CausalAlign", CAUSAL_ALIGNS)
 Dtype = choices("Dtype", DTYPES)
 BackendChoice = choices("BackendChoice", BACKENDS)
 DeviceChoice = choices("DeviceChoice", DEVICES)
+SimilarityChoice = choices("SimilarityChoice", list(SIMILARITIES))
 
 
 def option(name: str, annotation: Any, default: Any, *flags: str, help: str, **kw: Any) -> inspect.Parameter:
@@ -49,6 +51,7 @@ MASKING = "Masks and valid lengths"
 LABELS = "Labels"
 PARAMS = "Score parameters"
 OUTPUT = "Output"
+EXPLAIN = "Explanations and pictures"
 
 PROBLEM_OPTIONS: Group = [
     option("score", Optional[ScoreChoice], None, "--score", "-s", rich_help_panel=COMPUTE,
@@ -120,6 +123,21 @@ OUTPUT_OPTIONS: Group = [
            help="Show every row, column and batch entry of big matrices."),
     option("quiet", bool, False, "--quiet", "-q", rich_help_panel=OUTPUT,
            help="No terminal view and no warnings on stderr (use with --save)."),
+    option("explain", Optional[list[str]], None, "--explain", "-e", rich_help_panel=EXPLAIN,
+           help="Explain one score and weight cell: QUERY,KEY by labels (it,milk) or indices (2,1); "
+                "batched inputs take a batch prefix, e.g. 0:2,1 (or 0,1:2,1). Repeatable."),
+    option("explain_row", Optional[list[str]], None, "--explain-row", rich_help_panel=EXPLAIN,
+           help="Explain one query row: its whole softmax and its output as a weighted sum of value rows "
+                "(a label, an index, or BATCH:QUERY). Repeatable."),
+    option("similarity", Optional[SimilarityChoice], None, "--similarity", rich_help_panel=EXPLAIN,
+           help="Compare the output rows with each other (dot or cosine) and name each one's nearest."),
+    option("svg", Optional[Path], None, "--svg", rich_help_panel=EXPLAIN,
+           help="Also save the terminal view, exactly as shown, as an SVG picture."),
+    option("html", Optional[Path], None, "--html", rich_help_panel=EXPLAIN,
+           help="Also save the terminal view, exactly as shown, as an HTML page."),
+    option("plot", Optional[Path], None, "--plot", rich_help_panel=EXPLAIN,
+           help="Draw the weights as heatmap(s) (one per head/batch entry) to FILE.png, .svg or .pdf "
+                "(needs matplotlib: pip install 'attncli[plot]')."),
 ]
 
 

@@ -45,6 +45,18 @@ def run_command(
     emit(trace, opts, protect=inputs)
 
 
+def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
+    """Diagnostics, explanations and the picture options, all checked before anything is printed."""
+    from attncli.diagnostics import attach as diagnose
+    from attncli.render.explain import attach as explain
+    from attncli.render.plot import Pictures
+
+    sim = opts.get("similarity")
+    diagnose(trace, sim.value if sim is not None else None)
+    explain(trace, ropts)
+    return Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"))
+
+
 def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     """Print the trace in the chosen format, save it if asked, and report warnings on stderr."""
     from rich.console import Console
@@ -60,7 +72,9 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
         if unknown:
             raise InputError(f"unknown step(s) {', '.join(unknown)}; this run has {', '.join([*trace.inputs, *trace.names()])}",
                              "--steps")
-    ropts = RenderOptions(precision=opts["precision"], steps=steps, full=opts["full"])
+    ropts = RenderOptions(precision=opts["precision"], steps=steps, full=opts["full"],
+                          explain=list(opts.get("explain") or []), explain_rows=list(opts.get("explain_row") or []))
+    show = pictures(trace, opts, ropts)
     save: Path | None = opts.get("save")
     if save is not None:
         ext = save.suffix.lower()
@@ -72,10 +86,19 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     fmt = opts["format"].value
     if fmt == "rich":
         if not opts["quiet"]:
-            FORMATS["rich"](trace, ropts, Console(soft_wrap=False))
+            console = Console(soft_wrap=False, record=show.wanted)
+            FORMATS["rich"](trace, ropts, console)
+            show.save(console, protect)
     else:
         FORMATS[fmt](trace, ropts, sys.stdout)
         sys.stdout.flush()
+    if show.wanted and not show.saved:  # --svg/--html with --format json or --quiet: render off screen
+        import io
+
+        console = Console(file=io.StringIO(), record=True, width=100, soft_wrap=False, force_terminal=True)
+        FORMATS["rich"](trace, ropts, console)
+        show.save(console, protect)
+    show.plot(trace, protect)
     if not opts["quiet"]:
         for w in trace.warnings:
             sys.stderr.write(f"attncli: warning: {w}\n")

@@ -23,6 +23,8 @@ class RenderOptions:
     max_rows: int = 12
     max_cols: int = 10
     max_batches: int = 4
+    explain: list[str] = field(default_factory=list)  # --explain cells, as typed (QUERY,KEY)
+    explain_rows: list[str] = field(default_factory=list)  # --explain-row queries, as typed
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -51,4 +53,4 @@ def saver(*exts: str) -> Callable[[Saver], Saver]:
 
 def load_renderers() -> None:
     """Import the modules that fill the registries (kept out of import time for start-up)."""
-    from attncli.render import data, terminal  # noqa: F401
+    from attncli.render import data, explain, terminal  # noqa: F401

@@ -6,11 +6,13 @@ Big matrices show their corners around an ellipsis; only the cells shown are for
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+from rich.color import Color
 from rich.console import Console
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
@@ -51,12 +53,41 @@ def axis_labels(trace: Trace, axis: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
+# Heatmap of weights in [0, 1]: viridis stops, as d2l's show_heatmaps draws them.
+VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
+
+
+def heat_style(w: float, strongest: bool) -> Style:
+    """Background colour for a weight in [0, 1] (viridis), readable text on it; bold for the row's strongest."""
+    if not math.isfinite(w) or w <= 0:
+        return Style(dim=True)
+    t = min(max(w, 0.0), 1.0) * (len(VIRIDIS) - 1)
+    i = min(int(t), len(VIRIDIS) - 2)
+    f = t - i
+    r, g, b = (round(c0 + (c1 - c0) * f) for c0, c1 in zip(VIRIDIS[i], VIRIDIS[i + 1]))
+    dark_text = 0.299 * r + 0.587 * g + 0.114 * b > 140
+    return Style(bgcolor=Color.from_rgb(r, g, b), color="black" if dark_text else "white", bold=strongest)
+
+
+def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptions) -> str | None:
+    """'showing 12 of 100 queries × 10 of 50 keys; ...' when a table shows only its corners."""
+    cut_r, cut_c = not opts.full and rows > opts.max_rows, not opts.full and cols > opts.max_cols
+    if not (cut_r or cut_c):
+        return None
+    r = f"{opts.max_rows} of {rows} {axes[0]}" if cut_r else f"all {rows} {axes[0]}"
+    c = f"{opts.max_cols} of {cols} {axes[1]}" if cut_c else f"all {cols} {axes[1]}"
+    return f"showing {r} × {c}: --full shows everything, --save FILE.npz keeps every number"
+
+
 def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, opts: RenderOptions,
-                 caption: str | None = None, highlight_max: bool = False) -> Table:
-    """A rich Table of the 2-D array ``a`` with labelled rows and columns."""
+                 caption: str | None = None, highlight_max: bool = False, heatmap: bool = False) -> Table:
+    """A rich Table of the 2-D array ``a``: rows labelled by ``axes[0]``, columns by ``axes[1]``."""
     rows, cols = a.shape
     rlab, clab = axis_labels(trace, axes[0], rows), axis_labels(trace, axes[1], cols)
-    table = Table(title=title, caption=caption, title_justify="left", show_lines=False, pad_edge=True)
+    note = truncation_note(rows, cols, axes, opts)
+    caption = "\n".join(c for c in (caption, note) if c) or None
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", show_lines=False,
+                  pad_edge=True)
     table.add_column(f"{axes[0]} ↓ {axes[1]} →", style="bold", no_wrap=True)
     ci = shown(cols, opts.max_cols, opts.full)
     for j in ci:
@@ -72,28 +103,110 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
                 cells.append(ELLIPSIS)
                 continue
             x = float(a[i, j])
-            style = "bold" if j == best else ("dim" if math.isinf(x) else "")
+            if heatmap:
+                style: Style | str = heat_style(x, j == best)
+            else:
+                style = "bold" if j == best else ("dim" if math.isinf(x) else "")
             cells.append(Text(fmt(x, opts.precision), style=style))
         table.add_row(rlab[i], *cells)
     return table
 
 
 def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str], trace: Trace,
-               opts: RenderOptions, highlight_max: bool = False) -> None:
-    """Print ``a`` (..., rows, cols): one table per batch entry, the first few unless --full."""
+               opts: RenderOptions, highlight_max: bool = False, heatmap: bool = False,
+               after: Callable[[tuple[int, ...]], None] | None = None) -> None:
+    """Print ``a`` (..., rows, cols): one table per batch entry, the first few unless --full.
+
+    ``after(batch_index)`` prints more under each table (the diagnostics under the weights)."""
     batch = a.shape[:-2]
     if not batch:
-        console.print(matrix_table(a, title, axes, trace, opts, highlight_max=highlight_max))
+        console.print(matrix_table(a, title, axes, trace, opts, highlight_max=highlight_max, heatmap=heatmap))
+        if after is not None:
+            after(())
         console.print()
         return
     entries = list(np.ndindex(*batch))
     limit = len(entries) if opts.full else opts.max_batches
     for idx in entries[:limit]:
-        cap = f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}"
-        console.print(matrix_table(a[idx], title, axes, trace, opts, caption=cap, highlight_max=highlight_max))
+        names = trace.meta.get("batch_axes") or []  # e.g. ["batch", "head"] for multi-head steps
+        cap = (" · ".join(f"{n} {i}" for n, i in zip(names, idx)) + f" of {tuple(batch)}" if 0 < len(idx) <= len(names)
+               else f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}")
+        console.print(matrix_table(a[idx], title, axes, trace, opts, caption=cap, highlight_max=highlight_max,
+                                   heatmap=heatmap))
+        if after is not None:
+            after(idx)
     if len(entries) > limit:
         console.print(Text(f"{ELLIPSIS} {len(entries) - limit} more batch entries not shown "
                            "(use --full to show all, or --save FILE.npz)", style="italic"))
+    console.print()
+
+
+def _at(values: Any, idx: tuple[int, ...]) -> Any:
+    """``values[idx]`` for nested lists (a batch entry of a per-row diagnostic)."""
+    for i in idx:
+        values = values[i]
+    return values
+
+
+def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], opts: RenderOptions) -> Table:
+    """Per query row: the key it attends to most, that weight, the entropy and the effective number of keys."""
+    ent, eff = _at(diag["entropy"], idx), _at(diag["effective_keys"], idx)
+    top, arg = _at(diag["max_weight"], idx), _at(diag["argmax"], idx)
+    m, n = len(ent), diag["keys"]
+    qlab = axis_labels(trace, QUERIES, m)
+    klab = axis_labels(trace, KEYS, n)
+    table = Table(title=f"diagnostics of the weights (entropy in nats; effective keys = exp(entropy), of {n})",
+                  title_justify="left", pad_edge=True)
+    table.add_column("query", style="bold", no_wrap=True)
+    for name in ("strongest key", "its weight", "entropy", "effective keys"):
+        table.add_column(name, justify="right", no_wrap=True)
+    p = opts.precision
+    for i in shown(m, opts.max_rows, opts.full):
+        if i is None:
+            table.add_row(*[ELLIPSIS] * 5)
+        elif arg[i] < 0:
+            table.add_row(qlab[i], "(all masked)", fmt(top[i], p), "-", "0")
+        else:
+            sat = top[i] is not None and top[i] > 0.99
+            table.add_row(qlab[i], klab[arg[i]], Text(fmt(top[i], p), style="bold red" if sat else ""),
+                          fmt(ent[i], p), fmt(eff[i], min(p, 2)))
+    return table
+
+
+def print_diagnostics(console: Console, trace: Trace, idx: tuple[int, ...], opts: RenderOptions) -> None:
+    diag = trace.extra.get("diagnostics")
+    if not diag or "entropy" not in diag:
+        return
+    console.print(diagnostics_table(trace, diag, idx, opts))
+    last = len(trace.weights.shape[:-2])
+    if idx == () or all(i == 0 for i in idx) or last == 0:  # the sentences once, under the first table
+        for w in diag.get("warnings", []):
+            console.print(Text(f"  ⚠ {w}", style="yellow"))
+
+
+def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None:
+    """The output rows compared with each other (--similarity), with the nearest row of each."""
+    sim = trace.extra.get("diagnostics", {}).get("similarity")
+    if not sim:
+        return
+    after = np.asarray(sim["after"], dtype=np.float64)
+    kind = sim["kind"]
+    show_array(console, after, f"similarity ({kind}) of the output rows after attention", (QUERIES, QUERIES),
+               trace, opts)
+    if after.ndim != 2:
+        return
+    m = after.shape[0]
+    lab = axis_labels(trace, QUERIES, m)
+    before = np.asarray(sim["before"], dtype=np.float64) if "before" in sim else None
+    for i in shown(m, opts.max_rows, opts.full):
+        if i is None or sim["nearest"][i] < 0:
+            continue
+        j = sim["nearest"][i]
+        line = f"  after attention, {lab[i]} is closest to {lab[j]} ({kind} {fmt(after[i, j], opts.precision)})"
+        if before is not None:
+            jb = sim["nearest_before"][i]
+            line += f"; before: {lab[jb]} ({fmt(before[i, jb], opts.precision)})"
+        console.print(Text(line))
     console.print()
 
 
@@ -123,10 +236,19 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
             title = "X: Q = K = V"
         show_array(console, a, f"{title} {tuple(a.shape)}", axes, trace, opts)
     for i, step in enumerate((s for s in trace.steps if wanted is None or s.name in wanted), 1):
+        weights = step.name == "weights"
         show_array(console, step.numpy(), f"{i}. {step.formula}", step.axes, trace, opts,
-                   highlight_max=step.name == "weights")
+                   highlight_max=weights, heatmap=weights,
+                   after=(lambda idx: print_diagnostics(console, trace, idx, opts)) if weights else None)
         for note in step.notes:
             console.print(Text(f"  {note}", style="italic"))
+    similarity_view(console, trace, opts)
+    for explain in EXPLAINERS:
+        explain(trace, opts, console)
+
+
+# Extra sections after the steps (explanations of cells and rows); filled by attncli.render.explain.
+EXPLAINERS: list[Callable[[Trace, RenderOptions, Console], None]] = []
 
 
 def render_to_string(trace: Trace, opts: RenderOptions | None = None, width: int = 100) -> str:

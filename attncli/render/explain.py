@@ -1,0 +1,372 @@
+"""Explanations: the arithmetic behind one weight (``--explain QUERY,KEY``) or one query row
+(``--explain-row QUERY``), written the way the notes write it::
+
+    sim(it, milk) = 2×1 + 2×3 = 8
+    scaled: 8 / √4 = 4
+    weight = exp(4) / Σ exp(…) = 54.5982 / 661.0417 = 0.0826
+
+This module only reads numbers the engine already computed (the Trace's inputs and steps)
+and writes them out as sentences; the per-score part (how one score is made from q and k)
+is a registry keyed by score name, so a new score plugs in with one decorated function.
+
+Cells are given as ``QUERY,KEY`` by label or index; with leading (batch or head) axes a
+prefix picks the entry: ``0:2,1`` is batch 0, query 2, key 1, and ``1,3:it,milk`` is
+batch 1, head 3. Without a prefix the first entry is explained (and the heading says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.text import Text
+
+from attncli.errors import InputError
+from attncli.render import RenderOptions
+from attncli.render.terminal import EXPLAINERS, axis_labels
+from attncli.trace import KEYS, QUERIES, Trace
+
+MAX_TERMS = 8  # products / exponentials / value rows written out before eliding the middle
+MAX_FEATURES = 6  # vector entries written out before eliding the middle
+OVERFLOW_SAFE = 50.0  # above this row max, exp(x) is shown only in its shifted (stable) form
+
+
+def num(x: float, p: int = 4) -> str:
+    """A compact number: 8, 0.0826, -1e+06, -inf (``p`` decimals at most, trailing zeros dropped)."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "-inf" if x < 0 else "inf"
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e6 or abs(x) < 10.0 ** -p / 2:
+        return f"{x:.{max(p - 1, 1)}e}".replace("e+0", "e+").replace("e-0", "e-")
+    s = f"{x:.{p}f}".rstrip("0").rstrip(".")
+    return "0" if s in ("-0", "") else s
+
+
+def vec(v: np.ndarray, p: int = 4) -> str:
+    """(1.25, 2.75), with the middle elided for long vectors."""
+    items = [num(x, p) for x in v]
+    if len(items) > MAX_FEATURES:
+        items = [*items[:3], "…", *items[-2:]]
+    return "(" + ", ".join(items) + ")"
+
+
+def elide(terms: list[str], total: int | None = None, joiner: str = " + ") -> str:
+    """Join terms, writing only the first and last few when there are many."""
+    if len(terms) <= MAX_TERMS:
+        return joiner.join(terms)
+    total = total or len(terms)
+    return joiner.join([*terms[:4], "…", *terms[-2:]]) + f"   ({total} terms)"
+
+
+@dataclass
+class Cell:
+    """One (batch..., query i, key j) position of the weights, with what the explainers need."""
+
+    trace: Trace
+    batch: tuple[int, ...]
+    i: int
+    j: int
+    precision: int = 4
+
+    @property
+    def query(self) -> str:
+        return axis_labels(self.trace, QUERIES, self.i + 1)[self.i]
+
+    @property
+    def key(self) -> str:
+        return axis_labels(self.trace, KEYS, self.j + 1)[self.j]
+
+    def input_row(self, name: str, row: int) -> np.ndarray | None:
+        """Row ``row`` of input ``name`` (q, k, v) in this cell's batch entry, or None if absent."""
+        if name not in self.trace.inputs:
+            return None
+        a = np.asarray(self.trace.inputs_numpy()[name], dtype=np.float64)
+        w = self.trace.weights
+        lead = w.shape[:-2]
+        a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
+        return np.asarray(a[self.batch][row])
+
+    def step(self, name: str) -> float:
+        a = self.trace[name]
+        a = np.broadcast_to(a, self.trace.weights.shape)
+        return float(a[self.batch][self.i, self.j])
+
+    def row(self, name: str) -> np.ndarray:
+        a = np.broadcast_to(self.trace[name], self.trace.weights.shape)
+        return np.asarray(a[self.batch][self.i], dtype=np.float64)
+
+
+# ---- per-score explanations: how one raw score is made --------------------------------------
+
+ScoreExplainer = Callable[[Cell], list[str]]
+SCORE_EXPLAINERS: dict[str, ScoreExplainer] = {}
+
+
+def explains(*names: str) -> Callable[[ScoreExplainer], ScoreExplainer]:
+    """Register the explainer of one score's arithmetic for the scores ``names``."""
+
+    def deco(fn: ScoreExplainer) -> ScoreExplainer:
+        for n in names:
+            SCORE_EXPLAINERS[n] = fn
+        return fn
+
+    return deco
+
+
+@explains("dot", "scaled-dot")
+def explain_dot(c: Cell) -> list[str]:
+    """sim(q, k) = Σ_t q_t × k_t, written term by term (terms with a zero factor left out, as the notes do)."""
+    q, k, p = c.input_row("q", c.i), c.input_row("k", c.j), c.precision
+    s = c.step("scores")
+    if q is None or k is None:
+        return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}"]
+    terms = [f"{num(a, p)}×{num(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
+    skipped = len(q) - len(terms)
+    body = elide(terms, len(terms)) if terms else "0"
+    lines = [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {body} = {num(s, p)}"]
+    if skipped and terms:
+        lines.append(f"    ({skipped} of the {len(q)} products have a zero factor and are left out)")
+    return lines
+
+
+def explain_generic(c: Cell) -> list[str]:
+    """Any score without its own explainer: its formula, its intermediate steps at this cell, its value."""
+    t, p = c.trace, c.precision
+    lines = [f"score({c.query}, {c.key}): {t.meta.get('score_formula') or t.meta.get('score')}"]
+    for st in t.steps:
+        if st.name == "scores":
+            break
+        a = st.numpy()
+        if st.axes == (QUERIES, KEYS) and a.shape[-2:] == t.weights.shape[-2:]:
+            lines.append(f"    {st.name} = {num(float(np.broadcast_to(a, t.weights.shape)[c.batch][c.i, c.j]), p)}"
+                         f"   [{st.formula}]")
+        elif a.ndim >= 3 and a.shape[-3:-1] == t.weights.shape[-2:]:  # (..., m, n, h): e.g. additive features
+            v = np.asarray(a[c.batch] if a.ndim - 3 == len(c.batch) else a)[c.i, c.j]
+            lines.append(f"    {st.name} = {vec(v, p)}   [{st.formula}]")
+    lines.append(f"score({c.query}, {c.key}) = {num(c.step('scores'), p)}")
+    return lines
+
+
+# ---- the steps every score shares: scaling, mask, softmax -----------------------------------
+
+
+def scaling_lines(c: Cell) -> list[str]:
+    if "scaled" not in c.trace:
+        return []
+    p = c.precision
+    s, x = c.step("scores"), c.step("scaled")
+    info = c.trace.meta.get("scaling") or {}
+    rule = str(info.get("rule") or "S").split(" = ")[-1]
+    factor, temp = info.get("factor"), info.get("temperature")
+    expr = rule.replace("S", num(s, p), 1) if rule != "S" else num(s, p)
+    if factor is None and rule != "S":  # a factor that depends on the matrix (e.g. its norm)
+        expr += f" (= {num(s, p)} × {num(x / s if s else 0, p)})"
+    if temp is not None:
+        expr = f"({expr}) / T = ({expr}) / {num(temp, p)}" if rule != "S" else f"{num(s, p)} / T = {num(s, p)} / {num(temp, p)}"
+    return [f"scaled: {expr} = {num(x, p)}"]
+
+
+def mask_lines(c: Cell) -> list[str]:
+    if "masked" not in c.trace:
+        return []
+    p = c.precision
+    before = c.step("scaled") if "scaled" in c.trace else c.step("scores")
+    after = c.step("masked")
+    if after == before:
+        return [f"mask: key {c.key} takes part for query {c.query} (unchanged: {num(after, p)})"]
+    if math.isinf(after) and after < 0:
+        return [f"mask: key {c.key} is masked for query {c.query}: {num(before, p)} → -inf, so its weight is exactly 0"]
+    return [f"mask: key {c.key} is masked for query {c.query}: {num(before, p)} → {num(after, p)}"]
+
+
+def softmax_lines(c: Cell) -> list[str]:
+    """weight = exp(x_j) / Σ_k exp(x_k), with the row's exponentials and their sum (stable form too)."""
+    t, p = c.trace, c.precision
+    pre = "masked" if "masked" in t else "scaled" if "scaled" in t else "scores"
+    x = c.row(pre)
+    w = c.step("weights")
+    finite = x[np.isfinite(x)]
+    if finite.size == 0:
+        return [f"weight = 0: every key of query {c.query} is masked, so the row has no weights"]
+    mx = float(np.max(finite))
+    e = np.exp(np.where(np.isfinite(x), x - mx, -np.inf))  # exp(x - max) <= 1
+    z = float(np.sum(e))
+    xj = x[c.j]
+    terms_x = elide([f"exp({num(v, p)})" for v in x], len(x))
+    lines = [f"weight = exp({num(xj, p)}) / Σ exp(row) over the {len(x)} keys of {c.query}"]
+    if mx <= OVERFLOW_SAFE:
+        ex = np.exp(np.where(np.isfinite(x), x, -np.inf))
+        lines.append(f"    Σ exp(row) = {terms_x}")
+        lines.append(f"               = {elide([num(v, p) for v in ex], len(x))} = {num(float(np.sum(ex)), p)}")
+        lines.append(f"    weight = {num(float(ex[c.j]), p)} / {num(float(np.sum(ex)), p)} = {num(w, p)}")
+    lines.append(f"    stable form (the row max {num(mx, p)} is subtracted first, which leaves the weights unchanged): "
+                 f"exp({num(xj, p)} − {num(mx, p)}) / Σ exp(row − {num(mx, p)}) = "
+                 f"{num(float(e[c.j]), p)} / {num(z, p)} = {num(w, p)}")
+    for st in _after_weights(t):
+        v = float(np.broadcast_to(st.numpy(), t.weights.shape)[c.batch][c.i, c.j])
+        lines.append(f"then {st.formula}: {num(v, p)}")
+    return lines
+
+
+def _after_weights(t: Trace) -> list[Any]:
+    """Steps over (queries, keys) after the softmax that change the weights (e.g. hard, dropout)."""
+    names = t.names()
+    if "weights" not in names:
+        return []
+    start = names.index("weights") + 1
+    return [s for s in t.steps[start:] if s.axes == (QUERIES, KEYS) and np.shape(s.values)[-2:] == t.weights.shape[-2:]]
+
+
+def explain_cell(c: Cell) -> list[str]:
+    """Every line of one cell's explanation: score arithmetic, scaling, mask, softmax."""
+    score = str(c.trace.meta.get("score"))
+    fn = SCORE_EXPLAINERS.get(score, explain_generic)
+    return [*fn(c), *scaling_lines(c), *mask_lines(c), *softmax_lines(c)]
+
+
+def explain_row(c: Cell) -> list[str]:
+    """One query row: its softmax key by key, and its output as the weighted sum of value rows."""
+    t, p = c.trace, c.precision
+    pre = "masked" if "masked" in t else "scaled" if "scaled" in t else "scores"
+    x = c.row(pre)
+    finite = x[np.isfinite(x)]
+    mx = float(np.max(finite)) if finite.size else 0.0
+    e = np.exp(np.where(np.isfinite(x), x - mx, -np.inf))
+    z = float(np.sum(e))
+    used = _after_weights(t)
+    wname = used[-1].name if used else "weights"
+    w = c.row(wname)
+    klab = axis_labels(t, KEYS, len(x))
+    lines = [f"softmax of row {c.query} ({pre}; row max {num(mx, p)} subtracted, Σ exp(x − max) = {num(z, p)}):"]
+    keys = range(len(x)) if len(x) <= MAX_TERMS else [*range(4), -1, *range(len(x) - 2, len(x))]
+    for j in keys:
+        if j < 0:
+            lines.append(f"    … {len(x) - 6} more keys")
+            continue
+        lines.append(f"    {klab[j]:>12}: {pre} {num(x[j], p):>10}   exp(x − max) {num(float(e[j]), p):>10}   "
+                     f"weight {num(float(w[j]), p)}")
+    lines.append(f"    the weights sum to {num(float(np.sum(w)), p)}")
+    v = np.asarray(t.inputs_numpy()["v"], dtype=np.float64) if "v" in t.inputs else None
+    out = np.asarray(np.broadcast_to(t.output, t.weights.shape[:-1] + t.output.shape[-1:])[c.batch][c.i])
+    if v is None:
+        lines.append(f"out({c.query}) = Σ_j weight_j · v_j = {vec(out, p)}")
+        return lines
+    v = np.broadcast_to(v, t.weights.shape[:-2] + v.shape[-2:])[c.batch]
+    nz = [j for j in range(len(w)) if w[j] != 0]
+    sym = [f"{num(float(w[j]), p)}·v({klab[j]})" for j in nz]
+    num_terms = [f"{num(float(w[j]), p)}·{vec(v[j], p)}" for j in nz]
+    left_out = len(w) - len(nz)
+    lines.append(f"out({c.query}) = {elide(sym, len(nz)) or '0'}")
+    lines.append(f"    = {elide(num_terms, len(nz)) or '0'}")
+    lines.append(f"    = {vec(out, p)}")
+    if left_out:
+        lines.append(f"    ({left_out} keys with weight 0 are left out)")
+    return lines
+
+
+# ---- parsing QUERY,KEY and BATCH:QUERY ------------------------------------------------------
+
+
+def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> int:
+    token = token.strip()
+    if token in labels:
+        return labels.index(token)
+    try:
+        i = int(token)
+    except ValueError:
+        shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
+        raise InputError(f"{spec!r}: no {what} named {token!r}; {what}s are {shown} (or an index 0..{count - 1})",
+                         "--explain") from None
+    if not 0 <= i < count:
+        raise InputError(f"{spec!r}: {what} index {i} is out of range (there are {count} {what}s: 0..{count - 1})",
+                         "--explain")
+    return i
+
+
+def _batch(prefix: str | None, lead: tuple[int, ...], spec: str) -> tuple[int, ...]:
+    if prefix is None:
+        return (0,) * len(lead)
+    if not lead:
+        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", "--explain")
+    try:
+        idx = tuple(int(x) for x in prefix.split(","))
+    except ValueError:
+        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", "--explain") from None
+    if len(idx) != len(lead) or any(not 0 <= a < n for a, n in zip(idx, lead)):
+        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", "--explain")
+    return idx
+
+
+def parse_cell(trace: Trace, spec: str, precision: int = 4) -> Cell:
+    """``QUERY,KEY`` or ``BATCH:QUERY,KEY`` (labels or indices) as a Cell; InputError if it does not exist."""
+    w = trace.weights
+    m, n = int(w.shape[-2]), int(w.shape[-1])
+    prefix, _, rest = spec.rpartition(":")
+    parts = rest.split(",")
+    if len(parts) != 2:
+        raise InputError(f"{spec!r}: expected QUERY,KEY such as it,milk or 2,1 (batched: 0:2,1)", "--explain")
+    i = _index(parts[0], axis_labels(trace, QUERIES, m), "query", m, spec)
+    j = _index(parts[1], axis_labels(trace, KEYS, n), "key", n, spec)
+    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec), i, j, precision)
+
+
+def parse_row(trace: Trace, spec: str, precision: int = 4) -> Cell:
+    """``QUERY`` or ``BATCH:QUERY`` as a Cell (key 0)."""
+    w = trace.weights
+    m = int(w.shape[-2])
+    prefix, _, rest = spec.rpartition(":")
+    i = _index(rest, axis_labels(trace, QUERIES, m), "query", m, spec)
+    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec), i, 0, precision)
+
+
+def heading(c: Cell, what: str) -> str:
+    where = f" (batch {', '.join(map(str, c.batch))})" if c.batch else ""
+    return f"Explain {what}{where}"
+
+
+def explanations(trace: Trace, opts: RenderOptions) -> list[dict[str, Any]]:
+    """Every requested explanation as {'what', 'heading', 'lines'} (also what JSON carries)."""
+    if not (opts.explain or opts.explain_rows):
+        return []
+    if "weights" not in trace:
+        raise InputError("this run kept no weights to explain", "--explain")
+    out = []
+    for spec in opts.explain:
+        c = parse_cell(trace, spec, opts.precision)
+        out.append({"what": "cell", "spec": spec, "batch": list(c.batch), "query": c.i, "key": c.j,
+                    "heading": heading(c, f"weight({c.query}, {c.key})"), "lines": explain_cell(c)})
+    for spec in opts.explain_rows:
+        c = parse_row(trace, spec, opts.precision)
+        out.append({"what": "row", "spec": spec, "batch": list(c.batch), "query": c.i,
+                    "heading": heading(c, f"row {c.query}"), "lines": explain_row(c)})
+    return out
+
+
+def attach(trace: Trace, opts: RenderOptions) -> list[dict[str, Any]]:
+    """Build the explanations (checking every cell first) and keep them in ``trace.extra`` for JSON."""
+    ex = explanations(trace, opts)
+    if ex:
+        trace.extra["explanations"] = ex
+    return ex
+
+
+def print_explanations(trace: Trace, opts: RenderOptions, console: Console) -> None:
+    ex = trace.extra.get("explanations")
+    if ex is None:
+        ex = explanations(trace, opts)
+    for e in ex:
+        console.print(Text(e["heading"], style="bold underline"))
+        for line in e["lines"]:
+            console.print(Text(line), soft_wrap=True)
+        console.print()
+
+
+EXPLAINERS.append(print_explanations)
