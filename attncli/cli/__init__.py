@@ -81,6 +81,8 @@ def main_callback(
 
 
 from attncli.cli import run as _run  # noqa: E402,F401  (registers the run command)
+from attncli.cli import selfattn as _selfattn  # noqa: E402,F401  (registers the self command)
+from attncli.cli import check as _check  # noqa: E402,F401  (registers the check command)
 
 
 def main() -> None:

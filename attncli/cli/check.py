@@ -1,0 +1,227 @@
+"""``attncli check``: compare expected numbers with the computed ones and name the mistake.
+
+Arguments: ``[EXPECTED] Q [K [V]]``.
+
+- With ``--expected`` (inline numbers like ``"[[0.625, 1.375], ...]"``, or a file), every
+  argument is an input, exactly as for ``run``.
+- Without it, the first argument is the EXPECTED file and the rest are the inputs; a single
+  argument is a problem file with an ``expected:`` entry (expected numbers beside q, k, v).
+
+Exit codes, like cmp/diff: 0 match, 1 mismatch, 2 bad input or usage. An unexpected internal
+error also exits 1 (as every command does): it prints nothing on stdout ('attncli: error:
+internal error ...' on stderr), while a mismatch prints its verdict (first line 'MISMATCH',
+or ``"verdict": "mismatch"`` in JSON); with ``--format json`` an error prints
+``{"verdict": "error" | "internal-error", "errors": [...]}``.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import numpy as np
+import typer
+
+from attncli.cli import EXIT_OK, app, handles_errors
+from attncli.cli.options import PROBLEM_OPTIONS, choices, option, with_options
+from attncli.errors import AttnError, InputError
+
+EXIT_MISMATCH = 1
+CHECK = "Check"
+CheckFormat = choices("CheckFormat", ("rich", "json"))
+
+CHECK_OPTIONS = [
+    option("expected", Optional[str], None, "--expected", "-e", rich_help_panel=CHECK,
+           help="Expected numbers inline, e.g. \"[[0.625, 1.375], [0.089, 1.911]]\" (YAML/JSON list), or a file; "
+                "then every argument is an input."),
+    option("what", str, "output", "--what", "-w", rich_help_panel=CHECK,
+           help="The step to compare: output (default), weights, scores, or any step of `attncli run`."),
+    option("atol", Optional[float], None, "--atol", min=0.0, rich_help_panel=CHECK,
+           help="Absolute tolerance (default: half a unit of the last decimal the expected numbers are written with; "
+                "for binary files and whole numbers, torch.testing's float default)."),
+    option("rtol", Optional[float], None, "--rtol", min=0.0, rich_help_panel=CHECK,
+           help="Relative tolerance: cells match when |expected - computed| <= atol + rtol·|computed|."),
+    option("explain", bool, True, "--explain/--no-explain", rich_help_panel=CHECK,
+           help="On a mismatch, try the catalogue of known variants and mistakes (default on)."),
+    option("format", CheckFormat, CheckFormat("rich"), "--format", "-f", rich_help_panel=CHECK,
+           help="rich: a report; json: one JSON object on stdout (verdict, errors, explanations)."),
+    option("precision", int, 4, "--precision", "-p", min=0, max=17, rich_help_panel=CHECK,
+           help="Decimals shown in the report."),
+    option("quiet", bool, False, "--quiet", "-q", rich_help_panel=CHECK,
+           help="Print nothing; only the exit code tells (as cmp -s)."),
+]
+
+CHECK_HELP = """Compare expected numbers with the computed attention, and name the mistake if they differ.
+
+Arguments are EXPECTED then the inputs as for `run` (Q [K [V]] or a problem file); with
+--expected, all arguments are inputs; one problem file may carry its own `expected:` entry.
+EXPECTED is .yaml/.json/.csv (precision read from the text), .npy/.npz, or - for stdin.
+
+Exit codes: 0 match, 1 mismatch, 2 bad input (1 with nothing on stdout: internal error).
+
+Examples:
+
+  attncli check --expected "[[0, 0.625, 1.375, 0], [0, 0.089, 1.911, 0], [0, 0.625, 1.375, 0], [0, 0.010, 1.990, 0]]" examples/cat_milk_sweet.yaml
+
+  attncli check expected.npy q.npy k.npy v.npy --valid-lens 2,3 --format json
+
+  attncli check weights.csv q.npy k.npy --what weights --atol 1e-3
+"""
+
+INLINE = "--expected"
+
+
+@app.command("check", help=CHECK_HELP)
+@handles_errors
+@with_options(PROBLEM_OPTIONS, CHECK_OPTIONS)
+def check_command(
+    args: Annotated[list[str], typer.Argument(metavar="[EXPECTED] Q [K [V]]", show_default=False,
+                                              help="Expected numbers (unless --expected), then the input files.")],
+    opts: dict[str, Any],
+) -> None:
+    fmt = opts["format"].value
+    try:
+        verdict = compute_verdict(args, opts)
+    except AttnError as e:
+        if fmt == "json" and not opts["quiet"]:
+            _print_error("error", str(e))
+        raise
+    except Exception as e:
+        if fmt == "json" and not opts["quiet"]:
+            _print_error("internal-error", f"{type(e).__name__}: {e}")
+        raise
+    if not opts["quiet"]:
+        from attncli.render.check import CHECK_FORMATS
+
+        if fmt == "rich":
+            from rich.console import Console
+
+            CHECK_FORMATS[fmt](verdict, opts["precision"], Console(soft_wrap=False))
+        else:
+            CHECK_FORMATS[fmt](verdict, opts["precision"], sys.stdout)
+            sys.stdout.flush()
+    raise typer.Exit(EXIT_OK if verdict.match else EXIT_MISMATCH)
+
+
+def _print_error(kind: str, message: str) -> None:
+    from attncli.render.check import verdict_json
+
+    sys.stdout.write(verdict_json({"verdict": kind, "match": False, "errors": [" ".join(message.split())]}) + "\n")
+    sys.stdout.flush()
+
+
+def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
+    """Split the arguments, read the expected numbers and the problem, and check."""
+    from attncli.check import Tolerance, check, infer_tolerance
+    from attncli.cli.inputs import build_problem
+    from attncli.engine import run
+    from attncli.io import STDIN, Reader
+
+    stdin = None
+    if STDIN in args or opts.get("expected") == STDIN:
+        stdin = io.BytesIO(sys.stdin.buffer.read())  # read once; the raw text is needed for the precision
+    reader = Reader(stdin=stdin)
+    spec, inputs = split_arguments(args, opts.get("expected"), reader)
+    problem = build_problem(inputs, opts, reader)
+    trace = run(problem)
+    what = opts["what"]
+    expected, written, source = read_expected(spec, opts.get("expected"), reader, stdin, what)
+    if opts.get("atol") is not None or opts.get("rtol") is not None:
+        atol, rtol = opts.get("atol") or 0.0, opts.get("rtol") or 0.0
+        tol = Tolerance(atol, rtol, f"given: --atol {atol:g} --rtol {rtol:g}")
+    else:
+        dtype = "float32" if "float32" in (str(expected.dtype), str(trace.meta.get("dtype"))) else "float64"
+        tol = infer_tolerance(written, dtype, source)
+    return check(problem, expected, what=what, tolerance=tol, trace=trace, source=source, explain=opts["explain"])
+
+
+def split_arguments(args: list[str], inline: str | None, reader: Any) -> tuple[str | None, list[str]]:
+    """(where the expected numbers are, the input arguments). ``None``: inline ``--expected`` text."""
+    if inline is not None:
+        if not args:
+            raise InputError("no inputs given: expected Q [K [V]] or a problem file after the options", "arguments")
+        return (inline if _is_file_spec(inline) else None), args
+    if len(args) == 1:
+        content = reader.read(args[0])
+        if isinstance(content, dict) and "expected" in content:
+            return args[0], args
+        raise InputError("is the only argument but has no 'expected' entry; give EXPECTED first "
+                         "(attncli check EXPECTED Q [K [V]]) or use --expected", reader.source(args[0]))
+    if len(args) > 4:
+        raise InputError(f"expected EXPECTED and 1 to 3 inputs, got {len(args)} arguments", "arguments")
+    return args[0], args[1:]
+
+
+def _is_file_spec(text: str) -> bool:
+    from attncli.io import LOADERS, STDIN
+
+    return text == STDIN or (Path(text).suffix.lower() in LOADERS and not text.lstrip().startswith("["))
+
+
+def read_expected(spec: str | None, inline: str | None, reader: Any, stdin: io.BytesIO | None,
+                  what: str) -> tuple[np.ndarray, list[str] | None, str]:
+    """(expected array, the numbers as written or None for binary, where they came from).
+
+    ``spec`` None: the inline ``--expected`` text. In a mapping (problem file, .npz), the entry
+    ``expected``, else the entry named like the compared step, else its only array."""
+    from attncli.check import written_numbers
+    from attncli.io import STDIN, sniff
+
+    if spec is None:
+        return _inline(inline or "")
+    source = reader.source(spec)
+    content = reader.read(spec)
+    entry = "expected"
+    if isinstance(content, dict):
+        if "expected" not in content and what in content:
+            entry = what  # e.g. an .npz saved by `attncli run --save`
+        value = content[entry] if entry in content else reader.array(spec, "expected")
+    else:
+        value = content
+    array = _as_numbers(value, source)
+    if spec == STDIN:
+        data = stdin.getvalue() if stdin is not None else b""
+        ext = sniff(data)
+    else:
+        data, ext = Path(spec).read_bytes(), Path(spec).suffix.lower()
+    try:
+        written = written_numbers(data.decode("utf-8-sig"), ext, entry) if ext not in (".npy", ".npz", ".pt", ".pth") else None
+    except Exception:  # the loader already read it: a text we cannot re-scan only costs the inferred precision
+        written = None
+    return array, written, source
+
+
+def _inline(text: str) -> tuple[np.ndarray, list[str] | None, str]:
+    import yaml
+
+    from attncli.check import written_numbers
+
+    try:
+        doc = yaml.safe_load(text)
+        written = written_numbers(text, "inline")
+    except yaml.YAMLError as e:
+        raise InputError(f"is not a list of numbers ({' '.join(str(e).split())[:120]})", INLINE) from None
+    return _as_numbers(doc, INLINE), written, INLINE
+
+
+def _as_numbers(value: Any, source: str) -> np.ndarray:
+    """Expected numbers as float64; null / .nan are NaN (a row of NaN can be the expected result)."""
+
+    def nulls(x: Any) -> Any:
+        return [nulls(y) for y in x] if isinstance(x, list) else (np.nan if x is None else x)
+
+    if isinstance(value, (str, dict)):
+        raise InputError("holds no array of numbers (expected a list of rows or an array)", source)
+    try:
+        arr = np.asarray(nulls(value) if isinstance(value, list) else value)
+    except ValueError:
+        raise InputError("expected numbers are ragged: rows of different lengths", source) from None
+    if arr.dtype.kind not in "iuf" or arr.dtype.kind == "b":
+        raise InputError(f"expected numbers hold {'booleans' if arr.dtype.kind == 'b' else 'non-numbers'}", source)
+    if arr.ndim == 0:
+        arr = arr.reshape(1, 1)
+    elif arr.ndim == 1:
+        arr = arr[None, :]
+    return arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)

@@ -1,0 +1,102 @@
+"""Showing a check's Verdict: a terminal report, or one JSON object for scripts.
+
+``CHECK_FORMATS`` maps ``--format`` names to functions ``(verdict, precision, out)``; ``out``
+is a rich Console for ``rich`` and a text stream for ``json``. The first line of the terminal
+report starts with ``MATCH`` or ``MISMATCH`` so scripts can tell a mismatch (exit 1 with a
+verdict) from an internal error (exit 1, nothing on stdout).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from attncli.check import Verdict
+
+CheckFormatter = Callable[[Verdict, int, Any], None]
+CHECK_FORMATS: dict[str, CheckFormatter] = {}
+
+
+def check_format(name: str) -> Callable[[CheckFormatter], CheckFormatter]:
+    def deco(fn: CheckFormatter) -> CheckFormatter:
+        CHECK_FORMATS[name] = fn
+        return fn
+
+    return deco
+
+
+def verdict_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False)
+
+
+@check_format("json")
+def print_json(verdict: Verdict, precision: int, out: Any) -> None:
+    out.write(verdict_json(verdict.to_dict()) + "\n")
+
+
+@check_format("rich")
+def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from attncli.render.terminal import fmt
+
+    c, tol = verdict.comparison, verdict.tolerance
+    say = functools.partial(console.print, markup=False, highlight=False)  # labels like [milk, d2] are not markup
+
+    def f(x: float) -> str:
+        return fmt(x, precision)
+
+    head = Text()
+    if verdict.match:
+        head.append("MATCH", style="bold green")
+        head.append(f": the {verdict.what} agrees with the expected numbers ({c.cells} cells)")
+    else:
+        head.append("MISMATCH", style="bold red")
+        head.append(f": the {verdict.what} differs from the expected numbers in {c.mismatched} of {c.cells} cells")
+    console.print(head)
+    say(f"  computed as: {verdict.formula}  (shape {tuple(verdict.shape)})")
+    say(f"  tolerance: |expected - computed| <= {tol.atol:.3g} + {tol.rtol:.3g}·|computed|  ({tol.origin})")
+    if c.worst is not None:
+        w = c.worst
+        say(f"  largest absolute error {f(c.max_abs_error)} at {w.label} "
+                      f"(expected {f(w.expected)}, computed {f(w.computed)}); largest relative error {f(c.max_rel_error)}")
+    if c.first:
+        table = Table(title=f"First mismatching cells ({len(c.first)} of {c.mismatched})", title_justify="left")
+        for col in ("cell", "expected", "computed", "|error|"):
+            table.add_column(col, justify="left" if col == "cell" else "right", no_wrap=True)
+        for cell in c.first:
+            table.add_row(Text(cell.label), f(cell.expected), f(cell.computed), f(cell.error))
+        console.print(table)
+    for warning in verdict.warnings:
+        console.print(Text(f"  note: {warning}", style="italic"))
+    if verdict.match:
+        return
+    console.print()
+    if verdict.explanations:
+        n = len(verdict.explanations)
+        console.print(Text(f"Explained by {n} variant{'s' if n > 1 else ''} of the catalogue "
+                           f"({len(verdict.tried)} tried):", style="bold"))
+        for e in verdict.explanations:
+            line = Text("  • ")
+            line.append(e.name, style="bold")
+            line.append(f": {'possibly ' if e.possible else ''}matches {e.formula}: {e.explanation} "
+                        f"(largest error {f(e.max_abs_error)})")
+            console.print(line)
+        return
+    console.print(Text(f"No variant of the catalogue reproduces the expected numbers ({len(verdict.tried)} tried: "
+                       f"{', '.join(verdict.tried) or 'none'}).", style="bold"))
+    if verdict.nearest:
+        near = ", ".join(f"{e.name} (largest error {f(e.max_abs_error)})" for e in verdict.nearest)
+        say(f"  nearest: {near}")
+    d = verdict.divergence
+    if d is not None:
+        if d.rows:
+            say("  largest errors by row: " + ", ".join(f"{k} {f(v)}" for k, v in d.rows))
+        if d.columns:
+            say("  largest errors by column: " + ", ".join(f"{k} {f(v)}" for k, v in d.columns))
+        if d.ratio is not None:
+            say(f"  every expected number is the computed one times {d.ratio:.6g}: "
+                          "a constant factor (a scaling applied to the output?)")
