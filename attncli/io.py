@@ -273,10 +273,16 @@ def load_torch(data: bytes, source: str) -> dict[str, Any]:
         raise InputError(f"is a PyTorch file, and reading it needs PyTorch; {TORCH_HINT}", source)
     import pickle
 
+    import warnings
+
     import torch
 
+    if not (data.startswith(b"PK") or data.startswith(b"\x80")):  # torch.save: a zip, or a legacy pickle
+        raise InputError("is not a PyTorch file (torch.save writes a zip archive)", source)
     try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": one line on stderr, not two
+            warnings.simplefilter("ignore")
+            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise InputError("holds Python objects beyond tensors (a whole pickled model?); only state dicts are read, "
                          "with weights_only=True: save model.state_dict() instead", source) from None

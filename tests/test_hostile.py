@@ -1,0 +1,245 @@
+"""Hostile and broken input files: each gets one line on stderr and exit code 2, fast, with
+nothing on stdout; no traceback, no hang, no allocation of what a header merely declares.
+
+The table below is (file name, how its bytes are made, words the message must contain).
+The memory-bound cases also run in a subprocess under an address-space limit and a timeout.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attncli.cli import app
+from attncli.errors import InputError
+from attncli.io import LOADERS, MAX_TEXT_ITEMS, check_text_size
+
+runner = CliRunner()
+
+
+def npy_header(shape: tuple[int, ...], descr: str = "<f8") -> bytes:
+    """A valid .npy header (format 1.0) declaring ``shape``, with no data after it."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+def npy(a: np.ndarray, allow_pickle: bool = False) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=allow_pickle)
+    return buf.getvalue()
+
+
+def npz(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def npz_member(name: str, data: bytes) -> bytes:
+    """An .npz (a zip) with one member written by hand, e.g. a header declaring a huge shape."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def yaml_bomb(levels: int = 9, width: int = 10) -> bytes:
+    """"Billion laughs": each anchor is a list of ``width`` aliases of the one before, so the
+    last stands for width**levels numbers; q is that last one."""
+    names = "abcdefghijklmnop"
+    parts = ["&a [" + ",".join(["1.5"] * width) + "]"]
+    for i in range(1, levels):
+        parts.append(f"&{names[i]} [" + ",".join([f"*{names[i - 1]}"] * width) + "]")
+    return ("description: [" + ", ".join(parts) + f"]\nq: *{names[levels - 1]}\n").encode()
+
+
+GOOD = np.arange(12, dtype=np.float64).reshape(3, 4)
+GOOD_NPY = npy(GOOD)
+
+# (file name, bytes, words the one-line message must contain)
+CASES: list[tuple[str, Callable[[], bytes], str]] = [
+    # truncated / corrupt binaries
+    ("trunc.npy", lambda: GOOD_NPY[:-10], "truncated"),
+    ("trunc_header.npy", lambda: GOOD_NPY[:20], "not a valid .npy"),
+    ("magic_only.npy", lambda: b"\x93NUMPY", "not a valid .npy"),
+    ("junk.npy", lambda: bytes(range(256)) * 4, "not a valid .npy"),
+    ("bad_header.npy", lambda: b"\x93NUMPY\x01\x00\x10\x00{'descr': 'X'}   \n", "not a valid .npy"),
+    ("trunc.npz", lambda: npz(q=GOOD)[:100], "not a valid .npz"),
+    ("junk.npz", lambda: b"PK\x03\x04" + bytes(200), "not a valid .npz"),
+    ("trunc_member.npz", lambda: npz_member("q.npy", GOOD_NPY[:-8]), "truncated"),
+    # headers declaring enormous shapes: must fail before allocating
+    ("huge.npy", lambda: npy_header((10**6, 10**6)) + bytes(64), "declares shape (1000000, 1000000)"),
+    ("huge_1d.npy", lambda: npy_header((2**40,)) + bytes(64), "truncated"),
+    ("huge_member.npz", lambda: npz_member("q.npy", npy_header((10**6, 10**6)) + bytes(64)), "q]"),
+    # object arrays and pickles
+    ("object.npy", lambda: npy(np.array([1, "a", None], dtype=object), allow_pickle=True), "pickle"),
+    ("pickle.npy", lambda: pickle.dumps({"q": [[1.0]]}), "pickle"),
+    ("object.npz", lambda: npz_member("q.npy", npy(np.array([{}], dtype=object), allow_pickle=True)), "pickle"),
+    ("pickle.pt", lambda: pickle.dumps({"q": [[1.0]]}), "weights_only"),
+    ("junk.pt", lambda: bytes(range(256)), "not a PyTorch file"),
+    ("junk_zip.pt", lambda: npz(q=GOOD), "PyTorch"),
+    # YAML / JSON bombs and nesting
+    ("bomb.yaml", yaml_bomb, "expands to more than"),
+    ("deep.yaml", lambda: b"q: " + b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
+    ("deep.json", lambda: b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ("deep70.json", lambda: b"[" * 70 + b"1" + b"]" * 70, "ragged"),
+    ("bigint.json", lambda: b"[[" + b"9" * 5000 + b"]]", "cannot be read"),
+    ("bigint.yaml", lambda: b"q: [[" + b"9" * 5000 + b"]]", "cannot be read"),
+    ("hugeint.json", lambda: b"[[" + b"9" * 400 + b", 1]]", "numbers too large"),
+    ("python_tag.yaml", lambda: b"q: !!python/object/apply:os.system ['echo hi']", "not plain data"),
+    # text that is not text
+    ("latin1.yaml", lambda: "q: [[1, 2]]  # café".encode("latin-1"), "not UTF-8"),
+    ("binary.yaml", lambda: bytes(range(128, 256)) * 8, "not UTF-8"),
+    ("binary.json", lambda: b"\xff\xfe\x00\x01" * 100, "not UTF-8"),
+    ("binary.csv", lambda: b"1,2\n\xff\xfe\n", "not UTF-8"),
+    ("nul.yaml", lambda: b"q: [[1, 2]]\x00\x00", "not valid YAML"),
+    ("bad.json", lambda: b"[[1, 2], [3, 4]", "not valid JSON"),
+    # the wrong kind of value where numbers belong
+    ("words.yaml", lambda: b"q: [[a, b], [c, d]]", "text where numbers belong"),
+    ("mixed_words.json", lambda: b'[[1, "2"], [3, 4]]', "text where numbers belong"),
+    ("scalar.yaml", lambda: b"hello", "text where numbers belong"),
+    ("bools.yaml", lambda: b"q: [[true, false], [false, true]]", "booleans"),
+    ("mixed_bool.json", lambda: b"[[1, true], [0, 1]]", "true/false"),
+    ("null.json", lambda: b"[[1, null], [2, 3]]", "non-numbers"),
+    ("mapping.yaml", lambda: b"q: {a: 1, b: 2}", "non-numbers"),
+    ("complex.npy", lambda: npy(np.eye(2) * 1j), "complex"),
+    ("struct.npy", lambda: npy(np.zeros(3, dtype=[("a", "f4")])), "expected numbers"),
+    ("strings.npy", lambda: npy(np.array([["a", "b"]])), "text where numbers belong"),
+    ("nan.csv", lambda: b"1,nan\n2,3\n", "NaN"),
+    ("inf.json", lambda: b"[[1e400, 1]]", "infinite"),
+    ("words.csv", lambda: b"1,2\n3,four\n", "'four'"),
+    ("ragged.csv", lambda: b"1,2\n3\n", "ragged"),
+    # zero-sized and scalar arrays
+    ("empty.npy", lambda: npy(np.zeros((0, 3))), "empty"),
+    ("empty_cols.npy", lambda: npy(np.zeros((3, 0))), "empty"),
+    ("empty_list.json", lambda: b"[]", "empty"),
+    ("scalar.npy", lambda: npy(np.float64(3.0)), "single number"),
+    ("only_spaces.yaml", lambda: b"   \n\n  ", "empty"),
+    ("comments_only.csv", lambda: b"# nothing\n", "empty"),
+    # a very long line that is not numbers
+    ("long_junk.csv", lambda: b"1," * 200_000 + b"x\n", "'x'"),
+    ("long_line.yaml", lambda: b"q: [[" + b"1, " * 200_000 + b"oops]]", "text where numbers belong"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "words"), CASES, ids=[c[0] for c in CASES])
+def test_hostile_file_one_line_exit_2(tmp_path: Path, name: str, make: Callable[[], bytes], words: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(make())
+    res = runner.invoke(app, ["run", str(path), "--format", "json"])
+    assert res.exit_code == 2, (res.exit_code, res.stderr, res.exception)
+    assert res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attncli: error: "), res.stderr
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr
+    assert name in lines[0], lines[0]  # the message names the file
+    assert words in lines[0], lines[0]
+
+
+# ---- inputs that are odd but fine ---------------------------------------------------------
+
+def _json_output(res: object) -> np.ndarray:
+    assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+    return np.asarray(json.loads(res.stdout)["output"])  # type: ignore[attr-defined]
+
+
+def test_integer_arrays_are_converted(tmp_path: Path) -> None:
+    """int8 / uint16 / int64 inputs compute as float64: same output as the float64 array."""
+    x = np.array([[1, 0, 2], [0, 3, 1]])
+    outs = []
+    for dt in ("int8", "uint16", "int64", "float64"):
+        np.save(tmp_path / f"x_{dt}.npy", x.astype(dt))
+        outs.append(_json_output(runner.invoke(app, ["run", str(tmp_path / f"x_{dt}.npy"), "--format", "json"])))
+    # reference: float64 softmax(x xᵀ / sqrt(3)) x, by hand in numpy
+    s = x @ x.T / np.sqrt(3)
+    w = np.exp(s - s.max(1, keepdims=True))
+    ref = (w / w.sum(1, keepdims=True)) @ x
+    for o in outs:
+        np.testing.assert_allclose(o, ref, rtol=1e-12)
+
+
+def test_yaml_reads_exponent_floats() -> None:
+    """YAML 1.1 reads `1e3` as text; attncli reads it as the number 1000 (as YAML 1.2 does)."""
+    doc = LOADERS[".yaml"](b"q: [[1e-1, 2E0], [.5e1, -3e+0]]\nw: 1e3\nname: e3\n", "e.yaml")
+    assert doc["q"] == [[0.1, 2.0], [5.0, -3.0]] and doc["w"] == 1000.0 and doc["name"] == "e3"
+
+
+def test_yaml_aliases_that_stay_small_are_fine(tmp_path: Path) -> None:
+    """An anchor reused for K and V (self-attention written out) is not a bomb."""
+    (tmp_path / "alias.yaml").write_text("q: &x [[1.0, 0.0], [0.0, 1.0]]\nk: *x\nv: *x\n")
+    out = _json_output(runner.invoke(app, ["run", str(tmp_path / "alias.yaml"), "--format", "json"]))
+    e, one = np.exp(1 / np.sqrt(2)), 1.0  # softmax([1, 0]/sqrt(2)) by hand
+    np.testing.assert_allclose(out, [[e / (e + one), one / (e + one)], [one / (e + one), e / (e + one)]])
+
+
+def test_check_text_size_counts_expanded_aliases() -> None:
+    leaf = [1.0] * 10
+    doc = {"q": [[leaf] * 10] * 10}  # 1000 numbers through shared lists, 100 + 10 + 1 lists
+    check_text_size(doc, "x.yaml", limit=1200)
+    with pytest.raises(InputError, match="expands to more than 1,000"):
+        check_text_size(doc, "x.yaml", limit=1000)
+    cyclic: list[object] = [1.0]
+    cyclic.append(cyclic)  # a list that contains itself terminates
+    check_text_size(cyclic, "x.yaml")
+    assert MAX_TEXT_ITEMS >= 1_000_000
+
+
+def test_long_numeric_line_is_read(tmp_path: Path) -> None:
+    """A CSV with one 100,000-number row is one key of width 100,000: the weight is 1, output = row."""
+    row = np.linspace(-1, 1, 100_000)
+    (tmp_path / "wide.csv").write_text(",".join(repr(float(x)) for x in row) + "\n")
+    out = _json_output(runner.invoke(app, ["run", str(tmp_path / "wide.csv"), "--format", "json",
+                                           "--steps", "output"]))
+    np.testing.assert_allclose(out, row[None, :])
+
+
+# ---- every loader, called directly on junk: only InputError escapes --------------------------
+
+@pytest.mark.parametrize("ext", sorted(LOADERS))
+def test_every_loader_rejects_junk_with_input_error(ext: str) -> None:
+    for junk in (b"\x00", b"\xff" * 50, b"PK\x03\x04junk", b"\x93NUMPY\x01\x00", b"[[1, 2", b"}{", b"!!binary"):
+        try:
+            LOADERS[ext](junk, f"junk{ext}")
+        except InputError as e:
+            assert str(e).startswith(f"junk{ext}: ")
+
+
+# ---- bounded memory and time, in a subprocess under limits -----------------------------------
+
+LIMITED = r"""
+import resource, sys
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from attncli.cli import main
+sys.argv = ["attncli", "run", *sys.argv[2:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("name", ["huge.npy", "huge_member.npz", "bomb.yaml", "deep.json"])
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is reliable on Linux")
+def test_bounded_memory_and_time(tmp_path: Path, name: str) -> None:
+    """Under a 1.5 GiB address-space limit and a 60 s timeout (a hang guard, not a benchmark),
+    the declared-huge inputs still end with exit 2 and one line; without the checks they would
+    ask for terabytes (huge.npy: 7.3 TiB) or expand 10**9 YAML numbers."""
+    make = dict((c[0], c[1]) for c in CASES)[name]
+    path = tmp_path / name
+    path.write_bytes(make())
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", LIMITED, str(3 << 29), str(path), "--format", "json"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
