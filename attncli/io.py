@@ -175,7 +175,10 @@ _YAML_LOADER: Any = None
 
 def _yaml_loader() -> Any:
     """yaml.SafeLoader that also reads YAML 1.2 floats such as ``1e3`` and ``.5`` as numbers
-    (YAML 1.1 wants ``1.0e+3``). Built once, on first use (yaml is imported lazily)."""
+    (YAML 1.1 wants ``1.0e+3``). Built once, on first use (yaml is imported lazily).
+
+    Deliberately not the faster libyaml ``CSafeLoader``: it recurses in C and crashes
+    (SIGSEGV) on 100,000 nested brackets, where the pure-Python one raises RecursionError."""
     global _YAML_LOADER
     if _YAML_LOADER is None:
         import re
@@ -272,7 +275,6 @@ def load_torch(data: bytes, source: str) -> dict[str, Any]:
     if not torch_available():
         raise InputError(f"is a PyTorch file, and reading it needs PyTorch; {TORCH_HINT}", source)
     import pickle
-
     import warnings
 
     import torch
