@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from attncli.errors import InputError
-from attncli.scoring import SCALINGS, get_score
+from attncli.scoring import ACTIVATIONS, SCALINGS, get_score
 
 MASK_CONVENTIONS = ("keep", "drop")
 CAUSAL_ALIGNS = ("top-left", "bottom-right")
@@ -104,6 +104,7 @@ class Problem:
     # ---- derived, set by validate() ----
     batch_shape: tuple[int, ...] = ()
     query_limit: np.ndarray | None = None  # (..., m): keys j >= limit are masked (valid lens)
+    initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
 
     @property
     def m(self) -> int:
@@ -156,6 +157,7 @@ class Problem:
             raise InputError(f"scale must be a finite number, got {o.scale}", "--scale")
         if o.mask_value is not None and np.isnan(o.mask_value):
             raise InputError("mask value must be a number or -inf, got nan", "--mask-value")
+        self._check_variant_options()
 
         k_is_q, v_is_k = self.k is self.q, self.v is self.k
         self.q = self._matrix("q", self.q)
@@ -175,8 +177,26 @@ class Problem:
         self._check_labels()
         self.query_limit = self._valid_lens_limit()
         self.mask = self._check_mask()
+        from attncli.weights import prepare
+
+        self.params, self.initialised = prepare(score, self.params, int(q.shape[-1]), int(k.shape[-1]), o,
+                                                self.where("weights"))
 
     # ---- pieces of validate ----
+
+    def _check_variant_options(self) -> None:
+        """Score parameters and softmax variants: activation, bandwidth, hidden, seed, dropout."""
+        o = self.options
+        if o.activation is not None and o.activation not in ACTIVATIONS:
+            raise InputError(f"unknown activation {o.activation!r}; choose one of {', '.join(ACTIVATIONS)}", "--activation")
+        if o.bandwidth is not None and not (np.isfinite(o.bandwidth) and o.bandwidth > 0):
+            raise InputError(f"bandwidth must be a positive number, got {o.bandwidth}", "--bandwidth")
+        if o.hidden is not None and o.hidden < 1:
+            raise InputError(f"hidden width must be at least 1, got {o.hidden}", "--hidden")
+        if o.seed is not None and o.seed < 0:
+            raise InputError(f"seed must be 0 or more, got {o.seed}", "--seed")
+        if not (0.0 <= o.dropout <= 1.0):
+            raise InputError(f"dropout must be a probability between 0 and 1, got {o.dropout}", "--dropout")
 
     def _matrix(self, name: str, a: Any) -> np.ndarray:
         title = ARRAY_TITLES[name]

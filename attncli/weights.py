@@ -1,18 +1,25 @@
-"""Learned parameters of the scoring functions: loading, converting and initialising them.
+"""Learned parameters of the scoring functions: loading, converting, checking, initialising.
 
-Weights are kept in the textbook convention ``Q' = q @ W_q`` (``W_q`` has shape
-``(d_q, h)``). PyTorch ``nn.Linear`` weights (``W_q.weight``, shape ``(h, d_q)``) are
-recognised by name and converted. Missing weights are initialised as ``nn.Linear`` does
-(uniform on ±1/sqrt(fan_in)) from ``numpy.random.default_rng(seed)``, so numpy and torch
-get identical numbers.
+Weights are kept in the textbook convention ``q @ W_q`` (``W_q`` of shape ``(d_q, h)``),
+as each score declares them in the registry (:class:`attncli.scoring.Param`). PyTorch
+names (``W_q.weight`` of an ``nn.Linear``, shape ``(h, d_q)``) are recognised and
+converted. Missing weights are initialised as ``nn.Linear`` initialises its own (uniform
+on ±1/sqrt(fan_in)) from ``numpy.random.default_rng(seed)``, so numpy and torch get
+identical numbers; the draws follow the order of the score's parameter list.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+
+from attncli.errors import InputError
+from attncli.scoring import Param, Score
+
+DEFAULT_SEED = 0
 
 
 def linear_init(rng: np.random.Generator, fan_in: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -26,11 +33,142 @@ def linear_init(rng: np.random.Generator, fan_in: int, shape: tuple[int, ...]) -
 
 def seeded_rng(seed: int | None) -> np.random.Generator:
     """The generator every seeded draw uses: ``numpy.random.default_rng(seed)`` (seed 0 if None)."""
-    return np.random.default_rng(0 if seed is None else seed)
+    return np.random.default_rng(DEFAULT_SEED if seed is None else seed)
 
 
-__all__ = ["linear_init", "seeded_rng"]
+# How PyTorch tensors become a parameter: nn.Linear stores its weight as (out, in).
+CONVERSIONS: dict[str, Callable[[list[np.ndarray]], np.ndarray]] = {
+    "as_is": lambda a: a[0],
+    "transpose": lambda a: a[0].T,  # (out, in) -> (in, out)
+    "flatten": lambda a: a[0].reshape(-1),  # a one-output Linear: (1, in) -> (in,), bias (1,) -> (1,)
+    "sum": lambda a: sum(a[1:], a[0]),  # biases of two Linear layers that are added
+}
+# The shape PyTorch stores, from the parameter's shape (for error messages).
+TORCH_SHAPES: dict[str, Callable[[tuple[str, ...]], tuple[str, ...]]] = {
+    "as_is": lambda s: s,
+    "transpose": lambda s: s[::-1],
+    "flatten": lambda s: ("1", *s),
+    "sum": lambda s: s,
+}
 
 
-def _unused(_: Any) -> None:  # placeholder so the module has no dead imports while it grows
-    return None
+def _fmt(shape: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def spec_text(score: Score) -> str:
+    """``W_q (d_q, h), W_k (d_k, h), w_v (h,), optional b (h,)``: what a score takes."""
+    return ", ".join(("optional " if p.optional else "") + f"{p.name} {p.shape_text()}" for p in score.params)
+
+
+def weights_mapping(content: Any, source: str) -> dict[str, Any]:
+    """The named arrays of a weights file: a mapping (or a problem file's ``weights:`` entry)."""
+    if isinstance(content, Mapping) and isinstance(content.get("weights"), Mapping):
+        content = content["weights"]
+    if not isinstance(content, Mapping):
+        raise InputError("holds a single array; a weights file maps names to arrays (e.g. W_q, W_k, w_v)", source)
+    return {str(k): v for k, v in content.items()}
+
+
+def prepare(score: Score, given: Mapping[str, Any], d_q: int, d_k: int, options: Any,
+            source: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The parameters ``score`` uses, checked against the widths, with missing ones initialised.
+
+    ``given`` may use the textbook names or PyTorch names (converted). Returns the
+    parameters by name and the names that were initialised (from ``options.seed`` with
+    hidden width ``options.hidden``, default ``d_q``). Raises a one-line InputError naming
+    a missing, unknown or wrongly shaped weight, its shape and the shape expected.
+    """
+    _check_options(score, given, options)
+    if not score.params:
+        if given:
+            raise InputError(f"--score {score.name} takes no weights, but {', '.join(given)} were given", source)
+        return {}, []
+    dims: dict[str, int] = {"d_q": d_q, "d_k": d_k}
+    origin = {"d_q": f"the width of Q is {d_q}", "d_k": f"the width of K is {d_k}"}
+    if options.hidden is not None:
+        dims["h"], origin["h"] = options.hidden, f"--hidden is {options.hidden}"
+    named = _canonical(score, dict(given), source)
+    out = {p.name: _checked(p, *named[p.name], dims, origin, source) for p in score.params if p.name in named}
+    missing = [p for p in score.params if not p.optional and p.name not in out]
+    if missing and out:
+        raise InputError(f"weight {missing[0].name} is missing: --score {score.name} takes {spec_text(score)}"
+                         + (" (or nn.Linear names: " + ", ".join(t for p in score.params for t in p.torch) + ")"
+                            if any(p.torch for p in score.params) else ""), source)
+    if missing:
+        dims.setdefault("h", d_q)
+        rng = seeded_rng(options.seed)
+        for p in missing:
+            out[p.name] = linear_init(rng, dims[p.fan_in], tuple(dims[s] for s in p.shape))
+    return {p.name: out[p.name] for p in score.params if p.name in out}, [p.name for p in missing]
+
+
+def _check_options(score: Score, given: Mapping[str, Any], options: Any) -> None:
+    from attncli.scoring import SCORE_OPTIONS
+
+    for name in SCORE_OPTIONS:
+        if getattr(options, name) is not None and name not in score.options:
+            users = [s.name for s in _scores() if name in s.options]
+            raise InputError(f"--{name} applies to --score {' / '.join(users)}, not {score.name}", f"--{name}")
+    if options.bandwidth is not None and "w" in given:
+        raise InputError("give either --bandwidth or a learned weight w, not both (σ = 1/w)", "--bandwidth")
+
+
+def _scores() -> list[Score]:
+    from attncli.scoring import SCORES
+
+    return list(SCORES.values())
+
+
+def _canonical(score: Score, given: dict[str, Any], source: str) -> dict[str, tuple[Any, str]]:
+    """Each given weight under its parameter name, as (array, how it was named in the file)."""
+    by_torch = {t: p for p in score.params for t in p.torch}
+    names = {p.name for p in score.params}
+    for key in given:
+        if key not in names and key not in by_torch:
+            torch_names = ", ".join(by_torch)
+            raise InputError(f"weight {key!r} is not one that --score {score.name} uses; it takes {spec_text(score)}"
+                             + (f" (or nn.Linear names {torch_names})" if torch_names else ""), source)
+    out: dict[str, tuple[Any, str]] = {}
+    for p in score.params:
+        tor = [t for t in p.torch if t in given]
+        if p.name in given and tor:
+            raise InputError(f"weight {p.name} is given twice: as {p.name} and as {tor[0]}", source)
+        if p.name in given:
+            out[p.name] = (_numeric(given[p.name], p.name, source), p.name)
+        elif tor:
+            arrays = [_numeric(given[t], t, source) for t in tor]
+            want = _fmt(TORCH_SHAPES[p.convert](p.shape))
+            for t, a in zip(tor, arrays):
+                if a.ndim != len(TORCH_SHAPES[p.convert](p.shape)):
+                    raise InputError(f"weight {t} has shape {_fmt(a.shape)}; expected {want} (PyTorch layout)", source)
+            try:
+                out[p.name] = (CONVERSIONS[p.convert](arrays), f"{'+'.join(tor)} (converted from PyTorch)")
+            except ValueError:
+                shapes = ", ".join(f"{t} {_fmt(a.shape)}" for t, a in zip(tor, arrays))
+                raise InputError(f"weights {shapes} do not fit together; each should be {want}", source) from None
+    return out
+
+
+def _numeric(a: Any, name: str, source: str) -> np.ndarray:
+    from attncli.problem import numeric_array
+
+    return numeric_array(a, f"weight {name}", source)
+
+
+def _checked(p: Param, a: np.ndarray, named: str, dims: dict[str, int], origin: dict[str, str],
+             source: str) -> np.ndarray:
+    """``a`` if its shape fits ``p.shape`` under ``dims`` (binding h on first sight), else InputError."""
+    if (p.scalar_ok or not p.shape) and a.size == 1:
+        return a.reshape(())
+    expected = _fmt(tuple(dims.get(s, s) for s in p.shape))
+    sym = p.shape_text()
+    if a.ndim != len(p.shape):
+        raise InputError(f"weight {named} has shape {_fmt(a.shape)}; expected {sym} = {expected}", source)
+    for sym_i, size in zip(p.shape, a.shape):
+        if sym_i not in dims:
+            dims[sym_i], origin[sym_i] = int(size), f"{p.name} sets {sym_i} = {size}"
+        elif dims[sym_i] != size:
+            raise InputError(f"weight {named} has shape {_fmt(a.shape)}; expected {sym} = {expected} "
+                             f"({origin[sym_i]})", source)
+    return a

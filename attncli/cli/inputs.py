@@ -132,5 +132,18 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader) -> Pr
 
     options = Options().merged(_file_options(from_file.get("options"), file_source), file_source)
     options = options.merged(cli_options(opts), "command line")
+    params, sources["weights"] = _score_weights(from_file.get("weights"), file_source, opts.get("weights"), reader)
     return Problem.build(arrays["q"], arrays["k"], arrays["v"], valid_lens=valid_lens, mask=mask,
-                         query_labels=qlab, key_labels=klab, options=options, sources=sources)
+                         query_labels=qlab, key_labels=klab, options=options, sources=sources, params=params)
+
+
+def _score_weights(in_file: Any, file_source: str, path: Any, reader: Reader) -> tuple[dict[str, Any], str]:
+    """Score weights from ``--weights FILE`` (which wins) or the problem file's ``weights:`` mapping."""
+    from attncli.weights import weights_mapping
+
+    if path is not None:
+        spec = str(path)
+        return weights_mapping(reader.read(spec), reader.source(spec)), reader.source(spec)
+    if in_file is None:
+        return {}, file_source
+    return weights_mapping(in_file, file_source), file_source
