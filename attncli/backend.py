@@ -16,7 +16,7 @@ from attncli.errors import BackendError
 
 BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda", "mps", "auto")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64")  # computation; float16/bfloat16 inputs are computed in float32
 
 TORCH_HINT = "install it with: pip install 'attncli[torch]' (or pip install torch)"
 
@@ -47,6 +47,49 @@ class Backend:
 
     def device_name(self) -> str:
         return "cpu" if self.device is None else str(self.device)
+
+    def cast(self, a: Any, half: str) -> Any:
+        """``a`` rounded to a half type: float16 as such; bfloat16 as float32 holding bfloat16 values
+        (numpy has no bfloat16, and the Trace hands out numpy arrays)."""
+        if half == "float16":
+            return self.xp.astype(a, self.xp.float16)
+        if self.name == "numpy":
+            return round_bfloat16(np.asarray(a, dtype=np.float32))
+        import torch
+
+        return a.to(torch.bfloat16).to(torch.float32)
+
+
+class BFloat16Values(np.ndarray):
+    """A float32 array whose values are bfloat16 numbers (from a .pt file or a torch tensor):
+    the mark that makes the engine compute in float32 and round the output back to bfloat16."""
+
+
+def round_bfloat16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return bits.view(np.float32)
+
+
+HALF_TYPES = {"float16": "float16", "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
+
+
+def half_type(a: Any) -> str | None:
+    """'float16' or 'bfloat16' for an array (numpy, torch, or marked) in a half type, else None."""
+    if isinstance(a, BFloat16Values):
+        return "bfloat16"
+    return HALF_TYPES.get(str(getattr(a, "dtype", "")))
+
+
+def host_array(a: Any) -> Any:
+    """A torch tensor as a numpy array (bfloat16 as :class:`BFloat16Values`); anything else as it is."""
+    if not hasattr(a, "detach"):
+        return a
+    t = a.detach().cpu()
+    if str(t.dtype) == "torch.bfloat16":
+        return t.float().numpy().view(BFloat16Values)
+    return t.numpy()
 
 
 def to_numpy(a: Any) -> np.ndarray:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from attncli.backend import Backend, get_backend, to_numpy
 from attncli.problem import Options, Problem
 from attncli.scoring import SCALINGS, ScoreInput, get_score
 from attncli.trace import FEATURES, QUERIES, Trace
+from attncli.weights import DEFAULT_SEED
 
 
 def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask: Any = None,
@@ -39,8 +41,9 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     return run(problem)
 
 
-def run(problem: Problem, backend: Backend | None = None) -> Trace:
-    """Compute every step of ``problem`` on its backend and return the Trace."""
+def run(problem: Problem, backend: Backend | None = None, progress: Callable[[int, int], None] | None = None) -> Trace:
+    """Compute every step of ``problem`` on its backend and return the Trace (``progress(done, total)``
+    hears about blocks of queries on the output-only path)."""
     o = problem.options
     be = backend or get_backend(o.backend, o.device)
     dt = problem.dtype
@@ -52,9 +55,20 @@ def run(problem: Problem, backend: Backend | None = None) -> Trace:
     trace.inputs.update(q=q, k=k, v=v)
     trace.meta["self_attention"] = problem.self_attention
     params = {name: be.asarray(w, dt) for name, w in problem.params.items()}
+    record_params(problem, params, trace)
+    if not o.keep_weights or problem.result_dtype:
+        from attncli import fast  # output only: blocks of queries, or SDPA; half inputs: cast back
+        out = None if o.keep_weights else fast.output_only(problem, be, q, k, v, params, trace, progress)
+        if out is not None:
+            trace.add("output", "output = weights · V", out, (QUERIES, FEATURES))
+            return trace
     weights = attention_weights(problem, be, q, k, params, trace)
+    used = trace.steps[-1].name  # weights, or hard / dropout when asked for
     out = weights @ v  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-    trace.add("output", "output = weights · V", out, (QUERIES, FEATURES))
+    if problem.result_dtype:
+        out = fast.cast_result(be, out, problem)
+        trace.warnings.extend(w for w in [fast.score_overflow(problem, trace.step("scores").values)] if w)
+    trace.add("output", f"output = {used} · V", out, (QUERIES, FEATURES))
     return trace
 
 
@@ -98,7 +112,57 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.warnings.extend(_dead_row_messages(problem, dead, o.mask_value))
     trace.add("weights", "weights = softmax(masked, over keys)" if "masked" in trace else
               f"weights = softmax({'scaled' if 'scaled' in trace else 'scores'}, over keys)", w)
+
+    # 5) softmax variants, each its own step: the last one is what the output uses
+    if o.hard:
+        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", hard(xp, w))
+    if o.dropout > 0:
+        w = trace.add("dropout", f"dropout = {trace.steps[-1].name} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
+                                 f"keep from default_rng({o.seed if o.seed is not None else DEFAULT_SEED})",
+                      dropout(be, w, o.dropout, o.seed))
     return w
+
+
+def hard(xp: Any, w: Any) -> Any:
+    """Hard attention: 1 at each row's argmax (the first one on ties), 0 elsewhere; zero rows stay zero."""
+    n = int(w.shape[-1])
+    top = xp.argmax(w, axis=-1, keepdims=True)  # (..., m, 1), the first maximum
+    one = xp.astype(xp.arange(n, device=_device(xp, w)) == top, w.dtype)  # (n,) vs (..., m, 1) -> (..., m, n)
+    alive = xp.any(w > 0, axis=-1, keepdims=True)  # (..., m, 1): fully masked rows stay zero
+    return xp.where(alive, one, xp.zeros_like(one))
+
+
+def dropout(be: Backend, w: Any, p: float, seed: int | None) -> Any:
+    """Inverted dropout as ``nn.Dropout(p)`` in training: keep with probability 1-p, scale kept by 1/(1-p).
+
+    keep = numpy.random.default_rng(seed).random(w.shape) >= p, drawn on the host, so numpy
+    and torch drop the same weights.
+    """
+    from attncli.weights import seeded_rng
+
+    keep = be.asbool(seeded_rng(seed).random(tuple(int(x) for x in w.shape)) >= p)
+    scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+    return be.xp.where(keep, w * scale, be.xp.zeros_like(w))
+
+
+def _device(xp: Any, a: Any) -> Any:
+    from array_api_compat import device
+
+    return device(a)
+
+
+def record_params(problem: Problem, params: dict[str, Any], trace: Trace) -> None:
+    """The score weights used: in ``trace.inputs`` (NPZ) and ``trace.extra["params"]`` (JSON)."""
+    if not params:
+        return
+    trace.inputs.update(params)
+    trace.extra["params"] = {name: to_numpy(w).tolist() for name, w in params.items()}
+    if problem.initialised:
+        o = problem.options
+        trace.meta["params_initialised"] = {
+            "names": list(problem.initialised), "seed": DEFAULT_SEED if o.seed is None else o.seed,
+            "hidden": int(problem.params[problem.initialised[0]].shape[-1]) if o.hidden is None else o.hidden,
+            "rule": "nn.Linear style: uniform on ±1/sqrt(fan_in), from numpy.random.default_rng(seed)"}
 
 
 def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
@@ -113,28 +177,37 @@ def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
     return rule.factor(xp, s, d, n), rule.describe(d, n)
 
 
-def masks(problem: Problem, be: Backend, shape: tuple[int, ...]) -> tuple[Any, Any]:
-    """(keep, bias): a boolean keep-mask broadcastable to ``shape`` and an additive float mask."""
+def masks(problem: Problem, be: Backend, shape: tuple[int, ...],
+          rows: tuple[int, int] | None = None) -> tuple[Any, Any]:
+    """(keep, bias): a boolean keep-mask broadcastable to ``shape`` and an additive float mask;
+    ``rows=(i0, i1)``: only for queries i0..i1-1 (the blocked path in attncli.fast)."""
     o = problem.options
-    m, n = int(shape[-2]), int(shape[-1])
+    m, n = (int(shape[-2]) if rows is None else problem.m), int(shape[-1])
+    i0, i1 = rows or (0, m)
     keep = None
     j = np.arange(n)  # key index
     if problem.query_limit is not None:
-        keep = j < problem.query_limit[..., None]  # (..., m, 1) vs (n,) -> (..., m, n)
+        keep = _row_block(problem.query_limit[..., None], i0, i1) > j  # (..., m, 1) vs (n,) -> (..., m, n)
     if o.causal:
-        i = np.arange(m)[:, None]
+        i = np.arange(i0, i1)[:, None]
         offset = n - m if o.causal_align == "bottom-right" else 0
         causal = j <= i + offset  # (m, n)
         keep = causal if keep is None else keep & causal
     bias = None
     if problem.mask is not None:
         mk = problem.mask
+        mk = _row_block(mk, i0, i1)
         if mk.dtype == bool:
             mk = mk if o.mask_convention == "keep" else ~mk
             keep = mk if keep is None else keep & mk
         else:
             bias = be.asarray(mk, str(problem.dtype))
     return (None if keep is None else be.asbool(keep)), bias
+
+
+def _row_block(a: np.ndarray, i0: int, i1: int) -> np.ndarray:
+    """Rows i0..i1-1 of an array broadcast over (..., m, n); one that has a single row (or none) as it is."""
+    return a[..., i0:i1, :] if a.ndim >= 2 and a.shape[-2] > 1 else a
 
 
 def softmax(xp: Any, s: Any) -> Any:

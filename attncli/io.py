@@ -115,6 +115,36 @@ def load_npy(data: bytes, source: str) -> np.ndarray:
         raise InputError(f"is not a valid .npy file ({_one_line(e)})", source) from None
 
 
+# Loaders that read a file on disk themselves (stdin still goes through LOADERS, in memory).
+FileLoader = Callable[[Path, str], Content]
+FILE_LOADERS: dict[str, FileLoader] = {}
+
+
+def file_loader(*exts: str) -> Callable[[FileLoader], FileLoader]:
+    def deco(fn: FileLoader) -> FileLoader:
+        for e in exts:
+            FILE_LOADERS[e] = fn
+        return fn
+
+    return deco
+
+
+@file_loader(".npy")
+def map_npy(path: Path, source: str) -> np.ndarray:
+    """An .npy file memory-mapped read-only: a large input is paged in as the engine reads it."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            raise InputError("is empty", source)
+        with open(path, "rb") as f:
+            check_npy_header(f, size, source)
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except OSError as e:
+        raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", source) from None
+    except ValueError as e:
+        raise InputError(f"is not a valid .npy file ({_one_line(e)})", source) from None
+
+
 @loader(".npz")
 def load_npz(data: bytes, source: str) -> dict[str, Any]:
     try:
@@ -292,10 +322,14 @@ def load_torch(data: bytes, source: str) -> dict[str, Any]:
         raise InputError(f"is not a PyTorch state dict that loads with weights_only=True ({_one_line(e)[:160]})",
                          source) from None
     if isinstance(obj, torch.Tensor):
-        return {"tensor": obj.detach().cpu().numpy()}
+        from attncli.backend import host_array
+
+        return {"tensor": host_array(obj)}
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise InputError(f"holds a {type(obj).__name__}, not a state dict of tensors", source)
-    return {str(k): v.detach().cpu().float().numpy() if v.dtype == torch.bfloat16 else v.detach().cpu().numpy()
+    from attncli.backend import host_array  # bfloat16 arrives as float32 marked BFloat16Values, computed in float32
+
+    return {str(k): host_array(v)
             for k, v in obj.items()}
 
 
@@ -346,6 +380,8 @@ class Reader:
             raise InputError("no such file", spec)
         if path.is_dir():
             raise InputError("is a directory, not a file", spec)
+        if ext in FILE_LOADERS:
+            return FILE_LOADERS[ext](path, spec)
         try:
             data = path.read_bytes()
         except OSError as e:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from attncli.backend import half_type, host_array
 from attncli.errors import InputError
 from attncli.scoring import ACTIVATIONS, SCALINGS, get_score
 
@@ -104,6 +105,7 @@ class Problem:
     # ---- derived, set by validate() ----
     batch_shape: tuple[int, ...] = ()
     query_limit: np.ndarray | None = None  # (..., m): keys j >= limit are masked (valid lens)
+    result_dtype: str | None = None  # float16/bfloat16: every input came in it; computed in float32, cast back
     initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
 
     @property
@@ -123,7 +125,7 @@ class Problem:
     def dtype(self) -> str:
         if self.options.dtype:
             return self.options.dtype
-        every_f32 = all(a.dtype == np.float32 for a in (self.q, self.k, self.v))
+        every_f32 = all(a.dtype in (np.float32, np.float16) for a in (self.q, self.k, self.v))  # half: in float32
         return "float32" if every_f32 else "float64"
 
     def where(self, name: str) -> str:
@@ -160,6 +162,8 @@ class Problem:
         self._check_variant_options()
 
         k_is_q, v_is_k = self.k is self.q, self.v is self.k
+        halves = {half_type(a) for a in (self.q, self.k, self.v)}
+        self.result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
         self.q = self._matrix("q", self.q)
         self.k = self.q if k_is_q else self._matrix("k", self.k)
         self.v = self.k if v_is_k else self._matrix("v", self.v)
@@ -274,7 +278,7 @@ class Problem:
 def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> np.ndarray:
     """``a`` as a real float64/float32 array, or an InputError naming the array and the problem."""
     try:
-        arr = np.asarray(a)
+        arr = np.asarray(host_array(a))
     except ValueError as e:  # ragged nested lists
         raise InputError(f"{title} is ragged: rows of different lengths ({e})", source) from None
     if arr.dtype == object:
@@ -290,8 +294,8 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
         raise InputError(f"{title} holds booleans where numbers belong", source)
     if arr.dtype.kind != "b" and title != "mask" and isinstance(a, (list, tuple)) and _holds_bool(a):
         raise InputError(f"{title} holds true/false among its numbers; expected numbers only", source)
-    if arr.dtype.kind in "biu" or arr.dtype.itemsize < 4:
-        arr = arr.astype(np.float64)
+    if arr.dtype.kind in "biu":
+        arr = arr.astype(np.float64)  # float16 stays: the engine computes it in float32 and casts back
     bad = np.isnan(arr) if allow_inf else ~np.isfinite(arr)
     if np.any(bad):
         idx = tuple(int(i) for i in np.argwhere(bad)[0])

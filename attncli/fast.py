@@ -1,0 +1,281 @@
+"""Output-only attention for large inputs: blocks of queries, and PyTorch's fused kernel.
+
+When nobody asked for the weights (``--steps output``, ``--save out.npy``,
+``attend(..., keep_weights=False)``) the full ``(..., m, n)`` weight matrix is never held:
+
+    for each block of queries  qb (..., b, d):
+        s  = score(qb, K)                    (..., b, n)   the registered score function
+        s  = scaled and masked as in the engine (masks sliced to the block's rows)
+        e  = exp(s - max_j s)                stable; a fully masked row gives zeros
+        ob = (e @ V) / sum_j e               (..., b, n) x (..., n, d_v) -> (..., b, d_v)
+
+so memory stays O(b·n + inputs + outputs) on numpy and torch. Any score that scores each
+query on its own (every registered one that does not look across queries) works, since the
+blocked path calls the registered function on a block of queries.
+
+On the torch backend a dot-product score with a constant scale uses
+``torch.nn.functional.scaled_dot_product_attention`` (fused kernels on CPU and GPU).
+
+Half-precision inputs (float16, bfloat16) are computed in float32: the scores of a
+float16 ``QKᵀ`` overflow past 65504, which is the well-known pitfall; a warning names
+any score beyond the input type's range, and the output is cast back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+
+from attncli.backend import Backend, to_numpy
+from attncli.problem import Options, Problem
+from attncli.scoring import SCALINGS, ScoreInput, get_score
+from attncli.trace import Trace
+
+Progress = Callable[[int, int], None]  # (queries done, queries in all)
+
+BLOCK_ELEMENTS = 1 << 21  # scores held at once (8 MiB in float32): fits the caches, and memory stays small
+MIN_BLOCK, MAX_BLOCK = 16, 512  # query rows per block: small blocks starve the matrix multiply
+
+# Options the fast paths implement; any other option away from its default (hard attention,
+# dropout, ... added by other features) sends the run down the explicit path.
+FAST_OPTIONS = {"score", "scale", "scaling", "temperature", "causal", "causal_align", "mask_convention",
+                "mask_value", "dtype", "backend", "device", "keep_weights", "activation", "bandwidth", "hidden", "seed"}
+# Scores whose raw value is q_i · k_j: the scale can go into q (one pass less) and SDPA applies.
+DOT_SCORES = {"dot", "scaled-dot"}
+# Scaling rules whose factor depends only on d and n, not on the scores themselves.
+CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
+# A score function may set ``row_separable = False`` (scores of a query depend on other queries).
+HALF_MAX = {"float16": float(np.finfo(np.float16).max), "bfloat16": 3.3895313892515355e38}
+
+
+def supported(problem: Problem) -> bool:
+    """Whether the output-only paths compute exactly what the explicit path would."""
+    o, default = problem.options, Options()
+    if any(getattr(o, f.name) != getattr(default, f.name) for f in fields(Options) if f.name not in FAST_OPTIONS):
+        return False
+    if not getattr(get_score(o.score).fn, "row_separable", True):
+        return False
+    return o.scale is not None or _scaling_name(problem) in CONSTANT_SCALINGS
+
+
+def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
+                progress: Progress | None = None) -> Any:
+    """The output ``(..., m, d_v)`` without holding the weights, or None where the explicit path is needed.
+
+    Adds the run's warnings (fully masked rows, scores beyond a half type's range) to ``trace``
+    and records which path ran in ``trace.meta["path"]``.
+    """
+    if not supported(problem):
+        return None
+    if be.name == "torch" and _sdpa_applies(problem):
+        trace.meta["path"] = "sdpa"
+        out = _sdpa(problem, be, q, k, v, trace, progress)
+    else:
+        trace.meta["path"] = "blocked"
+        out = _blocked(problem, be, q, k, v, params, trace, progress)
+    return cast_result(be, out, problem)
+
+
+# ---- the blocked path ------------------------------------------------------------------
+
+
+def block_rows(problem: Problem) -> int:
+    """Query rows per block: about BLOCK_ELEMENTS scores across all batch entries."""
+    batch = math.prod(problem.batch_shape) or 1
+    rows = BLOCK_ELEMENTS // max(1, problem.n * batch)
+    return max(1, min(problem.m, MAX_BLOCK, max(rows, MIN_BLOCK)))
+
+
+def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
+             progress: Progress | None) -> Any:
+    from attncli.engine import masks
+
+    o, xp = problem.options, be.xp
+    score = get_score(o.score)
+    m, dv = problem.m, int(v.shape[-1])
+    c = _constant_factor(problem)
+    prescale = score.name in DOT_SCORES  # (c·q)·k = c·(q·k): one multiply on (b, d) instead of (b, n)
+    fill = -math.inf if o.mask_value is None else o.mask_value
+    half_limit = HALF_MAX.get(problem.result_dtype or "")
+    out = xp.empty(problem.batch_shape + (m, dv), dtype=q.dtype, device=be.device)  # (..., m, d_v)
+    dead = np.zeros(problem.batch_shape + (m,), dtype=bool)
+    overflow: list[tuple[tuple[int, ...], float, int]] = []
+    step = block_rows(problem)
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        qb = q[..., i0:i1, :]  # (..., b, d)
+        if prescale and c != 1.0:
+            qb = qb * c
+        # 1) score
+        s = score.fn(ScoreInput(xp, qb, k, params, None, o.__dict__))  # (..., b, n)
+        if half_limit is not None:
+            _check_overflow(s, c if prescale else 1.0, half_limit, i0, overflow)
+        # 2) scale
+        if not prescale and c != 1.0:
+            s = s * c
+        # 3) mask (the rows of this block only)
+        keep, bias = masks(problem, be, tuple(s.shape), rows=(i0, i1))
+        if bias is not None:
+            s = s + bias
+        if keep is not None:
+            s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
+        # 4) softmax, normalised after the multiply by V: one pass over the block less
+        mx = xp.max(s, axis=-1, keepdims=True)  # (..., b, 1)
+        if keep is not None or bias is not None:
+            mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+            dead[..., i0:i1] |= _dead_rows(xp, s, keep)
+        if prescale and keep is None and bias is None:
+            s -= mx  # s is the product's own array: reuse it
+        else:
+            s = s - mx
+        e = _exp_inplace(be, s)
+        z = xp.sum(e, axis=-1, keepdims=True)  # (..., b, 1)
+        ob = e @ v  # (..., b, n) x (..., n, d_v) -> (..., b, d_v)
+        out[..., i0:i1, :] = ob / xp.where(z > 0, z, xp.ones_like(z))
+        if progress is not None:
+            progress(i1, m)
+    _report(problem, trace, dead, overflow)
+    return out
+
+
+def _exp_inplace(be: Backend, s: Any) -> Any:
+    if be.name == "numpy":
+        return np.exp(s, out=s)
+    return s.exp_()
+
+
+def _dead_rows(xp: Any, s: Any, keep: Any) -> np.ndarray:
+    """Rows of a block whose every key is masked (all -inf, or no key kept)."""
+    dead = xp.all(xp.isinf(s) & (s < 0), axis=-1)
+    if keep is not None:
+        dead = dead | ~xp.any(keep, axis=-1)
+    return to_numpy(dead)
+
+
+def _check_overflow(s: Any, c: float, limit: float, i0: int, found: list[tuple[tuple[int, ...], float, int]]) -> None:
+    """Note the largest raw score of the block beyond ``limit`` (``s`` may already be scaled by c)."""
+    a = np.abs(to_numpy(s)) / c
+    over = a > limit
+    count = int(over.sum())
+    if count:
+        idx = np.unravel_index(int(np.argmax(a)), a.shape)
+        at = (*idx[:-2], idx[-2] + i0, idx[-1])
+        found.append((tuple(int(x) for x in at), float(np.asarray(to_numpy(s)[idx]) / c), count))
+
+
+def _report(problem: Problem, trace: Trace, dead: np.ndarray, overflow: list[tuple[tuple[int, ...], float, int]]) -> None:
+    from attncli.engine import _dead_row_messages
+
+    if dead.any():
+        trace.warnings.extend(_dead_row_messages(problem, dead, problem.options.mask_value))
+    if overflow:
+        trace.warnings.append(overflow_message(problem, overflow))
+
+
+def overflow_message(problem: Problem, found: list[tuple[tuple[int, ...], float, int]]) -> str:
+    """The warning for raw scores beyond the half input type's range (computed in float32 instead)."""
+    half = problem.result_dtype or ""
+    at, value, _ = max(found, key=lambda f: abs(f[1]))
+    count = sum(f[2] for f in found)
+    *b, i, j = at
+    ql, kl = problem.query_labels, problem.key_labels
+    where = f"query {ql[i]!r} · key {kl[j]!r}" if ql and kl else f"query {i} · key {j}"
+    if b:
+        where += f" (batch {', '.join(map(str, b))})"
+    more = f" ({count} scores in all)" if count > 1 else ""
+    return (f"score {where} = {value:.6g} overflows {half} (largest {HALF_MAX[half]:.6g}){more}: "
+            f"the scores were computed in float32, so the result is finite")
+
+
+def score_overflow(problem: Problem, scores: Any) -> str | None:
+    """The overflow warning for a whole raw score matrix (the explicit path), or None."""
+    limit = HALF_MAX.get(problem.result_dtype or "")
+    if limit is None:
+        return None
+    found: list[tuple[tuple[int, ...], float, int]] = []
+    _check_overflow(scores, 1.0, limit, 0, found)
+    return overflow_message(problem, found) if found else None
+
+
+def _scaling_name(problem: Problem) -> str:
+    o = problem.options
+    return SCALINGS[o.scaling or get_score(o.score).scaling].name
+
+
+def _constant_factor(problem: Problem) -> float:
+    """The number the raw scores are multiplied by: the scale rule (or --scale) over the temperature."""
+    o = problem.options
+    d, n = int(problem.q.shape[-1]), problem.n
+    c = o.scale if o.scale is not None else float(SCALINGS[_scaling_name(problem)].factor(np, None, d, n))
+    return c / o.temperature if o.temperature is not None else c
+
+
+# ---- result dtype ----------------------------------------------------------------------
+
+
+def cast_result(be: Backend, out: Any, problem: Problem) -> Any:
+    """``out`` cast back to the half type the inputs came in (float32 holds bfloat16 values)."""
+    half = problem.result_dtype
+    if half is None:
+        return out
+    return be.cast(out, half)
+
+
+# ---- PyTorch's fused kernel ------------------------------------------------------------
+
+
+def _sdpa_applies(problem: Problem) -> bool:
+    o = problem.options
+    return get_score(o.score).name in DOT_SCORES and o.mask_value is None
+
+
+def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, progress: Progress | None) -> Any:
+    """torch.nn.functional.scaled_dot_product_attention: one call without masks (is_causal for
+    top-left causal), else one call per block of queries with that block's keep mask."""
+    import torch
+
+    from attncli.engine import masks
+
+    o = problem.options
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    c = _constant_factor(problem)
+    m, n = problem.m, problem.n
+    half_limit = HALF_MAX.get(problem.result_dtype or "")
+    if half_limit is not None:  # the raw scores are only looked at to warn; blockwise, never all at once
+        overflow: list[tuple[tuple[int, ...], float, int]] = []
+        for i0 in range(0, m, block_rows(problem)):
+            qb = q[..., i0:i0 + block_rows(problem), :]
+            _check_overflow(qb @ k.transpose(-2, -1), 1.0, half_limit, i0, overflow)  # (..., b, d) x (..., d, n)
+        if overflow:
+            trace.warnings.append(overflow_message(problem, overflow))
+    top_left = not o.causal or o.causal_align == "top-left" or m == n
+    if problem.query_limit is None and problem.mask is None and top_left:
+        out = sdpa(q, k, v, is_causal=o.causal, scale=c)  # (..., m, d) (..., n, d) (..., n, d_v) -> (..., m, d_v)
+        if progress is not None:
+            progress(m, m)
+        return out
+    out = torch.empty(problem.batch_shape + (m, int(v.shape[-1])), dtype=q.dtype, device=be.device)
+    dead = np.zeros(problem.batch_shape + (m,), dtype=bool)
+    step = block_rows(problem)
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        keep, bias = masks(problem, be, problem.batch_shape + (i1 - i0, n), rows=(i0, i1))
+        if bias is not None:  # a float mask: masked keys at -inf, the others shifted by the mask
+            attn = bias if keep is None else torch.where(keep, bias, torch.tensor(-math.inf, dtype=q.dtype, device=be.device))
+            rows_dead = ~(attn > -math.inf).any(dim=-1)
+        else:
+            attn, rows_dead = keep, ~keep.any(dim=-1)
+        ob = sdpa(q[..., i0:i1, :], k, v, attn_mask=attn, scale=c)  # (..., b, d) (..., n, d) (..., n, d_v) -> (..., b, d_v)
+        rd = torch.broadcast_to(rows_dead, problem.batch_shape + (i1 - i0,))
+        if bool(rd.any()):  # SDPA gives NaN there; the tool's rule is zero weights and a zero output
+            ob = torch.where(rd[..., None], torch.zeros((), dtype=ob.dtype, device=be.device), ob)
+            dead[..., i0:i1] |= rd.cpu().numpy()
+        out[..., i0:i1, :] = ob
+        if progress is not None:
+            progress(i1, m)
+    _report(problem, trace, dead, [])
+    return out
