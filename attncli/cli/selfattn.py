@@ -130,6 +130,10 @@ def self_command(
     n_heads = heads if heads is not None else doc.get("heads", 1)
     if isinstance(n_heads, bool) or not isinstance(n_heads, int):
         raise InputError(f"'heads' must be a whole number, got {n_heads!r}", src)
+    given = [f for f, v in (("--d-k", d_k), ("--d-v", d_v)) if v is not None]
+    if given and (weights is not None or "weights" in doc):
+        raise InputError("applies only when the weights are initialised (no --weights); "
+                         "the widths come from the weights", given[0])
     if weights is not None:
         proj = projections_from(reader.read(weights), reader.source(weights), prefix)
     elif "weights" in doc:
@@ -140,12 +144,6 @@ def self_command(
         d_vv = _width(Z, "values", sources["values"]) if Z is not None else d_kv
         proj = init_projections(d_q, d_kv, d_vv, d_k=d_k, d_v=d_v, seed=options.seed,
                                 init=str(getattr(init, "value", init)), bias=bias, out_proj=out_proj)
-    if weights is not None or "weights" in doc:
-        given = [f for f, v in (("--d-k", d_k), ("--d-v", d_v)) if v is not None]
-        if given:
-            raise InputError(f"{' and '.join(given)} only apply when the weights are initialised; "
-                             "the widths come from the weights file", given[0])
-
     both = split_labels(opts.get("labels")) or _labels(doc.get("labels"))
     qlab = split_labels(opts.get("query_labels")) or _labels(doc.get("query_labels")) or both
     klab = split_labels(opts.get("key_labels")) or _labels(doc.get("key_labels"))

@@ -229,12 +229,12 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
     wanted = opts.steps
     same = trace.meta.get("self_attention", False)
     for name, a in trace.inputs_numpy().items():
-        if (wanted is not None and name not in wanted) or (same and name != "q"):
+        if (wanted is not None and name not in wanted) or (same and name in ("k", "v")):
             continue
-        title, axes = INPUT_TITLES.get(name, (name, (QUERIES, FEATURES)))
-        if same:
+        title, axes = INPUT_TITLES.get(name, (name, (FEATURES, FEATURES)))  # others: score weights W_q, w_v, ...
+        if same and name == "q":
             title = "X: Q = K = V"
-        show_array(console, a, f"{title} {tuple(a.shape)}", axes, trace, opts)
+        show_array(console, np.atleast_2d(a), f"{title} {tuple(a.shape)}", axes, trace, opts)
     for i, step in enumerate((s for s in trace.steps if wanted is None or s.name in wanted), 1):
         weights = step.name == "weights"
         show_array(console, step.numpy(), f"{i}. {step.formula}", step.axes, trace, opts,
