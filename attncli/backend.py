@@ -7,7 +7,9 @@ lives in this module. torch is imported only when it is asked for.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,7 +112,72 @@ def _import_torch(why: str) -> Any:
         raise BackendError(f"{why} needs PyTorch, which is not installed; {TORCH_HINT}")
     import torch
 
+    if _threads is not None:
+        torch.set_num_threads(_threads)
     return torch
+
+
+# ---- threads ---------------------------------------------------------------------------
+# By default the libraries follow the usual variables (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,
+# MKL_NUM_THREADS), read when they load. --threads N changes the count at run time: torch
+# through torch.set_num_threads, numpy's OpenBLAS through its own openblas_set_num_threads.
+
+_threads: int | None = None
+BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                "openblas_set_num_threads64_", "openblas_set_num_threads", "MKL_Set_Num_Threads")
+
+
+def set_threads(n: int) -> list[str]:
+    """Use ``n`` threads in numpy's BLAS and in torch (now, or when it is imported).
+
+    Returns the libraries that took the setting (empty where none could be found, e.g. a
+    BLAS without a run-time setter: set OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead).
+    """
+    global _threads
+    if n < 1:
+        raise BackendError(f"--threads must be at least 1, got {n}")
+    _threads = n
+    done = [Path(p).name for p in blas_libraries() if _call(p, BLAS_SETTERS, n)]
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+        done.append("torch")
+    return done
+
+
+def blas_threads() -> int | None:
+    """The thread count numpy's OpenBLAS reports (None where it cannot be asked)."""
+    for p in blas_libraries():
+        got = _call(p, ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                        "openblas_get_num_threads64_", "openblas_get_num_threads"))
+        if got is not None:
+            return int(got)
+    return None
+
+
+def blas_libraries() -> list[str]:
+    """Paths of the BLAS libraries loaded in this process (Linux: from /proc/self/maps)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    paths = {line.split()[-1] for line in maps.splitlines() if "blas" in line.lower()}
+    return sorted(p for p in paths if p.startswith("/") and Path(p).name.startswith("lib"))
+
+
+def _call(path: str, names: tuple[str, ...], *args: int) -> int | None:
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    for name in names:
+        fn = getattr(lib, name, None)
+        if fn is not None:  # a setter (args given, returns void) or a getter (returns int)
+            fn.restype = None if args else ctypes.c_int
+            got = fn(*(ctypes.c_int(a) for a in args))
+            return 1 if args else int(got)
+    return None
 
 
 def resolve_device(torch: Any, device: str) -> Any:

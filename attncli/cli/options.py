@@ -88,6 +88,9 @@ PROBLEM_OPTIONS: Group = [
            help="numpy (default, CPU) or torch (needs PyTorch)."),
     option("device", Optional[DeviceChoice], None, "--device", rich_help_panel=COMPUTE,
            help="cpu (default), cuda or mps (imply torch), or auto (CUDA, then MPS, then the CPU)."),
+    option("threads", Optional[int], None, "--threads", min=1, rich_help_panel=COMPUTE,
+           help="CPU threads for numpy's BLAS and torch (default: as OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, "
+                "else every core)."),
     option("weights", Optional[Path], None, "--weights", "-w", rich_help_panel=PARAMS,
            help="Score weights (.npz .yaml .json, or a PyTorch state dict .pt) in the textbook convention q @ W_q: "
                 "W (d_q,d_k) for general; W_q (d_q,h), W_k (d_k,h), w_v (h,), b (h,) for additive; W (d_k,), b for "
@@ -114,7 +117,8 @@ OUTPUT_OPTIONS: Group = [
     option("format", FormatChoice, FormatChoice("rich"), "--format", "-f", rich_help_panel=OUTPUT,
            help="rich: the step-by-step view; json: one JSON object on stdout; npz: an NPZ archive on stdout."),
     option("save", Optional[Path], None, "--save", "-o", rich_help_panel=OUTPUT,
-           help="Also write every step to FILE (.npz or .json), atomically."),
+           help="Also write every step to FILE (.npz or .json), atomically; FILE.npy holds the output alone "
+                "(then the weights are never held: large inputs run in blocks)."),
     option("precision", int, 4, "--precision", "-p", min=0, max=17, rich_help_panel=OUTPUT,
            help="Decimals shown in the terminal view (JSON and NPZ keep full precision)."),
     option("steps", Optional[str], None, "--steps", rich_help_panel=OUTPUT,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,9 +43,62 @@ def run_command(
     from attncli.engine import run
     from attncli.io import Reader
 
+    if opts.get("threads"):
+        from attncli.backend import set_threads
+
+        set_threads(opts["threads"])
+    if output_only(opts):
+        opts = {**opts, "keep_weights": False}  # the weights are never held (attncli.fast)
     problem = build_problem(inputs, opts, Reader())
-    trace = run(problem)
+    with progress_bar(opts["quiet"]) as progress:
+        trace = run(problem, progress=progress)
     emit(trace, opts, protect=inputs)
+
+
+OUTPUT_ONLY_STEPS = {"q", "k", "v", "output"}
+NEEDS_WEIGHTS = ("svg", "html", "plot", "explain", "explain_row", "similarity")
+PROGRESS_AFTER = 1.0  # seconds a run takes before its progress bar appears
+
+
+def output_only(opts: dict[str, Any]) -> bool:
+    """Nothing but the output is asked for: --steps names only it (and inputs), or --save FILE.npy
+    with the terminal view (JSON and NPZ on stdout always carry the weights)."""
+    if any(opts.get(k) for k in NEEDS_WEIGHTS):
+        return False
+    if opts.get("steps"):
+        return {s.strip() for s in opts["steps"].split(",")} <= OUTPUT_ONLY_STEPS
+    save = opts.get("save")
+    return save is not None and save.suffix.lower() == ".npy" and opts["format"].value == "rich"
+
+
+@contextmanager
+def progress_bar(quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress callback that shows a rich bar on stderr once the run has taken PROGRESS_AFTER
+    seconds; None (no bar) with --quiet or when stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    start = time.monotonic()
+    bar: Any = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            if time.monotonic() - start < PROGRESS_AFTER:
+                return
+            from rich.console import Console
+            from rich.progress import Progress
+
+            bar = Progress(console=Console(stderr=True), transient=True)
+            bar.start()
+            bar.add_task("attention (queries)", total=total)
+        bar.update(bar.task_ids[0], completed=done)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:

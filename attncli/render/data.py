@@ -10,6 +10,7 @@ from typing import IO, Any
 import numpy as np
 
 from attncli import __version__
+from attncli.errors import InputError
 from attncli.render import RenderOptions, output_format, saver
 from attncli.trace import Trace
 
@@ -72,6 +73,18 @@ def npz_arrays(trace: Trace, opts: RenderOptions) -> dict[str, np.ndarray]:
 @saver(".npz")
 def save_npz(trace: Trace, opts: RenderOptions, f: IO[bytes]) -> None:
     np.savez(f, **npz_arrays(trace, opts))  # type: ignore[arg-type]
+
+
+@saver(".npy")
+def save_npy(trace: Trace, opts: RenderOptions, f: IO[bytes]) -> None:
+    """One array: the output, or the one step named by --steps. Written in chunks (no copy in memory)."""
+    names = [s for s in (opts.steps or []) if s != "output"]
+    if len(names) > 1:
+        raise InputError(f"an .npy file holds one array, but --steps names {', '.join(opts.steps or [])}; "
+                         "save several steps as .npz", "--save")
+    name = names[0] if names else "output"
+    a = trace.inputs_numpy()[name] if name in trace.inputs and name not in trace else trace[name]
+    np.lib.format.write_array(f, np.asarray(a), allow_pickle=False)
 
 
 @output_format("npz")
