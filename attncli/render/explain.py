@@ -86,13 +86,29 @@ class Cell:
 
     def input_row(self, name: str, row: int) -> np.ndarray | None:
         """Row ``row`` of input ``name`` (q, k, v) in this cell's batch entry, or None if absent."""
-        if name not in self.trace.inputs:
+        t = self.trace
+        if t.meta.get("heads") and name in t:
+            return self._head_row(name, row)
+        if name not in t.inputs:
             return None
-        a = np.asarray(self.trace.inputs_numpy()[name], dtype=np.float64)
+        a = np.asarray(t.inputs_numpy()[name], dtype=np.float64)
         w = self.trace.weights
         lead = w.shape[:-2]
         a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
         return np.asarray(a[self.batch][row])
+
+    def _head_row(self, name: str, row: int) -> np.ndarray | None:
+        """Multi-head: this head's slice of the projected ``name`` (q, k, v steps of width heads × d_h)."""
+        t = self.trace
+        axis, widths = t.meta.get("head_axis"), t.meta.get("head_width") or {}
+        if not isinstance(axis, int) or name not in widths or axis >= len(self.batch):
+            return None
+        h, dh = self.batch[axis], int(widths[name])
+        a = np.asarray(t[name], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
+        rest = tuple(b for ax, b in enumerate(self.batch) if ax != axis)
+        if a.ndim - 2 != len(rest):
+            return None
+        return np.asarray(a[rest][row])
 
     def step(self, name: str) -> float:
         a = self.trace[name]
@@ -130,9 +146,10 @@ def explain_dot(c: Cell) -> list[str]:
         return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}"]
     terms = [f"{num(a, p)}×{num(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
     skipped = len(q) - len(terms)
-    body = elide(terms, len(terms)) if terms else "0"
-    lines = [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {body} = {num(s, p)}"]
-    if skipped and terms:
+    if not terms:
+        return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}   (every product has a zero factor)"]
+    lines = [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {elide(terms, len(terms))} = {num(s, p)}"]
+    if skipped:
         lines.append(f"    ({skipped} of the {len(q)} products have a zero factor and are left out)")
     return lines
 
@@ -222,7 +239,18 @@ def _after_weights(t: Trace) -> list[Any]:
     if "weights" not in names:
         return []
     start = names.index("weights") + 1
-    return [s for s in t.steps[start:] if s.axes == (QUERIES, KEYS) and np.shape(s.values)[-2:] == t.weights.shape[-2:]]
+    return [s for s in t.steps[start:] if s.axes == (QUERIES, KEYS) and tuple(np.shape(s.values)) == t.weights.shape]
+
+
+def _weighted_sum_step(t: Trace) -> Any:
+    """The step that is weights · V for each entry of the weights' leading axes ('output', or a
+    per-head output in multi-head attention), or None."""
+    names = t.names()
+    lead = t.weights.shape[:-1]
+    for s in t.steps[names.index("weights") + 1:]:
+        if s.axes[0] == QUERIES and s.axes != (QUERIES, KEYS) and tuple(np.shape(s.values))[:-1] == lead:
+            return s
+    return t.step("output") if "output" in t else None
 
 
 def explain_cell(c: Cell) -> list[str]:
@@ -254,10 +282,14 @@ def explain_row(c: Cell) -> list[str]:
         lines.append(f"    {klab[j]:>12}: {pre} {num(x[j], p):>10}   exp(x − max) {num(float(e[j]), p):>10}   "
                      f"weight {num(float(w[j]), p)}")
     lines.append(f"    the weights sum to {num(float(np.sum(w)), p)}")
+    st = _weighted_sum_step(t)
+    if st is None:
+        return lines
+    o = st.numpy()
+    out = np.asarray(np.broadcast_to(o, t.weights.shape[:-1] + o.shape[-1:])[c.batch][c.i])
     v = np.asarray(t.inputs_numpy()["v"], dtype=np.float64) if "v" in t.inputs else None
-    out = np.asarray(np.broadcast_to(t.output, t.weights.shape[:-1] + t.output.shape[-1:])[c.batch][c.i])
-    if v is None:
-        lines.append(f"out({c.query}) = Σ_j weight_j · v_j = {vec(out, p)}")
+    if v is None or v.shape[-2] != len(w) or st.name != "output":
+        lines.append(f"{st.name}({c.query}) = Σ_j weight_j · v_j = {vec(out, p)}   [{st.formula}]")
         return lines
     v = np.broadcast_to(v, t.weights.shape[:-2] + v.shape[-2:])[c.batch]
     nz = [j for j in range(len(w)) if w[j] != 0]
@@ -328,8 +360,14 @@ def parse_row(trace: Trace, spec: str, precision: int = 4) -> Cell:
 
 
 def heading(c: Cell, what: str) -> str:
-    where = f" (batch {', '.join(map(str, c.batch))})" if c.batch else ""
-    return f"Explain {what}{where}"
+    names = c.trace.meta.get("batch_axes")
+    if not c.batch:
+        return f"Explain {what}"
+    if isinstance(names, list) and len(names) == len(c.batch):
+        where = ", ".join(f"{n} {i}" for n, i in zip(names, c.batch))
+    else:
+        where = "batch " + ", ".join(map(str, c.batch))
+    return f"Explain {what} ({where})"
 
 
 def explanations(trace: Trace, opts: RenderOptions) -> list[dict[str, Any]]:

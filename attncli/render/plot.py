@@ -96,7 +96,7 @@ def figure_size(weights_shape: tuple[int, ...]) -> tuple[float, float]:
 
 
 def panel_title(trace: Trace, idx: tuple[int, ...]) -> str:
-    names = trace.meta.get("lead_axes")  # e.g. ["batch", "head"] when a command names its leading axes
+    names = trace.meta.get("batch_axes")  # e.g. ["batch", "head"] when a command names its leading axes
     if not idx:
         return "weights"
     if isinstance(names, list) and len(names) == len(idx):

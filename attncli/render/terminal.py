@@ -155,8 +155,8 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], 
     m, n = len(ent), diag["keys"]
     qlab = axis_labels(trace, QUERIES, m)
     klab = axis_labels(trace, KEYS, n)
-    table = Table(title=f"diagnostics of the weights (entropy in nats; effective keys = exp(entropy), of {n})",
-                  title_justify="left", pad_edge=True)
+    table = Table(title="diagnostics of the weights", title_justify="left", pad_edge=True,
+                  caption=f"entropy in nats; effective keys = exp(entropy), out of {n}", caption_justify="left")
     table.add_column("query", style="bold", no_wrap=True)
     for name in ("strongest key", "its weight", "entropy", "effective keys"):
         table.add_column(name, justify="right", no_wrap=True)

@@ -1,0 +1,137 @@
+"""``attncli examples``: the textbook examples that ship inside the package.
+
+    attncli examples                      list them (name and one line each)
+    attncli examples show NAME            print the file (comments say where it comes from)
+    attncli examples run NAME [options]   run it step by step; every option of `attncli run` works
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from attncli.cli import app, handles_errors
+from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
+from attncli.errors import InputError
+
+EXAMPLE_SUFFIXES = (".yaml", ".yml", ".json", ".npz")
+
+examples_app = typer.Typer(
+    name="examples",
+    help="The textbook examples: list them, show one, or run one step by step.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def catalogue() -> dict[str, resources.abc.Traversable]:
+    """Example name (file stem) -> its file inside the installed package, sorted by name."""
+    folder = resources.files("attncli") / "examples"
+    found = {p.name.rsplit(".", 1)[0]: p for p in folder.iterdir()
+             if p.is_file() and p.name.endswith(EXAMPLE_SUFFIXES) and not p.name.startswith(".")}
+    return dict(sorted(found.items()))
+
+
+def find(name: str) -> resources.abc.Traversable:
+    """The example called ``name`` (with or without its extension), or an InputError naming the choices."""
+    every = catalogue()
+    stem = name
+    for suffix in EXAMPLE_SUFFIXES:
+        stem = stem.removesuffix(suffix)
+    if stem not in every:
+        raise InputError(f"no example named {name!r}; the examples are {', '.join(every)} "
+                         "(attncli examples lists them)", "examples")
+    return every[stem]
+
+
+def describe(path: resources.abc.Traversable) -> str:
+    """The example's one-line ``description:`` (YAML/JSON), else its first comment line."""
+    if path.name.endswith(".npz"):
+        return "(binary .npz problem)"
+    text = path.read_text(encoding="utf-8")
+    for line in text.splitlines():
+        if line.startswith("description:"):
+            import yaml
+
+            value = yaml.safe_load(line)
+            return str(value.get("description", "")) if isinstance(value, dict) else ""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+@contextmanager
+def on_disk(path: resources.abc.Traversable) -> Iterator[Path]:
+    """A real file path for an example (extracted to a temporary file if the package is zipped)."""
+    with resources.as_file(path) as p:
+        yield Path(p)
+
+
+@examples_app.callback()
+def examples_list(ctx: typer.Context) -> None:
+    """List the textbook examples (name and one line each)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    every = catalogue()
+    width = max((len(n) for n in every), default=0)
+    for name, path in every.items():
+        typer.echo(f"{name:<{width}}  {describe(path)}")
+    typer.echo("\nattncli examples show NAME prints one; attncli examples run NAME [options] runs it.")
+
+
+@examples_app.command("show")
+@handles_errors
+def examples_show(name: Annotated[str, typer.Argument(help="Example name, as listed by `attncli examples`.")]) -> None:
+    """Print an example file (its comments say where it comes from and what to expect)."""
+    path = find(name)
+    if path.name.endswith(".npz"):
+        raise InputError("is a binary .npz problem; run it with `attncli examples run` instead", name)
+    sys.stdout.write(path.read_text(encoding="utf-8"))
+
+
+@examples_app.command("run")
+@handles_errors
+@with_options(PROBLEM_OPTIONS, OUTPUT_OPTIONS)
+def examples_run(
+    name: Annotated[str, typer.Argument(help="Example name, as listed by `attncli examples`.")],
+    opts: dict[str, Any],
+) -> None:
+    """Run an example step by step; every option of `attncli run` works (e.g. --explain it,milk)."""
+    from attncli.cli.inputs import build_problem
+    from attncli.cli.run import emit
+    from attncli.engine import run
+    from attncli.io import Reader
+
+    with on_disk(find(name)) as path:
+        reader = Reader()
+        content = reader.read(str(path))
+        if isinstance(content, dict) and "x" in content and "q" not in content:
+            run_multihead(path, opts)  # a multi-head file (x, weights, heads): what `attncli self` reads
+            return
+        problem = build_problem([str(path)], opts, reader)
+        trace = run(problem)
+        emit(trace, opts, protect=[str(path)])
+
+
+def run_multihead(path: Path, opts: dict[str, Any]) -> None:
+    """Run a multi-head example through the ``self`` command, with its own options at their defaults."""
+    import inspect
+
+    from attncli.cli.selfattn import self_command
+
+    params = inspect.signature(self_command).parameters
+    kwargs = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    kwargs.update({k: v for k, v in opts.items() if k in params})
+    kwargs["x"] = str(path)
+    self_command(**kwargs)
+
+
+app.add_typer(examples_app, name="examples")
