@@ -86,20 +86,22 @@ class _Raw(str):
     """A number as written in JSON (parse_float/parse_int hook)."""
 
 
-def written_numbers(text: str, ext: str, entry: str = "expected") -> list[str] | None:
+def written_numbers(text: str, ext: str, path: tuple[str, ...] = ("expected",)) -> list[str] | None:
     """The numbers of the expected array exactly as written in ``text`` (by file kind ``ext``).
 
     YAML and inline text keep each scalar's text through ``yaml.compose``; JSON through
-    parse hooks; CSV by splitting cells. In a mapping, the entry ``entry`` (or the only list).
-    None when the kind has no text (binary files).
+    parse hooks; CSV by splitting cells. In a mapping, the entries along ``path`` (e.g.
+    ``expected`` then ``output``), or the only list at that level. None for binary files.
     """
     if ext in (".yaml", ".yml", "inline"):
-        return _yaml_numbers(text, entry)
+        return _yaml_numbers(text, path)
     if ext == ".json":
         doc = json.loads(text, parse_float=_Raw, parse_int=_Raw)
-        return [str(x) for x in _flatten(_pick(doc, entry)) if isinstance(x, _Raw)]
+        for key in path:
+            doc = _pick(doc, key)
+        return [str(x) for x in _flatten(doc) if isinstance(x, _Raw)]
     if ext in (".csv", ".txt", ".tsv"):
-        out = []
+        out: list[str] = []
         for ln in text.splitlines():
             if ln.strip() and not ln.lstrip().startswith("#"):
                 out.extend(c.strip() for c in re.split(r"[,\t ]+", ln.strip()) if c.strip())
@@ -107,14 +109,15 @@ def written_numbers(text: str, ext: str, entry: str = "expected") -> list[str] |
     return None
 
 
-def _yaml_numbers(text: str, entry: str) -> list[str]:
+def _yaml_numbers(text: str, path: tuple[str, ...]) -> list[str]:
     import yaml
 
     node = yaml.compose(text, Loader=yaml.SafeLoader)
-    if isinstance(node, yaml.MappingNode):
-        values = {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
-        lists = [v for v in values.values() if isinstance(v, yaml.SequenceNode)]
-        node = values.get(entry) or (lists[0] if len(lists) == 1 else None)
+    for key in path:
+        if isinstance(node, yaml.MappingNode):
+            values = {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+            lists = [v for v in values.values() if isinstance(v, yaml.SequenceNode)]
+            node = values.get(key) or (lists[0] if len(lists) == 1 else None)
     out: list[str] = []
 
     def walk(n: Any) -> None:
@@ -128,10 +131,10 @@ def _yaml_numbers(text: str, entry: str) -> list[str]:
     return out
 
 
-def _pick(doc: Any, entry: str) -> Any:
+def _pick(doc: Any, key: str) -> Any:
     if isinstance(doc, dict):
-        if entry in doc:
-            return doc[entry]
+        if key in doc:
+            return doc[key]
         lists = [v for v in doc.values() if isinstance(v, list)]
         return lists[0] if len(lists) == 1 else []
     return doc

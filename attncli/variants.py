@@ -60,10 +60,13 @@ class Variant:
 VARIANTS: dict[str, Variant] = {}
 
 
-def variant(name: str, explanation: str, possible: bool = False) -> Callable[[Callable[[Context], Result]], Callable[[Context], Result]]:
+VariantFn = Callable[["Context"], Result]
+
+
+def variant(name: str, explanation: str, possible: bool = False) -> Callable[[VariantFn], VariantFn]:
     """Register a variant under ``name`` with the sentence that explains it."""
 
-    def deco(fn: Callable[[Context], Result]) -> Callable[[Context], Result]:
+    def deco(fn: VariantFn) -> VariantFn:
         VARIANTS[name] = Variant(name, fn, explanation, possible)
         return fn
 
@@ -377,12 +380,12 @@ def _dropout_output(c: Context, w: np.ndarray) -> Result:
     ey = np.einsum("rd,rsd->rs", er, ys)
     with np.errstate(divide="ignore", invalid="ignore"):
         cs = np.where(yy > 0, ey / yy, np.nan)
-    informative = np.abs(er).max(axis=1) > tol.atol
+    informative = np.asarray(np.abs(er).max(axis=1) > tol.atol)
     if not informative.any():
         raise NotApplicable("the expected output is zero")
     r0 = int(np.argmax(informative))
     for scale in np.unique(np.round(cs[r0][np.isfinite(cs[r0]) & (cs[r0] > 1 + 1e-9)], 9)):
-        fit = within(er[:, None, :], scale * ys, tol).all(axis=2)  # (R, 2^n)
+        fit = np.asarray(within(er[:, None, :], scale * ys, tol).all(axis=2))  # (R, 2^n)
         if not fit.any(axis=1).all():
             continue
         full = fit[:, -1]  # the subset with every key kept

@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -33,15 +33,15 @@ CHECK = "Check"
 CheckFormat = choices("CheckFormat", ("rich", "json"))
 
 CHECK_OPTIONS = [
-    option("expected", Optional[str], None, "--expected", "-e", rich_help_panel=CHECK,
+    option("expected", str | None, None, "--expected", "-e", rich_help_panel=CHECK,
            help="Expected numbers inline, e.g. \"[[0.625, 1.375], [0.089, 1.911]]\" (YAML/JSON list), or a file; "
                 "then every argument is an input."),
     option("what", str, "output", "--what", "-w", rich_help_panel=CHECK,
            help="The step to compare: output (default), weights, scores, or any step of `attncli run`."),
-    option("atol", Optional[float], None, "--atol", min=0.0, rich_help_panel=CHECK,
+    option("atol", float | None, None, "--atol", min=0.0, rich_help_panel=CHECK,
            help="Absolute tolerance (default: half a unit of the last decimal the expected numbers are written with; "
                 "for binary files and whole numbers, torch.testing's float default)."),
-    option("rtol", Optional[float], None, "--rtol", min=0.0, rich_help_panel=CHECK,
+    option("rtol", float | None, None, "--rtol", min=0.0, rich_help_panel=CHECK,
            help="Relative tolerance: cells match when |expected - computed| <= atol + rtol·|computed|."),
     option("explain", bool, True, "--explain/--no-explain", rich_help_panel=CHECK,
            help="On a mismatch, try the catalogue of known variants and mistakes (default on)."),
@@ -53,22 +53,20 @@ CHECK_OPTIONS = [
            help="Print nothing; only the exit code tells (as cmp -s)."),
 ]
 
-CHECK_HELP = """Compare expected numbers with the computed attention, and name the mistake if they differ.
-
-Arguments are EXPECTED then the inputs as for `run` (Q [K [V]] or a problem file); with
---expected, all arguments are inputs; one problem file may carry its own `expected:` entry.
-EXPECTED is .yaml/.json/.csv (precision read from the text), .npy/.npz, or - for stdin.
-
-Exit codes: 0 match, 1 mismatch, 2 bad input (1 with nothing on stdout: internal error).
-
-Examples:
-
-  attncli check --expected "[[0, 0.625, 1.375, 0], [0, 0.089, 1.911, 0], [0, 0.625, 1.375, 0], [0, 0.010, 1.990, 0]]" examples/cat_milk_sweet.yaml
-
-  attncli check expected.npy q.npy k.npy v.npy --valid-lens 2,3 --format json
-
-  attncli check weights.csv q.npy k.npy --what weights --atol 1e-3
-"""
+CHECK_HELP = (
+    "Compare expected numbers with the computed attention, and name the mistake if they differ.\n\n"
+    "Arguments: EXPECTED, then the inputs as for `run` (Q [K [V]] or a problem file). With --expected, every "
+    "argument is an input. A problem file alone may carry its own `expected:` numbers (an array, or one per "
+    "step: output, weights, scores).\n\n"
+    "EXPECTED is .yaml/.json/.csv/.txt (the tolerance comes from the decimals written there), .npy/.npz "
+    "(float defaults), or - for stdin.\n\n"
+    "Exit codes: 0 match, 1 mismatch (a verdict on stdout), 2 bad input; 1 with nothing on stdout is an "
+    "internal error.\n\n"
+    "Examples:\n\n"
+    "  attncli check examples/cat_milk_sweet.yaml --what weights\n\n"
+    "  attncli check -e \"[[0.5, 0.5], [0.25, 0.75]]\" q.npy k.npy --what weights\n\n"
+    "  attncli check expected.npy q.npy k.npy v.npy --valid-lens 2,3 --format json\n"
+)
 
 INLINE = "--expected"
 
@@ -173,11 +171,11 @@ def read_expected(spec: str | None, inline: str | None, reader: Any, stdin: io.B
         return _inline(inline or "")
     source = reader.source(spec)
     content = reader.read(spec)
-    entry = "expected"
+    path: tuple[str, ...] = ("expected",)
     if isinstance(content, dict):
-        if "expected" not in content and what in content:
-            entry = what  # e.g. an .npz saved by `attncli run --save`
-        value = content[entry] if entry in content else reader.array(spec, "expected")
+        value, path = _entry(content, what, source)
+        if path == ("expected",) and "expected" not in content:
+            value = reader.array(spec, "expected")  # the file's only array
     else:
         value = content
     array = _as_numbers(value, source)
@@ -187,10 +185,27 @@ def read_expected(spec: str | None, inline: str | None, reader: Any, stdin: io.B
     else:
         data, ext = Path(spec).read_bytes(), Path(spec).suffix.lower()
     try:
-        written = written_numbers(data.decode("utf-8-sig"), ext, entry) if ext not in (".npy", ".npz", ".pt", ".pth") else None
+        written = written_numbers(data.decode("utf-8-sig"), ext, path) if ext not in (".npy", ".npz", ".pt", ".pth") else None
     except Exception:  # the loader already read it: a text we cannot re-scan only costs the inferred precision
         written = None
     return array, written, source
+
+
+def _entry(content: dict[str, Any], what: str, source: str) -> tuple[Any, tuple[str, ...]]:
+    """The expected numbers in a mapping, and their path: ``expected`` (itself a mapping by step
+    name, as in the examples, or an array), else an entry named like the step (an .npz saved by
+    ``attncli run --save``)."""
+    if "expected" in content:
+        value = content["expected"]
+        if isinstance(value, dict):
+            if what not in value:
+                raise InputError(f"has expected numbers for {', '.join(map(str, value))} but not for {what!r}; "
+                                 f"use --what {next(iter(value), 'output')}", source)
+            return value[what], ("expected", what)
+        return value, ("expected",)
+    if what in content:
+        return content[what], (what,)
+    return None, ("expected",)
 
 
 def _inline(text: str) -> tuple[np.ndarray, list[str] | None, str]:

@@ -1,0 +1,252 @@
+"""``attncli check``: tolerance from written precision, exit codes, JSON verdicts, the cat/milk example.
+
+Reference numbers are computed here with plain numpy float64 (``sdpa`` below), never by attncli.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attncli.check import decimals, infer_tolerance, written_numbers
+from attncli.cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+CAT = str(ROOT / "examples" / "cat_milk_sweet.yaml")
+# The self-attention note (shared/seeds, example 1) publishes these output rows for cat, milk, it,
+# sweet in the two shown dimensions; the hidden dimensions are 0.
+CAT_PUBLISHED = [[0, 0.625, 1.375, 0], [0, 0.089, 1.911, 0], [0, 0.625, 1.375, 0], [0, 0.010, 1.990, 0]]
+
+
+def sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(QKᵀ/√d)·V in float64, by hand."""
+    s = q @ k.T / math.sqrt(q.shape[-1])
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True) @ v
+
+
+def rand(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(3, 4)), rng.normal(size=(5, 4)), rng.normal(size=(5, 2))
+
+
+def save_inputs(tmp_path: Path, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    q, k, v = rand(seed)
+    names = []
+    for name, a in zip("qkv", (q, k, v)):
+        np.save(tmp_path / f"{name}.npy", a)
+        names.append(str(tmp_path / f"{name}.npy"))
+    return names, sdpa(q, k, v)
+
+
+def rows_text(a: np.ndarray, places: int) -> list[list[str]]:
+    return [[f"{x:.{places}f}" for x in row] for row in a]
+
+
+def as_yaml(cells: list[list[str]]) -> str:
+    return "".join(f"- [{', '.join(r)}]\n" for r in cells)
+
+
+def as_json(cells: list[list[str]]) -> str:
+    return "[" + ", ".join("[" + ", ".join(r) + "]" for r in cells) + "]"
+
+
+def as_csv(cells: list[list[str]]) -> str:
+    return "".join(",".join(r) + "\n" for r in cells)
+
+
+WRITERS = {".yaml": as_yaml, ".json": as_json, ".csv": as_csv}
+
+
+def one_digit_off(cells: list[list[str]], truth: np.ndarray, places: int) -> list[list[str]]:
+    """The same numbers with the last digit of cell [1][0] moved one unit away from the true value."""
+    out = [list(r) for r in cells]
+    x = float(out[1][0])
+    unit = 10.0 ** -places
+    out[1][0] = f"{x + unit if x >= truth[1, 0] else x - unit:.{places}f}"
+    return out
+
+
+# ---- written precision ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,places", [("0.625", 3), ("2", 0), ("-0.50", 2), ("1.5e-3", 4), ("1e-6", 6),
+                                         ("3.25E+1", 1), (".5", 1), ("12.", 0), ("abc", None), ("nan", None)])
+def test_decimals(text: str, places: int | None) -> None:
+    assert decimals(text) == places
+
+
+def test_written_numbers_keep_the_text_of_each_format() -> None:
+    assert written_numbers("- [0.10, 2]\n- [3.000, 4]\n", ".yaml") == ["0.10", "2", "3.000", "4"]
+    assert written_numbers('{"expected": [[0.10, 2]], "q": [[1.5]]}', ".json") == ["0.10", "2"]
+    assert written_numbers("# c\n0.10,2\n3.000,4\n", ".csv") == ["0.10", "2", "3.000", "4"]
+    assert written_numbers("q: [[1.25]]\nexpected: [[0.5, 0.125]]\n", ".yaml") == ["0.5", "0.125"]
+    assert written_numbers("[[1, 2]]", ".npy") is None
+
+
+def test_inferred_tolerance_is_half_a_unit_of_the_last_decimal() -> None:
+    tol = infer_tolerance(["0.625", "1", "0.5"])
+    assert tol.atol == pytest.approx(0.0005, rel=1e-5) and tol.rtol < 1e-8
+    # whole numbers and binary files: the float defaults of torch.testing.assert_close
+    assert infer_tolerance(["1", "0"]).atol == 1e-7
+    assert infer_tolerance(None, "float32").rtol == 1.3e-6 and infer_tolerance(None, "float32").atol == 1e-5
+
+
+# ---- rounded expected numbers match, and fail when one digit changes ----------------------------
+
+@pytest.mark.parametrize("ext", list(WRITERS))
+@pytest.mark.parametrize("places", [2, 3, 4])
+def test_rounded_numbers_match_and_one_digit_fails(tmp_path: Path, ext: str, places: int) -> None:
+    inputs, truth = save_inputs(tmp_path, seed=places)
+    cells = rows_text(truth, places)
+    good = tmp_path / f"good{ext}"
+    good.write_text(WRITERS[ext](cells))
+    r = runner.invoke(app, ["check", str(good), *inputs])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("MATCH")
+    bad = tmp_path / f"bad{ext}"
+    bad.write_text(WRITERS[ext](one_digit_off(cells, truth, places)))
+    r = runner.invoke(app, ["check", str(bad), *inputs, "--format", "json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "mismatch" and doc["mismatched_cells"] == 1
+    assert doc["first_mismatches"][0]["index"] == [1, 0] and doc["first_mismatches"][0]["label"] == "[q1, d0]"
+    assert doc["tolerance"]["atol"] == pytest.approx(0.5 * 10.0 ** -places, rel=1e-5)
+
+
+@pytest.mark.parametrize("places", [2, 4])
+def test_inline_expected(tmp_path: Path, places: int) -> None:
+    inputs, truth = save_inputs(tmp_path, seed=7)
+    cells = rows_text(truth, places)
+    assert runner.invoke(app, ["check", "--expected", as_json(cells), *inputs]).exit_code == 0
+    r = runner.invoke(app, ["check", "-e", as_json(one_digit_off(cells, truth, places)), *inputs])
+    assert r.exit_code == 1 and r.output.startswith("MISMATCH")
+
+
+def test_binary_expected_uses_the_float_default(tmp_path: Path) -> None:
+    inputs, truth = save_inputs(tmp_path, seed=8)
+    np.save(tmp_path / "exact.npy", truth)
+    r = runner.invoke(app, ["check", str(tmp_path / "exact.npy"), *inputs, "-f", "json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["tolerance"]["atol"] == 1e-7  # float64 default
+    np.save(tmp_path / "off.npy", truth + 1e-5)
+    assert runner.invoke(app, ["check", str(tmp_path / "off.npy"), *inputs]).exit_code == 1
+    # the same with a looser tolerance given
+    assert runner.invoke(app, ["check", str(tmp_path / "off.npy"), *inputs, "--atol", "1e-4"]).exit_code == 0
+
+
+def test_weights_are_compared_with_what_weights(tmp_path: Path) -> None:
+    q, k, v = rand(9)
+    s = q @ k.T / 2.0  # d = 4
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    inputs, _ = save_inputs(tmp_path, seed=9)
+    (tmp_path / "w.csv").write_text(as_csv(rows_text(w, 4)))
+    assert runner.invoke(app, ["check", str(tmp_path / "w.csv"), *inputs, "--what", "weights"]).exit_code == 0
+    assert runner.invoke(app, ["check", str(tmp_path / "w.csv"), *inputs]).exit_code == 2  # shape (3,5) vs (3,2)
+
+
+def test_problem_file_with_its_own_expected_entry(tmp_path: Path) -> None:
+    q, k, v = rand(10)
+    truth = sdpa(q, k, v)
+    doc = {"q": q.tolist(), "k": k.tolist(), "v": v.tolist(), "expected": np.round(truth, 3).tolist()}
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    r = runner.invoke(app, ["check", str(tmp_path / "p.json"), "-f", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tolerance"]["atol"] == pytest.approx(0.0005, rel=1e-5)
+
+
+def test_expected_from_stdin(tmp_path: Path) -> None:
+    inputs, truth = save_inputs(tmp_path, seed=11)
+    r = runner.invoke(app, ["check", "-", *inputs], input=as_yaml(rows_text(truth, 3)))
+    assert r.exit_code == 0, r.output
+
+
+# ---- the cat/milk example: the notes' numbers are softmax(QKᵀ)·V / √d ---------------------------
+
+def test_cat_milk_published_numbers_name_scaling_after_softmax(tmp_path: Path) -> None:
+    exp = tmp_path / "published.yaml"
+    exp.write_text(as_yaml([[f"{x:.3f}" if x else "0" for x in row] for row in CAT_PUBLISHED]))
+    r = runner.invoke(app, ["check", str(exp), CAT])
+    assert r.exit_code == 1
+    assert r.output.startswith("MISMATCH")
+    assert "scale-after-softmax: matches softmax(QKᵀ)·V / √d" in " ".join(r.output.split())
+    assert "the scaling was applied after the softmax instead of to the scores" in " ".join(r.output.split())
+    r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--format", "json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["verdict"] == "mismatch"
+    assert [e["name"] for e in doc["explanations"]] == ["scale-after-softmax"]
+    assert doc["worst_cell"]["label"] == "[sweet, d2]"
+    # the correct numbers, by hand: cat = it = the mean of the rows (all scores 8); the rest by sdpa
+    x = np.array([[0, 2, 2, 0], [0, 1, 3, 0], [0, 2, 2, 0], [0, 0, 4, 0]], dtype=float)
+    correct = np.round(sdpa(x, x, x), 4)
+    assert correct[0].tolist() == [0, 1.25, 2.75, 0]
+    assert runner.invoke(app, ["check", "--expected", json.dumps(correct.tolist()), CAT]).exit_code == 0
+
+
+@pytest.mark.parametrize("what", ["output", "weights", "scores"])
+def test_the_example_file_carries_correct_expected_numbers(what: str) -> None:
+    # examples/cat_milk_sweet.yaml has an `expected:` mapping by step (the correct math, 4 decimals)
+    r = runner.invoke(app, ["check", CAT, "--what", what, "-f", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["match"] is True
+
+
+# ---- exit codes and JSON for bad input ----------------------------------------------------------
+
+BAD = [
+    (["check", "missing.yaml", CAT], "no such file"),
+    (["check", "--expected", "[[1, 2]", CAT], "is not a list of numbers"),
+    (["check", "--expected", "[[1, 2]]", CAT], "have shape (1, 2), but the computed output has shape (4, 4)"),
+    (["check", "--expected", "[[a, b]]", CAT], "non-numbers"),
+    (["check", "NOEXP"], "no 'expected' entry"),
+    (["check", CAT, "--what", "masked"], "has expected numbers for scores, weights, output but not for 'masked'"),
+    (["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "nope"], "no step 'nope'"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD)
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "noexp.yaml").write_text("q: [[1, 2], [3, 4]]\n")
+    args = [str(tmp_path / "noexp.yaml") if a == "NOEXP" else a for a in args]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.stdout == ""
+    r = runner.invoke(app, [*args, "--format", "json"])
+    assert r.exit_code == 2
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "error" and message in doc["errors"][0]
+
+
+def test_quiet_prints_nothing(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["check", "-q", "--expected", json.dumps(CAT_PUBLISHED), CAT])
+    assert r.exit_code == 1 and r.stdout == ""
+
+
+def test_internal_error_is_told_apart_from_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attncli.check as check_module
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(check_module, "check", boom)
+    r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT])
+    assert r.exit_code == 1 and r.stdout == "" and "internal error" in r.stderr
+    r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "-f", "json"])
+    assert r.exit_code == 1 and json.loads(r.stdout)["verdict"] == "internal-error"
+
+
+def test_json_has_only_the_verdict_on_stdout() -> None:
+    r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "-f", "json"])
+    doc = json.loads(r.stdout)  # one JSON object, nothing else
+    for key in ("verdict", "match", "what", "tolerance", "max_abs_error", "max_rel_error", "first_mismatches",
+                "explanations", "errors", "variants_tried"):
+        assert key in doc
+    assert io.StringIO(r.stdout).read().count("\n") == 1

@@ -1,0 +1,244 @@
+"""Every variant of the catalogue is named by ``check`` when the expected numbers carry its mistake.
+
+The expected numbers of each case are computed IN THIS FILE with plain numpy float64 (the
+formulas below, written independently of attncli's engine and of the variant functions), on
+random inputs. Each case states the exact set of variants that reproduce them: the one made,
+plus any that coincide with it on those inputs (both must be named), and no others.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attncli.check import Tolerance, check
+from attncli.problem import Options, Problem
+from attncli.variants import VARIANTS
+
+M = N = 5  # queries, keys (equal, so Q/K swaps and transposes fit)
+D, DV = 3, 2  # query/key width, value width (all different from N, from each other)
+TOL = Tolerance(1e-9, 1e-9, "test")
+
+
+def softmax(s: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Plain softmax; rows of only -inf give zeros."""
+    mx = np.max(s, axis=axis, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    e = np.exp(s - mx)
+    z = e.sum(axis=axis, keepdims=True)
+    return e / np.where(z > 0, z, 1.0)
+
+
+def inputs(seed: int = 0, batch: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=batch + (M, D)), rng.normal(size=batch + (N, D)), rng.normal(size=batch + (N, DV)))
+
+
+def named(q: np.ndarray, k: np.ndarray, v: np.ndarray, expected: np.ndarray, what: str = "output", **kw: object) -> set[str]:
+    opts = {key: kw.pop(key) for key in list(kw) if key in Options.field_names()}
+    problem = Problem.build(q, k, v, options=Options().merged(opts), **kw)  # type: ignore[arg-type]
+    verdict = check(problem, expected, what=what, tolerance=TOL)
+    assert not verdict.match, "the expected numbers must differ from the correct ones"
+    return {e.name for e in verdict.explanations}
+
+
+def T(a: np.ndarray) -> np.ndarray:
+    return np.swapaxes(a, -1, -2)
+
+
+# ---- scaling and softmax: (name, expected output from q, k, v, the variants that must be named) ----
+
+CASES = {
+    "no-scaling": lambda q, k, v: softmax(q @ T(k)) @ v,
+    "scale-by-d": lambda q, k, v: softmax(q @ T(k) / D) @ v,
+    "sqrt-value-width": lambda q, k, v: softmax(q @ T(k) / math.sqrt(DV)) @ v,
+    "sqrt-key-count": lambda q, k, v: softmax(q @ T(k) / math.sqrt(N)) @ v,
+    "scale-after-softmax": lambda q, k, v: softmax(q @ T(k)) @ v / math.sqrt(D),
+    "softmax-over-queries": lambda q, k, v: softmax(q @ T(k) / math.sqrt(D), axis=-2) @ v,
+    "q-k-swapped": lambda q, k, v: softmax(k @ T(q) / math.sqrt(D)) @ v,
+    "unnormalised-weights": lambda q, k, v: np.exp(q @ T(k) / math.sqrt(D)) @ v,
+    "no-softmax": lambda q, k, v: (q @ T(k) / math.sqrt(D)) @ v,
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_each_scaling_and_softmax_variant_is_named(name: str, seed: int) -> None:
+    q, k, v = inputs(seed)
+    assert named(q, k, v, CASES[name](q, k, v)) == {name}
+
+
+def test_batched_inputs_are_named_too() -> None:
+    q, k, v = inputs(3, batch=(2,))
+    assert named(q, k, v, softmax(q @ T(k)) @ v / math.sqrt(D)) == {"scale-after-softmax"}
+
+
+def test_variants_compare_weights_with_what_weights() -> None:
+    q, k, v = inputs(4)
+    # softmax over the queries: each column sums to 1
+    assert named(q, k, v, softmax(q @ T(k) / math.sqrt(D), axis=0), what="weights") == {"softmax-over-queries"}
+    assert named(q, k, v, softmax(q @ T(k)), what="weights") == {"no-scaling"}
+
+
+def test_unscaled_dot_scaled_by_mistake() -> None:
+    q, k, v = inputs(5)
+    assert named(q, k, v, softmax(q @ T(k) / math.sqrt(D)) @ v, score="dot") == {"scaled-unscaled-score"}
+
+
+def test_temperature_multiplied_instead_of_divided() -> None:
+    q, k, v = inputs(6)
+    t = 2.5
+    assert named(q, k, v, softmax(q @ T(k) / math.sqrt(D) * t) @ v, temperature=t) == {"temperature-multiplied"}
+
+
+def test_square_self_attention_q_k_swap_coincides_with_the_correct_math() -> None:
+    # Q = K: K Qᵀ = Q Kᵀ, so the swap cannot be the explanation; the scaling one still is.
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(N, D))
+    assert named(x, x, x, softmax(x @ x.T) @ x) == {"no-scaling"}
+
+
+def test_coinciding_variants_are_both_named() -> None:
+    # d = 2 and n = 4 keys: dividing by d (= 2) and by √n (= √4 = 2) give the same scores, so
+    # softmax(QKᵀ/2)·V is reproduced by both "scale-by-d" and "sqrt-key-count".
+    rng = np.random.default_rng(8)
+    q, k, v = rng.normal(size=(3, 2)), rng.normal(size=(4, 2)), rng.normal(size=(4, 3))
+    assert named(q, k, v, softmax(q @ k.T / 2) @ v) == {"scale-by-d", "sqrt-key-count"}
+
+
+def test_no_scaling_and_multiplied_temperature_coincide_when_t_squared_is_sqrt_d() -> None:
+    # d = 16, T = 2: the correct scores are S/√d/T = S/8; forgetting √d gives S/T = S/2, and
+    # multiplying by T gives S/√d·T = S/2 as well: both must be named.
+    rng = np.random.default_rng(9)
+    q, k, v = rng.normal(size=(3, 16)), rng.normal(size=(4, 16)), rng.normal(size=(4, 2))
+    assert named(q, k, v, softmax(q @ k.T / 2) @ v, temperature=2.0) == {"no-scaling", "temperature-multiplied"}
+
+
+def test_all_zero_scores() -> None:
+    # Q = 0: every score is 0 and the weights uniform; the output halved is the scaling after the
+    # softmax (√d = 2), and Σ V (weights exp(0) = 1) is the unnormalised softmax.
+    n, d = 4, 4
+    q, k = np.zeros((n, d)), np.random.default_rng(10).normal(size=(n, d))
+    v = np.random.default_rng(11).normal(size=(n, 2))
+    assert named(q, k, v, np.full((n, n), 1 / n) @ v / math.sqrt(d)) == {"scale-after-softmax"}
+    assert named(q, k, v, np.ones((n, n)) @ v) == {"unnormalised-weights"}
+
+
+# ---- masks ----------------------------------------------------------------------------
+
+def masked_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, keep: np.ndarray, fill: float = -np.inf) -> np.ndarray:
+    s = np.where(keep, q @ T(k) / math.sqrt(D), fill)
+    return softmax(s) @ v
+
+
+def keep_from_lens(lens: list[int], shape: tuple[int, ...]) -> np.ndarray:
+    """d2l valid lengths, one per batch entry: key j is kept when j < len."""
+    j = np.arange(N)
+    return np.stack([np.broadcast_to(j < n, shape[1:]) for n in lens])
+
+
+@pytest.mark.parametrize("convention", ["keep", "drop"])
+def test_mask_convention_inverted(convention: str) -> None:
+    q, k, v = inputs(10)
+    rng = np.random.default_rng(11)
+    mask = rng.random((M, N)) < 0.5
+    mask[:, 0], mask[:, 1] = True, False  # every row keeps and drops something either way
+    keep = mask if convention == "keep" else ~mask
+    expected = masked_attention(q, k, v, ~keep)  # the other convention
+    assert named(q, k, v, expected, mask=mask, mask_convention=convention) == {"mask-inverted"}
+
+
+@pytest.mark.parametrize("shift,name", [(+1, "valid-lens-plus-one"), (-1, "valid-lens-minus-one")])
+def test_valid_lengths_off_by_one(shift: int, name: str) -> None:
+    q, k, v = inputs(12, batch=(2,))
+    lens = [2, 3]
+    keep = keep_from_lens([n + shift for n in lens], (2, M, N))
+    expected = masked_attention(q, k, v, keep)
+    assert named(q, k, v, expected, valid_lens=np.array(lens)) == {name}
+
+
+def test_minus_one_fill_as_d2l_gives_uniform_rows() -> None:
+    q, k, v = inputs(13, batch=(2,))
+    lens = [0, 3]  # batch 0: every key masked
+    keep = keep_from_lens(lens, (2, M, N))
+    expected = masked_attention(q, k, v, keep)
+    expected[0] = v[0].mean(axis=0)  # d2l's -1e6 fill: softmax of equal scores is uniform
+    assert named(q, k, v, expected, valid_lens=np.array(lens)) == {"mask-value-1e6"}
+
+
+def test_inf_fill_instead_of_the_given_mask_value() -> None:
+    q, k, v = inputs(14, batch=(2,))
+    lens = [0, 3]
+    keep = keep_from_lens(lens, (2, M, N))
+    expected = masked_attention(q, k, v, keep)
+    expected[0] = 0.0  # -inf fill with the guard: zero weights, zero output
+    assert named(q, k, v, expected, valid_lens=np.array(lens), mask_value=-1e6) == {"mask-value-inf"}
+
+
+def test_nan_on_fully_masked_rows() -> None:
+    q, k, v = inputs(15, batch=(2,))
+    lens = [3, 0]
+    keep = keep_from_lens(lens, (2, M, N))
+    expected = masked_attention(q, k, v, keep)
+    expected[1] = np.nan  # torch.softmax of a row of -inf
+    assert named(q, k, v, expected, valid_lens=np.array(lens)) == {"nan-on-fully-masked"}
+
+
+# ---- dropout ----------------------------------------------------------------------------
+
+def test_dropout_left_on_is_a_possibility_for_weights() -> None:
+    q, k, v = inputs(16)
+    w = softmax(q @ T(k) / math.sqrt(D))
+    rng = np.random.default_rng(17)
+    p = 0.25
+    kept = rng.random(w.shape) >= p
+    kept[0, 0] = False  # at least one dropped
+    problem = Problem.build(q, k, v)
+    verdict = check(problem, w * kept / (1 - p), what="weights", tolerance=TOL)
+    exp = {e.name: e for e in verdict.explanations}
+    assert set(exp) == {"dropout-at-eval"}
+    assert exp["dropout-at-eval"].possible
+    assert "1/(1-p) = 1.333" in exp["dropout-at-eval"].explanation
+
+
+def test_dropout_left_on_is_found_in_the_output() -> None:
+    q, k, v = inputs(18)
+    v = np.random.default_rng(19).normal(size=(N, 4))  # wider values: the kept subset is determined
+    w = softmax(q @ T(k) / math.sqrt(D))
+    kept = np.ones_like(w, dtype=bool)
+    kept[0, 1] = kept[2, 3] = kept[4, 0] = False
+    p = 0.1
+    expected = (w * kept / (1 - p)) @ v
+    assert named(q, k, v, expected) == {"dropout-at-eval"}
+
+
+def test_output_times_a_constant_is_not_called_dropout() -> None:
+    q, k, v = inputs(20)
+    correct = softmax(q @ T(k) / math.sqrt(D)) @ v
+    problem = Problem.build(q, k, v)
+    verdict = check(problem, correct * 1.25, tolerance=TOL)
+    assert verdict.explanations == []
+    assert verdict.divergence is not None and verdict.divergence.ratio == pytest.approx(1.25)
+
+
+# ---- the registry ---------------------------------------------------------------------
+
+def test_every_variant_has_a_formula_and_an_explanation() -> None:
+    for v in VARIANTS.values():
+        assert v.formula and "\n" not in v.formula
+        assert len(v.explanation) > 20
+
+
+def test_nothing_matches_reports_where_it_diverges() -> None:
+    q, k, v = inputs(21)
+    expected = softmax(q @ T(k) / math.sqrt(D)) @ v
+    expected[3, 1] += 0.5  # one wrong cell
+    problem = Problem.build(q, k, v, query_labels=list("abcde"))
+    verdict = check(problem, expected, tolerance=TOL)
+    assert verdict.explanations == [] and len(verdict.nearest) > 0
+    assert verdict.divergence is not None
+    assert verdict.divergence.rows[0] == ("d", pytest.approx(0.5))
+    assert verdict.divergence.columns[0] == ("d1", pytest.approx(0.5))
+    assert verdict.comparison.first[0].label == "[d, d1]"
