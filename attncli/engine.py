@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from attncli.backend import Backend, get_backend, to_numpy
+from attncli.errors import InputError
 from attncli.problem import Options, Problem
 from attncli.scoring import SCALINGS, ScoreInput, get_score
 from attncli.trace import FEATURES, QUERIES, Trace
@@ -72,6 +73,7 @@ def run(problem: Problem, backend: Backend | None = None, progress: Callable[[in
     return trace
 
 
+@np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
 def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any],
                       trace: Trace) -> Any:
     """Scores, scaling, masking and softmax for ``q`` against ``k``: adds the steps, returns the weights."""
@@ -95,6 +97,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.add("scaled", f"scaled = {text}", s)
 
     # 3) mask
+    raw = s
     keep, bias = masks(problem, be, s.shape)
     if keep is not None or bias is not None:
         fill = -math.inf if o.mask_value is None else o.mask_value
@@ -106,6 +109,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.add("masked", f"masked = scores with masked keys set to {fill:g}{plus}", s)
 
     # 4) softmax over keys (stable); a row with every key at -inf gets zero weights
+    check_scores(problem, xp, raw, s, keep)
     w = softmax(xp, s)
     dead = _fully_masked_rows(xp, s, keep)
     if dead is not None:
@@ -208,6 +212,29 @@ def masks(problem: Problem, be: Backend, shape: tuple[int, ...],
 def _row_block(a: np.ndarray, i0: int, i1: int) -> np.ndarray:
     """Rows i0..i1-1 of an array broadcast over (..., m, n); one that has a single row (or none) as it is."""
     return a[..., i0:i1, :] if a.ndim >= 2 and a.shape[-2] > 1 else a
+
+
+def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any) -> None:
+    """Raise a one-line InputError when a score that takes part is not finite: the inputs
+    overflowed the dtype (e.g. float32 entries of 1e30, whose products reach 1e60), and no
+    softmax of such a row means anything. ``raw``: the (scaled) scores, which must be finite
+    where ``keep`` is True; ``s``: after masking, where only -inf (a masked key) may appear."""
+    bad = xp.isnan(s) | (xp.isinf(s) & (s > 0))
+    raw_bad = ~xp.isfinite(raw)
+    bad = bad | (raw_bad if keep is None else raw_bad & keep)
+    if not bool(xp.any(bad)):
+        return
+    bad_np = to_numpy(bad)
+    idx = tuple(int(i) for i in np.argwhere(bad_np)[0])
+    raw_np, s_np, raw_bad_np = (np.broadcast_to(to_numpy(a), bad_np.shape) for a in (raw, s, raw_bad))
+    *b, i, j = idx
+    where = f"query {i}, key {j}" + (f" (batch {', '.join(map(str, b))})" if b else "")
+    dtype = problem.dtype
+    hint = "use --dtype float64 or rescale the inputs" if dtype != "float64" else "rescale the inputs"
+    raise InputError(f"scores overflow {dtype} at {where}: the score is "
+                     f"{float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])} "
+                     f"(largest |input| {max(float(np.abs(a).max()) for a in (problem.q, problem.k)):.3g}); {hint}",
+                     problem.where("q"))
 
 
 def softmax(xp: Any, s: Any) -> Any:
