@@ -461,7 +461,7 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
         out = concat @ w["W_o"]  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
         if "b_o" in w:
             out = out + w["b_o"]
-    avg = xp.mean(inner.step("weights").values, axis=1)  # (B, H, T, S) -> (B, T, S)
+    avg = xp.mean(inner.step("weights").values, axis=1) if "weights" in inner else None  # (B, H, T, S) -> (B, T, S)
     shapes: dict[str, list[int]] = {"x": list(np.shape(x))}
     shapes.update({n: list(np.shape(a)) for n, a in (("memory", memory), ("values", values)) if a is not None})
 
@@ -523,10 +523,10 @@ def _trace(inner: Trace, proj: Projections, w: dict[str, Any], arrays: dict[str,
     t.add("q", f"Q = X · W_q{plus('b_q')}", lead(L["q"]), (QUERIES, FEATURES))
     t.add("k", f"K = {y_name} · W_k{plus('b_k')}", lead(L["k"]), (KEYS, FEATURES))
     t.add("v", f"V = {z_name} · W_v{plus('b_v')}", lead(L["v"]), (KEYS, FEATURES))
-    split = f"head h of {H} uses features h·{dk // H} … (h+1)·{dk // H} - 1 of Q and K"
+    split = _split_note(H, dk // H, dv // H)
     for s in inner.steps:
         name = "head_output" if s.name == "output" else s.name
-        formula = "head_h = weights_h · V_h" if s.name == "output" else s.formula
+        formula = s.formula.replace("output =", "head_h =", 1) if s.name == "output" else s.formula
         notes = [*s.notes, split] if s.name == "scores" else list(s.notes)
         t.steps.append(Step(name, f"{formula}  (each head h)", lead(s.values), s.axes, notes))
     has_o = "W_o" in w
@@ -536,9 +536,19 @@ def _trace(inner: Trace, proj: Projections, w: dict[str, Any], arrays: dict[str,
     weight("b_o")
     if has_o:
         t.add("output", f"output = concat · W_o{plus('b_o')}", lead(L["out"]), (QUERIES, FEATURES))
-    t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
-          lead(L["avg"]), (QUERIES, KEYS))
+    if L["avg"] is not None:
+        t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
+              lead(L["avg"]), (QUERIES, KEYS))
     return t
+
+
+def _split_note(H: int, dh: int, dvh: int) -> str:
+    """Which features of Q, K (and V) each head takes, e.g. 'head 0: d0…d3, head 1: d4…d7'."""
+    def span(h: int, d: int) -> str:
+        return f"d{h * d}" if d == 1 else f"d{h * d}…d{(h + 1) * d - 1}"
+
+    shown = ", ".join(f"head {h}: {span(h, dh)}" + (f" (V {span(h, dvh)})" if dvh != dh else "") for h in range(min(H, 8)))
+    return f"each head takes its own {dh} feature(s) of Q and K: {shown}{', …' if H > 8 else ''}"
 
 
 def select_head(trace: Trace, head: int) -> Trace:
@@ -546,7 +556,8 @@ def select_head(trace: Trace, head: int) -> Trace:
     H = int(trace.meta.get("heads", 1))
     if not 0 <= head < H:
         raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")
-    steps = [Step(s.name, f"head {head}: {s.formula}", s.values[..., head, :, :], s.axes, s.notes)
+    steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
+                  s.values[..., head, :, :], s.axes, s.notes)
              if s.name in PER_HEAD else s for s in trace.steps]
     meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else []}
     return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,

@@ -95,6 +95,10 @@ def self_command(
     from attncli.multihead import init_projections, multihead, projections_from, select_head
     from attncli.problem import Options
 
+    if opts.get("threads"):
+        from attncli.backend import set_threads
+
+        set_threads(opts["threads"])
     reader = Reader()
     content = reader.read(x)
     src = reader.source(x)
