@@ -110,7 +110,9 @@ def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
     sim = opts.get("similarity")
     diagnose(trace, sim.value if sim is not None else None)
     explain(trace, ropts)
-    return Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"))
+    show = Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"))
+    show.check(trace)
+    return show
 
 
 def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:

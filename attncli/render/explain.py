@@ -50,6 +50,12 @@ def num(x: float, p: int = 4) -> str:
     return "0" if s in ("-0", "") else s
 
 
+def fac(x: float, p: int = 4) -> str:
+    """A number as a factor or subtrahend: negatives in parentheses, 2×(-0.5)."""
+    t = num(x, p)
+    return f"({t})" if t.startswith("-") else t
+
+
 def vec(v: np.ndarray, p: int = 4) -> str:
     """(1.25, 2.75), with the middle elided for long vectors."""
     items = [num(x, p) for x in v]
@@ -110,6 +116,21 @@ class Cell:
             return None
         return np.asarray(a[rest][row])
 
+    def vector(self, name: str, *idx: int) -> np.ndarray | None:
+        """The last axis of step ``name`` at this batch entry and ``idx`` (e.g. q_proj row i, features [i, j])."""
+        if name not in self.trace:
+            return None
+        a = np.asarray(self.trace[name], dtype=np.float64)
+        lead = self.trace.weights.shape[:-2]
+        core = a.ndim - len(lead)
+        if core != len(idx) + 1 or core < 1:
+            return None
+        try:
+            a = np.broadcast_to(a, lead + a.shape[len(lead):] if len(lead) <= a.ndim else a.shape)
+            return np.asarray(a[self.batch][idx])
+        except (ValueError, IndexError):
+            return None
+
     def step(self, name: str) -> float:
         a = self.trace[name]
         a = np.broadcast_to(a, self.trace.weights.shape)
@@ -144,7 +165,7 @@ def explain_dot(c: Cell) -> list[str]:
     s = c.step("scores")
     if q is None or k is None:
         return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}"]
-    terms = [f"{num(a, p)}×{num(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
+    terms = [f"{num(a, p)}×{fac(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
     skipped = len(q) - len(terms)
     if not terms:
         return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}   (every product has a zero factor)"]
@@ -152,6 +173,74 @@ def explain_dot(c: Cell) -> list[str]:
     if skipped:
         lines.append(f"    ({skipped} of the {len(q)} products have a zero factor and are left out)")
     return lines
+
+
+def _terms(a: np.ndarray, b: np.ndarray, p: int) -> str:
+    """'a1×b1 + a2×b2 + …' (products with a zero factor left out)."""
+    terms = [f"{num(x, p)}×{fac(y, p)}" for x, y in zip(a, b) if x != 0 and y != 0]
+    return elide(terms, len(terms)) if terms else "0"
+
+
+@explains("additive")
+def explain_additive(c: Cell) -> list[str]:
+    """w_vᵀ act(q W_q + k W_k + b): the two projections, the activated sum, the dot with w_v."""
+    t, p = c.trace, c.precision
+    qh, kh, f = c.vector("q_proj", c.i), c.vector("k_proj", c.j), c.vector("features", c.i, c.j)
+    wv = np.asarray(t.inputs_numpy()["w_v"], dtype=np.float64).ravel() if "w_v" in t.inputs else None
+    if qh is None or kh is None or f is None or wv is None:
+        return explain_generic(c)
+    feat = t.step("features").formula.split(":")[0].replace("features = ", "")
+    return [f"q({c.query}) W_q = {vec(qh, p)}",
+            f"k({c.key}) W_k = {vec(kh, p)}",
+            f"{feat} = {vec(f, p)}   (h = {len(f)})",
+            f"score({c.query}, {c.key}) = w_v · that = {_terms(wv, f, p)} = {num(c.step('scores'), p)}"]
+
+
+@explains("general")
+def explain_general(c: Cell) -> list[str]:
+    """q · (W k (+ b)): the key brought into query space, then a dot product."""
+    p = c.precision
+    q, kw = c.input_row("q", c.i), c.vector("k_proj", c.j)
+    if q is None or kw is None:
+        return explain_generic(c)
+    return [f"W k({c.key}) = {vec(kw, p)}   ({c.trace.step('k_proj').formula})",
+            f"score({c.query}, {c.key}) = q({c.query}) · W k({c.key}) = {_terms(q, kw, p)} = {num(c.step('scores'), p)}"]
+
+
+@explains("cosine")
+def explain_cosine(c: Cell) -> list[str]:
+    """cos(q, k) = q·k / (‖q‖ ‖k‖)."""
+    p = c.precision
+    q, k = c.input_row("q", c.i), c.input_row("k", c.j)
+    if q is None or k is None:
+        return explain_generic(c)
+    nq, nk = float(np.linalg.norm(q)), float(np.linalg.norm(k))
+    return [f"q({c.query}) · k({c.key}) = {_terms(q, k, p)} = {num(float(q @ k), p)}",  # (d,) x (d,) -> ()
+            f"‖q({c.query})‖ = {num(nq, p)},  ‖k({c.key})‖ = {num(nk, p)}",
+            f"cos({c.query}, {c.key}) = {num(float(q @ k), p)} / ({num(nq, p)} × {num(nk, p)}) = {num(c.step('scores'), p)}"]
+
+
+@explains("gaussian")
+def explain_gaussian(c: Cell) -> list[str]:
+    """-‖q - k‖² / (2σ²): the squared distance, then the kernel's exponent."""
+    p = c.precision
+    q, k = c.input_row("q", c.i), c.input_row("k", c.j)
+    if q is None or k is None or "sq_dist" not in c.trace:
+        return explain_generic(c)
+    d2 = c.step("sq_dist")
+    diff = " + ".join(f"({num(a, p)} − {fac(b, p)})²" for a, b in zip(q, k)) if len(q) <= MAX_FEATURES else "Σ_t (q_t − k_t)²"
+    return [f"{c.trace.step('sq_dist').formula}: ‖q({c.query}) − k({c.key})‖² = {diff} = {num(d2, p)}",
+            f"score({c.query}, {c.key}) = -{num(d2, p)} / (2σ²) = {num(c.step('scores'), p)}"]
+
+
+@explains("location")
+def explain_location(c: Cell) -> list[str]:
+    """act(Wᵀ k + b): a score per key, the same for every query."""
+    p = c.precision
+    if "key_scores" not in c.trace:
+        return explain_generic(c)
+    return [f"{c.trace.step('key_scores').formula} for key {c.key} = {num(c.step('scores'), p)}",
+            f"    (location-based: no query takes part; every query, {c.query} included, gets this score)"]
 
 
 def explain_generic(c: Cell) -> list[str]:
@@ -225,7 +314,7 @@ def softmax_lines(c: Cell) -> list[str]:
         lines.append(f"               = {elide([num(v, p) for v in ex], len(x))} = {num(float(np.sum(ex)), p)}")
         lines.append(f"    weight = {num(float(ex[c.j]), p)} / {num(float(np.sum(ex)), p)} = {num(w, p)}")
     lines.append(f"    stable form (the row max {num(mx, p)} is subtracted first, which leaves the weights unchanged): "
-                 f"exp({num(xj, p)} − {num(mx, p)}) / Σ exp(row − {num(mx, p)}) = "
+                 f"exp({num(xj, p)} − {fac(mx, p)}) / Σ exp(row − {fac(mx, p)}) = "
                  f"{num(float(e[c.j]), p)} / {num(z, p)} = {num(w, p)}")
     for st in _after_weights(t):
         v = float(np.broadcast_to(st.numpy(), t.weights.shape)[c.batch][c.i, c.j])

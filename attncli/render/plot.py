@@ -29,6 +29,10 @@ MAX_PANELS = 64  # beyond this many batch/head entries only the first are drawn 
 MAX_TICKS = 30  # label every query/key up to this many; beyond it matplotlib picks the ticks
 
 
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 @dataclass
 class Pictures:
     """What ``--svg``, ``--html`` and ``--plot`` asked for; the file names are checked on creation."""
@@ -46,8 +50,14 @@ class Pictures:
             if self.plot_path.suffix.lower() not in PLOT_FORMATS:
                 raise InputError(f"cannot plot to {self.plot_path.suffix or '(no extension)'!r}; use one of "
                                  f"{', '.join(PLOT_FORMATS)}", str(self.plot_path))
-            if importlib.util.find_spec("matplotlib") is None:
+            if not have_matplotlib():
                 raise InputError(PLOT_HINT, "--plot")
+
+    def check(self, trace: Trace) -> None:
+        """Refuse --plot early when the run kept no weights (an output-only run)."""
+        if self.plot_path is not None and "weights" not in trace:
+            raise InputError("this run kept no weights to plot (an output-only run, e.g. --steps output); "
+                             "include weights in --steps", "--plot")
 
     @property
     def wanted(self) -> bool:
