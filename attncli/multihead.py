@@ -15,6 +15,7 @@ named ``W_q, W_k, W_v, W_o`` (d2l) or ``q, k, v`` (the notes) are recognised and
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -489,7 +490,9 @@ def _trace(inner: Trace, proj: Projections, w: dict[str, Any], arrays: dict[str,
     def lead(a: Any) -> Any:  # drop the batch axis added to an unbatched input
         return a if batched else a[0]
 
-    t = Trace(query_labels=inner.query_labels, key_labels=inner.key_labels, warnings=list(inner.warnings),
+    where = r"(batch \1, head \2)" if batched else r"(head \2)"  # the engine's batch axes are (batch, head)
+    warnings = [re.sub(r"\(batch (\d+), (\d+)\)", where, w) for w in inner.warnings]
+    t = Trace(query_labels=inner.query_labels, key_labels=inner.key_labels, warnings=warnings,
               meta=dict(inner.meta), extra=dict(inner.extra))
     H = heads
     dk, dv = proj.d_k, proj.d_v

@@ -403,3 +403,24 @@ def test_bad_input_is_one_line_and_exit_2(bad: Path, args: list[str], words: lis
     assert "Traceback" not in res.stderr
     for w in words:
         assert w in lines[0], lines[0]
+
+
+def test_fully_masked_rows_zero_by_default_uniform_with_d2l_mask_value(tmp_path: Path) -> None:
+    """Valid length 0 for batch 0: every key masked. By default the weights are 0, so concat = 0 and
+    output = b_o (by hand); with --mask-value -1e6 (d2l) the weights are uniform, 1/S, as d2l's masked_softmax."""
+    rng = np.random.default_rng(8)
+    np.save(tmp_path / "x.npy", rng.standard_normal((2, 3, 4)))
+    w = {"W_q": rng.standard_normal((4, 4)), "W_k": rng.standard_normal((4, 4)), "W_v": rng.standard_normal((4, 4)),
+         "W_o": rng.standard_normal((4, 4)), "b_o": rng.standard_normal(4)}
+    np.savez(tmp_path / "w.npz", **w)
+    args = ["self", str(tmp_path / "x.npy"), "--weights", str(tmp_path / "w.npz"), "--heads", "2", "--valid-lens", "0,3",
+            "--format", "json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    np.testing.assert_array_equal(np.asarray(doc["weights"])[0], 0.0)
+    np.testing.assert_allclose(np.asarray(doc["output"])[0], np.broadcast_to(w["b_o"], (3, 4)), atol=1e-12)
+    assert "query 2 (batch 0, head 1) has every key masked" in res.stderr
+    d2l = runner.invoke(app, args + ["--mask-value", "-1e6"])
+    assert d2l.exit_code == 0, d2l.stderr
+    np.testing.assert_allclose(np.asarray(json.loads(d2l.stdout)["weights"])[0], 1 / 3, atol=1e-12)
