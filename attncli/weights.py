@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from attncli.errors import InputError
-from attncli.scoring import Param, Score
+from attncli.scoring import Score
 
 DEFAULT_SEED = 0
 
@@ -88,8 +88,7 @@ def prepare(score: Score, given: Mapping[str, Any], d_q: int, d_k: int, options:
     origin = {"d_q": f"the width of Q is {d_q}", "d_k": f"the width of K is {d_k}"}
     if options.hidden is not None:
         dims["h"], origin["h"] = options.hidden, f"--hidden is {options.hidden}"
-    named = _canonical(score, dict(given), source)
-    out = {p.name: _checked(p, *named[p.name], dims, origin, source) for p in score.params if p.name in named}
+    out = _canonical(score, dict(given), dims, origin, source)
     missing = [p for p in score.params if not p.optional and p.name not in out]
     if missing and out:
         raise InputError(f"weight {missing[0].name} is missing: --score {score.name} takes {spec_text(score)}"
@@ -109,7 +108,7 @@ def _check_options(score: Score, given: Mapping[str, Any], options: Any) -> None
     for name in SCORE_OPTIONS:
         if getattr(options, name) is not None and name not in score.options:
             users = [s.name for s in _scores() if name in s.options]
-            raise InputError(f"--{name} applies to --score {' / '.join(users)}, not {score.name}", f"--{name}")
+            raise InputError(f"applies to --score {' / '.join(users)}, not {score.name}", f"--{name}")
     if options.bandwidth is not None and "w" in given:
         raise InputError("give either --bandwidth or a learned weight w, not both (σ = 1/w)", "--bandwidth")
 
@@ -120,8 +119,9 @@ def _scores() -> list[Score]:
     return list(SCORES.values())
 
 
-def _canonical(score: Score, given: dict[str, Any], source: str) -> dict[str, tuple[Any, str]]:
-    """Each given weight under its parameter name, as (array, how it was named in the file)."""
+def _canonical(score: Score, given: dict[str, Any], dims: dict[str, int], origin: dict[str, str],
+               source: str) -> dict[str, np.ndarray]:
+    """Each given weight under its parameter name, shape-checked (binding h on first sight)."""
     by_torch = {t: p for p in score.params for t in p.torch}
     names = {p.name for p in score.params}
     for key in given:
@@ -129,24 +129,23 @@ def _canonical(score: Score, given: dict[str, Any], source: str) -> dict[str, tu
             torch_names = ", ".join(by_torch)
             raise InputError(f"weight {key!r} is not one that --score {score.name} uses; it takes {spec_text(score)}"
                              + (f" (or nn.Linear names {torch_names})" if torch_names else ""), source)
-    out: dict[str, tuple[Any, str]] = {}
+    out: dict[str, np.ndarray] = {}
     for p in score.params:
         tor = [t for t in p.torch if t in given]
         if p.name in given and tor:
             raise InputError(f"weight {p.name} is given twice: as {p.name} and as {tor[0]}", source)
         if p.name in given:
-            out[p.name] = (_numeric(given[p.name], p.name, source), p.name)
+            a = _numeric(given[p.name], p.name, source)
+            if (p.scalar_ok or not p.shape) and a.size == 1:
+                out[p.name] = a.reshape(())
+                continue
+            out[p.name] = _bind(p.name, a, p.shape, dims, origin, source)
         elif tor:
-            arrays = [_numeric(given[t], t, source) for t in tor]
-            want = _fmt(TORCH_SHAPES[p.convert](p.shape))
-            for t, a in zip(tor, arrays):
-                if a.ndim != len(TORCH_SHAPES[p.convert](p.shape)):
-                    raise InputError(f"weight {t} has shape {_fmt(a.shape)}; expected {want} (PyTorch layout)", source)
-            try:
-                out[p.name] = (CONVERSIONS[p.convert](arrays), f"{'+'.join(tor)} (converted from PyTorch)")
-            except ValueError:
-                shapes = ", ".join(f"{t} {_fmt(a.shape)}" for t, a in zip(tor, arrays))
-                raise InputError(f"weights {shapes} do not fit together; each should be {want}", source) from None
+            layout = TORCH_SHAPES[p.convert](p.shape)
+            arrays = [_bind(t, _numeric(given[t], t, source), layout, dims, origin, source, " (nn.Linear layout)")
+                      for t in tor]
+            a = CONVERSIONS[p.convert](arrays)
+            out[p.name] = a.reshape(()) if not p.shape else a
     return out
 
 
@@ -156,19 +155,25 @@ def _numeric(a: Any, name: str, source: str) -> np.ndarray:
     return numeric_array(a, f"weight {name}", source)
 
 
-def _checked(p: Param, a: np.ndarray, named: str, dims: dict[str, int], origin: dict[str, str],
-             source: str) -> np.ndarray:
-    """``a`` if its shape fits ``p.shape`` under ``dims`` (binding h on first sight), else InputError."""
-    if (p.scalar_ok or not p.shape) and a.size == 1:
-        return a.reshape(())
-    expected = _fmt(tuple(dims.get(s, s) for s in p.shape))
-    sym = p.shape_text()
-    if a.ndim != len(p.shape):
-        raise InputError(f"weight {named} has shape {_fmt(a.shape)}; expected {sym} = {expected}", source)
-    for sym_i, size in zip(p.shape, a.shape):
-        if sym_i not in dims:
-            dims[sym_i], origin[sym_i] = int(size), f"{p.name} sets {sym_i} = {size}"
-        elif dims[sym_i] != size:
-            raise InputError(f"weight {named} has shape {_fmt(a.shape)}; expected {sym} = {expected} "
-                             f"({origin[sym_i]})", source)
+def _bind(label: str, a: np.ndarray, symbols: tuple[str, ...], dims: dict[str, int], origin: dict[str, str],
+          source: str, layout: str = "") -> np.ndarray:
+    """``a`` if its shape fits ``symbols`` (``d_q``, ``h``, a literal ``1``) under ``dims``, else InputError.
+
+    A symbol seen for the first time (h) takes its size from ``a``.
+    """
+    expected = _fmt(tuple(dims.get(s, s) for s in symbols))
+    why = ""
+    ok = a.ndim == len(symbols)
+    for sym, size in zip(symbols, a.shape) if ok else ():
+        if sym.isdigit():
+            ok = int(sym) == size
+        elif sym not in dims:
+            dims[sym], origin[sym] = int(size), f"{label} sets {sym} = {size}"
+        elif dims[sym] != size:
+            ok, why = False, f"; {origin[sym]}"
+        if not ok:
+            break
+    if not ok:
+        raise InputError(f"weight {label} has shape {_fmt(a.shape)}; expected {_fmt(symbols)} = {expected}{layout}{why}",
+                         source)
     return a
