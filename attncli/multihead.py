@@ -493,7 +493,8 @@ def _trace(inner: Trace, proj: Projections, w: dict[str, Any], arrays: dict[str,
     where = r"(batch \1, head \2)" if batched else r"(head \2)"  # the engine's batch axes are (batch, head)
     warnings = [re.sub(r"\(batch (\d+), (\d+)\)", where, w) for w in inner.warnings]
     t = Trace(query_labels=inner.query_labels, key_labels=inner.key_labels, warnings=warnings,
-              meta=dict(inner.meta), extra=dict(inner.extra))
+              meta=dict(inner.meta), extra=dict(inner.extra),
+              inputs={f"score_{n}": a for n, a in inner.inputs.items() if n not in ("q", "k", "v")})  # score weights
     H = heads
     dk, dv = proj.d_k, proj.d_v
     t.meta.update(heads=H, head_width={"q": dk // H, "k": dk // H, "v": dv // H}, shapes=shapes,
@@ -559,9 +560,11 @@ def select_head(trace: Trace, head: int) -> Trace:
     H = int(trace.meta.get("heads", 1))
     if not 0 <= head < H:
         raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")
+    per_head = set(trace.meta.get("per_head_steps", PER_HEAD))
+    axis = int(trace.meta.get("head_axis", 0))
     steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
-                  s.values[..., head, :, :], s.axes, s.notes)
-             if s.name in PER_HEAD else s for s in trace.steps]
+                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes)
+             if s.name in per_head else s for s in trace.steps]
     meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else []}
     return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,
                  warnings=trace.warnings, meta=meta, inputs=trace.inputs, extra=trace.extra)
