@@ -424,3 +424,32 @@ def test_fully_masked_rows_zero_by_default_uniform_with_d2l_mask_value(tmp_path:
     d2l = runner.invoke(app, args + ["--mask-value", "-1e6"])
     assert d2l.exit_code == 0, d2l.stderr
     np.testing.assert_allclose(np.asarray(json.loads(d2l.stdout)["weights"])[0], 1 / 3, atol=1e-12)
+
+
+def test_cli_sequence_first_layout_with_separate_key_and_value_inputs(tmp_path: Path) -> None:
+    """--no-batch-first reads (T, B, D) as PyTorch's default layout; --memory/--values are key and value
+    of an nn.MultiheadAttention with kdim/vdim (q_proj_weight, k_proj_weight, v_proj_weight)."""
+    torch.manual_seed(9)
+    mha = nn.MultiheadAttention(6, 3, kdim=4, vdim=5).eval()  # batch_first=False
+    q, k, v = torch.randn(3, 2, 6), torch.randn(5, 2, 4), torch.randn(5, 2, 5)  # (T, B, D)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        np.save(tmp_path / f"{name}.npy", a.numpy())
+    with torch.no_grad():
+        ref, _ = mha(q, k, v)
+    res = runner.invoke(app, ["self", str(tmp_path / "q.npy"), "--memory", str(tmp_path / "k.npy"), "--values",
+                              str(tmp_path / "v.npy"), "--no-batch-first", "--heads", "3", "--weights",
+                              str(state_dict_file(mha, tmp_path / "kv.pt")), "--format", "json"])
+    assert res.exit_code == 0, res.stderr
+    out = np.asarray(json.loads(res.stdout)["output"])
+    np.testing.assert_allclose(out, ref.transpose(0, 1).numpy(), atol=1e-5, rtol=0)  # the steps are batch-first
+
+
+def test_permuting_the_tokens_permutes_the_output() -> None:
+    """Self-attention without masks is permutation-equivariant: output(P X) = P output(X)."""
+    rng = np.random.default_rng(10)
+    X = rng.standard_normal((5, 8))
+    proj = init_projections(8, 8, 8, seed=1, init="linear")
+    perm = rng.permutation(5)
+    a = multihead(X, weights=proj, heads=4)["output"]
+    b = multihead(X[perm], weights=proj, heads=4)["output"]
+    np.testing.assert_allclose(b, a[perm], atol=1e-12)
