@@ -1,9 +1,9 @@
 """Explanations: the arithmetic behind one weight (``--explain QUERY,KEY``) or one query row
 (``--explain-row QUERY``), written the way the notes write it::
 
-    sim(it, milk) = 2×1 + 2×3 = 8
+    sim(milk, cat) = q(milk) · k(cat) = 1×2 + 3×2 = 8
     scaled: 8 / √4 = 4
-    weight = exp(4) / Σ exp(…) = 54.5982 / 661.0417 = 0.0826
+    weight = exp(4) / Σ exp(row) = 54.5982 / 661.0383 = 0.0826
 
 This module only reads numbers the engine already computed (the Trace's inputs and steps)
 and writes them out as sentences; the per-score part (how one score is made from q and k)

@@ -198,14 +198,21 @@ def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None
     m = after.shape[0]
     lab = axis_labels(trace, QUERIES, m)
     before = np.asarray(sim["before"], dtype=np.float64) if "before" in sim else None
+    def closest(s: np.ndarray, i: int) -> str:
+        others = np.delete(np.arange(m), i)
+        best = float(np.max(s[i, others]))
+        tied = [lab[j] for j in others if s[i, j] == best]
+        return f"{', '.join(tied)} ({fmt(best, opts.precision)}{', tied' if len(tied) > 1 else ''})"
+
+    console.print(Text(f"closest other row by {kind} similarity" + (", after and before attention:" if before is not None
+                                                                   else " after attention:")))
+
     for i in shown(m, opts.max_rows, opts.full):
-        if i is None or sim["nearest"][i] < 0:
+        if i is None or m < 2:
             continue
-        j = sim["nearest"][i]
-        line = f"  after attention, {lab[i]} is closest to {lab[j]} ({kind} {fmt(after[i, j], opts.precision)})"
+        line = f"  {lab[i]}: {closest(after, i)}"
         if before is not None:
-            jb = sim["nearest_before"][i]
-            line += f"; before: {lab[jb]} ({fmt(before[i, jb], opts.precision)})"
+            line += f"; before: {closest(before, i)}"
         console.print(Text(line))
     console.print()
 
