@@ -73,8 +73,8 @@ def test_explain_cell_arithmetic_as_the_notes_write_it() -> None:
     # milk row: scores 8 10 8 12 -> 4 5 4 6; weight(milk, cat) = e^4 / (2e^4 + e^5 + e^6), float64 by hand
     w = math.exp(4) / (2 * math.exp(4) + math.exp(5) + math.exp(6))
     assert f"= {w:.4f}" in milk_cat and f"{w:.4f}" == "0.0826"
-    assert f"Σ exp(row) = exp(4) + exp(5) + exp(4) + exp(6)" in milk_cat
-    assert f"{2 * math.exp(4) + math.exp(5) + math.exp(6):.4f}" in milk_cat  # 661.0417, the row's sum
+    assert "Σ exp(row) = exp(4) + exp(5) + exp(4) + exp(6)" in milk_cat
+    assert f"{2 * math.exp(4) + math.exp(5) + math.exp(6):.4f}" in milk_cat  # 661.0383, the row's sum
     assert "row max 6 is subtracted" in milk_cat
 
 
