@@ -286,6 +286,39 @@ def divergence(expected: np.ndarray, computed: np.ndarray, tol: Tolerance, namer
     return Divergence(rows, cols, ratio)
 
 
+# ---- what is checked: a Problem, or the inputs of multi-head attention -------------------
+
+@dataclass
+class MultiheadSetup:
+    """The inputs of :func:`attncli.multihead.multihead`, to run it again with options replaced."""
+
+    x: Any
+    weights: Any  # attncli.multihead.Projections
+    heads: int = 1
+    memory: Any = None
+    values: Any = None
+    valid_lens: Any = None
+    key_padding_mask: Any = None
+    mask: Any = None
+    query_labels: list[str] | None = None
+    key_labels: list[str] | None = None
+    options: Any = None  # attncli.problem.Options
+    sources: dict[str, str] = field(default_factory=dict)
+    batch_first: bool = True
+
+    def run(self, **changes: Any) -> Trace:
+        from dataclasses import replace
+
+        from attncli.multihead import multihead
+        from attncli.problem import Options
+
+        o = replace(self.options or Options(), **changes)
+        return multihead(self.x, self.memory, self.values, weights=self.weights, heads=self.heads,
+                         valid_lens=self.valid_lens, key_padding_mask=self.key_padding_mask, mask=self.mask,
+                         query_labels=self.query_labels, key_labels=self.key_labels, options=o, sources=self.sources,
+                         batch_first=self.batch_first)
+
+
 # ---- the verdict ----------------------------------------------------------------------
 
 @dataclass
@@ -352,14 +385,15 @@ def fit_shape(expected: np.ndarray, shape: tuple[int, ...], what: str, source: s
                      "give every cell of it (rows × columns)", source)
 
 
-def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: Tolerance | None = None,
+def check(problem: Problem | MultiheadSetup, expected: Any, *, what: str = "output", tolerance: Tolerance | None = None,
           trace: Trace | None = None, source: str = "expected", explain: bool = True) -> Verdict:
     """Compare ``expected`` with step ``what`` of ``problem``'s computation; on a mismatch, name the variants
     of the catalogue that reproduce it (every one within the tolerance)."""
     from attncli.engine import run
     from attncli.variants import diagnose
 
-    trace = trace if trace is not None else run(problem)
+    if trace is None:
+        trace = problem.run() if isinstance(problem, MultiheadSetup) else run(problem)
     if what not in trace:
         raise InputError(f"this computation has no step {what!r}; it has {', '.join(trace.names())}", "--what")
     computed = trace[what].astype(np.float64)

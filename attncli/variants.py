@@ -15,6 +15,7 @@ Add one by writing a function here (or anywhere, before ``diagnose`` runs) with 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,15 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from attncli.check import Explanation, Tolerance, errors, within
+from attncli.check import Explanation, MultiheadSetup, Tolerance, errors, within
 from attncli.engine import run, scale_factor, softmax
-from attncli.problem import Problem
+from attncli.problem import Options, Problem
 from attncli.scoring import get_score
 from attncli.trace import Trace
 
 Result = Any  # dict[str, np.ndarray] | Trace | Reproduced | None (tried, no fit)
 SUBSET_BUDGET = 2 ** 22  # rows × 2^n × d_v cells the dropout search may visit on the output
 MAX_DROPOUT_KEYS = 14
+MAX_PERMUTED_HEADS = 6  # heads-wrong-order tries every order of up to this many heads
 
 
 class NotApplicable(Exception):
@@ -75,42 +77,81 @@ def variant(name: str, explanation: str, possible: bool = False) -> Callable[[Va
 
 @dataclass
 class Context:
-    """What a variant gets: the problem (numpy, float64), the expected numbers and the correct trace."""
+    """What a variant gets: the problem (numpy, float64) or the multi-head set-up, the expected
+    numbers, the compared step, the tolerance and (lazily) the correct computation."""
 
-    problem: Problem
+    problem: Problem | None
     expected: np.ndarray
     what: str
     tol: Tolerance
+    mh: MultiheadSetup | None = None
     _ref: Trace | None = None
 
     @classmethod
-    def of(cls, problem: Problem, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
-        o = replace(problem.options, backend="numpy", device="cpu", dtype="float64")
-        return cls(replace(problem, options=o), expected, what, tol)
+    def of(cls, subject: Problem | MultiheadSetup, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
+        if isinstance(subject, MultiheadSetup):
+            o = replace(subject.options or Options(), backend="numpy", device="cpu", dtype="float64")
+            return cls(None, expected, what, tol, mh=replace(subject, options=o))
+        o = replace(subject.options, backend="numpy", device="cpu", dtype="float64")
+        return cls(replace(subject, options=o), expected, what, tol)
 
     @property
     def ref(self) -> Trace:
         """The correct computation on numpy float64."""
         if self._ref is None:
-            self._ref = run(self.problem)
+            self._ref = self.mh.run() if self.mh is not None else run(self.single())
         return self._ref
 
+    def single(self) -> Problem:
+        """The single-head Problem, or NotApplicable for multi-head attention."""
+        if self.problem is None:
+            raise NotApplicable("single-head attention only")
+        return self.problem
+
+    def multi(self) -> MultiheadSetup:
+        if self.mh is None:
+            raise NotApplicable("multi-head attention only")
+        return self.mh
+
+    @property
+    def options(self) -> Options:
+        return self.mh.options if self.mh is not None else self.single().options
+
     def rerun(self, problem: Problem | None = None, **options: Any) -> Trace:
-        """The engine on ``problem`` (default: this one) with ``options`` replaced."""
-        p = problem or self.problem
+        """The engine (or multi-head attention) on ``problem`` (default: this one) with ``options`` replaced."""
+        if self.mh is not None:
+            if problem is not None:
+                raise NotApplicable("single-head attention only")
+            return self.mh.run(**options)
+        p = problem or self.single()
         return run(replace(p, options=replace(p.options, **options)))
 
     @property
     def d(self) -> int:
-        return int(self.problem.q.shape[-1])
+        """The query/key width the scaling uses (per head for multi-head)."""
+        if self.mh is not None:
+            return int(self.ref.meta["head_width"]["q"])
+        return int(self.single().q.shape[-1])
 
     @property
     def d_v(self) -> int:
-        return int(self.problem.v.shape[-1])
+        if self.mh is not None:
+            return int(self.ref.meta["head_width"]["v"])
+        return int(self.single().v.shape[-1])
+
+    @property
+    def m(self) -> int:
+        return int(self.ref["weights"].shape[-2])
+
+    @property
+    def n(self) -> int:
+        return int(self.ref["weights"].shape[-1])
 
     def factor(self) -> Any:
         """The factor the engine multiplies the scores by (None: no scaling)."""
-        return scale_factor(self.problem, np, self.ref["scores"])[0]
+        if self.mh is not None:
+            return (self.ref.meta.get("scaling") or {}).get("factor")
+        return scale_factor(self.single(), np, self.ref["scores"])[0]
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
@@ -120,13 +161,37 @@ class Context:
         raise NotApplicable("no scores")  # pragma: no cover
 
     def facts(self) -> dict[str, Any]:
-        o = self.problem.options
-        return {"d": self.d, "sqrt_d": f"{math.sqrt(self.d):.4g}", "d_v": self.d_v, "n": self.problem.n,
-                "m": self.problem.m, "T": f"{o.temperature:g}" if o.temperature else "1"}
+        o = self.options
+        facts = {"d": self.d, "sqrt_d": f"{math.sqrt(self.d):.4g}", "d_v": self.d_v, "n": self.n, "m": self.m,
+                 "T": f"{o.temperature:g}" if o.temperature else "1"}
+        if self.mh is not None:
+            facts.update(H=self.mh.heads, d_model=self.mh.weights.d_k)
+        return facts
 
     def with_output(self, weights: np.ndarray) -> dict[str, np.ndarray]:
-        """These weights and the output they give: weights @ V."""
-        return {"weights": weights, "output": weights @ self.problem.v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+        """These weights and the output they give: weights @ V (then, for multi-head, concat and W_o)."""
+        if self.mh is None:
+            return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+        v = self.ref["v"]  # (..., S, d_v)
+        H = self.mh.heads
+        vh = np.moveaxis(v.reshape(v.shape[:-1] + (H, -1)), -2, -3)  # (..., S, H, d_v/H) -> (..., H, S, d_v/H)
+        return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
+
+    def finish(self, heads: np.ndarray, order: Any = None, transpose: bool = True) -> dict[str, np.ndarray]:
+        """Multi-head: per-head outputs (..., H, T, d_v/H) concatenated (in ``order``) and projected by W_o."""
+        if order is not None:
+            heads = heads[..., list(order), :, :]
+        H, T, dh = heads.shape[-3:]
+        if transpose:
+            concat = np.moveaxis(heads, -3, -2).reshape(heads.shape[:-3] + (T, H * dh))  # (..., T, H, dh) -> (..., T, d_v)
+        else:
+            concat = heads.reshape(heads.shape[:-3] + (T, H * dh))  # (..., H, T, dh) read as (..., T, d_v): no transpose
+        out = concat
+        if "W_o" in self.ref:
+            out = concat @ self.ref["W_o"]  # (..., T, d_v) x (d_v, d_out) -> (..., T, d_out)
+            if "b_o" in self.ref:
+                out = out + self.ref["b_o"][0]
+        return {"head_output": heads, "concat": concat, "output": out}
 
     def requires_scaling(self) -> Any:
         f = self.factor()
@@ -135,13 +200,17 @@ class Context:
         return f
 
     def requires_sqrt_d(self) -> None:
-        o = self.problem.options
+        o = self.options
         rule = o.scaling or get_score(o.score).scaling
         if o.scale is not None or rule != "sqrt-d":
             raise NotApplicable("the scaling here is not 1/√d")
 
     def requires_keep_mask(self) -> None:
-        p = self.problem
+        if self.mh is not None:
+            if "masked" not in self.ref:
+                raise NotApplicable("no keys are masked")
+            return
+        p = self.single()
         if p.query_limit is None and not p.options.causal and (p.mask is None or p.mask.dtype != bool):
             raise NotApplicable("no keys are masked (no valid lengths, boolean mask or causal mask)")
 
@@ -160,7 +229,7 @@ def extra_scaling(c: Context) -> Result:
     """softmax(QKᵀ / √d)·V for a score without scaling"""
     if c.factor() is not None:
         raise NotApplicable("the scores are already scaled")
-    if not get_score(c.problem.options.score).same_width:
+    if not get_score(c.options.score).same_width:
         raise NotApplicable("not a dot-product score")
     return c.rerun(scaling="sqrt-d")
 
@@ -188,9 +257,9 @@ def sqrt_value_width(c: Context) -> Result:
 def sqrt_key_count(c: Context) -> Result:
     """softmax(QKᵀ / √n)·V"""
     c.requires_sqrt_d()
-    if c.problem.n == c.d:
+    if c.n == c.d:
         raise NotApplicable("n equals d")
-    return c.rerun(scale=1.0 / math.sqrt(c.problem.n))
+    return c.rerun(scale=1.0 / math.sqrt(c.n))
 
 
 @variant("scale-after-softmax", "the scaling was applied after the softmax instead of to the scores: "
@@ -205,7 +274,7 @@ def scale_after_softmax(c: Context) -> Result:
 @variant("temperature-multiplied", "the scores were multiplied by the temperature T = {T} instead of divided by it")
 def temperature_multiplied(c: Context) -> Result:
     """softmax(S · T)·V"""
-    t = c.problem.options.temperature
+    t = c.options.temperature
     if t is None or t == 1:
         raise NotApplicable("no temperature (or T = 1)")
     return c.rerun(temperature=1.0 / t)
@@ -217,7 +286,7 @@ def temperature_multiplied(c: Context) -> Result:
                                  "sum to 1) instead of over the keys")
 def softmax_over_queries(c: Context) -> Result:
     """softmax(QKᵀ / √d, axis=queries)·V"""
-    if c.problem.m == 1:
+    if c.m == 1:
         raise NotApplicable("a single query: the softmax over queries is constant")
     s = c.before_softmax()
     w = np.swapaxes(softmax(np, np.swapaxes(s, -1, -2)), -1, -2)
@@ -228,7 +297,7 @@ def softmax_over_queries(c: Context) -> Result:
                         "normalised over the queries' positions")
 def q_k_swapped(c: Context) -> Result:
     """softmax(K Qᵀ / √d)·V"""
-    p = c.problem
+    p = c.single()
     if p.m != p.n:
         raise NotApplicable("Q and K have different numbers of rows, so K Qᵀ does not fit V")
     if p.q.shape == p.k.shape and np.array_equal(p.q, p.k):
@@ -257,14 +326,22 @@ def no_softmax(c: Context) -> Result:
                           "(try --mask-convention {other})")
 def mask_inverted(c: Context) -> Result:
     """softmax(S + (1 - M)·-inf)·V"""
-    p = c.problem
-    if p.mask is None or p.mask.dtype != bool:
+    mask = c.mh.mask if c.mh is not None else c.single().mask
+    if mask is None or np.asarray(mask).dtype != bool:
         raise NotApplicable("no boolean mask")
-    return c.rerun(mask_convention="drop" if p.options.mask_convention == "keep" else "keep")
+    return c.rerun(mask_convention="drop" if c.options.mask_convention == "keep" else "keep")
 
 
 def _valid_lens_shifted(c: Context, by: int) -> Result:
-    p = c.problem
+    if c.mh is not None:
+        if c.mh.valid_lens is None:
+            raise NotApplicable("no valid lengths")
+        vl = np.asarray(c.mh.valid_lens)
+        shifted = np.clip(vl + by, 0, c.n)
+        if np.array_equal(shifted, vl):
+            raise NotApplicable(f"valid lengths {by:+d} change nothing here")
+        return replace(c.mh, valid_lens=shifted).run()
+    p = c.single()
     if p.query_limit is None:
         raise NotApplicable("no valid lengths")
     limit = np.clip(p.query_limit + by, 0, p.n)
@@ -291,7 +368,7 @@ def valid_lens_minus_one(c: Context) -> Result:
 def mask_value_1e6(c: Context) -> Result:
     """softmax(S with masked entries at -1e6)·V"""
     c.requires_keep_mask()
-    mv = c.problem.options.mask_value
+    mv = c.options.mask_value
     if mv is not None and not math.isinf(mv):
         raise NotApplicable("a finite mask value is already used")
     return c.rerun(mask_value=-1e6)
@@ -302,7 +379,7 @@ def mask_value_1e6(c: Context) -> Result:
 def mask_value_inf(c: Context) -> Result:
     """softmax(S with masked entries at -inf)·V, zero rows where every key is masked"""
     c.requires_keep_mask()
-    mv = c.problem.options.mask_value
+    mv = c.options.mask_value
     if mv is None or math.isinf(mv):
         raise NotApplicable("the mask value is already -inf")
     return c.rerun(mask_value=None)
@@ -361,7 +438,7 @@ def _dropout_weights(c: Context, w: np.ndarray) -> Result:
 
 def _dropout_output(c: Context, w: np.ndarray) -> Result:
     """Each expected output row is c·Σ_{j kept} w_ij v_j for one c > 1; search the kept subsets of each row."""
-    p, e, tol = c.problem, c.expected, c.tol
+    p, e, tol = c.single(), c.expected, c.tol
     n = p.n
     shape = w.shape[:-1]  # (..., m)
     v = np.broadcast_to(p.v, shape[:-1] + p.v.shape[-2:])  # (..., n, d_v)
@@ -404,12 +481,65 @@ def _dropout_output(c: Context, w: np.ndarray) -> Result:
                                "w_vᵀ(W_q q + W_k k) instead of w_vᵀ {act}(W_q q + W_k k)")
 def activation_missing(c: Context) -> Result:
     """softmax(w_vᵀ (W_q q + W_k k))·V"""
-    o = c.problem.options
+    o = c.options
     if get_score(o.score).name not in ("additive", "location") or not hasattr(o, "activation"):
         raise NotApplicable("not an additive score")
     if (o.activation or "tanh") == "identity":
         raise NotApplicable("the activation is already the identity")
     return c.rerun(activation="identity")
+
+
+# ---- multi-head ---------------------------------------------------------------------------
+
+@variant("sqrt-model-width", "√d was taken from the model width d_k = {d_model} instead of the head width "
+                             "d_k/H = {d} ({H} heads)")
+def sqrt_model_width(c: Context) -> Result:
+    """concat_h softmax(Q_h K_hᵀ / √d_model)·V_h, then W_o"""
+    mh = c.multi()
+    c.requires_sqrt_d()
+    if mh.heads == 1:
+        raise NotApplicable("one head: the head width is the model width")
+    return c.rerun(scale=1.0 / math.sqrt(mh.weights.d_k))
+
+
+@variant("heads-not-transposed", "the heads were concatenated without transposing back: the (heads, tokens, "
+                                 "width) array was reshaped straight to (tokens, heads·width)")
+def heads_not_transposed(c: Context) -> Result:
+    """reshape(head outputs (H, T, d_v/H) -> (T, d_v))·W_o, without the transpose"""
+    if c.multi().heads == 1:
+        raise NotApplicable("one head")
+    return c.finish(c.ref["head_output"], transpose=False)
+
+
+@variant("heads-wrong-order", "the heads were concatenated in the wrong order: {detail}")
+def heads_wrong_order(c: Context) -> Result:
+    """concat(head_{π(0)}, …, head_{π(H-1)})·W_o for a permutation π of the heads"""
+    H = c.multi().heads
+    if H == 1:
+        raise NotApplicable("one head")
+    if H > MAX_PERMUTED_HEADS:
+        raise NotApplicable(f"{H} heads: too many orders to try")
+    if c.what not in ("output", "concat"):
+        raise NotApplicable(f"the order of the heads does not change the {c.what}")
+    heads = c.ref["head_output"]
+    for order in itertools.permutations(range(H)):
+        if list(order) == list(range(H)):
+            continue
+        got = c.finish(heads, order=order)[c.what]
+        if got.shape == c.expected.shape and within(c.expected, got, c.tol).all():
+            return Reproduced(float(errors(c.expected, got).max()), "head " + ", head ".join(map(str, order)) +
+                              " instead of head " + ", head ".join(map(str, range(H))))
+    return None
+
+
+@variant("output-projection-missing", "the output projection W_o (and b_o) was left out: the concatenated heads "
+                                      "are the expected output")
+def output_projection_missing(c: Context) -> Result:
+    """concat(head_0, …, head_{H-1}), without W_o"""
+    c.multi()
+    if "W_o" not in c.ref or "concat" not in c.ref:
+        raise NotApplicable("there is no output projection")
+    return {"output": c.ref["concat"]}
 
 
 # ---- diagnosis ------------------------------------------------------------------------
@@ -426,14 +556,14 @@ class Diagnosis:
 
 def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanation:
     facts = c.facts()
-    o = c.problem.options
+    o = c.options
     facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh",
                  flipped="taken as 'keep'" if o.mask_convention == "drop" else "taken as 'drop'",
                  other="keep" if o.mask_convention == "drop" else "drop")
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 
-def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3) -> Diagnosis:
+def diagnose(problem: Problem | MultiheadSetup, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3) -> Diagnosis:
     """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``."""
     c = Context.of(problem, expected, what, tol)
     out = Diagnosis()

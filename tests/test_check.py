@@ -250,3 +250,23 @@ def test_json_has_only_the_verdict_on_stdout() -> None:
                 "explanations", "errors", "variants_tried"):
         assert key in doc
     assert io.StringIO(r.stdout).read().count("\n") == 1
+
+
+def test_multihead_file_with_heads_in_the_wrong_order(tmp_path: Path) -> None:
+    # two heads of width 1 over X (4, 2) with identity projections: head h attends with feature h only.
+    x = np.array([[2, 2], [1, 3], [2, 2], [0, 4]], dtype=float)
+    heads = []
+    for h in range(2):
+        s = x[:, h:h + 1] @ x[:, h:h + 1].T  # (4, 1) x (1, 4) -> (4, 4), scaled by √1
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        heads.append(e / e.sum(axis=1, keepdims=True) @ x[:, h:h + 1])
+    swapped = np.concatenate(heads[::-1], axis=1)  # head 1 first: the mistake
+    doc = {"x": x.tolist(), "heads": 2, "labels": ["cat", "milk", "it", "sweet"],
+           "weights": {n: np.eye(2).tolist() for n in ("W_q", "W_k", "W_v", "W_o")}, "expected": swapped.tolist()}
+    (tmp_path / "mh.json").write_text(json.dumps(doc))
+    r = runner.invoke(app, ["check", str(tmp_path / "mh.json"), "-f", "json"])
+    assert r.exit_code == 1, r.output
+    assert [e["name"] for e in json.loads(r.stdout)["explanations"]] == ["heads-wrong-order"]
+    doc["expected"] = np.concatenate(heads, axis=1).tolist()
+    (tmp_path / "mh.json").write_text(json.dumps(doc))
+    assert runner.invoke(app, ["check", str(tmp_path / "mh.json")]).exit_code == 0

@@ -242,3 +242,95 @@ def test_nothing_matches_reports_where_it_diverges() -> None:
     assert verdict.divergence.rows[0] == ("d", pytest.approx(0.5))
     assert verdict.divergence.columns[0] == ("d1", pytest.approx(0.5))
     assert verdict.comparison.first[0].label == "[d, d1]"
+
+
+# ---- multi-head ---------------------------------------------------------------------------------
+
+B, TOK, DM = 2, 5, 8  # batch, tokens, model width (d_k = d_v = d_out = 8)
+
+
+def mha_by_hand(x: np.ndarray, w: dict[str, np.ndarray], heads: int, *, scale_width: int | None = None,
+                transpose: bool = True, order: tuple[int, ...] | None = None, out_proj: bool = True,
+                after_softmax: bool = False) -> np.ndarray:
+    """Multi-head attention written out head by head (float64), with the mistakes as switches."""
+    q, k, v = x @ w["W_q"], x @ w["W_k"], x @ w["W_v"]  # (B, T, D) x (D, d) -> (B, T, d)
+    dh = q.shape[-1] // heads
+    outs = []
+    for h in range(heads):
+        sl = slice(h * dh, (h + 1) * dh)
+        width = scale_width or dh
+        s = q[..., sl] @ T(k[..., sl])
+        o = softmax(s) @ v[..., sl] / math.sqrt(width) if after_softmax else softmax(s / math.sqrt(width)) @ v[..., sl]
+        outs.append(o)  # (B, T, dh)
+    if transpose:
+        concat = np.concatenate([outs[i] for i in (order or range(heads))], axis=-1)  # (B, T, d)
+    else:
+        concat = np.stack(outs, axis=1).reshape(x.shape[0], x.shape[1], -1)  # (B, H, T, dh) read as (B, T, d)
+    return concat @ w["W_o"] + w["b_o"] if out_proj else concat
+
+
+def mh_named(expected: np.ndarray, w: dict[str, np.ndarray], x: np.ndarray, heads: int) -> set[str]:
+    from attncli.check import MultiheadSetup
+    from attncli.multihead import Projections
+
+    setup = MultiheadSetup(x, Projections(**w), heads)
+    verdict = check(setup, expected, tolerance=TOL)
+    assert not verdict.match
+    return {e.name for e in verdict.explanations}
+
+
+def mh_inputs(seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    w = {n: rng.normal(size=(DM, DM)) / math.sqrt(DM) for n in ("W_q", "W_k", "W_v", "W_o")}
+    w["b_o"] = rng.normal(size=DM)
+    return rng.normal(size=(B, TOK, DM)), w
+
+
+def test_multihead_reference_matches_the_module() -> None:
+    # sanity: the hand-written reference is what attncli computes (else the cases below prove nothing)
+    from attncli.check import MultiheadSetup
+    from attncli.multihead import Projections
+
+    x, w = mh_inputs(30)
+    assert check(MultiheadSetup(x, Projections(**w), 2), mha_by_hand(x, w, 2), tolerance=TOL).match
+
+
+@pytest.mark.parametrize("case,kw,heads", [
+    ({"sqrt-model-width"}, {"scale_width": DM}, 2),
+    ({"heads-not-transposed"}, {"transpose": False}, 2),
+    ({"heads-wrong-order"}, {"order": (1, 0)}, 2),
+    ({"heads-wrong-order"}, {"order": (2, 0, 1, 3)}, 4),
+    ({"output-projection-missing"}, {"out_proj": False}, 2),
+    ({"scale-after-softmax"}, {"after_softmax": True}, 2),
+])
+def test_multihead_variants_are_named(case: set[str], kw: dict[str, object], heads: int) -> None:
+    x, w = mh_inputs(31 + heads)
+    assert mh_named(mha_by_hand(x, w, heads, **kw), w, x, heads) == case  # type: ignore[arg-type]
+
+
+def test_wrong_head_order_is_spelled_out() -> None:
+    from attncli.check import MultiheadSetup
+    from attncli.multihead import Projections
+
+    x, w = mh_inputs(40)
+    verdict = check(MultiheadSetup(x, Projections(**w), 2), mha_by_hand(x, w, 2, order=(1, 0)), tolerance=TOL)
+    assert "head 1, head 0 instead of head 0, head 1" in verdict.explanations[0].explanation
+
+
+# ---- additive: activation missing -----------------------------------------------------------------
+
+def test_additive_activation_missing() -> None:
+    from attncli.scoring import SCORES
+
+    if "additive" not in SCORES:
+        pytest.skip("the additive score (issue 3) is not registered")
+    rng = np.random.default_rng(50)
+    q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(5, 2)), rng.normal(size=(5, 3))
+    h = 6
+    params = {"W_q": rng.normal(size=(4, h)), "W_k": rng.normal(size=(2, h)), "w_v": rng.normal(size=h)}
+    # w_vᵀ (W_q q + W_k k), without tanh: (m, 1, h) + (1, n, h) -> (m, n, h) -> (m, n)
+    s = (q @ params["W_q"])[:, None, :] + (k @ params["W_k"])[None, :, :]
+    expected = softmax(s @ params["w_v"]) @ v
+    problem = Problem.build(q, k, v, params=params, options=Options(score="additive"))
+    verdict = check(problem, expected, tolerance=TOL)
+    assert {e.name for e in verdict.explanations} == {"activation-missing"}
