@@ -82,6 +82,9 @@ def main_callback(
 
 from attncli.cli import run as _run  # noqa: E402,F401  (registers the run command)
 from attncli.cli import selfattn as _selfattn  # noqa: E402,F401  (registers the self command)
+
+# commands are listed in --help in registration order: run, self, check, examples
+# isort: split
 from attncli.cli import check as _check  # noqa: E402,F401  (registers the check command)
 from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
 
