@@ -32,6 +32,7 @@ from attncli.trace import Trace
 Result = Any  # dict[str, np.ndarray] | Trace | Reproduced | None (tried, no fit)
 SUBSET_BUDGET = 2 ** 22  # rows × 2^n × d_v cells the dropout search may visit on the output
 MAX_DROPOUT_KEYS = 14
+MAX_SCALES = 64  # candidate scales 1/(1-p) tried on the output
 MAX_PERMUTED_HEADS = 6  # heads-wrong-order tries every order of up to this many heads
 
 
@@ -416,6 +417,23 @@ def _dropout_detail(kept: int, total: int, scale: float) -> str:
             f"multiplied by 1/(1-p) = {scale:.4g} (p ≈ {1 - 1 / scale:.3g}), as nn.Dropout does in training mode")
 
 
+def _common_scale(e: np.ndarray, y: np.ndarray, tol: Tolerance) -> float | None:
+    """The middle of the scales c with |e - c·y| <= atol + rtol·|e| in every cell, or None if there is none.
+
+    Each cell bounds c to an interval; the expected numbers are rounded, so an estimate such as
+    least squares can miss by more than the tolerance where the intervals still meet."""
+    t = tol.atol + tol.rtol * np.abs(e)
+    zero = y == 0
+    if np.any(np.abs(e[zero]) > t[zero]):
+        return None
+    if zero.all():
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b1, b2 = (e - t)[~zero] / y[~zero], (e + t)[~zero] / y[~zero]
+    lo, hi = float(np.max(np.minimum(b1, b2))), float(np.min(np.maximum(b1, b2)))
+    return (lo + hi) / 2 if lo <= hi else None
+
+
 def _dropout_weights(c: Context, w: np.ndarray) -> Result:
     """Every expected weight is 0 or c·w with one c > 1 for all, and some nonzero weight was zeroed."""
     e, tol = c.expected, c.tol
@@ -424,10 +442,10 @@ def _dropout_weights(c: Context, w: np.ndarray) -> Result:
     big = (np.abs(e) > tol.atol) & (w > 0)
     if not big.any():
         raise NotApplicable("no kept weights to measure the scale from")
-    scale = float(np.median(e[big] / w[big]))
-    if not scale > 1 + 1e-9:
-        raise NotApplicable("the kept weights are not scaled up")
     zero_ok = within(e, np.zeros_like(e), tol)
+    scale = _common_scale(e[~zero_ok], w[~zero_ok], tol)  # every entry that is not ~0 is c·w
+    if scale is None or not scale > 1 + 1e-9:
+        return None  # tried: no single scale c > 1 fits the kept weights
     kept_ok = within(e, w * scale, tol)
     dropped = zero_ok & ~kept_ok
     if not np.all(zero_ok | kept_ok) or not dropped.any():
@@ -457,11 +475,22 @@ def _dropout_output(c: Context, w: np.ndarray) -> Result:
     ey = np.einsum("rd,rsd->rs", er, ys)
     with np.errstate(divide="ignore", invalid="ignore"):
         cs = np.where(yy > 0, ey / yy, np.nan)
-    informative = np.asarray(np.abs(er).max(axis=1) > tol.atol)
-    if not informative.any():
+    size = np.abs(er).max(axis=1)
+    if not (size > tol.atol).any():
         raise NotApplicable("the expected output is zero")
-    r0 = int(np.argmax(informative))
-    for scale in np.unique(np.round(cs[r0][np.isfinite(cs[r0]) & (cs[r0] > 1 + 1e-9)], 9)):
+    r0 = int(np.argmax(size))  # the most informative row proposes the scales
+    with np.errstate(invalid="ignore"):
+        resid0 = np.abs(er[r0] - cs[r0][:, None] * ys[r0]).max(axis=1)  # (2^n,): row r0 at its own best scale
+    loose = 10 * (tol.atol + tol.rtol * float(size[r0]))
+    good = np.isfinite(cs[r0]) & (cs[r0] > 1 + 1e-9) & (resid0 <= loose)  # subsets that could explain row r0
+    for c0 in np.unique(np.round(cs[r0][good], 6))[:MAX_SCALES]:
+        # each row's best subset at this scale, then one least-squares scale for all rows
+        choice = np.argmin(np.abs(er[:, None, :] - c0 * ys).max(axis=2), axis=1)  # (R,)
+        y = ys[np.arange(rows), choice]  # (R, d)
+        found = _common_scale(er, y, tol)
+        if found is None or not found > 1 + 1e-9:
+            continue
+        scale = found
         fit = np.asarray(within(er[:, None, :], scale * ys, tol).all(axis=2))  # (R, 2^n)
         if not fit.any(axis=1).all():
             continue
@@ -471,7 +500,7 @@ def _dropout_output(c: Context, w: np.ndarray) -> Result:
         choice = np.where(full, 2 ** n - 1, np.argmax(fit, axis=1))
         fitted = scale * ys[np.arange(rows), choice]
         kept = int(subsets[choice].sum())
-        return Reproduced(float(errors(er, fitted).max()), _dropout_detail(kept, rows * n, float(scale)))
+        return Reproduced(float(errors(er, fitted).max()), _dropout_detail(kept, rows * n, scale))
     return None  # tried: no choice of dropped weights and scale 1/(1-p) reproduces the output
 
 

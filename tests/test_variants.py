@@ -214,6 +214,22 @@ def test_dropout_left_on_is_found_in_the_output() -> None:
     assert named(q, k, v, expected) == {"dropout-at-eval"}
 
 
+@pytest.mark.parametrize("what", ["weights", "output"])
+def test_dropout_is_found_in_numbers_rounded_to_4_decimals(what: str) -> None:
+    from attncli.check import infer_tolerance
+
+    q, k, v = inputs(22)
+    w = softmax(q @ T(k) / math.sqrt(D))
+    kept = np.ones_like(w, dtype=bool)
+    kept[1, 2] = kept[3, 0] = False
+    dropped = w * kept / 0.8  # p = 0.2
+    expected = np.round(dropped if what == "weights" else dropped @ v, 4)
+    tol = infer_tolerance([f"{x:.4f}" for x in expected.ravel()])
+    verdict = check(Problem.build(q, k, v), expected, what=what, tolerance=tol)
+    assert [e.name for e in verdict.explanations] == ["dropout-at-eval"]
+    assert "p ≈ 0.2" in verdict.explanations[0].explanation
+
+
 def test_output_times_a_constant_is_not_called_dropout() -> None:
     q, k, v = inputs(20)
     correct = softmax(q @ T(k) / math.sqrt(D)) @ v
