@@ -76,8 +76,8 @@ def infer_tolerance(written: list[str] | None, dtype: str = "float64", source: s
         return float_default(dtype, f"{source} holds whole numbers only, taken as exact")
     atol = 0.5 * 10.0 ** -top
     return Tolerance(atol * (1 + 1e-6) + HAIR * 1e-3, HAIR,
-                     f"inferred: {source} is written with {top} decimal{'s' if top > 1 else ''}, "
-                     f"so half a unit of the last: {atol:g}")
+                     f"inferred: {source} is written with {top} decimal{'s' if top > 1 else ''} "
+                     "(half a unit of the last)")
 
 
 # ---- the raw text of expected numbers, for their written precision --------------------

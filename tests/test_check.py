@@ -176,8 +176,9 @@ def test_cat_milk_published_numbers_name_scaling_after_softmax(tmp_path: Path) -
     r = runner.invoke(app, ["check", str(exp), CAT])
     assert r.exit_code == 1
     assert r.output.startswith("MISMATCH")
-    assert "scale-after-softmax: matches softmax(QKᵀ)·V / √d" in " ".join(r.output.split())
-    assert "the scaling was applied after the softmax instead of to the scores" in " ".join(r.output.split())
+    text = " ".join(r.output.split())
+    assert "scale-after-softmax matches softmax(QKᵀ)·V / √d" in text
+    assert "The scaling was applied after the softmax instead of to the scores" in text
     r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--format", "json"])
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and doc["verdict"] == "mismatch"
@@ -270,3 +271,27 @@ def test_multihead_file_with_heads_in_the_wrong_order(tmp_path: Path) -> None:
     doc["expected"] = np.concatenate(heads, axis=1).tolist()
     (tmp_path / "mh.json").write_text(json.dumps(doc))
     assert runner.invoke(app, ["check", str(tmp_path / "mh.json")]).exit_code == 0
+
+
+# ---- the terminal report: a golden at width 100 (ATTNCLI_REGEN_GOLDEN=1 regenerates) -------------
+
+def test_cat_milk_report_golden() -> None:
+    import os
+
+    from rich.console import Console
+
+    from attncli.check import check as run_check
+    from attncli.check import infer_tolerance
+    from attncli.cli.inputs import build_problem
+    from attncli.io import Reader
+    from attncli.render.check import CHECK_FORMATS
+
+    problem = build_problem([CAT], {}, Reader())
+    written = [f"{x:.3f}" if x else "0" for row in CAT_PUBLISHED for x in row]
+    verdict = run_check(problem, np.array(CAT_PUBLISHED), tolerance=infer_tolerance(written, source="published.yaml"))
+    buf = io.StringIO()
+    CHECK_FORMATS["rich"](verdict, 4, Console(file=buf, width=100, color_system=None, force_terminal=False))
+    path = Path(__file__).parent / "golden" / "check_cat_milk.txt"
+    if os.environ.get("ATTNCLI_REGEN_GOLDEN"):
+        path.write_text(buf.getvalue())
+    assert buf.getvalue() == path.read_text(), "the report differs from the golden (ATTNCLI_REGEN_GOLDEN=1 regenerates)"

@@ -17,6 +17,7 @@ from attncli.check import Verdict
 
 CheckFormatter = Callable[[Verdict, int, Any], None]
 CHECK_FORMATS: dict[str, CheckFormatter] = {}
+SHOWN_RTOL = 1e-8  # a relative tolerance below this (a float-rounding hair) is left out of the report
 
 
 def check_format(name: str) -> Callable[[CheckFormatter], CheckFormatter]:
@@ -57,12 +58,14 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
         head.append("MISMATCH", style="bold red")
         head.append(f": the {verdict.what} differs from the expected numbers in {c.mismatched} of {c.cells} cells")
     console.print(head)
-    say(f"  computed as: {verdict.formula}  (shape {tuple(verdict.shape)})")
-    say(f"  tolerance: |expected - computed| <= {tol.atol:.3g} + {tol.rtol:.3g}·|computed|  ({tol.origin})")
+    say(f"  computed as    {verdict.formula}, shape {tuple(verdict.shape)}")
+    bound = f"{tol.atol:.3g}" + (f" + {tol.rtol:.3g}·|computed|" if tol.rtol > SHOWN_RTOL else "")
+    say(f"  tolerance      |expected - computed| <= {bound}")
+    say(f"                 {tol.origin}")
     if c.worst is not None:
         w = c.worst
-        say(f"  largest absolute error {f(c.max_abs_error)} at {w.label} "
-                      f"(expected {f(w.expected)}, computed {f(w.computed)}); largest relative error {f(c.max_rel_error)}")
+        say(f"  largest error  {f(c.max_abs_error)} at {w.label} (expected {f(w.expected)}, computed {f(w.computed)}); "
+            f"relative {f(c.max_rel_error)}")
     if c.first:
         table = Table(title=f"First mismatching cells ({len(c.first)} of {c.mismatched})", title_justify="left")
         for col in ("cell", "expected", "computed", "|error|"):
@@ -82,9 +85,9 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
         for e in verdict.explanations:
             line = Text("  • ")
             line.append(e.name, style="bold")
-            line.append(f": {'possibly ' if e.possible else ''}matches {e.formula}: {e.explanation} "
-                        f"(largest error {f(e.max_abs_error)})")
+            line.append(f"  {'possibly ' if e.possible else ''}matches {e.formula}  (largest error {f(e.max_abs_error)})")
             console.print(line)
+            say(f"    {e.explanation[:1].upper()}{e.explanation[1:]}.")
         return
     console.print(Text(f"No variant of the catalogue reproduces the expected numbers ({len(verdict.tried)} tried: "
                        f"{', '.join(verdict.tried) or 'none'}).", style="bold"))
