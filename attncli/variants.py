@@ -298,6 +298,12 @@ def softmax_over_queries(c: Context) -> Result:
                         "normalised over the queries' positions")
 def q_k_swapped(c: Context) -> Result:
     """softmax(K Qᵀ / √d)·V"""
+    if c.mh is not None:  # self-attention: swapping Q and K is swapping W_q and W_k
+        proj = c.mh.weights
+        if c.mh.memory is not None or proj.W_q.shape != proj.W_k.shape:
+            raise NotApplicable("cross-attention: Q and K come from different inputs")
+        swapped = replace(proj, W_q=proj.W_k, W_k=proj.W_q, b_q=proj.b_k, b_k=proj.b_q)
+        return replace(c.mh, weights=swapped).run()
     p = c.single()
     if p.m != p.n:
         raise NotApplicable("Q and K have different numbers of rows, so K Qᵀ does not fit V")

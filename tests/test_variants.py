@@ -324,6 +324,12 @@ def test_multihead_variants_are_named(case: set[str], kw: dict[str, object], hea
     assert mh_named(mha_by_hand(x, w, heads, **kw), w, x, heads) == case  # type: ignore[arg-type]
 
 
+def test_multihead_q_k_swapped() -> None:
+    x, w = mh_inputs(45)
+    swapped = {**w, "W_q": w["W_k"], "W_k": w["W_q"]}  # K Qᵀ in every head
+    assert mh_named(mha_by_hand(x, swapped, 2), w, x, 2) == {"q-k-swapped"}
+
+
 def test_wrong_head_order_is_spelled_out() -> None:
     from attncli.check import MultiheadSetup
     from attncli.multihead import Projections
