@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attncli.errors import InputError
-from attncli.scoring import Score
+from attncli.scoring import SCORE_OPTIONS, SCORES, Score
+
+if TYPE_CHECKING:
+    from attncli.problem import Options
 
 DEFAULT_SEED = 0
 
@@ -70,7 +73,7 @@ def weights_mapping(content: Any, source: str) -> dict[str, Any]:
     return {str(k): v for k, v in content.items()}
 
 
-def prepare(score: Score, given: Mapping[str, Any], d_q: int, d_k: int, options: Any,
+def prepare(score: Score, given: Mapping[str, Any], d_q: int, d_k: int, options: Options,
             source: str) -> tuple[dict[str, np.ndarray], list[str]]:
     """The parameters ``score`` uses, checked against the widths, with missing ones initialised.
 
@@ -102,21 +105,14 @@ def prepare(score: Score, given: Mapping[str, Any], d_q: int, d_k: int, options:
     return {p.name: out[p.name] for p in score.params if p.name in out}, [p.name for p in missing]
 
 
-def _check_options(score: Score, given: Mapping[str, Any], options: Any) -> None:
-    from attncli.scoring import SCORE_OPTIONS
-
+def _check_options(score: Score, given: Mapping[str, Any], options: Options) -> None:
+    """Score-specific options (--activation, --bandwidth, --hidden) only with the scores that read them."""
     for name in SCORE_OPTIONS:
         if getattr(options, name) is not None and name not in score.options:
-            users = [s.name for s in _scores() if name in s.options]
+            users = [s.name for s in SCORES.values() if name in s.options]
             raise InputError(f"applies to --score {' / '.join(users)}, not {score.name}", f"--{name}")
     if options.bandwidth is not None and "w" in given:
         raise InputError("give either --bandwidth or a learned weight w, not both (σ = 1/w)", "--bandwidth")
-
-
-def _scores() -> list[Score]:
-    from attncli.scoring import SCORES
-
-    return list(SCORES.values())
 
 
 def _canonical(score: Score, given: dict[str, Any], dims: dict[str, int], origin: dict[str, str],
