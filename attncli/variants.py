@@ -2,7 +2,8 @@
 
 Each entry is a small function registered with ``@variant(name, explanation)``. Its docstring's
 first line is the formula it computes; the explanation says, in words, what went wrong
-(``{d}``, ``{sqrt_d}``, ``{d_v}``, ``{n}``, ``{m}``, ``{T}`` are filled in). It takes a
+(``{d}``, ``{sqrt_d}``, ``{d_v}``, ``{n}``, ``{m}``, ``{T}``, for multi-head ``{H}``, ``{d_model}``,
+and ``{detail}`` from a :class:`Reproduced` are filled in). It takes a
 :class:`Context` (the problem on numpy float64 and the correct computation) and returns the
 steps it changes (``{"weights": ..., "output": ...}`` or a whole Trace from a re-run of the
 engine with modified options), or :class:`Reproduced` when it fits the expected numbers
@@ -10,7 +11,8 @@ itself (dropout), or raises :class:`NotApplicable` saying why it does not apply 
 inputs. Variants reuse the engine (``engine.run`` with ``dataclasses.replace``d options,
 ``engine.softmax``, ``engine.scale_factor``) rather than re-implementing attention.
 
-Add one by writing a function here (or anywhere, before ``diagnose`` runs) with the decorator.
+Add one by writing a function here (or anywhere, before ``diagnose`` runs) with the decorator;
+``tests/test_variants.py`` then needs a case that computes its mistake by hand.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from attncli.check import Explanation, MultiheadSetup, Tolerance, errors, within
 from attncli.engine import run, scale_factor, softmax
+from attncli.errors import AttnError
 from attncli.problem import Options, Problem
 from attncli.scoring import get_score
 from attncli.trace import Trace
@@ -608,6 +611,12 @@ def diagnose(problem: Problem | MultiheadSetup, expected: np.ndarray, what: str,
             result = v.fn(c)
         except NotApplicable as e:
             out.skipped[v.name] = str(e)
+            continue
+        except AttnError as e:  # the variant's inputs are invalid (e.g. a shifted mask): it cannot be it
+            out.skipped[v.name] = f"not computable here ({e})"
+            continue
+        except Exception as e:  # a bug in one variant must not hide the verdict; say so instead
+            out.skipped[v.name] = f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
             continue
         out.tried.append(v.name)
         if result is None:
