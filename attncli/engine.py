@@ -163,10 +163,11 @@ def record_params(problem: Problem, params: dict[str, Any], trace: Trace) -> Non
     trace.extra["params"] = {name: to_numpy(w).tolist() for name, w in params.items()}
     if problem.initialised:
         o = problem.options
-        trace.meta["params_initialised"] = {
+        init = trace.meta["params_initialised"] = {
             "names": list(problem.initialised), "seed": DEFAULT_SEED if o.seed is None else o.seed,
-            "hidden": int(problem.params[problem.initialised[0]].shape[-1]) if o.hidden is None else o.hidden,
             "rule": "nn.Linear style: uniform on ±1/sqrt(fan_in), from numpy.random.default_rng(seed)"}
+        if "hidden" in get_score(o.score).options:  # h: --hidden, else the query width
+            init["hidden"] = int(problem.q.shape[-1]) if o.hidden is None else o.hidden
 
 
 def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
