@@ -33,10 +33,11 @@ class ScoreInput:
     trace: Trace | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
-    def add_step(self, name: str, formula: str, values: Any, axes: tuple[str, str]) -> None:
+    def add_step(self, name: str, formula: str, values: Any, axes: tuple[str, str],
+                 notes: list[str] | None = None) -> None:
         """Record an intermediate quantity particular to this score (shown step by step)."""
         if self.trace is not None:
-            self.trace.add(name, formula, values, axes)
+            self.trace.add(name, formula, values, axes, notes)
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ def additive(s: ScoreInput) -> Any:
     f = act(xp, f)
     plus_b = " + b" if "b" in p else ""
     s.add_step("features", f"features = {act_name}(q W_q + k W_k{plus_b}): h numbers per (query, key)",
-               f, (KEYS, HIDDEN))
+               f, (KEYS, HIDDEN), notes=[f"shape {tuple(f.shape)} = (..., queries, keys, h): one table per query "
+                                         "(the last index of each caption), rows keys, columns hidden units"])
     return f @ p["w_v"]  # (..., m, n, h) x (h,) -> (..., m, n)
 
 
