@@ -234,10 +234,11 @@ class CellNamer:
     axes: tuple[str, str]
     query_labels: list[str] | None = None
     key_labels: list[str] | None = None
+    batch_axes: list[str] | None = None  # names of the leading axes, e.g. ["batch", "head"] for multi-head
 
     @classmethod
     def for_step(cls, trace: Trace, what: str) -> CellNamer:
-        return cls(trace.step(what).axes, trace.query_labels, trace.key_labels)
+        return cls(trace.step(what).axes, trace.query_labels, trace.key_labels, trace.meta.get("batch_axes"))
 
     def axis_label(self, axis: str, i: int) -> str:
         labels = {QUERIES: self.query_labels, KEYS: self.key_labels}.get(axis)
@@ -247,7 +248,11 @@ class CellNamer:
 
     def label(self, idx: tuple[int, ...]) -> str:
         *batch, i, j = idx
-        head = "".join(f"[b{b}]" for b in batch) if len(batch) == 1 else (f"[b{','.join(map(str, batch))}]" if batch else "")
+        names = self.batch_axes if self.batch_axes and len(self.batch_axes) == len(batch) else None
+        if names:
+            head = "[" + ", ".join(f"{n} {b}" for n, b in zip(names, batch)) + "]"
+        else:
+            head = f"[b{','.join(map(str, batch))}]" if batch else ""
         return f"{head}[{self.axis_label(self.axes[0], i)}, {self.axis_label(self.axes[1], j)}]"
 
     def cell(self, idx: tuple[int, ...], expected: np.ndarray, computed: np.ndarray, err: np.ndarray) -> Cell:
