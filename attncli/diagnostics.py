@@ -55,17 +55,39 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a @ np.swapaxes(b, -1, -2)  # (..., m, d) x (..., d, n) -> (..., m, n)
 
 
+BLOCK = 1 << 20  # weights handled this many at a time, so big matrices need no full-size float64 copies
+
+
 def row_entropy(w: np.ndarray) -> np.ndarray:
-    """H = -Σ_j w_j ln w_j over the last axis (0·ln 0 = 0). (..., m, n) -> (..., m)"""
-    w = np.asarray(w, dtype=np.float64)
-    safe = np.where(w > 0, w, 1.0)
-    return -np.sum(np.where(w > 0, w * np.log(safe), 0.0), axis=-1)
+    """H = -Σ_j w_j ln w_j over the last axis (0·ln 0 = 0), in float64. (..., m, n) -> (..., m)"""
+    return row_stats(w)[0]
+
+
+def row_stats(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(entropy, max, argmax, sum) of each row of ``w`` (..., m, n), computed a block of rows at a time."""
+    w = np.asarray(w)
+    n = int(w.shape[-1])
+    flat = w.reshape(-1, n)  # (rows, n): a view for contiguous weights
+    rows = flat.shape[0]
+    ent, top, arg, tot = (np.empty(rows), np.empty(rows), np.empty(rows, dtype=np.int64), np.empty(rows))
+    step = max(1, BLOCK // max(n, 1))
+    for a in range(0, rows, step):
+        b = np.asarray(flat[a:a + step], dtype=np.float64)  # (block, n)
+        pos = b > 0
+        ent[a:a + step] = -np.sum(np.where(pos, b * np.log(np.where(pos, b, 1.0)), 0.0), axis=-1)
+        top[a:a + step] = np.max(b, axis=-1)
+        arg[a:a + step] = np.argmax(b, axis=-1)
+        tot[a:a + step] = np.sum(b, axis=-1)
+    shape = w.shape[:-1]
+    return ent.reshape(shape), top.reshape(shape), arg.reshape(shape), tot.reshape(shape)
 
 
 def fully_masked(trace: Trace) -> np.ndarray:
     """Rows (..., m) where every key is masked: zero weights, or every masked score replaced by one fill value."""
-    w = trace.weights
-    dead = np.sum(w, axis=-1) == 0
+    return _fully_masked(trace, row_stats(trace.weights)[3] == 0)
+
+
+def _fully_masked(trace: Trace, dead: np.ndarray) -> np.ndarray:
     if "masked" in trace:
         masked = trace["masked"]
         before = trace["scaled"] if "scaled" in trace else trace["scores"]
@@ -108,13 +130,11 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     """
     if "weights" not in trace:
         return {}
-    w = np.asarray(trace.weights, dtype=np.float64)  # (..., m, n)
+    w = trace.weights  # (..., m, n)
     n = int(w.shape[-1])
-    dead = np.broadcast_to(fully_masked(trace), w.shape[:-1])
-    h = row_entropy(w)
+    h, top, arg, total = row_stats(w)
+    dead = np.broadcast_to(_fully_masked(trace, total == 0), w.shape[:-1])
     h = np.where(dead, np.nan, h)
-    top = np.max(w, axis=-1)
-    arg = np.argmax(w, axis=-1)
     qlab, klab = trace.query_labels, trace.key_labels
     out: dict[str, Any] = {
         "entropy": plain(h),

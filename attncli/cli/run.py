@@ -107,10 +107,13 @@ def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
     from attncli.render.explain import attach as explain
     from attncli.render.plot import Pictures
 
-    sim = opts.get("similarity")
-    diagnose(trace, sim.value if sim is not None else None)
-    explain(trace, ropts)
     show = Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"))
+    shown = (opts["format"].value == "rich" and not opts["quiet"]) or opts["format"].value == "json"
+    saved = opts.get("save") is not None and opts["save"].suffix.lower() == ".json"
+    sim = opts.get("similarity")
+    if shown or saved or show.wanted or sim is not None:  # nobody reads diagnostics of an NPZ-only run
+        diagnose(trace, sim.value if sim is not None else None)
+    explain(trace, ropts)
     show.check(trace)
     return show
 

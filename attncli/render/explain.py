@@ -45,7 +45,7 @@ def num(x: float, p: int = 4) -> str:
     if x == 0:
         return "0"
     if abs(x) >= 1e6 or abs(x) < 10.0 ** -p / 2:
-        return f"{x:.{max(p - 1, 1)}e}".replace("e+0", "e+").replace("e-0", "e-")
+        return f"{x:.{p}g}".replace("e+0", "e+").replace("e-0", "e-")
     s = f"{x:.{p}f}".rstrip("0").rstrip(".")
     return "0" if s in ("-0", "") else s
 

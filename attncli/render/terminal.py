@@ -53,6 +53,8 @@ def axis_labels(trace: Trace, axis: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
+HEATMAP_STEPS = ("weights", "hard", "dropout", "avg_weights")  # steps shown as heatmaps (values are weights)
+
 # Heatmap of weights in [0, 1]: viridis stops, as d2l's show_heatmaps draws them.
 VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
 
@@ -244,8 +246,9 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
         show_array(console, np.atleast_2d(a), f"{title} {tuple(a.shape)}", axes, trace, opts)
     for i, step in enumerate((s for s in trace.steps if wanted is None or s.name in wanted), 1):
         weights = step.name == "weights"
+        heat = step.axes == (QUERIES, KEYS) and step.name in HEATMAP_STEPS
         show_array(console, step.numpy(), f"{i}. {step.formula}", step.axes, trace, opts,
-                   highlight_max=weights, heatmap=weights,
+                   highlight_max=heat, heatmap=heat,
                    after=(lambda idx: print_diagnostics(console, trace, idx, opts)) if weights else None)
         for note in step.notes:
             console.print(Text(f"  {note}", style="italic"))
