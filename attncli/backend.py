@@ -37,8 +37,10 @@ class Backend:
             return np.asarray(a, dtype=dtype)
         import torch
 
-        t = torch.from_numpy(np.ascontiguousarray(np.asarray(a, dtype=dtype)))
-        return t.to(self.device)
+        arr = np.ascontiguousarray(np.asarray(a, dtype=dtype))
+        if not arr.flags.writeable:  # a memory-mapped .npy: torch wants memory it may write
+            arr = arr.copy()
+        return torch.from_numpy(arr).to(self.device)
 
     def asbool(self, a: Any) -> Any:
         if self.name == "numpy":
@@ -221,13 +223,21 @@ def get_backend(name: str | None = None, device: str = "cpu") -> Backend:
         if torch.cuda.is_available() or _mps_available(torch):
             name = "torch"
     if name in (None, "numpy"):
-        import array_api_compat.numpy as xnp
-
-        return Backend("numpy", xnp, None)
+        return Backend("numpy", numpy_namespace(), None)
     torch = _import_torch(f"--backend torch / --device {device}")
     import array_api_compat.torch as xtorch
 
     return Backend("torch", xtorch, resolve_device(torch, device))
+
+
+def numpy_namespace() -> Any:
+    """numpy 2.1 and later is itself an array-API namespace; older numpy goes through
+    array-api-compat (whose wrapper touches every numpy submodule: ~0.1 s of start-up)."""
+    if np.lib.NumpyVersion(np.__version__) >= "2.1.0":
+        return np
+    import array_api_compat.numpy as xnp
+
+    return xnp
 
 
 def _mps_available(torch: Any) -> bool:

@@ -1,0 +1,292 @@
+"""attncli benchmarks: the targets of issue 7, each measured side by side in one run.
+
+    python benchmarks/bench.py                 # everything (a few minutes on 2 cores)
+    python benchmarks/bench.py --quick         # smaller sizes, to check the script itself
+    python benchmarks/bench.py --only compute  # one section: compute, startup, memory, render
+
+Prints a table of ratios (each against a reference measured in the same run, so a loaded
+machine slows both sides) and writes every number to benchmarks/results.json (--json PATH).
+
+Targets
+  1. compute  float32, d = 64, self-attention, output only: attncli.attend (numpy) at most
+              1.0x torch SDPA on the CPU, and within 3x of the matmul floor 4·T²·d / sgemm rate.
+  2. startup  `attncli run` on a bundled 4x4 example and `attncli --help`: median wall at most
+              0.3 s, and at least 5x faster than `python -c "import torch"`.
+  3. memory   T = 32768, d = 64, float32, output only (`attncli run x.npy --save out.npy`):
+              peak RSS at most 600 MB; T = 65536 completes.
+  4. render   the default view of a T = 4096 run: under 1 s more than the same run with --quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "attncli" / "examples" / "cat_milk_sweet.yaml"
+D = 64
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor()
+    import torch
+
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        "numpy": np.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                           "MKL_NUM_THREADS") if k in os.environ},
+        "load_average_start": list(os.getloadavg()),
+    }
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
+    """Run each function ``repeats`` times, taking turns, so that load hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up (imports, thread pools, first-touch of memory)
+        fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def sgemm_rate() -> float:
+    """float32 matrix-multiply rate (flop/s): the best of a few 2048² products."""
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    a @ a
+    best = min(_time(lambda: a @ a) for _ in range(5))
+    return 2 * 2048**3 / best
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# ---- 1. compute ------------------------------------------------------------------------
+
+
+def bench_compute(sizes: list[int]) -> dict[str, Any]:
+    import torch
+
+    from attncli import attend
+
+    rows = []
+    for t in sizes:
+        x = np.random.default_rng(t).standard_normal((t, D)).astype(np.float32)
+        tx = torch.from_numpy(x)[None]  # (1, T, d)
+        fns = {
+            "attncli_numpy": lambda x=x: attend(x, keep_weights=False),
+            "torch_sdpa": lambda tx=tx: torch.nn.functional.scaled_dot_product_attention(tx, tx, tx),
+            "attncli_torch": lambda x=x: attend(x, keep_weights=False, backend="torch"),
+        }
+        times = interleaved(fns, repeats=5 if t <= 4096 else 3)
+        rate = sgemm_rate()
+        floor = 4 * t * t * D / rate
+        best = {k: min(v) for k, v in times.items()}
+        rows.append({"T": t, "seconds_best": best, "seconds_all": times, "sgemm_gflops": rate / 1e9,
+                     "matmul_floor_s": floor,
+                     "numpy_vs_sdpa": best["attncli_numpy"] / best["torch_sdpa"],
+                     "numpy_vs_floor": best["attncli_numpy"] / floor,
+                     "torch_backend_vs_sdpa": best["attncli_torch"] / best["torch_sdpa"],
+                     "ok": best["attncli_numpy"] <= best["torch_sdpa"] and best["attncli_numpy"] <= 3 * floor})
+    return {"rows": rows, "ok": all(r["ok"] for r in rows)}
+
+
+# ---- 2. start-up -----------------------------------------------------------------------
+
+
+def attncli_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "attncli"
+    return [str(exe)] if exe.exists() else [shutil.which("attncli") or "attncli"]
+
+
+def wall(cmd: list[str], **kw: Any) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, **kw)
+    return time.perf_counter() - t
+
+
+def bench_startup(repeats: int) -> dict[str, Any]:
+    cmds = {
+        "attncli_run_4x4": attncli_cmd() + ["run", str(EXAMPLE)],
+        "attncli_help": attncli_cmd() + ["--help"],
+        "python_import_torch": [sys.executable, "-c", "import torch"],
+        "python_bare": [sys.executable, "-c", "pass"],
+    }
+    env = {**os.environ, "COLUMNS": "100"}
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for cmd in cmds.values():
+        wall(cmd, env=env)  # warm the file cache
+    for _ in range(repeats):
+        for name, cmd in cmds.items():
+            times[name].append(wall(cmd, env=env))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out: dict[str, Any] = {"median_s": med, "all_s": times}
+    for name in ("attncli_run_4x4", "attncli_help"):
+        out[f"{name}_speedup_vs_torch"] = med["python_import_torch"] / med[name]
+    out["ok"] = all(med[n] <= 0.3 and out[f"{n}_speedup_vs_torch"] >= 5 for n in ("attncli_run_4x4", "attncli_help"))
+    return out
+
+
+# ---- 3. memory -------------------------------------------------------------------------
+
+
+PEAK_RSS = """
+import sys
+from pathlib import Path
+from attncli.cli import main
+sys.argv = ["attncli", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+hwm = [ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmHWM")][0]
+sys.stderr.write(f"PEAK {int(hwm.split()[1])}\\n")
+sys.exit(code)
+"""
+
+
+def peak_rss(args: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, peak resident MB, exit code) of ``attncli ARGS`` in a child process.
+
+    The peak is the child's own VmHWM (/proc/self/status): rusage's ru_maxrss would also count
+    the memory of this (torch-importing) parent that the child had between fork and exec."""
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", PEAK_RSS, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True)
+    seconds = time.perf_counter() - t
+    peaks = [int(ln.split()[1]) for ln in p.stderr.splitlines() if ln.startswith("PEAK ")]
+    return seconds, (peaks[0] / 1024 if peaks else float("nan")), p.returncode
+
+
+def bench_memory(sizes: list[int], folder: Path) -> dict[str, Any]:
+    rows = []
+    for t in sizes:
+        x = folder / f"x{t}.npy"
+        np.save(x, np.random.default_rng(t).standard_normal((t, D)).astype(np.float32))
+        out = folder / f"out{t}.npy"
+        seconds, mb, code = peak_rss(["run", str(x), "--save", str(out), "--quiet"])
+        ok_shape = code == 0 and np.load(out, mmap_mode="r").shape == (t, D)
+        rows.append({"T": t, "seconds": seconds, "peak_rss_mb": mb, "exit_code": code, "completed": ok_shape,
+                     "weights_would_take_mb": t * t * 4 / 2**20})
+    first = rows[0]
+    return {"rows": rows, "ok": first["peak_rss_mb"] <= 600 and all(r["completed"] for r in rows)}
+
+
+# ---- 4. rendering ----------------------------------------------------------------------
+
+
+def bench_render(t: int, folder: Path, repeats: int) -> dict[str, Any]:
+    x = folder / f"r{t}.npy"
+    np.save(x, np.random.default_rng(1).standard_normal((t, D)).astype(np.float32))
+    cmds = {"default_view": attncli_cmd() + ["run", str(x)], "quiet": attncli_cmd() + ["run", str(x), "--quiet"]}
+    env = {**os.environ, "COLUMNS": "100"}
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for _ in range(repeats):
+        for name, cmd in cmds.items():
+            times[name].append(wall(cmd, env=env))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    over = med["default_view"] - med["quiet"]
+    return {"T": t, "median_s": med, "all_s": times, "view_over_compute_s": over, "ok": over < 1.0}
+
+
+# ---- report ----------------------------------------------------------------------------
+
+
+def table(res: dict[str, Any]) -> str:
+    lines = ["target                                   measured                          goal     ok"]
+
+    def row(name: str, measured: str, goal: str, ok: bool) -> None:
+        lines.append(f"{name:<40} {measured:<33} {goal:<8} {'yes' if ok else 'NO'}")
+
+    if "compute" in res:
+        for r in res["compute"]["rows"]:
+            b = r["seconds_best"]
+            row(f"1 compute T={r['T']}: numpy / SDPA", f"{r['numpy_vs_sdpa']:.2f}x ({b['attncli_numpy']:.3f} s vs "
+                f"{b['torch_sdpa']:.3f} s)", "<= 1.0x", r["numpy_vs_sdpa"] <= 1.0)
+            row(f"  T={r['T']}: numpy / matmul floor", f"{r['numpy_vs_floor']:.2f}x (floor {r['matmul_floor_s']:.3f} s "
+                f"@ {r['sgemm_gflops']:.0f} GF/s)", "<= 3x", r["numpy_vs_floor"] <= 3)
+            row(f"  T={r['T']}: torch backend / SDPA", f"{r['torch_backend_vs_sdpa']:.2f}x ({b['attncli_torch']:.3f} s)",
+                "report", True)
+    if "startup" in res:
+        s = res["startup"]
+        m = s["median_s"]
+        for n in ("attncli_run_4x4", "attncli_help"):
+            row(f"2 start-up {n.replace('attncli_', '')}", f"{m[n]:.3f} s median", "<= 0.3 s", m[n] <= 0.3)
+            row(f"  {n.replace('attncli_', '')} vs import torch ({m['python_import_torch']:.2f} s)",
+                f"{s[n + '_speedup_vs_torch']:.1f}x faster", ">= 5x", s[n + "_speedup_vs_torch"] >= 5)
+    if "memory" in res:
+        for r in res["memory"]["rows"]:
+            goal = "<= 600MB" if r is res["memory"]["rows"][0] else "complete"
+            ok = r["peak_rss_mb"] <= 600 if goal.startswith("<=") else r["completed"]
+            row(f"3 memory T={r['T']} output only", f"{r['peak_rss_mb']:.0f} MB peak RSS, {r['seconds']:.1f} s "
+                f"(weights: {r['weights_would_take_mb']:.0f} MB)", goal, ok and r["completed"])
+    if "render" in res:
+        r = res["render"]
+        row(f"4 render T={r['T']}: view - quiet", f"{r['view_over_compute_s']:+.3f} s "
+            f"({r['median_s']['default_view']:.2f} vs {r['median_s']['quiet']:.2f} s)", "< 1 s", r["ok"])
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes: checks the script, not the targets")
+    ap.add_argument("--only", choices=["compute", "startup", "memory", "render"], action="append")
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results.json")
+    args = ap.parse_args()
+    only = set(args.only or ["compute", "startup", "memory", "render"])
+    res: dict[str, Any] = {"machine": machine(), "quick": args.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if "startup" in only:  # first, before the big runs leave the machine warm and busy
+            res["startup"] = bench_startup(3 if args.quick else 9)
+        if "compute" in only:
+            res["compute"] = bench_compute([256, 1024] if args.quick else [1024, 4096, 8192])
+        if "render" in only:
+            res["render"] = bench_render(1024 if args.quick else 4096, folder, 1 if args.quick else 3)
+        if "memory" in only:
+            res["memory"] = bench_memory([4096, 8192] if args.quick else [32768, 65536], folder)
+    res["machine"]["load_average_end"] = list(os.getloadavg())
+    res["total_seconds"] = time.perf_counter() - start
+    res["all_ok"] = all(v["ok"] for k, v in res.items() if isinstance(v, dict) and "ok" in v)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=2) + "\n")
+    m = res["machine"]
+    print(f"machine: {m['cpu']} · {m['cores']} cores · numpy {m['numpy']} · torch {m['torch']} "
+          f"({m['torch_threads']} threads) · env {m['env'] or '{}'}")
+    print(f"load average: start {m['load_average_start'][0]:.2f}, end {m['load_average_end'][0]:.2f}"
+          f" · total {res['total_seconds']:.0f} s{' · QUICK (sizes reduced)' if args.quick else ''}")
+    print(table(res))
+    print(f"all targets met: {'yes' if res['all_ok'] else 'NO'} · numbers in {args.json}")
+
+
+if __name__ == "__main__":
+    main()
