@@ -295,3 +295,41 @@ def test_cat_milk_report_golden() -> None:
     if os.environ.get("ATTNCLI_REGEN_GOLDEN"):
         path.write_text(buf.getvalue())
     assert buf.getvalue() == path.read_text(), "the report differs from the golden (ATTNCLI_REGEN_GOLDEN=1 regenerates)"
+
+
+# ---- property: any inputs, any of 2–4 decimals: the rounded truth matches, one digit off does not ----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), places=st.integers(2, 4), m=st.integers(1, 4), n=st.integers(1, 5),
+       cell=st.integers(0, 100))
+def test_rounding_property(seed: int, places: int, m: int, n: int, cell: int) -> None:
+    from attncli.check import check as run_check
+    from attncli.problem import Problem
+
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(m, 3)), rng.normal(size=(n, 3)), rng.normal(size=(n, 2)) * 3
+    truth = sdpa(q, k, v)
+    text = as_yaml(rows_text(truth, places))
+    tol = infer_tolerance(written_numbers(text, ".yaml"))
+    problem = Problem.build(q, k, v)
+    rounded = np.array([[float(x) for x in row] for row in rows_text(truth, places)])
+    assert run_check(problem, rounded, tolerance=tol).match, text
+    i, j = divmod(cell % truth.size, truth.shape[1])
+    off = rounded.copy()
+    off[i, j] += 10.0 ** -places if rounded[i, j] >= truth[i, j] else -(10.0 ** -places)
+    verdict = run_check(problem, off, tolerance=tol, explain=False)
+    assert not verdict.match and verdict.comparison.mismatched == 1
+
+
+def test_no_explain_and_rtol_alone() -> None:
+    r = runner.invoke(app, ["check", "--no-explain", "-e", json.dumps(CAT_PUBLISHED), CAT, "-f", "json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["explanations"] == [] and doc["variants_tried"] == []
+    # largest relative error: sweet's first shown dimension, |0.010 - 0.1780| / 0.1780 = 0.944 (correct value from
+    # the example's comment, 0.1780 = sdpa by hand): a relative tolerance of 0.95 accepts them all, 0.9 does not
+    assert runner.invoke(app, ["check", "--rtol", "0.95", "-e", json.dumps(CAT_PUBLISHED), CAT]).exit_code == 0
+    assert runner.invoke(app, ["check", "--rtol", "0.9", "-e", json.dumps(CAT_PUBLISHED), CAT]).exit_code == 1
