@@ -332,11 +332,14 @@ def no_softmax(c: Context) -> Result:
 
 # ---- masks ----------------------------------------------------------------------------
 
-@variant("mask-inverted", "the mask's convention was inverted: its 1/True entries were {flipped} "
-                          "(try --mask-convention {other})")
+@variant("mask-inverted", "the mask's meaning was inverted: {flipped}")
 def mask_inverted(c: Context) -> Result:
     """softmax(S + (1 - M)·-inf)·V"""
     mask = c.mh.mask if c.mh is not None else c.single().mask
+    if c.mh is not None and (mask is None or np.asarray(mask).dtype != bool) and c.mh.key_padding_mask is not None:
+        kpm = np.asarray(c.mh.key_padding_mask)
+        if kpm.dtype == bool or np.all((kpm == 0) | (kpm == 1)):
+            return replace(c.mh, key_padding_mask=~kpm.astype(bool)).run()  # True = keep instead of ignore
     if mask is None or np.asarray(mask).dtype != bool:
         raise NotApplicable("no boolean mask")
     return c.rerun(mask_convention="drop" if c.options.mask_convention == "keep" else "keep")
@@ -595,9 +598,11 @@ class Diagnosis:
 def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanation:
     facts = c.facts()
     o = c.options
-    facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh",
-                 flipped="taken as 'keep'" if o.mask_convention == "drop" else "taken as 'drop'",
-                 other="keep" if o.mask_convention == "drop" else "drop")
+    other = "keep" if o.mask_convention == "drop" else "drop"
+    flipped = f"its 1/True entries were taken as '{other}' (as --mask-convention {other})"
+    if c.mh is not None and c.mh.mask is None:
+        flipped = "the key padding mask's True entries were kept instead of ignored"
+    facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped)
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 

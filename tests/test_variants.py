@@ -330,6 +330,25 @@ def test_multihead_q_k_swapped() -> None:
     assert mh_named(mha_by_hand(x, swapped, 2), w, x, 2) == {"q-k-swapped"}
 
 
+def test_multihead_key_padding_mask_inverted() -> None:
+    from attncli.check import MultiheadSetup
+    from attncli.multihead import Projections
+
+    x, w = mh_inputs(46)
+    pad = np.zeros((B, TOK), dtype=bool)
+    pad[0, 3:] = pad[1, 1:3] = True  # True = ignore that key (PyTorch)
+    # by hand: two heads of width 4, keys kept where pad is True (the inverted meaning)
+    q, k, v = x @ w["W_q"], x @ w["W_k"], x @ w["W_v"]
+    heads = []
+    for h in range(2):
+        sl = slice(4 * h, 4 * h + 4)
+        s = np.where(pad[:, None, :], q[..., sl] @ T(k[..., sl]) / 2.0, -np.inf)  # (B, T, T), √4 = 2
+        heads.append(softmax(s) @ v[..., sl])
+    expected = np.concatenate(heads, axis=-1) @ w["W_o"] + w["b_o"]
+    verdict = check(MultiheadSetup(x, Projections(**w), 2, key_padding_mask=pad), expected, tolerance=TOL)
+    assert {e.name for e in verdict.explanations} == {"mask-inverted"}
+
+
 def test_wrong_head_order_is_spelled_out() -> None:
     from attncli.check import MultiheadSetup
     from attncli.multihead import Projections
