@@ -84,7 +84,9 @@ def examples_list(ctx: typer.Context) -> None:
     width = max((len(n) for n in every), default=0)
     for name, path in every.items():
         typer.echo(f"{name:<{width}}  {describe(path)}")
+    folder = resources.files("attncli") / "examples"
     typer.echo("\nattncli examples show NAME prints one; attncli examples run NAME [options] runs it.")
+    typer.echo(f"The files are in {folder}; attncli check FILE compares a run with the file's expected: numbers.")
 
 
 @examples_app.command("show")

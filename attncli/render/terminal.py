@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,27 @@ def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptio
     return f"showing {r} × {c}: --full shows everything, --save FILE.npz keeps every number"
 
 
+def fit_columns(width: int, a: np.ndarray, axes: Sequence[str], trace: Trace, opts: RenderOptions) -> RenderOptions:
+    """Options whose ``max_cols`` lets a table of ``a`` fit ``width`` (unless --full): fewer corner
+    columns rather than cells cut to '0.0…'."""
+    rows, cols = a.shape[-2:]
+    if opts.full or cols <= 2 or a.size == 0:
+        return opts
+    first = a.reshape(-1, rows, cols)[0]
+    ri = [i for i in shown(rows, opts.max_rows, False) if i is not None]
+    ci = [j for j in shown(cols, opts.max_cols, False) if j is not None]
+    cell = max(len(fmt(float(x), opts.precision)) for x in first[np.ix_(ri, ci)].ravel())
+    clab = axis_labels(trace, axes[1], cols)
+    cell = max(cell, *(len(clab[j]) for j in ci))
+    rlab = axis_labels(trace, axes[0], rows)
+    label = max(len(f"{axes[0]} ↓ {axes[1]} →"), *(len(rlab[i]) for i in ri))
+    room = width - (label + 4) - 1 - 4  # the label column, the right border, an ellipsis column
+    fit = max(2, room // (cell + 3))
+    if fit >= min(cols, opts.max_cols):
+        return opts
+    return replace(opts, max_cols=fit)
+
+
 def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, opts: RenderOptions,
                  caption: str | None = None, highlight_max: bool = False, heatmap: bool = False) -> Table:
     """A rich Table of the 2-D array ``a``: rows labelled by ``axes[0]``, columns by ``axes[1]``."""
@@ -120,6 +142,7 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     """Print ``a`` (..., rows, cols): one table per batch entry, the first few unless --full.
 
     ``after(batch_index)`` prints more under each table (the diagnostics under the weights)."""
+    opts = fit_columns(console.width, a, axes, trace, opts)
     batch = a.shape[:-2]
     if not batch:
         console.print(matrix_table(a, title, axes, trace, opts, highlight_max=highlight_max, heatmap=heatmap))
