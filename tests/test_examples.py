@@ -192,7 +192,7 @@ def test_examples_lists_every_file_with_its_description() -> None:
     r = runner.invoke(app, ["examples"])
     assert r.exit_code == 0
     names = sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
-    listed = [line.split()[0] for line in r.output.splitlines() if line and not line.startswith("attncli")]
+    listed = [line.split()[0] for line in r.output.split("\n\n")[0].splitlines()]
     assert listed == names
     assert "'it' moves towards 'milk'" in r.output
 
