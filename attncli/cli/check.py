@@ -125,6 +125,8 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
         stdin = io.BytesIO(sys.stdin.buffer.read())  # read once; the raw text is needed for the precision
     reader = Reader(stdin=stdin)
     spec, inputs = split_arguments(args, opts.get("expected"), reader)
+    what = opts["what"]
+    expected, written, source = read_expected(spec, opts.get("expected"), reader, stdin, what)
     subject: Any
     if opts.get("heads") is not None or _is_multihead_file(inputs[0], reader):
         subject = build_multihead(inputs, opts, reader)
@@ -132,8 +134,6 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
     else:
         subject = build_problem(inputs, opts, reader)
         trace = run(subject)
-    what = opts["what"]
-    expected, written, source = read_expected(spec, opts.get("expected"), reader, stdin, what)
     if opts.get("atol") is not None or opts.get("rtol") is not None:
         atol, rtol = opts.get("atol") or 0.0, opts.get("rtol") or 0.0
         tol = Tolerance(atol, rtol, f"given: --atol {atol:g} --rtol {rtol:g}")
