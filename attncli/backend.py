@@ -139,11 +139,23 @@ def set_threads(n: int) -> list[str]:
     if n < 1:
         raise BackendError(f"--threads must be at least 1, got {n}")
     _threads = n
-    done = [Path(p).name for p in blas_libraries() if _call(p, BLAS_SETTERS, n)]
+    done = set_blas_threads(n)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
         done.append("torch")
     return done
+
+
+def set_blas_threads(n: int) -> list[str]:
+    """Set numpy's BLAS to ``n`` threads; the libraries that took it."""
+    return [Path(p).name for p in blas_libraries() if _call(p, BLAS_SETTERS, n)]
+
+
+def threads() -> int:
+    """The CPU threads a run may use: --threads, else what the BLAS was started with, else the cores."""
+    import os
+
+    return _threads or blas_threads() or os.cpu_count() or 1
 
 
 def blas_threads() -> int | None:

@@ -24,13 +24,15 @@ any score beyond the input type's range, and the output is cast back.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any
 
 import numpy as np
 
-from attncli.backend import Backend, to_numpy
+from attncli.backend import Backend, blas_threads, set_blas_threads, threads, to_numpy
 from attncli.problem import Options, Problem
 from attncli.scoring import SCALINGS, ScoreInput, get_score
 from attncli.trace import Trace
@@ -105,7 +107,8 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     dead = np.zeros(problem.batch_shape + (m,), dtype=bool)
     overflow: list[tuple[tuple[int, ...], float, int]] = []
     step = block_rows(problem)
-    for i0 in range(0, m, step):
+
+    def block(i0: int) -> int:
         i1 = min(m, i0 + step)
         qb = q[..., i0:i1, :]  # (..., b, d)
         if prescale and c != 1.0:
@@ -136,10 +139,33 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
         z = xp.sum(e, axis=-1, keepdims=True)  # (..., b, 1)
         ob = e @ v  # (..., b, n) x (..., n, d_v) -> (..., b, d_v)
         out[..., i0:i1, :] = ob / xp.where(z > 0, z, xp.ones_like(z))
-        if progress is not None:
-            progress(i1, m)
+        return i1
+
+    starts = range(0, m, step)
+    workers = min(len(starts), threads()) if be.name == "numpy" else 1
+    with _block_threads(workers) as pool:
+        for i1 in (pool.map(block, starts) if pool is not None else map(block, starts)):
+            if progress is not None:
+                progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+@contextmanager
+def _block_threads(workers: int) -> Iterator[ThreadPoolExecutor | None]:
+    """A pool of ``workers`` threads, one block each at a time, with the BLAS single-threaded
+    meanwhile (numpy releases the GIL in matmul, exp and sums; two levels of threads on the
+    same cores only wait on each other). None where there is one worker or the BLAS thread
+    count cannot be set at run time."""
+    before = blas_threads()
+    if workers < 2 or before is None or not set_blas_threads(1):
+        yield None
+        return
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="attncli-block") as pool:
+            yield pool
+    finally:
+        set_blas_threads(before)
 
 
 def _exp_inplace(be: Backend, s: Any) -> Any:

@@ -73,18 +73,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, li
     return times
 
 
-def sgemm_rate() -> float:
-    """float32 matrix-multiply rate (flop/s): the best of a few 2048² products."""
-    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
-    a @ a
-    best = min(_time(lambda: a @ a) for _ in range(5))
-    return 2 * 2048**3 / best
-
-
-def _time(fn: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+SGEMM_N = 1024  # square float32 product whose best time gives the sgemm rate
 
 
 # ---- 1. compute ------------------------------------------------------------------------
@@ -99,15 +88,17 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
     for t in sizes:
         x = np.random.default_rng(t).standard_normal((t, D)).astype(np.float32)
         tx = torch.from_numpy(x)[None]  # (1, T, d)
+        a = np.random.default_rng(0).standard_normal((SGEMM_N, SGEMM_N)).astype(np.float32)
         fns = {
+            "sgemm": lambda a=a: a @ a,  # the matmul rate, taken in turn with the others
             "attncli_numpy": lambda x=x: attend(x, keep_weights=False),
             "torch_sdpa": lambda tx=tx: torch.nn.functional.scaled_dot_product_attention(tx, tx, tx),
             "attncli_torch": lambda x=x: attend(x, keep_weights=False, backend="torch"),
         }
-        times = interleaved(fns, repeats=5 if t <= 4096 else 3)
-        rate = sgemm_rate()
-        floor = 4 * t * t * D / rate
+        times = interleaved(fns, repeats=7 if t <= 4096 else 5)
         best = {k: min(v) for k, v in times.items()}
+        rate = 2 * SGEMM_N**3 / best.pop("sgemm")
+        floor = 4 * t * t * D / rate
         rows.append({"T": t, "seconds_best": best, "seconds_all": times, "sgemm_gflops": rate / 1e9,
                      "matmul_floor_s": floor,
                      "numpy_vs_sdpa": best["attncli_numpy"] / best["torch_sdpa"],
