@@ -6,6 +6,7 @@ lives in this module. torch is imported only when it is asked for.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -168,30 +169,38 @@ def blas_threads() -> int | None:
     return None
 
 
-def blas_libraries() -> list[str]:
-    """Paths of the BLAS libraries loaded in this process (Linux: from /proc/self/maps)."""
+@functools.lru_cache(maxsize=1)
+def blas_libraries() -> tuple[str, ...]:
+    """Paths of the BLAS libraries loaded with numpy (Linux: from /proc/self/maps, read once)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return []
+        return ()
     paths = {line.split()[-1] for line in maps.splitlines() if "blas" in line.lower()}
-    return sorted(p for p in paths if p.startswith("/") and Path(p).name.startswith("lib"))
+    return tuple(sorted(p for p in paths if p.startswith("/") and Path(p).name.startswith("lib")))
 
 
 def _call(path: str, names: tuple[str, ...], *args: int) -> int | None:
+    """Call the first of ``names`` found in the library: a setter (``args``; returns 1) or a getter."""
+    import ctypes
+
+    fn = _symbol(path, names)
+    if fn is None:
+        return None
+    fn.restype = None if args else ctypes.c_int
+    got = fn(*(ctypes.c_int(a) for a in args))
+    return 1 if args else int(got)
+
+
+@functools.lru_cache(maxsize=16)
+def _symbol(path: str, names: tuple[str, ...]) -> Any:
     import ctypes
 
     try:
         lib = ctypes.CDLL(path)
     except OSError:
         return None
-    for name in names:
-        fn = getattr(lib, name, None)
-        if fn is not None:  # a setter (args given, returns void) or a getter (returns int)
-            fn.restype = None if args else ctypes.c_int
-            got = fn(*(ctypes.c_int(a) for a in args))
-            return 1 if args else int(got)
-    return None
+    return next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
 
 
 def resolve_device(torch: Any, device: str) -> Any:
