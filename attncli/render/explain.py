@@ -363,13 +363,17 @@ def explain_row(c: Cell) -> list[str]:
     w = c.row(wname)
     klab = axis_labels(t, KEYS, len(x))
     lines = [f"softmax of row {c.query} ({pre}; row max {num(mx, p)} subtracted, Σ exp(x − max) = {num(z, p)}):"]
-    keys = range(len(x)) if len(x) <= MAX_TERMS else [*range(4), -1, *range(len(x) - 2, len(x))]
-    for j in keys:
-        if j < 0:
-            lines.append(f"    … {len(x) - 6} more keys")
-            continue
+    top = strongest(w)
+    for j in top:
         lines.append(f"    {klab[j]:>12}: {pre} {num(x[j], p):>10}   exp(x − max) {num(float(e[j]), p):>10}   "
                      f"weight {num(float(w[j]), p)}")
+    if len(top) < len(x):
+        rest = np.delete(w, top)
+        if float(np.max(rest)) == 0:
+            lines.append(f"    … and {len(rest)} more keys with weight 0")
+        else:
+            lines.append(f"    … and {len(rest)} more keys with smaller weights (together {num(float(np.sum(rest)), p)}; "
+                         f"each at most {num(float(np.max(rest)), p)})")
     lines.append(f"    the weights sum to {num(float(np.sum(w)), p)}")
     st = _weighted_sum_step(t)
     if st is None:
@@ -382,15 +386,30 @@ def explain_row(c: Cell) -> list[str]:
         return lines
     v = np.broadcast_to(v, t.weights.shape[:-2] + v.shape[-2:])[c.batch]
     nz = [j for j in range(len(w)) if w[j] != 0]
+    zero = len(w) - len(nz)
+    more = ""
+    if len(nz) > MAX_TERMS:  # the strongest terms, in key order, and the rest summed up
+        shown_terms = [j for j in strongest(w) if w[j] != 0]
+        rest = [j for j in nz if j not in set(shown_terms)]
+        part = np.asarray(w)[rest] @ v[rest]  # (r,) x (r, d_v) -> (d_v,)
+        more = f" + [{len(rest)} smaller terms: {vec(part, p)}]"
+        nz = shown_terms
     sym = [f"{num(float(w[j]), p)}·v({klab[j]})" for j in nz]
     num_terms = [f"{num(float(w[j]), p)}·{vec(v[j], p)}" for j in nz]
-    left_out = len(w) - len(nz)
-    lines.append(f"out({c.query}) = {elide(sym, len(nz)) or '0'}")
-    lines.append(f"    = {elide(num_terms, len(nz)) or '0'}")
+    lines.append(f"out({c.query}) = {' + '.join(sym) or '0'}" + (f" + … ({len(rest)} more)" if more else ""))
+    lines.append(f"    = {' + '.join(num_terms) or '0'}{more}")
     lines.append(f"    = {vec(out, p)}")
-    if left_out:
-        lines.append(f"    ({left_out} keys with weight 0 are left out)")
+    if zero:
+        lines.append(f"    ({zero} keys with weight 0 are left out)")
     return lines
+
+
+def strongest(w: np.ndarray) -> list[int]:
+    """Every key of a short row; for a long row the MAX_TERMS - 2 largest weights, in key order."""
+    if len(w) <= MAX_TERMS:
+        return list(range(len(w)))
+    k = MAX_TERMS - 2
+    return sorted(int(j) for j in np.argsort(-np.asarray(w), kind="stable")[:k])
 
 
 # ---- parsing QUERY,KEY and BATCH:QUERY ------------------------------------------------------
