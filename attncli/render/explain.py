@@ -390,13 +390,13 @@ def explain_row(c: Cell) -> list[str]:
     more = ""
     if len(nz) > MAX_TERMS:  # the strongest terms, in key order, and the rest summed up
         shown_terms = [j for j in strongest(w) if w[j] != 0]
-        rest = [j for j in nz if j not in set(shown_terms)]
-        part = np.asarray(w)[rest] @ v[rest]  # (r,) x (r, d_v) -> (d_v,)
-        more = f" + [{len(rest)} smaller terms: {vec(part, p)}]"
+        others = [j for j in nz if j not in set(shown_terms)]
+        part = np.asarray(w)[others] @ v[others]  # (r,) x (r, d_v) -> (d_v,)
+        more = f" + [{len(others)} smaller terms: {vec(part, p)}]"
         nz = shown_terms
     sym = [f"{num(float(w[j]), p)}·v({klab[j]})" for j in nz]
     num_terms = [f"{num(float(w[j]), p)}·{vec(v[j], p)}" for j in nz]
-    lines.append(f"out({c.query}) = {' + '.join(sym) or '0'}" + (f" + … ({len(rest)} more)" if more else ""))
+    lines.append(f"out({c.query}) = {' + '.join(sym) or '0'}" + (f" + … ({len(w) - zero - len(nz)} more)" if more else ""))
     lines.append(f"    = {' + '.join(num_terms) or '0'}{more}")
     lines.append(f"    = {vec(out, p)}")
     if zero:
