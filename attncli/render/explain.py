@@ -165,7 +165,7 @@ def explain_dot(c: Cell) -> list[str]:
     s = c.step("scores")
     if q is None or k is None:
         return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}"]
-    terms = [f"{num(a, p)}×{fac(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
+    terms = [f"{fac(a, p)}×{fac(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
     skipped = len(q) - len(terms)
     if not terms:
         return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}   (every product has a zero factor)"]
@@ -177,7 +177,7 @@ def explain_dot(c: Cell) -> list[str]:
 
 def _terms(a: np.ndarray, b: np.ndarray, p: int) -> str:
     """'a1×b1 + a2×b2 + …' (products with a zero factor left out)."""
-    terms = [f"{num(x, p)}×{fac(y, p)}" for x, y in zip(a, b) if x != 0 and y != 0]
+    terms = [f"{fac(x, p)}×{fac(y, p)}" for x, y in zip(a, b) if x != 0 and y != 0]
     return elide(terms, len(terms)) if terms else "0"
 
 
