@@ -248,3 +248,38 @@ def test_svg_and_html_contain_the_tables_numbers(tmp_path: Path, kind: str) -> N
 def test_svg_needs_the_svg_extension(tmp_path: Path) -> None:
     r = runner.invoke(app, ["run", str(EXAMPLES / "cat_milk_sweet.yaml"), "--svg", str(tmp_path / "v.png")])
     assert r.exit_code == 2 and "--svg writes .svg files" in r.output and not (tmp_path / "v.png").exists()
+
+
+# ---- the other scores show their own intermediates --------------------------------------------
+
+
+def cell_text(trace, spec: str) -> str:
+    (e,) = explain(trace, RenderOptions(explain=[spec]))
+    return "\n".join(e["lines"])
+
+
+def test_explain_cosine() -> None:
+    text = cell_text(cat_milk(score="cosine"), "it,milk")
+    # by hand: it = (2, 2), milk = (1, 3): q·k = 8, ‖q‖ = √8, ‖k‖ = √10, cos = 8 / √80
+    assert "q(it) · k(milk) = 2×1 + 2×3 = 8" in text
+    assert f"‖q(it)‖ = {num(math.sqrt(8))},  ‖k(milk)‖ = {num(math.sqrt(10))}" in text
+    assert text.splitlines()[2].endswith(f"= {num(8 / math.sqrt(80))}")
+
+
+def test_explain_gaussian() -> None:
+    t = attend(np.array([[2.5]]), np.array([[2.4292], [1.0]]), np.array([[1.0], [0.0]]), score="gaussian", bandwidth=1.0)
+    text = cell_text(t, "0,0")
+    d2 = (2.5 - 2.4292) ** 2  # by hand; the score is -d²/(2σ²) with σ = 1
+    assert f"(2.5 − 2.4292)² = {num(d2)}" in text and f"= {num(-d2 / 2)}" in text
+
+
+def test_explain_additive() -> None:
+    # h = 2 by hand: q W_q = (1, 0) W_q, k W_k; features = tanh(sum); score = w_v · features
+    W_q, W_k, w_v = np.array([[0.5, -1.0], [2.0, 0.25]]), np.array([[1.0, 0.5]]), np.array([2.0, -3.0])
+    q, k = np.array([[1.0, 0.0]]), np.array([[0.3], [-0.2]])
+    t = attend(q, k, np.eye(2), score="additive", params={"W_q": W_q, "W_k": W_k, "w_v": w_v})
+    text = cell_text(t, "0,1")
+    f = np.tanh(q[0] @ W_q + k[1] @ W_k)  # (2,) + (2,)
+    assert "q(q0) W_q = (0.5, -1)" in text and "k(k1) W_k = (-0.2, -0.1)" in text
+    assert f"tanh(q W_q + k W_k) = ({num(f[0])}, {num(f[1])})" in text
+    assert text.splitlines()[3].endswith(f"= {num(float(w_v @ f))}")
