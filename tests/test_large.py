@@ -283,3 +283,21 @@ def test_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
         cb(20, 40)
         cb(40, 40)
     assert "attention" in term.getvalue()
+
+
+@pytest.mark.parametrize(("args", "skipped"), [
+    ([], True),
+    (["--steps", "weights,output"], False),
+    (["--format", "json"], False),
+    (["--save", "out.npz"], False),
+])
+def test_default_view_of_a_big_problem_skips_the_weights(monkeypatch: pytest.MonkeyPatch, examples_dir: Path,
+                                                         tmp_path: Path, args: list[str], skipped: bool) -> None:
+    from attncli.cli import run as run_cli
+
+    monkeypatch.setattr(run_cli, "VIEW_CELLS", 15)  # the 4 × 4 example has 16 weights: "big"
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["run", str(examples_dir / "cat_milk_sweet.yaml"), *args])
+    assert r.exit_code == 0, r.output
+    assert ("16 attention weights are not computed" in r.output) == skipped
+    assert ("softmax" in r.stdout) != skipped

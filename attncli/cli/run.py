@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -50,6 +52,13 @@ def run_command(
     if output_only(opts):
         opts = {**opts, "keep_weights": False}  # the weights are never held (attncli.fast)
     problem = build_problem(inputs, opts, Reader())
+    if problem.options.keep_weights and too_big_to_show(problem, opts):
+        problem.options = replace(problem.options, keep_weights=False)
+        if not opts["quiet"]:
+            cells = math.prod(problem.batch_shape) * problem.m * problem.n
+            sys.stderr.write(f"attncli: note: the {cells:,} attention weights are not computed for the step-by-step "
+                             "view (only their corners would show); it shows the inputs and the output. Ask for them "
+                             "with --steps weights,output or --save FILE.npz\n")
     with progress_bar(opts["quiet"]) as progress:
         trace = run(problem, progress=progress)
     emit(trace, opts, protect=inputs)
@@ -69,6 +78,20 @@ def output_only(opts: dict[str, Any]) -> bool:
         return {s.strip() for s in opts["steps"].split(",")} <= OUTPUT_ONLY_STEPS
     save = opts.get("save")
     return save is not None and save.suffix.lower() == ".npy" and opts["format"].value == "rich"
+
+
+VIEW_CELLS = 1 << 26  # weights (batch × m × n) beyond which the default view shows inputs and output only
+
+
+def too_big_to_show(problem: Any, opts: dict[str, Any]) -> bool:
+    """The default terminal view (no --steps, nothing saved or drawn from the weights) of a problem
+    whose weight matrix would be larger than VIEW_CELLS: computing it only to show corners is waste."""
+    if opts.get("steps") or opts["format"].value != "rich" or any(opts.get(k) for k in NEEDS_WEIGHTS):
+        return False
+    save = opts.get("save")
+    if save is not None and save.suffix.lower() != ".npy":
+        return False
+    return math.prod(problem.batch_shape) * problem.m * problem.n > VIEW_CELLS
 
 
 @contextmanager
