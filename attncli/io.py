@@ -79,7 +79,7 @@ def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".np
             shape, _, dtype = np.lib.format.read_array_header_1_0(f)
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError, struct.error) as e:
+    except Exception as e:  # numpy parses the header with tokenize/ast: ValueError, SyntaxError, TokenError...
         raise InputError(f"is not a valid {what} ({_one_line(e)})", source) from None
     if dtype.hasobject:
         raise InputError("holds an object array that needs pickle to load; pickles are never loaded "
@@ -318,7 +318,7 @@ def load_torch(data: bytes, source: str) -> dict[str, Any]:
     except pickle.UnpicklingError:
         raise InputError("holds Python objects beyond tensors (a whole pickled model?); only state dicts are read, "
                          "with weights_only=True: save model.state_dict() instead", source) from None
-    except (RuntimeError, EOFError, ValueError, AttributeError, TypeError) as e:
+    except Exception as e:  # torch.load on damaged bytes raises almost anything (IndexError, KeyError...)
         raise InputError(f"is not a PyTorch state dict that loads with weights_only=True ({_one_line(e)[:160]})",
                          source) from None
     if isinstance(obj, torch.Tensor):
@@ -426,6 +426,9 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
     if not folder.is_dir():
         raise InputError(f"cannot be written: folder {str(folder)!r} does not exist", str(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
