@@ -237,3 +237,14 @@ def test_save_with_unknown_extension(files: Path) -> None:
     res = run("run", str(files / "cm.yaml"), "--save", str(files / "out.txt"))
     assert res.exit_code == 2 and "cannot save as '.txt'" in res.stderr and res.stdout == ""
     assert not (files / "out.txt").exists()
+
+
+def test_saved_file_respects_umask(files: Path) -> None:
+    import os
+
+    old = os.umask(0o022)
+    try:
+        assert run("run", str(files / "cm.yaml"), "-q", "--save", str(files / "t.npz")).exit_code == 0
+    finally:
+        os.umask(old)
+    assert (files / "t.npz").stat().st_mode & 0o777 == 0o644
