@@ -41,6 +41,7 @@ Progress = Callable[[int, int], None]  # (queries done, queries in all)
 
 BLOCK_ELEMENTS = 1 << 21  # scores held at once (8 MiB in float32): fits the caches, and memory stays small
 MIN_BLOCK, MAX_BLOCK = 16, 512  # query rows per block: small blocks starve the matrix multiply
+MIN_KEYS = 16  # keys per chunk, when there are too many keys (times batch entries) for whole rows
 
 # Options the fast paths implement; any other option away from its default (hard attention,
 # dropout, ... added by other features) sends the run down the explicit path.
@@ -92,13 +93,24 @@ def block_rows(problem: Problem) -> int:
     return max(1, min(problem.m, MAX_BLOCK, max(rows, MIN_BLOCK)))
 
 
+def key_chunk(problem: Problem, rows: int) -> int:
+    """Keys per chunk: all of them, unless even ``rows`` queries against every key (and batch
+    entry) exceed BLOCK_ELEMENTS; then chunks of keys with an online softmax."""
+    batch = math.prod(problem.batch_shape) or 1
+    if rows * problem.n * batch <= BLOCK_ELEMENTS:
+        return problem.n
+    return max(MIN_KEYS, BLOCK_ELEMENTS // (rows * batch))
+
+
 def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
              progress: Progress | None) -> Any:
+    """Blocks of queries (and, for very many keys, chunks of keys with an online softmax:
+    the running row max r, sum l and output a are rescaled by exp(r_old - r_new) per chunk)."""
     from attncli.engine import masks
 
     o, xp = problem.options, be.xp
     score = get_score(o.score)
-    m, dv = problem.m, int(v.shape[-1])
+    m, n, dv = problem.m, problem.n, int(v.shape[-1])
     c = _constant_factor(problem)
     prescale = score.name in DOT_SCORES  # (c·q)·k = c·(q·k): one multiply on (b, d) instead of (b, n)
     fill = -math.inf if o.mask_value is None else o.mask_value
@@ -107,38 +119,54 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     dead = np.zeros(problem.batch_shape + (m,), dtype=bool)
     overflow: list[tuple[tuple[int, ...], float, int]] = []
     step = block_rows(problem)
+    kstep = key_chunk(problem, step)
 
     def block(i0: int) -> int:
         i1 = min(m, i0 + step)
         qb = q[..., i0:i1, :]  # (..., b, d)
         if prescale and c != 1.0:
             qb = qb * c
-        # 1) score
-        s = score.fn(ScoreInput(xp, qb, k, params, None, o.__dict__))  # (..., b, n)
-        if half_limit is not None:
-            _check_overflow(s, c if prescale else 1.0, half_limit, i0, overflow)
-        # 2) scale
-        if not prescale and c != 1.0:
-            s = s * c
-        # 3) mask (the rows of this block only)
-        keep, bias = masks(problem, be, tuple(s.shape), rows=(i0, i1))
-        if bias is not None:
-            s = s + bias
-        if keep is not None:
-            s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
-        # 4) softmax, normalised after the multiply by V: one pass over the block less
-        mx = xp.max(s, axis=-1, keepdims=True)  # (..., b, 1)
-        if keep is not None or bias is not None:
-            mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
-            dead[..., i0:i1] |= _dead_rows(xp, s, keep)
-        if prescale and keep is None and bias is None:
-            s -= mx  # s is the product's own array: reuse it
-        else:
-            s = s - mx
-        e = _exp_inplace(be, s)
-        z = xp.sum(e, axis=-1, keepdims=True)  # (..., b, 1)
-        ob = e @ v  # (..., b, n) x (..., n, d_v) -> (..., b, d_v)
-        out[..., i0:i1, :] = ob / xp.where(z > 0, z, xp.ones_like(z))
+        keep_all, bias_all = masks(problem, be, (i1 - i0, n), rows=(i0, i1))  # (..., b, n) or broadcastable
+        r = a = total = kept = None  # running max (..., b, 1), output (..., b, d_v), sum (..., b, 1), any key kept
+        for j0 in range(0, n, kstep):
+            j1 = min(n, j0 + kstep)
+            cols = slice(j0, j1) if kstep < n else slice(None)
+            keep, bias = _key_chunk(keep_all, cols), _key_chunk(bias_all, cols)
+            # 1) score
+            s = score.fn(ScoreInput(xp, qb, k[..., cols, :], params, None, o.__dict__))  # (..., b, n_c)
+            if half_limit is not None:
+                _check_overflow(s, c if prescale else 1.0, half_limit, (i0, j0), overflow)
+            # 2) scale
+            if not prescale and c != 1.0:
+                s = s * c
+            # 3) mask (the rows of this block only)
+            if bias is not None:
+                s = s + bias
+            if keep is not None:
+                s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
+                kept = xp.any(keep, axis=-1) if kept is None else kept | xp.any(keep, axis=-1)
+            # 4) softmax against the running max, normalised after the multiply by V
+            mx = xp.max(s, axis=-1, keepdims=True)  # (..., b, 1)
+            r_new = mx if r is None else xp.maximum(r, mx)
+            ref = xp.where(xp.isfinite(r_new), r_new, xp.zeros_like(r_new))  # a row all -inf so far: zeros
+            if prescale and keep is None and bias is None:
+                s -= ref  # s is the product's own array: reuse it
+            else:
+                s = s - ref
+            e = _exp_inplace(be, s)
+            z = xp.sum(e, axis=-1, keepdims=True)  # (..., b, 1)
+            ev = e @ v[..., cols, :]  # (..., b, n_c) x (..., n_c, d_v) -> (..., b, d_v)
+            if r is None:
+                a, total = ev, z
+            else:  # rescale what earlier chunks added: exp(r_old - r_new) <= 1 (0 where r_old is -inf)
+                alpha = xp.where(xp.isfinite(r), xp.exp(r - ref), xp.zeros_like(r))
+                a, total = a * alpha + ev, total * alpha + z
+            r = r_new
+        assert a is not None and total is not None and r is not None
+        out[..., i0:i1, :] = a / xp.where(total > 0, total, xp.ones_like(total))
+        if keep_all is not None or bias_all is not None:
+            rows_dead = ~xp.isfinite(r[..., 0]) if kept is None else ~xp.isfinite(r[..., 0]) | ~kept
+            dead[..., i0:i1] |= to_numpy(rows_dead)
         return i1
 
     starts = range(0, m, step)
@@ -149,6 +177,13 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
                 progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+def _key_chunk(a: Any, cols: slice) -> Any:
+    """Columns ``cols`` of a mask broadcast over (..., b, n); one with a single column as it is."""
+    if a is None or cols == slice(None) or a.shape[-1] == 1:
+        return a
+    return a[..., cols]
 
 
 @contextmanager
@@ -174,22 +209,16 @@ def _exp_inplace(be: Backend, s: Any) -> Any:
     return s.exp_()
 
 
-def _dead_rows(xp: Any, s: Any, keep: Any) -> np.ndarray:
-    """Rows of a block whose every key is masked (all -inf, or no key kept)."""
-    dead = xp.all(xp.isinf(s) & (s < 0), axis=-1)
-    if keep is not None:
-        dead = dead | ~xp.any(keep, axis=-1)
-    return to_numpy(dead)
-
-
-def _check_overflow(s: Any, c: float, limit: float, i0: int, found: list[tuple[tuple[int, ...], float, int]]) -> None:
-    """Note the largest raw score of the block beyond ``limit`` (``s`` may already be scaled by c)."""
+def _check_overflow(s: Any, c: float, limit: float, at0: tuple[int, int],
+                    found: list[tuple[tuple[int, ...], float, int]]) -> None:
+    """Note the largest raw score of the block beyond ``limit`` (``s`` may already be scaled by c);
+    ``at0``: the (query, key) index of the block's first score."""
     a = np.abs(to_numpy(s)) / c
     over = a > limit
     count = int(over.sum())
     if count:
         idx = np.unravel_index(int(np.argmax(a)), a.shape)
-        at = (*idx[:-2], idx[-2] + i0, idx[-1])
+        at = (*idx[:-2], idx[-2] + at0[0], idx[-1] + at0[1])
         found.append((tuple(int(x) for x in at), float(np.asarray(to_numpy(s)[idx]) / c), count))
 
 
@@ -223,7 +252,7 @@ def score_overflow(problem: Problem, scores: Any) -> str | None:
     if limit is None:
         return None
     found: list[tuple[tuple[int, ...], float, int]] = []
-    _check_overflow(scores, 1.0, limit, 0, found)
+    _check_overflow(scores, 1.0, limit, (0, 0), found)
     return overflow_message(problem, found) if found else None
 
 
@@ -275,7 +304,7 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
         overflow: list[tuple[tuple[int, ...], float, int]] = []
         for i0 in range(0, m, block_rows(problem)):
             qb = q[..., i0:i0 + block_rows(problem), :]
-            _check_overflow(qb @ k.transpose(-2, -1), 1.0, half_limit, i0, overflow)  # (..., b, d) x (..., d, n)
+            _check_overflow(qb @ k.transpose(-2, -1), 1.0, half_limit, (i0, 0), overflow)  # (..., b, d) x (..., d, n)
         if overflow:
             trace.warnings.append(overflow_message(problem, overflow))
     top_left = not o.causal or o.causal_align == "top-left" or m == n

@@ -30,11 +30,12 @@ runner = CliRunner()
 rng = np.random.default_rng(7)
 
 
-@pytest.fixture
-def small_blocks(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Blocks of MIN_BLOCK (16) query rows, so m = 37 splits raggedly into 16 + 16 + 5."""
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 1)
-    return fast.MIN_BLOCK
+@pytest.fixture(params=["query-blocks", "key-chunks"])
+def small_blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """query-blocks: 16 query rows against all 23 keys of both batch entries (m = 37 splits raggedly
+    into 16 + 16 + 5); key-chunks: also chunks of MIN_KEYS (16) keys with the online softmax (23 = 16 + 7)."""
+    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 16 * 23 * 2 if request.param == "query-blocks" else 1)
+    return str(request.param)
 
 
 def loop_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, keep: np.ndarray, scale: float) -> np.ndarray:
@@ -70,7 +71,7 @@ CASES = {
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_blocked_equals_full_batched(case: str, backend: str, small_blocks: int) -> None:
+def test_blocked_equals_full_batched(case: str, backend: str, small_blocks: str) -> None:
     q = rng.standard_normal((2, 37, 8))  # batch 2, m = 37 queries (ragged blocks), d = 8
     k = rng.standard_normal((1, 23, 8))  # broadcast over the batch, n = 23 keys
     v = rng.standard_normal((2, 23, 5))
@@ -85,7 +86,7 @@ def test_blocked_equals_full_batched(case: str, backend: str, small_blocks: int)
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("score", sorted(SCORES))
-def test_blocked_every_score(score: str, backend: str, small_blocks: int) -> None:
+def test_blocked_every_score(score: str, backend: str, small_blocks: str) -> None:
     """Each registered score, called on blocks of queries, gives the explicit path's output."""
     q, k = rng.standard_normal((37, 6)), rng.standard_normal((29, 6))
     v = rng.standard_normal((29, 3))
@@ -95,7 +96,7 @@ def test_blocked_every_score(score: str, backend: str, small_blocks: int) -> Non
     np.testing.assert_allclose(out.output, full.output, rtol=0, atol=1e-12)
 
 
-def test_blocked_matches_plain_loop(small_blocks: int) -> None:
+def test_blocked_matches_plain_loop(small_blocks: str) -> None:
     """Independent check: the plain loop above, with valid lengths and causal masking."""
     q, k, v = rng.standard_normal((37, 4)), rng.standard_normal((40, 4)), rng.standard_normal((40, 3))
     limit = rng.integers(0, 41, size=37)
