@@ -358,6 +358,7 @@ class Reader:
     def __init__(self, stdin: IO[bytes] | None = None) -> None:
         self._stdin = stdin
         self._cache: dict[str, Content] = {}
+        self.paths: list[str] = []  # the files read so far (not stdin)
 
     def read(self, spec: str) -> Content:
         if spec not in self._cache:
@@ -372,6 +373,7 @@ class Reader:
                 raise InputError("is empty: nothing was piped in", "<stdin>")
             return LOADERS[sniff(data)](data, "<stdin>")
         path = Path(spec)
+        self.paths.append(spec)  # every file read, so that outputs never overwrite one of them
         ext = path.suffix.lower()
         if ext not in LOADERS:
             raise InputError(f"has an unknown extension {ext or '(none)'!r}; "
@@ -411,6 +413,14 @@ class Reader:
 
 # ---- writing --------------------------------------------------------------------------
 
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file, through a symlink, a hard link or another spelling of its path."""
+    try:
+        return a.resolve() == b.resolve() or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> Iterator[IO[bytes]]:
     """Write ``path`` through a temporary file in the same folder, renamed into place only
@@ -418,7 +428,7 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
     over one of the ``protect``ed inputs."""
     target = Path(path)
     for p in protect:
-        if p != STDIN and Path(p).exists() and target.exists() and target.resolve() == Path(p).resolve():
+        if p != STDIN and Path(p).exists() and target.exists() and _same_file(Path(p), target):
             raise InputError("is one of the inputs; refusing to overwrite it", str(path))
     if target.is_dir():
         raise InputError("is a directory; give a file name to save to", str(path))

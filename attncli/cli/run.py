@@ -51,7 +51,8 @@ def run_command(
         set_threads(opts["threads"])
     if output_only(opts):
         opts = {**opts, "keep_weights": False}  # the weights are never held (attncli.fast)
-    problem = build_problem(inputs, opts, Reader())
+    reader = Reader()
+    problem = build_problem(inputs, opts, reader)
     if problem.options.keep_weights and too_big_to_show(problem, opts):
         problem.options = replace(problem.options, keep_weights=False)
         if not opts["quiet"]:
@@ -61,7 +62,7 @@ def run_command(
                              "with --steps weights,output or --save FILE.npz\n")
     with progress_bar(opts["quiet"]) as progress:
         trace = run(problem, progress=progress)
-    emit(trace, opts, protect=inputs)
+    emit(trace, opts, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
 
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output"}
