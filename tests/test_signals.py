@@ -1,0 +1,212 @@
+"""Files and processes: outputs are written atomically and never over an input; Ctrl-C
+(SIGINT) exits 130 and leaves no partial file; stdin works in a shell pipeline; exit codes
+are the documented table (0 success, 1 internal error, 2 bad input or usage, 130 interrupted).
+
+These run the installed ``attncli`` console script in subprocesses (a real process, real
+signals, a real pipe); the timeouts only guard against hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attncli.cli import app
+from attncli.io import atomic_write
+
+BIN = Path(sys.executable).parent
+ATTNCLI = shutil.which("attncli", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}") or "attncli"
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1", "COLUMNS": "100"}
+runner = CliRunner()
+posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX signals and shell")
+
+# cat/milk/it/sweet (the seeds' self-attention example): milk's weights are softmax(4, 5, 4, 6)
+X = np.array([[0, 2, 2, 0], [0, 1, 3, 0], [0, 2, 2, 0], [0, 0, 4, 0]], dtype=np.float64)
+
+
+def softmax_rows(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "q.yaml").write_text("q: " + json.dumps(X.tolist()) + "\n")
+    np.save(tmp_path / "k.npy", X)
+    np.save(tmp_path / "v.npy", X)
+    return tmp_path
+
+
+# ---- stdin in a pipeline -------------------------------------------------------------------
+
+@posix_only
+def test_stdin_pipeline(work: Path) -> None:
+    """cat q.yaml | attncli run - k.npy v.npy --format json | python -c '...' (jq need not exist)."""
+    reader = f"{sys.executable} -c 'import json, sys; print(json.load(sys.stdin)[\"output\"][1][2])'"
+    proc = subprocess.run(f"cat q.yaml | {ATTNCLI} run - k.npy v.npy --format json | {reader}", shell=True,
+                          cwd=work, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ref = softmax_rows(X @ X.T / 2.0) @ X  # by hand: d = 4, scale 1/sqrt(4)
+    assert float(proc.stdout) == pytest.approx(ref[1, 2], rel=1e-12)  # milk, third feature: 3.4451...
+
+
+@posix_only
+def test_stdin_npy_bytes_and_npz_out_on_stdout(work: Path) -> None:
+    """Binary in and out: an .npy piped in, an NPZ archive written to stdout and read back."""
+    proc = subprocess.run([ATTNCLI, "run", "-", "--format", "npz"], input=(work / "k.npy").read_bytes(),
+                          cwd=work, env=ENV, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (work / "out.npz").write_bytes(proc.stdout)
+    with np.load(work / "out.npz") as z:
+        np.testing.assert_allclose(z["weights"], softmax_rows(X @ X.T / 2.0), rtol=1e-12)
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------
+
+@posix_only
+def test_sigint_while_reading_stdin_exits_130_and_saves_nothing(work: Path) -> None:
+    """Ctrl-C while attncli waits for piped input: exit 130, one line, no output file."""
+    proc = subprocess.Popen([ATTNCLI, "run", "-", "--save", "out.npz"], cwd=work, env=ENV, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3.0)  # let it start and block on stdin (the assertions hold whenever the signal lands)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err or "Aborted" in err
+    assert "Traceback" not in err
+    assert not (work / "out.npz").exists()
+    assert not [p for p in work.iterdir() if p.name.endswith(".tmp")]
+
+
+# The real CLI, with the NPZ writer slowed down halfway through the file: the parent waits for
+# the "writing" marker, sends SIGINT, and checks that neither the file nor its temporary remain.
+SLOW_SAVE = r"""
+import sys, time
+from pathlib import Path
+from attncli.render import SAVERS, load_renderers
+load_renderers()
+real = SAVERS[".npz"]
+marker = Path(sys.argv[1])
+def slow(trace, opts, f):
+    f.write(b"PK\x03\x04 half of a file")
+    f.flush()
+    marker.write_text("writing")
+    time.sleep(60)
+    real(trace, opts, f)
+SAVERS[".npz"] = slow
+from attncli.cli import main
+sys.argv = ["attncli", "run", *sys.argv[2:]]
+main()
+"""
+
+
+@posix_only
+def test_sigint_while_saving_leaves_no_partial_file(work: Path) -> None:
+    marker = work / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(marker), "k.npy", "--save", "out.npz", "-q"],
+                            cwd=work, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate()[1]
+        assert [p for p in work.iterdir() if p.name.startswith(".out.npz.")]  # the temporary exists now
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip() == "attncli: error: interrupted"
+    assert not (work / "out.npz").exists()
+    assert not [p for p in work.iterdir() if p.name.startswith(".out.npz.")]
+
+
+def test_atomic_write_keeps_the_old_file_on_interrupt(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt), atomic_write(target) as f:
+        f.write(b"new, partial")
+        raise KeyboardInterrupt
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    with atomic_write(target) as f:
+        f.write(b"new")
+    assert target.read_text() == "new"
+
+
+# ---- never over an input --------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["k.npy", "--save", "k.npy"],
+    ["k.npy", "v.npy", "--save", "v.npy"],
+    ["k.npy", "--save", "./sub/../k.npy"],
+    ["k.npy", "--save", "link.npy"],  # a symlink to k.npy
+    ["k.npy", "--save", "hard.npy"],  # a hard link to k.npy
+    ["k.npy", "--mask", "mask.npy", "--save", "mask.npy"],
+    ["k.npy", "--valid-lens", "lens.json", "--save", "lens.json"],
+])
+def test_never_saves_over_an_input(work: Path, args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(work)
+    (work / "sub").mkdir()
+    np.save(work / "mask.npy", np.ones((4, 4), dtype=bool))
+    (work / "lens.json").write_text("[4, 4, 4, 4]")
+    (work / "link.npy").symlink_to(work / "k.npy")
+    os.link(work / "k.npy", work / "hard.npy")
+    before = {p.name: p.read_bytes() for p in work.iterdir() if p.is_file()}
+    res = runner.invoke(app, ["run", *args])
+    assert res.exit_code == 2, res.stderr
+    assert "is one of the inputs; refusing to overwrite it" in res.stderr
+    assert {p.name: p.read_bytes() for p in work.iterdir() if p.is_file()} == before
+
+
+# ---- exit codes: the documented table --------------------------------------------------------
+
+EXIT_CODES = [
+    # (arguments, exit code, what stderr says)
+    (["run", "k.npy", "--format", "json"], 0, ""),
+    (["run", "missing.npy"], 2, "no such file"),
+    (["run", "k.npy", "--score", "nonsense"], 2, "nonsense"),
+    (["run", "k.npy", "--no-such-option"], 2, "No such option"),
+    (["run"], 2, "Missing argument"),
+    (["run", "k.npy", "v.npy", "q.yaml", "k.npy"], 2, "expected 1 to 3 inputs"),
+    (["run", "k.npy", "--save", "out.xyz"], 2, "cannot save"),
+]
+
+
+@posix_only
+@pytest.mark.parametrize(("args", "code", "words"), EXIT_CODES)
+def test_exit_codes(work: Path, args: list[str], code: int, words: str) -> None:
+    proc = subprocess.run([ATTNCLI, *args], cwd=work, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert words in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@posix_only
+def test_exit_code_1_for_an_internal_error(work: Path) -> None:
+    """An unexpected exception is exit 1 with one line (the traceback only with ATTNCLI_DEBUG=1)."""
+    boom = ("import sys; import attncli.engine as e\n"
+            "def bad(*a, **k): raise ZeroDivisionError('boom')\n"
+            "e.run = bad\n"
+            "from attncli.cli import main; sys.argv = ['attncli', 'run', 'k.npy']; main()\n")
+    proc = subprocess.run([sys.executable, "-c", boom], cwd=work, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "attncli: error: internal error: ZeroDivisionError: boom (set ATTNCLI_DEBUG=1 for the traceback, "
+        "and please report it)"]
+    debug = subprocess.run([sys.executable, "-c", boom], cwd=work, env={**ENV, "ATTNCLI_DEBUG": "1"},
+                           capture_output=True, text=True, timeout=60)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
