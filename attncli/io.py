@@ -68,10 +68,12 @@ def memory_limit() -> int:
         return 1 << 40
 
 
-def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".npy file") -> None:
+def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".npy file",
+                     memory: int | None = None) -> None:
     """Read an .npy header from ``f`` and check that the data it declares fits in the
-    ``available`` bytes after it (and in memory): a truncated file or one declaring an
-    enormous shape fails here, fast, instead of allocating. Leaves ``f`` after the header."""
+    ``available`` bytes after it (and in ``memory`` bytes, for data that will be decompressed
+    into memory): a truncated file or one declaring an enormous shape fails here, fast,
+    instead of allocating. Leaves ``f`` after the header."""
     start = f.tell()
     try:
         version = np.lib.format.read_magic(f)
@@ -89,7 +91,7 @@ def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".np
     if need > have:
         raise InputError(f"is truncated or corrupt: its header declares shape {tuple(shape)} {dtype} "
                          f"({_size(need)}) but only {_size(max(have, 0))} of data follow", source)
-    if need > memory_limit():
+    if memory is not None and need > memory:
         raise InputError(f"declares shape {tuple(shape)} ({_size(need)}), more than this machine's memory", source)
 
 
@@ -152,7 +154,8 @@ def load_npz(data: bytes, source: str) -> dict[str, Any]:
             for info in zf.infolist():  # check each member's declared shape before numpy allocates it
                 if info.filename.endswith(".npy") and not info.is_dir():
                     with zf.open(info) as member:
-                        check_npy_header(member, info.file_size, f"{source}[{info.filename[:-4]}]", "array")
+                        check_npy_header(member, info.file_size, f"{source}[{info.filename[:-4]}]", "array",
+                                         memory=memory_limit())
     except InputError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
