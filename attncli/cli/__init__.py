@@ -19,7 +19,10 @@ from attncli.errors import AttnError
 
 app = typer.Typer(
     name="attncli",
-    help="Compute attention on matrices you supply, and explain every step.",
+    help="Compute attention on matrices you supply, and explain every step.\n\n"
+         "Examples:\n\n  attncli run examples/cat_milk_sweet.yaml\n\n"
+         "  attncli run q.npy k.npy v.npy --valid-lens 2,3 --format json\n\n"
+         "  attncli examples\n\n  attncli run --help",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,

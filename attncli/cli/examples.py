@@ -24,7 +24,9 @@ EXAMPLE_SUFFIXES = (".yaml", ".yml", ".json", ".npz")
 
 examples_app = typer.Typer(
     name="examples",
-    help="The textbook examples: list them, show one, or run one step by step.",
+    help="The textbook examples: list them, show one, or run one step by step.\n\n"
+         "Examples:\n\n  attncli examples\n\n  attncli examples show cat_milk_sweet\n\n"
+         "  attncli examples run d2l_masked_softmax --format json",
     invoke_without_command=True,
     no_args_is_help=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -92,7 +94,14 @@ def examples_list(ctx: typer.Context) -> None:
 @examples_app.command("show")
 @handles_errors
 def examples_show(name: Annotated[str, typer.Argument(help="Example name, as listed by `attncli examples`.")]) -> None:
-    """Print an example file (its comments say where it comes from and what to expect)."""
+    """Print an example file (its comments say where it comes from and what to expect).
+
+    Examples:
+
+      attncli examples show cat_milk_sweet
+
+      attncli examples show d2l_additive > mine.yaml
+    """
     path = find(name)
     if path.name.endswith(".npz"):
         raise InputError("is a binary .npz problem; run it with `attncli examples run` instead", name)
@@ -106,7 +115,16 @@ def examples_run(
     name: Annotated[str, typer.Argument(help="Example name, as listed by `attncli examples`.")],
     opts: dict[str, Any],
 ) -> None:
-    """Run an example step by step; every option of `attncli run` works (e.g. --explain it,milk)."""
+    """Run an example step by step; every option of `attncli run` works (e.g. --explain it,milk).
+
+    Examples:
+
+      attncli examples run cat_milk_sweet
+
+      attncli examples run cat_milk_sweet --explain it --steps weights,output
+
+      attncli examples run d2l_masked_softmax --mask-value -inf --format json
+    """
     from attncli.cli.inputs import build_problem
     from attncli.cli.run import emit
     from attncli.engine import run

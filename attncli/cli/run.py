@@ -19,8 +19,8 @@ from attncli.errors import InputError
 
 RUN_HELP = """Compute attention on Q, K, V and show every step.
 
-Inputs are .npy, .npz, .yaml/.yml, .json, .csv/.txt files, or - for stdin. One input is a
-problem file (q, k, v, labels, valid_lens, mask, options) or a matrix used as Q, K and V;
+Inputs are .npy, .npz, .yaml/.yml, .json, .csv/.txt, .pt files, or - for stdin. One input is a \
+problem file (q, k, v, labels, valid_lens, mask, options) or a matrix used as Q, K and V; \
 two are Q and K (K is also V); three are Q, K, V.
 
 Examples:
