@@ -51,12 +51,13 @@ FAST_OPTIONS = {"score", "scale", "scaling", "temperature", "causal", "causal_al
 DOT_SCORES = {"dot", "scaled-dot"}
 # Scaling rules whose factor depends only on d and n, not on the scores themselves.
 CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
-# A score function may set ``row_separable = False`` (scores of a query depend on other queries).
 HALF_MAX = {"float16": float(np.finfo(np.float16).max), "bfloat16": 3.3895313892515355e38}
 
 
 def supported(problem: Problem) -> bool:
-    """Whether the output-only paths compute exactly what the explicit path would."""
+    """Whether the output-only paths compute exactly what the explicit path would: every option is
+    one they implement, the scale is a constant, and the score treats each query on its own (a score
+    function may set ``row_separable = False`` when a query's scores depend on other queries)."""
     o, default = problem.options, Options()
     if any(getattr(o, f.name) != getattr(default, f.name) for f in fields(Options) if f.name not in FAST_OPTIONS):
         return False
@@ -302,9 +303,10 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
     half_limit = HALF_MAX.get(problem.result_dtype or "")
     if half_limit is not None:  # the raw scores are only looked at to warn; blockwise, never all at once
         overflow: list[tuple[tuple[int, ...], float, int]] = []
-        for i0 in range(0, m, block_rows(problem)):
-            qb = q[..., i0:i0 + block_rows(problem), :]
-            _check_overflow(qb @ k.transpose(-2, -1), 1.0, half_limit, (i0, 0), overflow)  # (..., b, d) x (..., d, n)
+        step = block_rows(problem)
+        for i0 in range(0, m, step):
+            s = q[..., i0:i0 + step, :] @ k.transpose(-2, -1)  # (..., b, d) x (..., d, n) -> (..., b, n)
+            _check_overflow(s, 1.0, half_limit, (i0, 0), overflow)
         if overflow:
             trace.warnings.append(overflow_message(problem, overflow))
     top_left = not o.causal or o.causal_align == "top-left" or m == n
