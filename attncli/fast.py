@@ -197,10 +197,11 @@ def _block_threads(workers: int) -> Iterator[ThreadPoolExecutor | None]:
     if workers < 2 or before is None or not set_blas_threads(1):
         yield None
         return
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="attncli-block")
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="attncli-block") as pool:
-            yield pool
-    finally:
+        yield pool
+    finally:  # on an error or Ctrl-C, the blocks not yet started are dropped, not waited for
+        pool.shutdown(wait=True, cancel_futures=True)
         set_blas_threads(before)
 
 
