@@ -31,6 +31,8 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     ``k`` and ``v`` default to ``q`` (self-attention). Keyword options are the fields of
     :class:`attncli.problem.Options` (``score``, ``scale``, ``temperature``, ``causal``,
     ``mask_convention``, ``mask_value``, ``dtype``, ``backend``, ``device``, ...).
+    ``keep_weights=False`` returns the output alone, computed in blocks of queries (or by torch's
+    fused SDPA) without ever holding the ``(..., m, n)`` weights: for long sequences.
 
     >>> import numpy as np
     >>> attend(np.eye(2), score="dot").weights.sum(axis=-1).tolist()
