@@ -243,3 +243,34 @@ def test_bounded_memory_and_time(tmp_path: Path, name: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ---- the same files in every place a command reads one -------------------------------------
+
+PLACES = [
+    ["self", "{f}"],
+    ["check", "-e", "[[1]]", "{f}"],
+    ["check", "{f}", "{q}"],
+    ["run", "{q}", "--mask", "{f}"],
+    ["run", "{q}", "--valid-lens", "{f}"],
+    ["run", "{q}", "--score", "additive", "--weights", "{f}"],
+    ["self", "{q}", "--weights", "{f}"],
+    ["examples", "run", "cat_milk_sweet", "--mask", "{f}"],
+]
+FEW = ["huge.npy", "trunc.npz", "object.npz", "bomb.yaml", "deep.json", "latin1.yaml", "mixed_bool.json",
+       "bigint.json", "complex.npy", "pickle.npy"]
+
+
+@pytest.mark.parametrize("place", PLACES, ids=lambda p: " ".join(p[:2]))
+def test_hostile_files_in_every_place(tmp_path: Path, place: list[str]) -> None:
+    q = tmp_path / "q.npy"
+    np.save(q, np.eye(3))
+    made = dict((c[0], c[1]) for c in CASES)
+    for name in FEW:
+        path = tmp_path / name
+        path.write_bytes(made[name]())
+        args = [a.format(f=path, q=q) for a in place]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2, (args, res.exit_code, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("attncli: error: ") and name in lines[0], (args, res.stderr)
