@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import fields
 from typing import Any
 
@@ -172,10 +171,9 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
 
     starts = range(0, m, step)
     workers = min(len(starts), threads()) if be.name == "numpy" else 1
-    with _block_threads(workers) as pool:
-        for i1 in (pool.map(block, starts) if pool is not None else map(block, starts)):
-            if progress is not None:
-                progress(i1, m)
+    for i1 in _run_blocks(block, starts, workers):
+        if progress is not None:
+            progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
 
@@ -187,21 +185,34 @@ def _key_chunk(a: Any, cols: slice) -> Any:
     return a[..., cols]
 
 
-@contextmanager
-def _block_threads(workers: int) -> Iterator[ThreadPoolExecutor | None]:
-    """A pool of ``workers`` threads, one block each at a time, with the BLAS single-threaded
-    meanwhile (numpy releases the GIL in matmul, exp and sums; two levels of threads on the
-    same cores only wait on each other). None where there is one worker or the BLAS thread
-    count cannot be set at run time."""
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def _run_blocks(block: Callable[[int], int], starts: range, workers: int) -> Iterator[int]:
+    """``block(i0)`` for each start, in order: on ``workers`` threads (kept between runs: starting
+    threads costs ~1 ms a run) with the BLAS single-threaded meanwhile, since numpy releases the
+    GIL in matmul, exp and sums and two levels of threads on the same cores only wait on each
+    other. One thread where there is one worker or the BLAS thread count cannot be set at run time."""
+    global _pool, _pool_size
     before = blas_threads()
     if workers < 2 or before is None or not set_blas_threads(1):
-        yield None
+        yield from map(block, starts)
         return
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="attncli-block")
     try:
-        yield pool
-    finally:  # on an error or Ctrl-C, the blocks not yet started are dropped, not waited for
-        pool.shutdown(wait=True, cancel_futures=True)
+        if _pool is None or _pool_size != workers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool, _pool_size = ThreadPoolExecutor(workers, thread_name_prefix="attncli-block"), workers
+        futures = [_pool.submit(block, i0) for i0 in starts]
+        try:
+            for f in futures:
+                yield f.result()
+        finally:  # on an error or Ctrl-C, the blocks not yet started are dropped, the running ones end
+            for f in futures:
+                f.cancel()
+            wait(futures)
+    finally:
         set_blas_threads(before)
 
 
