@@ -84,7 +84,10 @@ def half_type(a: Any) -> str | None:
     """'float16' or 'bfloat16' for an array (numpy, torch, or marked) in a half type, else None."""
     if isinstance(a, BFloat16Values):
         return "bfloat16"
-    return HALF_TYPES.get(str(getattr(a, "dtype", "")))
+    dt = getattr(a, "dtype", None)
+    if isinstance(dt, np.dtype):
+        return "float16" if dt == np.float16 else None
+    return None if dt is None else HALF_TYPES.get(str(dt))
 
 
 def host_array(a: Any) -> Any:
@@ -251,6 +254,7 @@ def get_backend(name: str | None = None, device: str = "cpu") -> Backend:
     return Backend("torch", xtorch, resolve_device(torch, device))
 
 
+@functools.lru_cache(maxsize=1)
 def numpy_namespace() -> Any:
     """numpy 2.1 and later is itself an array-API namespace; older numpy goes through
     array-api-compat (whose wrapper touches every numpy submodule: ~0.1 s of start-up)."""
