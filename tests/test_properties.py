@@ -17,6 +17,7 @@ float64 numpy in this file; nothing here compares with recorded outputs of attnc
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,10 @@ from attncli.errors import InputError
 from attncli.scoring import SCORES
 from attncli.trace import Trace
 
-# A modest, fixed budget keeps this file to a few seconds on a shared 2-core machine.
-settings.register_profile("attncli-props", max_examples=25, deadline=None, derandomize=True,
+# A modest, fixed budget keeps this file to a few seconds on a shared 2-core machine;
+# ATTNCLI_PROPERTY_EXAMPLES=500 for a longer, random local run.
+_LONG = os.environ.get("ATTNCLI_PROPERTY_EXAMPLES")
+settings.register_profile("attncli-props", max_examples=int(_LONG or 25), deadline=None, derandomize=not _LONG,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 PROPS = settings.get_profile("attncli-props")
 
