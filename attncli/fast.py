@@ -321,13 +321,15 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
             _check_overflow(s, 1.0, half_limit, (i0, 0), overflow)
         if overflow:
             trace.warnings.append(overflow_message(problem, overflow))
+    batch = problem.batch_shape
+    q, k, v = (_as_4d(torch, t, batch + tuple(t.shape[-2:])) for t in (q, k, v))  # (B, 1, rows, width): 4-D for the fused kernels
     top_left = not o.causal or o.causal_align == "top-left" or m == n
     if problem.query_limit is None and problem.mask is None and top_left:
-        out = sdpa(q, k, v, is_causal=o.causal, scale=c)  # (..., m, d) (..., n, d) (..., n, d_v) -> (..., m, d_v)
+        out = sdpa(q, k, v, is_causal=o.causal, scale=c)  # (B, 1, m, d) (B, 1, n, d) (B, 1, n, d_v) -> (B, 1, m, d_v)
         if progress is not None:
             progress(m, m)
-        return out
-    out = torch.empty(problem.batch_shape + (m, int(v.shape[-1])), dtype=q.dtype, device=be.device)
+        return out.reshape(batch + tuple(out.shape[-2:]))
+    out = torch.empty(batch + (m, int(v.shape[-1])), dtype=q.dtype, device=be.device)
     dead = np.zeros(problem.batch_shape + (m,), dtype=bool)
     step = block_rows(problem)
     for i0 in range(0, m, step):
@@ -338,8 +340,10 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
             rows_dead = ~(attn > -math.inf).any(dim=-1)
         else:
             attn, rows_dead = keep, ~keep.any(dim=-1)
-        ob = sdpa(q[..., i0:i1, :], k, v, attn_mask=attn, scale=c)  # (..., b, d) (..., n, d) (..., n, d_v) -> (..., b, d_v)
-        rd = torch.broadcast_to(rows_dead, problem.batch_shape + (i1 - i0,))
+        attn = _as_4d(torch, attn, batch + (i1 - i0, n))  # (B, 1, b, n)
+        ob = sdpa(q[..., i0:i1, :], k, v, attn_mask=attn, scale=c)  # (B, 1, b, d) (B, 1, n, d) (B, 1, n, d_v) -> (B, 1, b, d_v)
+        ob = ob.reshape(batch + tuple(ob.shape[-2:]))
+        rd = torch.broadcast_to(rows_dead, batch + (i1 - i0,))
         if bool(rd.any()):  # SDPA gives NaN there; the tool's rule is zero weights and a zero output
             ob = torch.where(rd[..., None], torch.zeros((), dtype=ob.dtype, device=be.device), ob)
             dead[..., i0:i1] |= rd.cpu().numpy()
@@ -348,3 +352,10 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
             progress(i1, m)
     _report(problem, trace, dead, [])
     return out
+
+
+def _as_4d(torch: Any, t: Any, shape: tuple[int, ...]) -> Any:
+    """``t`` broadcast to ``shape`` (batch..., rows, cols) and seen as (B, 1, rows, cols): the fused
+    SDPA kernels (flash attention on the CPU too) take 4-D inputs; others fall back to the math
+    kernel, which holds every score."""
+    return torch.broadcast_to(t, shape).reshape(-1, 1, *shape[-2:])
