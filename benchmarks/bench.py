@@ -87,12 +87,14 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
     rows = []
     for t in sizes:
         x = np.random.default_rng(t).standard_normal((t, D)).astype(np.float32)
-        tx = torch.from_numpy(x)[None]  # (1, T, d)
+        t3 = torch.from_numpy(x)[None]  # (1, T, d): SDPA's math kernel, as the issue's reference figures
+        t4 = t3[None]  # (1, 1, T, d): 4-D, so SDPA runs its fused flash kernel
         a = np.random.default_rng(0).standard_normal((SGEMM_N, SGEMM_N)).astype(np.float32)
         fns = {
             "sgemm": lambda a=a: a @ a,  # the matmul rate, taken in turn with the others
             "attncli_numpy": lambda x=x: attend(x, keep_weights=False),
-            "torch_sdpa": lambda tx=tx: torch.nn.functional.scaled_dot_product_attention(tx, tx, tx),
+            "torch_sdpa": lambda t=t3: torch.nn.functional.scaled_dot_product_attention(t, t, t),
+            "torch_sdpa_flash": lambda t=t4: torch.nn.functional.scaled_dot_product_attention(t, t, t),
             "attncli_torch": lambda x=x: attend(x, keep_weights=False, backend="torch"),
         }
         times = interleaved(fns, repeats=7 if t <= 4096 else 5)
@@ -103,7 +105,11 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
                      "matmul_floor_s": floor,
                      "numpy_vs_sdpa": best["attncli_numpy"] / best["torch_sdpa"],
                      "numpy_vs_floor": best["attncli_numpy"] / floor,
+                     "numpy_vs_sdpa_flash": best["attncli_numpy"] / best["torch_sdpa_flash"],
+                     "torch_backend_vs_sdpa_flash": best["attncli_torch"] / best["torch_sdpa_flash"],
                      "torch_backend_vs_sdpa": best["attncli_torch"] / best["torch_sdpa"],
+                     # the issue's target, against SDPA as its reference figures were taken (3-D input);
+                     # the flash kernel (4-D input) is reported beside it and not met by numpy
                      "ok": best["attncli_numpy"] <= best["torch_sdpa"] and best["attncli_numpy"] <= 3 * floor})
     return {"rows": rows, "ok": all(r["ok"] for r in rows)}
 
@@ -220,12 +226,14 @@ def table(res: dict[str, Any]) -> str:
     if "compute" in res:
         for r in res["compute"]["rows"]:
             b = r["seconds_best"]
-            row(f"1 compute T={r['T']}: numpy / SDPA", f"{r['numpy_vs_sdpa']:.2f}x ({b['attncli_numpy']:.3f} s vs "
+            row(f"1 compute T={r['T']}: numpy / SDPA (3-D)", f"{r['numpy_vs_sdpa']:.2f}x ({b['attncli_numpy']:.3f} s vs "
                 f"{b['torch_sdpa']:.3f} s)", "<= 1.0x", r["numpy_vs_sdpa"] <= 1.0)
+            row(f"  T={r['T']}: numpy / SDPA flash (4-D)", f"{r['numpy_vs_sdpa_flash']:.2f}x (flash "
+                f"{b['torch_sdpa_flash']:.3f} s)", "<= 1.0x", r["numpy_vs_sdpa_flash"] <= 1.0)
             row(f"  T={r['T']}: numpy / matmul floor", f"{r['numpy_vs_floor']:.2f}x (floor {r['matmul_floor_s']:.3f} s "
                 f"@ {r['sgemm_gflops']:.0f} GF/s)", "<= 3x", r["numpy_vs_floor"] <= 3)
-            row(f"  T={r['T']}: torch backend / SDPA", f"{r['torch_backend_vs_sdpa']:.2f}x ({b['attncli_torch']:.3f} s)",
-                "report", True)
+            row(f"  T={r['T']}: torch backend / SDPA flash", f"{r['torch_backend_vs_sdpa_flash']:.2f}x "
+                f"({b['attncli_torch']:.3f} s)", "report", True)
     if "startup" in res:
         s = res["startup"]
         m = s["median_s"]
@@ -276,7 +284,8 @@ def main() -> None:
     print(f"load average: start {m['load_average_start'][0]:.2f}, end {m['load_average_end'][0]:.2f}"
           f" · total {res['total_seconds']:.0f} s{' · QUICK (sizes reduced)' if args.quick else ''}")
     print(table(res))
-    print(f"all targets met: {'yes' if res['all_ok'] else 'NO'} · numbers in {args.json}")
+    print(f"all targets met: {'yes' if res['all_ok'] else 'NO'} (judged against SDPA as the issue measured it, 3-D; "
+          f"the flash lines are for information) · numbers in {args.json}")
 
 
 if __name__ == "__main__":
