@@ -57,6 +57,16 @@ def _text(data: bytes, source: str) -> str:
 # Text formats (YAML/JSON) are for small, hand-written problems: a document that expands to
 # more numbers than this (e.g. a YAML alias bomb, "billion laughs") is refused before numpy sees it.
 MAX_TEXT_ITEMS = 10_000_000
+# Parsing text builds a Python object per number (PyYAML: about 1 KB and 35 µs each), so text
+# files are read up to these sizes; larger arrays belong in .npy (memory-mapped) files.
+MAX_YAML_BYTES = 4 << 20
+MAX_TEXT_BYTES = 64 << 20
+
+
+def check_text_bytes(data: bytes, source: str, limit: int, what: str) -> None:
+    if len(data) > limit:
+        raise InputError(f"is {_size(len(data))} of {what}; {what} inputs are read up to {_size(limit)} "
+                         "(save large arrays as .npy instead)", source)
 
 
 def memory_limit() -> int:
@@ -181,6 +191,7 @@ def load_npz(data: bytes, source: str) -> dict[str, Any]:
 def load_yaml(data: bytes, source: str) -> Content:
     import yaml
 
+    check_text_bytes(data, source, MAX_YAML_BYTES, "YAML")
     text = _text(data, source)
     try:
         doc = yaml.load(text, Loader=_yaml_loader())
@@ -254,6 +265,7 @@ def check_text_size(doc: Any, source: str, limit: int = MAX_TEXT_ITEMS) -> None:
 
 @loader(".json")
 def load_json(data: bytes, source: str) -> Content:
+    check_text_bytes(data, source, MAX_TEXT_BYTES, "JSON")
     text = _text(data, source)
     try:
         doc = json.loads(text)
@@ -269,6 +281,7 @@ def load_json(data: bytes, source: str) -> Content:
 
 @loader(".csv", ".txt", ".tsv")
 def load_csv(data: bytes, source: str) -> np.ndarray:
+    check_text_bytes(data, source, MAX_TEXT_BYTES, "CSV")
     text = _text(data, source)
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from attncli.cli import app
 from attncli.errors import InputError
-from attncli.io import LOADERS, MAX_TEXT_ITEMS, check_text_size
+from attncli.io import LOADERS, MAX_TEXT_BYTES, MAX_TEXT_ITEMS, MAX_YAML_BYTES, check_text_size
 
 runner = CliRunner()
 
@@ -128,6 +128,9 @@ CASES: list[tuple[str, Callable[[], bytes], str]] = [
     ("scalar.npy", lambda: npy(np.float64(3.0)), "single number"),
     ("only_spaces.yaml", lambda: b"   \n\n  ", "empty"),
     ("comments_only.csv", lambda: b"# nothing\n", "empty"),
+    # text too big to parse in bounded time and memory (a .npy is memory-mapped instead)
+    ("big.yaml", lambda: b"q: [" + b"1.5, " * (MAX_YAML_BYTES // 5) + b"1]", "YAML inputs are read up to"),
+    ("big.json", lambda: b"[[" + b"1, " * (MAX_TEXT_BYTES // 3) + b"1]]", "JSON inputs are read up to"),
     # a very long line that is not numbers
     ("long_junk.csv", lambda: b"1," * 200_000 + b"x\n", "'x'"),
     ("long_line.yaml", lambda: b"q: [[" + b"1, " * 20_000 + b"oops]]", "text where numbers belong"),
