@@ -217,11 +217,12 @@ def _row_block(a: np.ndarray, i0: int, i1: int) -> np.ndarray:
     return a[..., i0:i1, :] if a.ndim >= 2 and a.shape[-2] > 1 else a
 
 
-def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any) -> None:
+def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset: tuple[int, int] = (0, 0)) -> None:
     """Raise a one-line InputError when a score that takes part is not finite: the inputs
     overflowed the dtype (e.g. float32 entries of 1e30, whose products reach 1e60), and no
     softmax of such a row means anything. ``raw``: the (scaled) scores, which must be finite
-    where ``keep`` is True; ``s``: after masking, where only -inf (a masked key) may appear."""
+    where ``keep`` is True; ``s``: after masking, where only -inf (a masked key) may appear;
+    ``offset``: the (query, key) index of their first score (a block of the blocked path)."""
     bad = xp.isnan(s) | (xp.isinf(s) & (s > 0))
     raw_bad = ~xp.isfinite(raw)
     bad = bad | (raw_bad if keep is None else raw_bad & keep)
@@ -231,7 +232,7 @@ def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any) -> None
     idx = tuple(int(i) for i in np.argwhere(bad_np)[0])
     raw_np, s_np, raw_bad_np = (np.broadcast_to(to_numpy(a), bad_np.shape) for a in (raw, s, raw_bad))
     *b, i, j = idx
-    where = f"query {i}, key {j}" + (f" (batch {', '.join(map(str, b))})" if b else "")
+    where = f"query {i + offset[0]}, key {j + offset[1]}" + (f" (batch {', '.join(map(str, b))})" if b else "")
     dtype = problem.dtype
     hint = "use --dtype float64 or rescale the inputs" if dtype != "float64" else "rescale the inputs"
     raise InputError(f"scores overflow {dtype} at {where}: the score is "

@@ -106,7 +106,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
              progress: Progress | None) -> Any:
     """Blocks of queries (and, for very many keys, chunks of keys with an online softmax:
     the running row max r, sum l and output a are rescaled by exp(r_old - r_new) per chunk)."""
-    from attncli.engine import masks
+    from attncli.engine import check_scores, masks
 
     o, xp = problem.options, be.xp
     score = get_score(o.score)
@@ -120,7 +120,9 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     overflow: list[tuple[tuple[int, ...], float, int]] = []
     step = block_rows(problem)
     kstep = key_chunk(problem, step)
+    check = not (prescale and cannot_overflow(problem, c))
 
+    @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
     def block(i0: int) -> int:
         i1 = min(m, i0 + step)
         qb = q[..., i0:i1, :]  # (..., b, d)
@@ -140,11 +142,14 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             if not prescale and c != 1.0:
                 s = s * c
             # 3) mask (the rows of this block only)
+            raw = s
             if bias is not None:
                 s = s + bias
             if keep is not None:
                 s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
                 kept = xp.any(keep, axis=-1) if kept is None else kept | xp.any(keep, axis=-1)
+            if check:  # the scores may overflow: the same one-line error as the explicit path
+                check_scores(problem, xp, raw, s, keep, offset=(i0, j0))
             # 4) softmax against the running max, normalised after the multiply by V
             mx = xp.max(s, axis=-1, keepdims=True)  # (..., b, 1)
             r_new = mx if r is None else xp.maximum(r, mx)
@@ -176,6 +181,20 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+def cannot_overflow(problem: Problem, c: float) -> bool:
+    """Whether no dot-product score can overflow: |c · q_i·k_j| <= c·max‖q_i‖·max‖k_j‖ (Cauchy–Schwarz)
+    stays well inside the computing dtype's range. Checked on the inputs, O(inputs)."""
+    def norm(a: np.ndarray) -> float:
+        a = np.asarray(a, dtype=np.float64)
+        return math.sqrt(float(np.max(np.einsum("...i,...i->...", a, a))))
+
+    bound = abs(c) * norm(problem.q) * norm(problem.k)
+    mk = problem.mask
+    if mk is not None and mk.dtype != bool:  # a float mask is added to the scores
+        bound += float(np.max(np.abs(mk), initial=0.0, where=~np.isneginf(mk)))
+    return bool(np.isfinite(bound)) and bound < float(np.finfo(problem.dtype).max) / 4
 
 
 def _key_chunk(a: Any, cols: slice) -> Any:
@@ -298,7 +317,8 @@ def cast_result(be: Backend, out: Any, problem: Problem) -> Any:
 
 def _sdpa_applies(problem: Problem) -> bool:
     o = problem.options
-    return get_score(o.score).name in DOT_SCORES and o.mask_value is None
+    return (get_score(o.score).name in DOT_SCORES and o.mask_value is None
+            and cannot_overflow(problem, _constant_factor(problem)))  # else the blocked path says where
 
 
 def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, progress: Progress | None) -> Any:

@@ -302,3 +302,19 @@ def test_default_view_of_a_big_problem_skips_the_weights(monkeypatch: pytest.Mon
     assert r.exit_code == 0, r.output
     assert ("16 attention weights are not computed" in r.output) == skipped
     assert ("softmax" in r.stdout) != skipped
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_overflow_is_the_same_error_on_every_path(backend: str, small_blocks: str) -> None:
+    """float32 scores that overflow (row 30 holds 1e20: q_30·k_30 = 64e40 > 3.4e38) stop every path
+    with the explicit path's one-line error, naming the same query and key."""
+    from attncli.errors import InputError
+
+    x = rng.standard_normal((37, 64)).astype(np.float32)
+    x[30] = 1e20
+    with pytest.raises(InputError) as full:
+        attend(x, backend=backend)
+    with pytest.raises(InputError) as fast_path:
+        attend(x, backend=backend, keep_weights=False)
+    assert "query 30, key 30" in str(full.value)
+    assert str(fast_path.value) == str(full.value)
