@@ -62,7 +62,7 @@ def supported(problem: Problem) -> bool:
         return False
     if not getattr(get_score(o.score).fn, "row_separable", True):
         return False
-    return o.scale is not None or _scaling_name(problem) in CONSTANT_SCALINGS
+    return o.scale is not None or _scaling_name(problem) in CONSTANT_SCALINGS | set(WHOLE_MATRIX_SCALINGS)
 
 
 def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
@@ -111,7 +111,8 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     o, xp = problem.options, be.xp
     score = get_score(o.score)
     m, n, dv = problem.m, problem.n, int(v.shape[-1])
-    c = _constant_factor(problem)
+    c: Any = _constant_factor(problem) if _constant_scale(problem) else _whole_matrix_factor(problem, be, q, k, params)
+    scale = None if isinstance(c, float) and c == 1.0 else c  # a number, or one per batch entry (..., 1, 1)
     prescale = score.name in DOT_SCORES  # (c·q)·k = c·(q·k): one multiply on (b, d) instead of (b, n)
     fill = -math.inf if o.mask_value is None else o.mask_value
     half_limit = HALF_MAX.get(problem.result_dtype or "")
@@ -126,8 +127,8 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     def block(i0: int) -> int:
         i1 = min(m, i0 + step)
         qb = q[..., i0:i1, :]  # (..., b, d)
-        if prescale and c != 1.0:
-            qb = qb * c
+        if prescale and scale is not None:
+            qb = qb * scale
         keep_all, bias_all = masks(problem, be, (i1 - i0, n), rows=(i0, i1))  # (..., b, n) or broadcastable
         r = a = total = kept = None  # running max (..., b, 1), output (..., b, d_v), sum (..., b, 1), any key kept
         for j0 in range(0, n, kstep):
@@ -137,10 +138,10 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             # 1) score
             s = score.fn(ScoreInput(xp, qb, k[..., cols, :], params, None, o.__dict__))  # (..., b, n_c)
             if half_limit is not None:
-                _check_overflow(s, c if prescale else 1.0, half_limit, (i0, j0), overflow)
+                _check_overflow(s, to_numpy(c) if prescale else 1.0, half_limit, (i0, j0), overflow)
             # 2) scale
-            if not prescale and c != 1.0:
-                s = s * c
+            if not prescale and scale is not None:
+                s = s * scale
             # 3) mask (the rows of this block only)
             raw = s
             if bias is not None:
@@ -183,14 +184,14 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     return out
 
 
-def cannot_overflow(problem: Problem, c: float) -> bool:
+def cannot_overflow(problem: Problem, c: Any) -> bool:
     """Whether no dot-product score can overflow: |c · q_i·k_j| <= c·max‖q_i‖·max‖k_j‖ (Cauchy–Schwarz)
     stays well inside the computing dtype's range. Checked on the inputs, O(inputs)."""
     def norm(a: np.ndarray) -> float:
         a = np.asarray(a, dtype=np.float64)
         return math.sqrt(float(np.max(np.einsum("...i,...i->...", a, a))))
 
-    bound = abs(c) * norm(problem.q) * norm(problem.k)
+    bound = float(np.max(np.abs(to_numpy(c)))) * norm(problem.q) * norm(problem.k)
     mk = problem.mask
     if mk is not None and mk.dtype != bool:  # a float mask is added to the scores
         bound += float(np.max(np.abs(mk), initial=0.0, where=~np.isneginf(mk)))
@@ -241,17 +242,17 @@ def _exp_inplace(be: Backend, s: Any) -> Any:
     return s.exp_()
 
 
-def _check_overflow(s: Any, c: float, limit: float, at0: tuple[int, int],
+def _check_overflow(s: Any, c: Any, limit: float, at0: tuple[int, int],
                     found: list[tuple[tuple[int, ...], float, int]]) -> None:
     """Note the largest raw score of the block beyond ``limit`` (``s`` may already be scaled by c);
     ``at0``: the (query, key) index of the block's first score."""
-    a = np.abs(to_numpy(s)) / c
-    over = a > limit
-    count = int(over.sum())
+    raw = to_numpy(s) / to_numpy(c)  # c: a number, or one per batch entry (..., 1, 1)
+    a = np.abs(raw)
+    count = int((a > limit).sum())
     if count:
         idx = np.unravel_index(int(np.argmax(a)), a.shape)
         at = (*idx[:-2], idx[-2] + at0[0], idx[-1] + at0[1])
-        found.append((tuple(int(x) for x in at), float(np.asarray(to_numpy(s)[idx]) / c), count))
+        found.append((tuple(int(x) for x in at), float(raw[idx]), count))
 
 
 def _report(problem: Problem, trace: Trace, dead: np.ndarray, overflow: list[tuple[tuple[int, ...], float, int]]) -> None:
@@ -293,6 +294,37 @@ def _scaling_name(problem: Problem) -> str:
     return SCALINGS[o.scaling or get_score(o.score).scaling].name
 
 
+def _constant_scale(problem: Problem) -> bool:
+    return problem.options.scale is not None or _scaling_name(problem) in CONSTANT_SCALINGS
+
+
+def _whole_matrix_factor(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any]) -> Any:
+    """The factor of a scaling that looks at the whole score matrix, over the temperature."""
+    o = problem.options
+    f = WHOLE_MATRIX_SCALINGS[_scaling_name(problem)](problem, be, q, k, params)
+    return f / o.temperature if o.temperature is not None else f
+
+
+def _frobenius(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any]) -> Any:
+    """1 / ‖S‖_F of each raw score matrix (finite entries), as the 'norm' scaling: a first pass
+    over blocks of queries sums the squares. (..., 1, 1)"""
+    o, xp = problem.options, be.xp
+    score = get_score(o.score)
+    total: Any = 0.0
+    step = block_rows(problem)
+    for i0 in range(0, problem.m, step):
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = score.fn(ScoreInput(xp, q[..., i0:i0 + step, :], k, params, None, o.__dict__))  # (..., b, n)
+            finite = xp.where(xp.isfinite(s), s, xp.zeros_like(s))
+            total = total + xp.sum(finite * finite, axis=(-2, -1), keepdims=True)  # (..., 1, 1)
+    f = xp.sqrt(total)
+    return 1.0 / xp.where(f > 0, f, xp.ones_like(f))
+
+
+# Scalings whose factor depends on the whole score matrix: computed by a first pass over blocks.
+WHOLE_MATRIX_SCALINGS: dict[str, Callable[[Problem, Backend, Any, Any, dict[str, Any]], Any]] = {"norm": _frobenius}
+
+
 def _constant_factor(problem: Problem) -> float:
     """The number the raw scores are multiplied by: the scale rule (or --scale) over the temperature."""
     o = problem.options
@@ -317,7 +349,7 @@ def cast_result(be: Backend, out: Any, problem: Problem) -> Any:
 
 def _sdpa_applies(problem: Problem) -> bool:
     o = problem.options
-    return (get_score(o.score).name in DOT_SCORES and o.mask_value is None
+    return (get_score(o.score).name in DOT_SCORES and o.mask_value is None and _constant_scale(problem)
             and cannot_overflow(problem, _constant_factor(problem)))  # else the blocked path says where
 
 

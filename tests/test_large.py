@@ -66,6 +66,7 @@ CASES = {
     "float-mask": {"mask": np.where(rng.random((2, 37, 23)) < 0.2, -np.inf, rng.standard_normal((2, 37, 23)))},
     "mask-value-d2l": {"valid_lens": [3, 0], "mask_value": -1e6},
     "temperature-scale": {"temperature": 0.5, "scale": 0.3},
+    "norm-scaling": {"scaling": "norm", "temperature": 2.0, "valid_lens": [5, 0]},  # ‖S‖_F: a first pass
 }
 
 
