@@ -187,11 +187,13 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
 def cannot_overflow(problem: Problem, c: Any) -> bool:
     """Whether no dot-product score can overflow: |c · q_i·k_j| <= c·max‖q_i‖·max‖k_j‖ (Cauchy–Schwarz)
     stays well inside the computing dtype's range. Checked on the inputs, O(inputs)."""
-    def norm(a: np.ndarray) -> float:
-        a = np.asarray(a, dtype=np.float64)
-        return math.sqrt(float(np.max(np.einsum("...i,...i->...", a, a))))
+    def norm(a: np.ndarray) -> float:  # in at least float32: an overflow here only means "check"
+        with np.errstate(over="ignore"):
+            sq = np.einsum("...i,...i->...", a, a, dtype=np.result_type(a.dtype, np.float32))
+        return math.sqrt(float(np.max(sq)))
 
-    bound = float(np.max(np.abs(to_numpy(c)))) * norm(problem.q) * norm(problem.k)
+    nq = norm(problem.q)
+    bound = float(np.max(np.abs(to_numpy(c)))) * nq * (nq if problem.k is problem.q else norm(problem.k))
     mk = problem.mask
     if mk is not None and mk.dtype != bool:  # a float mask is added to the scores
         bound += float(np.max(np.abs(mk), initial=0.0, where=~np.isneginf(mk)))
