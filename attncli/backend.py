@@ -130,7 +130,7 @@ def _import_torch(why: str) -> Any:
 
 _threads: int | None = None
 BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                "openblas_set_num_threads64_", "openblas_set_num_threads", "MKL_Set_Num_Threads")
+                "openblas_set_num_threads64_", "openblas_set_num_threads")
 
 
 def set_threads(n: int) -> list[str]:
