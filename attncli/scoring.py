@@ -127,8 +127,14 @@ def _activation(s: ScoreInput) -> tuple[str, Callable[[Any, Any], Any]]:
 
 
 def _row_norms(xp: Any, a: Any) -> Any:
-    """‖a_i‖ over the last axis, kept as (..., r, 1); a zero row gets 1 so that it stays zero."""
-    n = xp.sqrt(xp.sum(a * a, axis=-1, keepdims=True))  # (..., r, 1)
+    """‖a_i‖ over the last axis, kept as (..., r, 1); a zero row gets 1 so that it stays zero.
+
+    Each row is divided by its largest |entry| before squaring, so the norm of a row of 1e30
+    (or 1e-30) in float32 neither overflows nor underflows: cosine stays scale-invariant."""
+    mx = xp.max(xp.abs(a), axis=-1, keepdims=True)  # (..., r, 1)
+    mx = xp.where(mx > 0, mx, xp.ones_like(mx))
+    b = a / mx
+    n = xp.sqrt(xp.sum(b * b, axis=-1, keepdims=True)) * mx  # (..., r, 1)
     return xp.where(n > 0, n, xp.ones_like(n))
 
 
@@ -234,7 +240,7 @@ def gaussian(s: ScoreInput) -> Any:
     qq = xp.sum(q * q, axis=-1)[..., :, None]  # (..., m, 1)
     kk = xp.sum(k * k, axis=-1)[..., None, :]  # (..., 1, n)
     d2 = qq + kk - 2.0 * (q @ xp.matrix_transpose(k))  # (..., m, d) x (..., d, n) -> (..., m, n)
-    d2 = xp.where(d2 > 0, d2, xp.zeros_like(d2))  # rounding can leave tiny negatives
+    d2 = xp.where(d2 < 0, xp.zeros_like(d2), d2)  # rounding can leave tiny negatives; NaN (overflow) stays NaN
     s.add_step("sq_dist", f"squared distance {what}", d2, (QUERIES, KEYS))
     return -half * d2
 

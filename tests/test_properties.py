@@ -247,6 +247,26 @@ def test_extreme_magnitudes_every_score(score: str, magnitude: float, dtype: str
     np.testing.assert_array_equal(trace.output[:, 1], 0.0)  # the fully masked query
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("magnitude", [1e-30, 1e30])
+def test_cosine_is_scale_invariant(magnitude: float, dtype: str) -> None:
+    """cos(q, k) does not change when q and k are scaled: at 1e±30 in float32 a naive ‖q‖
+    (sqrt of a sum of squares) overflows or underflows. Reference: cosines by hand, float64."""
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    cos = (x @ x.T) / np.outer(np.linalg.norm(x, axis=1), np.linalg.norm(x, axis=1))
+    ref = np.exp(10 * cos) / np.exp(10 * cos).sum(axis=1, keepdims=True)
+    w = attend((x * magnitude).astype(dtype), score="cosine", scale=10).weights
+    np.testing.assert_allclose(w, ref, rtol=1e-5 if dtype == "float32" else 1e-12)
+
+
+def test_gaussian_overflow_is_reported_not_hidden() -> None:
+    """Distances of 1e60 overflow float32: an error naming the overflow, not a distance of 0."""
+    rng = np.random.default_rng(3)
+    q, k = (rng.standard_normal((3, 4)) * 1e30 for _ in range(2))
+    with pytest.raises(InputError, match="overflow float32"):
+        attend(q.astype("float32"), k.astype("float32"), score="gaussian")
+
+
 @pytest.mark.parametrize("score", SCORE_NAMES)
 def test_one_query_one_key(score: str) -> None:
     """With one key, the weight is 1 and the output is that key's value, whatever the score."""
