@@ -157,8 +157,8 @@ class Problem:
             raise InputError(f"temperature must be a positive number, got {o.temperature}", "--temperature")
         if o.scale is not None and not np.isfinite(o.scale):
             raise InputError(f"scale must be a finite number, got {o.scale}", "--scale")
-        if o.mask_value is not None and np.isnan(o.mask_value):
-            raise InputError("mask value must be a number or -inf, got nan", "--mask-value")
+        if o.mask_value is not None and (np.isnan(o.mask_value) or o.mask_value == np.inf):
+            raise InputError(f"mask value must be a number or -inf, got {o.mask_value}", "--mask-value")
         self._check_variant_options()
 
         k_is_q, v_is_k = self.k is self.q, self.v is self.k

@@ -277,3 +277,35 @@ def test_hostile_files_in_every_place(tmp_path: Path, place: list[str]) -> None:
         assert res.exit_code == 2, (args, res.exit_code, res.stderr)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("attncli: error: ") and name in lines[0], (args, res.stderr)
+
+
+# ---- hostile option values: one line (or Typer's usage box for a type error), exit 2 ----------
+
+OPTION_CASES = [
+    (["--scale", "nan"], "finite"),
+    (["--scale", "-1e400"], "finite"),
+    (["--temperature", "0"], "positive"),
+    (["--temperature", "nan"], "positive"),
+    (["--mask-value", "nan"], "-inf"),
+    (["--mask-value", "inf", "--causal"], "-inf"),
+    (["--valid-lens", "nan"], "NaN"),
+    (["--valid-lens", "1e400"], "infinite"),
+    (["--valid-lens", "99"], "out of range"),
+    (["--valid-lens", "1,2;3"], "different lengths"),
+    (["--labels", "a,b"], "2 query labels"),
+    (["--steps", "bogus"], "bogus"),
+    (["--score", "gaussian", "--bandwidth", "nan"], "positive"),
+    (["--seed", "-1"], "seed"),
+    (["--dropout", "2"], "Usage"),
+    (["--precision", "100"], "Usage"),
+]
+
+
+@pytest.mark.parametrize(("args", "words"), OPTION_CASES, ids=lambda a: " ".join(a) if isinstance(a, list) else a)
+def test_hostile_option_values(tmp_path: Path, args: list[str], words: str) -> None:
+    np.save(tmp_path / "x.npy", np.eye(3))
+    res = runner.invoke(app, ["run", str(tmp_path / "x.npy"), *args])
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert words in res.stderr and "Traceback" not in res.stderr
+    if words != "Usage":
+        assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("attncli: error: ")
