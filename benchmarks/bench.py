@@ -73,7 +73,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, li
     return times
 
 
-SGEMM_N = 1024  # square float32 product whose best time gives the sgemm rate
+SGEMM_N = 2048  # square float32 product whose best time gives the sgemm rate (1024² reads low on 2 cores)
 
 
 # ---- 1. compute ------------------------------------------------------------------------
@@ -97,20 +97,25 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
             "torch_sdpa_flash": lambda t=t4: torch.nn.functional.scaled_dot_product_attention(t, t, t),
             "attncli_torch": lambda x=x: attend(x, keep_weights=False, backend="torch"),
         }
-        times = interleaved(fns, repeats=7 if t <= 4096 else 5)
+        times = interleaved(fns, repeats=25 if t <= 1024 else 9 if t <= 4096 else 5)  # best-of: load only adds
         best = {k: min(v) for k, v in times.items()}
         rate = 2 * SGEMM_N**3 / best.pop("sgemm")
-        floor = 4 * t * t * D / rate
         rows.append({"T": t, "seconds_best": best, "seconds_all": times, "sgemm_gflops": rate / 1e9,
-                     "matmul_floor_s": floor,
                      "numpy_vs_sdpa": best["attncli_numpy"] / best["torch_sdpa"],
-                     "numpy_vs_floor": best["attncli_numpy"] / floor,
                      "numpy_vs_sdpa_flash": best["attncli_numpy"] / best["torch_sdpa_flash"],
                      "torch_backend_vs_sdpa_flash": best["attncli_torch"] / best["torch_sdpa_flash"],
                      "torch_backend_vs_sdpa": best["attncli_torch"] / best["torch_sdpa"],
                      # the target, against SDPA as its reference figures were taken (3-D input);
                      # the flash kernel (4-D input) is reported beside it and not met by numpy
-                     "ok": best["attncli_numpy"] <= best["torch_sdpa"] and best["attncli_numpy"] <= 3 * floor})
+                     "ok": best["attncli_numpy"] <= best["torch_sdpa"]})
+    peak = max(r["sgemm_gflops"] for r in rows) * 1e9  # the best sgemm rate of the run: the strictest floor
+    for r in rows:
+        t = r["T"]
+        r["matmul_floor_s"] = 4 * t * t * D / peak
+        r["peak_sgemm_gflops"] = peak / 1e9
+        r["numpy_vs_floor"] = r["seconds_best"]["attncli_numpy"] / r["matmul_floor_s"]
+        r["sdpa_flash_vs_floor"] = r["seconds_best"]["torch_sdpa_flash"] / r["matmul_floor_s"]
+        r["ok"] = r["ok"] and r["numpy_vs_floor"] <= 3
     return {"rows": rows, "ok": all(r["ok"] for r in rows)}
 
 
@@ -231,7 +236,8 @@ def table(res: dict[str, Any]) -> str:
             row(f"  T={r['T']}: numpy / SDPA flash (4-D)", f"{r['numpy_vs_sdpa_flash']:.2f}x (flash "
                 f"{b['torch_sdpa_flash']:.3f} s)", "<= 1.0x", r["numpy_vs_sdpa_flash"] <= 1.0)
             row(f"  T={r['T']}: numpy / matmul floor", f"{r['numpy_vs_floor']:.2f}x (floor {r['matmul_floor_s']:.3f} s "
-                f"@ {r['sgemm_gflops']:.0f} GF/s)", "<= 3x", r["numpy_vs_floor"] <= 3)
+                f"@ {r['peak_sgemm_gflops']:.0f} GF/s)", "<= 3x", r["numpy_vs_floor"] <= 3)
+            row(f"  T={r['T']}: SDPA flash / matmul floor", f"{r['sdpa_flash_vs_floor']:.2f}x", "report", True)
             row(f"  T={r['T']}: torch backend / SDPA flash", f"{r['torch_backend_vs_sdpa_flash']:.2f}x "
                 f"({b['attncli_torch']:.3f} s)", "report", True)
     if "startup" in res:
