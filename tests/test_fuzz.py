@@ -141,3 +141,24 @@ def test_valid_samples_load() -> None:
     for ext, data in SAMPLE.items():
         content = LOADERS[ext](data, f"x{ext}")
         assert content is not None
+
+
+@pytest.mark.parametrize("place", [["run", "{x}", "--valid-lens", "{t}"], ["check", "-e", "{t}", "{x}"],
+                                   ["run", "{x}", "--labels", "{t}"], ["run", "{x}", "--explain", "{t}"],
+                                   ["run", "{x}", "--steps", "{t}"]], ids=lambda p: " ".join(p[:3]))
+def test_fuzz_option_text(place: list[str], tmp_path: Path) -> None:
+    """Text typed on the command line (valid lengths, inline expected numbers, labels, explain
+    targets, steps): exit 0, 1 (a check that does not match) or 2, never an internal error."""
+    x = tmp_path / "x.npy"
+    np.save(x, X[:, :2])
+
+    @FUZZ
+    @given(st.one_of(st.text(max_size=40), st.from_regex(r"[-0-9.,;e\[\] ]{0,30}", fullmatch=True)))
+    def fuzz(text: str) -> None:
+        if text.startswith("-") or "\x00" in text:
+            return  # an option-looking or NUL argument is the shell's business, not ours
+        res = runner.invoke(app, [a.format(x=x, t=text) for a in place])
+        assert res.exit_code in (0, 1, 2), (res.exit_code, res.stderr)
+        assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+    fuzz()
