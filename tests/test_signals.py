@@ -73,13 +73,28 @@ def test_stdin_npy_bytes_and_npz_out_on_stdout(work: Path) -> None:
 
 # ---- Ctrl-C -------------------------------------------------------------------------------
 
+def wait_until_reading_a_pipe(pid: int, limit: float = 20.0) -> None:
+    """Until the process sleeps in a pipe read (Linux: /proc/PID/wchan names it), so the signal
+    lands in attncli's code and not while Python is still importing it; elsewhere, or if the
+    kernel hides wchan, give up waiting after ``limit`` seconds."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        try:
+            if "pipe" in Path(f"/proc/{pid}/wchan").read_text():
+                time.sleep(0.1)
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+
+
 @posix_only
 def test_sigint_while_reading_stdin_exits_130_and_saves_nothing(work: Path) -> None:
     """Ctrl-C while attncli waits for piped input: exit 130, one line, no output file."""
     proc = subprocess.Popen([ATTNCLI, "run", "-", "--save", "out.npz"], cwd=work, env=ENV, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(3.0)  # let it start and block on stdin (the assertions hold whenever the signal lands)
+        wait_until_reading_a_pipe(proc.pid)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
