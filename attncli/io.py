@@ -151,6 +151,8 @@ def map_npy(path: Path, source: str) -> np.ndarray:
         with open(path, "rb") as f:
             check_npy_header(f, size, source)
         return np.load(path, mmap_mode="r", allow_pickle=False)
+    except InputError:
+        raise
     except OSError as e:
         raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", source) from None
     except ValueError as e:

@@ -149,6 +149,7 @@ def test_hostile_file_one_line_exit_2(tmp_path: Path, name: str, make: Callable[
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr
     assert name in lines[0], lines[0]  # the message names the file
     assert words in lines[0], lines[0]
+    assert lines[0].count(name) == 1, lines[0]  # one message, not one wrapped in another
 
 
 # ---- inputs that are odd but fine ---------------------------------------------------------
