@@ -11,7 +11,10 @@ When nobody asked for the weights (``--steps output``, ``--save out.npy``,
 
 so memory stays O(b·n + inputs + outputs) on numpy and torch. Any score that scores each
 query on its own (every registered one that does not look across queries) works, since the
-blocked path calls the registered function on a block of queries.
+blocked path calls the registered function on a block of queries. When even a few queries
+against every key are too many scores, keys come in chunks too, with an online softmax (the
+running row max, sum and output are rescaled by exp(max_old - max_new) per chunk). On numpy
+the blocks run on one thread per core, each with a single-threaded BLAS.
 
 On the torch backend a dot-product score with a constant scale uses
 ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels on CPU and GPU).
