@@ -80,13 +80,21 @@ def test_readme_commands_run_as_documented(workdir: Path) -> None:
     """All in one test, in order: later commands use the files earlier ones made."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1",
            "COLUMNS": "100", "PYTHONWARNINGS": "ignore"}
+    said = ""
     for cmd, code in COMMANDS:
         proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], cwd=workdir, env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, f"{cmd!r} exited {proc.returncode}, expected {code}:\n{proc.stderr[-2000:]}"
         assert "Traceback" not in proc.stderr, proc.stderr
+        said += proc.stderr
         if code == EXIT_INPUT and not proc.stderr.startswith("Usage: "):  # usage errors: Typer's box
             assert proc.stderr.startswith("attncli: error: ") and len(proc.stderr.strip().splitlines()) == 1
+    # the error messages the guide quotes are the ones these commands print
+    quoted = [ln for block in re.findall(r"^```console\n(.*?)^```", README, flags=re.S | re.M)
+              for ln in block.splitlines() if ln.startswith("attncli: error: ")]
+    assert quoted
+    for line in quoted:
+        assert line in said, f"README quotes {line!r}, which no command printed"
 
 
 def test_readme_lists_every_score_with_its_formula() -> None:
