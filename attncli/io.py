@@ -70,10 +70,10 @@ def check_text_bytes(data: bytes, source: str, limit: int, what: str) -> None:
 
 
 def memory_limit() -> int:
-    """Bytes an array read into memory may take: the machine's physical memory (a declared
-    size above it is refused before anything is allocated)."""
+    """Bytes an array read into memory may take: the machine's free physical memory now (a
+    declared size above it is refused before anything is allocated or decompressed)."""
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 1 << 40
 
@@ -102,7 +102,8 @@ def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".np
         raise InputError(f"is truncated or corrupt: its header declares shape {tuple(shape)} {dtype} "
                          f"({_size(need)}) but only {_size(max(have, 0))} of data follow", source)
     if memory is not None and need > memory:
-        raise InputError(f"declares shape {tuple(shape)} ({_size(need)}), more than this machine's memory", source)
+        raise InputError(f"declares shape {tuple(shape)} ({_size(need)}), more than this machine's free memory "
+                         f"({_size(memory)}); save it as an .npy file, which is memory-mapped", source)
 
 
 def _size(n: int) -> str:

@@ -310,3 +310,15 @@ def test_hostile_option_values(tmp_path: Path, args: list[str], words: str) -> N
     assert words in res.stderr and "Traceback" not in res.stderr
     if words != "Usage":
         assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("attncli: error: ")
+
+
+def test_npz_member_larger_than_free_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An .npz member is decompressed into memory: one declaring more than the free memory (here
+    pretended to be 1000 bytes) is refused before numpy allocates or inflates it."""
+    import attncli.io as aio
+
+    monkeypatch.setattr(aio, "memory_limit", lambda: 1000)
+    small = LOADERS[".npz"](npz(q=np.ones((10, 10))), "small.npz")  # 800 bytes: read
+    np.testing.assert_array_equal(small["q"], np.ones((10, 10)))
+    with pytest.raises(InputError, match=r"big.npz\[q\]: declares shape \(20, 20\) \(3.1 KiB\), more than"):
+        LOADERS[".npz"](npz(q=np.ones((20, 20))), "big.npz")
