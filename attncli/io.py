@@ -454,7 +454,10 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise InputError(f"cannot be written: folder {str(folder)!r} does not exist", str(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:  # a read-only or full folder: the user's to fix, not an internal error
+        raise InputError(f"cannot be written ({e.strerror or _one_line(e)})", str(path)) from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
@@ -462,6 +465,9 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
         with os.fdopen(fd, "wb") as f:
             yield f
         os.replace(tmp, target)
+    except OSError as e:  # e.g. no space left on device
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"cannot be written ({e.strerror or _one_line(e)})", str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -225,3 +225,24 @@ def test_exit_code_1_for_an_internal_error(work: Path) -> None:
     debug = subprocess.run([sys.executable, "-c", boom], cwd=work, env={**ENV, "ATTNCLI_DEBUG": "1"},
                            capture_output=True, text=True, timeout=60)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize("where", ["mkstemp", "replace"])
+def test_a_full_or_read_only_disk_is_exit_2_and_leaves_nothing(work: Path, where: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """No space left (or a read-only folder): one line naming the file and the reason, exit 2,
+    the old file untouched and no temporary left behind."""
+    import errno
+    import tempfile
+
+    (work / "out.npz").write_bytes(b"old")
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tempfile if where == "mkstemp" else os, "mkstemp" if where == "mkstemp" else "replace", fail)
+    res = runner.invoke(app, ["run", str(work / "k.npy"), "--save", str(work / "out.npz"), "-q"])
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip() == f"attncli: error: {work / 'out.npz'}: cannot be written (No space left on device)"
+    assert (work / "out.npz").read_bytes() == b"old"
+    assert not [p for p in work.iterdir() if p.name.endswith(".tmp")]
