@@ -157,6 +157,10 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
             opts = {n: kwargs.pop(n) for n in names if n in kwargs}
+            if opts.get("threads"):  # --threads, for every command that takes it
+                from attncli.backend import set_threads
+
+                set_threads(opts["threads"])
             return fn(**kwargs, opts=opts)
 
         del wrapper.__wrapped__  # Typer must see the new signature, not fn's

@@ -45,10 +45,6 @@ def run_command(
     from attncli.engine import run
     from attncli.io import Reader
 
-    if opts.get("threads"):
-        from attncli.backend import set_threads
-
-        set_threads(opts["threads"])
     if output_only(opts):
         opts = {**opts, "keep_weights": False}  # the weights are never held (attncli.fast)
     reader = Reader()
