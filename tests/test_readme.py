@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attncli.cli import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, app
+from attncli.cli import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, app
 from attncli.io import LOADERS
 from attncli.scoring import ALIASES, SCORES
 
@@ -113,7 +113,7 @@ def test_readme_covers_formats_exit_codes_and_commands() -> None:
     for ext in LOADERS:
         assert f"`{ext}`" in formats, ext
     codes = README.split("### Exit codes", 1)[1].split("\n## ", 1)[0]
-    for code in (EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED):
+    for code in (EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED):
         assert f"| {code} |" in codes
     for group in app.registered_groups:
         assert f"`attncli {group.name}" in README, group.name

@@ -129,7 +129,11 @@ main()
 
 
 @posix_only
-def test_sigint_while_saving_leaves_no_partial_file(work: Path) -> None:
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated")])
+def test_signal_while_saving_leaves_no_partial_file(work: Path, sig: int, code: int, said: str) -> None:
+    """Ctrl-C (130) or kill/timeout's SIGTERM (143) halfway through writing the file: neither
+    the file nor its temporary remain."""
     marker = work / "marker"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(marker), "k.npy", "--save", "out.npz", "-q"],
                             cwd=work, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -139,12 +143,12 @@ def test_sigint_while_saving_leaves_no_partial_file(work: Path) -> None:
             time.sleep(0.05)
         assert marker.exists(), proc.communicate()[1]
         assert [p for p in work.iterdir() if p.name.startswith(".out.npz.")]  # the temporary exists now
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    assert err.strip() == "attncli: error: interrupted"
+    assert proc.returncode == code, err
+    assert err.strip() == f"attncli: error: {said}"
     assert not (work / "out.npz").exists()
     assert not [p for p in work.iterdir() if p.name.startswith(".out.npz.")]
 

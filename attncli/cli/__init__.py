@@ -30,6 +30,7 @@ app = typer.Typer(
 )
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 def error(message: str) -> None:
@@ -92,8 +93,17 @@ from attncli.cli import check as _check  # noqa: E402,F401  (registers the check
 from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM (kill, timeout): unwind as Ctrl-C does, so no temporary file is left behind."""
+    error("terminated")
+    raise SystemExit(EXIT_TERMINATED)
+
+
 def main() -> None:
     """Console-script entry point."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         app()
     except KeyboardInterrupt:
