@@ -101,6 +101,9 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     # 3) mask
     raw = s
     keep, bias = masks(problem, be, s.shape)
+    if bias is not None and bool(np.all((problem.mask == 0) | (problem.mask == 1))):
+        trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
+                              "scores, not used to keep or drop keys (save it as booleans or integers for that)")
     if keep is not None or bias is not None:
         fill = -math.inf if o.mask_value is None else o.mask_value
         if bias is not None:

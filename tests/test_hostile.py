@@ -322,3 +322,18 @@ def test_npz_member_larger_than_free_memory_is_refused(monkeypatch: pytest.Monke
     np.testing.assert_array_equal(small["q"], np.ones((10, 10)))
     with pytest.raises(InputError, match=r"big.npz\[q\]: declares shape \(20, 20\) \(3.1 KiB\), more than"):
         LOADERS[".npz"](npz(q=np.ones((20, 20))), "big.npz")
+
+
+def test_float_mask_of_zeros_and_ones_is_added_with_a_warning(tmp_path: Path) -> None:
+    """A float 0/1 mask is an additive mask (as SDPA's float attn_mask): weights are
+    softmax(x xᵀ/√2 + mask), computed by hand here; a warning says it was not keep/drop."""
+    x = np.array([[1.0, 0.0], [0.0, 1.0]])
+    mk = np.array([[1.0, 0.0], [0.0, 0.0]])
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "fm.npy", mk)
+    res = runner.invoke(app, ["run", str(tmp_path / "x.npy"), "--mask", str(tmp_path / "fm.npy"), "--format", "json"])
+    assert res.exit_code == 0, res.stderr
+    assert "holds only 0s and 1s as floats" in res.stderr
+    s = x @ x.T / np.sqrt(2) + mk
+    ref = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(json.loads(res.stdout)["weights"], ref, rtol=1e-12)
