@@ -341,15 +341,25 @@ def load_torch(data: bytes, source: str) -> dict[str, Any]:
         raise InputError(f"is not a PyTorch state dict that loads with weights_only=True ({_one_line(e)[:160]})",
                          source) from None
     if isinstance(obj, torch.Tensor):
-        from attncli.backend import host_array
-
-        return {"tensor": host_array(obj)}
+        return {"tensor": _tensor_array(obj, "tensor", source)}
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise InputError(f"holds a {type(obj).__name__}, not a state dict of tensors", source)
-    from attncli.backend import host_array  # bfloat16 arrives as float32 marked BFloat16Values, computed in float32
+    return {str(k): _tensor_array(v, str(k), source) for k, v in obj.items()}
 
-    return {str(k): host_array(v)
-            for k, v in obj.items()}
+
+def _tensor_array(t: Any, name: str, source: str) -> Any:
+    """One tensor of a state dict on the host as numpy: sparse made dense, quantized dequantized
+    (bfloat16 arrives as float32 marked BFloat16Values, computed in float32)."""
+    from attncli.backend import host_array
+
+    try:
+        if str(t.layout) != "torch.strided":  # sparse COO/CSR...
+            t = t.to_dense()
+        if t.is_quantized:
+            t = t.dequantize()
+        return host_array(t)
+    except Exception as e:  # meta, nested or other tensors that have no numbers on the host
+        raise InputError(f"tensor {name!r} cannot be read as numbers ({_one_line(e)[:120]})", source) from None
 
 
 def sniff(data: bytes) -> str:

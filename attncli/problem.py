@@ -294,6 +294,8 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
         raise InputError(f"{title} holds booleans where numbers belong", source)
     if arr.dtype.kind != "b" and title != "mask" and isinstance(a, (list, tuple)) and _holds_bool(a):
         raise InputError(f"{title} holds true/false among its numbers; expected numbers only", source)
+    if arr.size == 0:
+        raise InputError(f"{title} is empty (shape {arr.shape})", source)
     if arr.dtype.kind in "biu":
         arr = arr.astype(np.float64)  # float16 stays: the engine computes it in float32 and casts back
     bad = np.isnan(arr) if allow_inf else ~np.isfinite(arr)

@@ -337,3 +337,47 @@ def test_float_mask_of_zeros_and_ones_is_added_with_a_warning(tmp_path: Path) ->
     s = x @ x.T / np.sqrt(2) + mk
     ref = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(json.loads(res.stdout)["weights"], ref, rtol=1e-12)
+
+
+# ---- PyTorch state dicts with unusual tensors ------------------------------------------------
+
+def _state_dict(kind: str) -> dict[str, object]:
+    import torch
+
+    w = {"W_q.weight": torch.ones(4, 4), "W_k.weight": torch.ones(4, 4), "w_v.weight": torch.ones(1, 4)}
+    if kind == "empty":
+        w["W_q.weight"] = torch.ones(0, 4)
+    elif kind == "meta":
+        w["W_q.weight"] = torch.ones(4, 4, device="meta")
+    elif kind == "nan":
+        w["W_q.weight"] = torch.full((4, 4), float("nan"))
+    elif kind == "complex":
+        w["W_q.weight"] = torch.ones(4, 4, dtype=torch.complex64)
+    elif kind == "sparse":
+        w["W_q.weight"] = torch.ones(4, 4).to_sparse()
+    elif kind == "int":
+        w["W_q.weight"] = torch.ones(4, 4, dtype=torch.int64)
+    return w
+
+
+@pytest.mark.parametrize(("kind", "code", "words"), [
+    ("empty", 2, "is empty"), ("meta", 2, "cannot be read as numbers"), ("nan", 2, "NaN"),
+    ("complex", 2, "complex"), ("sparse", 0, ""), ("int", 0, ""),
+])
+def test_state_dict_tensors(tmp_path: Path, kind: str, code: int, words: str) -> None:
+    """Odd tensors in a --weights .pt: exit 2 with one line, or read as numbers (sparse made
+    dense, integers converted): then the weights are the dense float ones, so the output equals
+    the run with all-ones weights."""
+    torch = pytest.importorskip("torch")
+    torch.save(_state_dict(kind), tmp_path / "w.pt")
+    torch.save(_state_dict("plain"), tmp_path / "plain.pt")
+    np.save(tmp_path / "x.npy", np.arange(12.0).reshape(3, 4) / 10)
+    args = ["run", str(tmp_path / "x.npy"), "--score", "additive", "--format", "json", "--weights"]
+    res = runner.invoke(app, [*args, str(tmp_path / "w.pt")])
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    if code == 2:
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "w.pt" in lines[0] and words in lines[0], res.stderr
+    else:
+        plain = runner.invoke(app, [*args, str(tmp_path / "plain.pt")])
+        np.testing.assert_allclose(json.loads(res.stdout)["output"], json.loads(plain.stdout)["output"], rtol=1e-12)
