@@ -164,11 +164,15 @@ def map_npy(path: Path, source: str) -> np.ndarray:
 def load_npz(data: bytes, source: str) -> dict[str, Any]:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            for info in zf.infolist():  # check each member's declared shape before numpy allocates it
-                if info.filename.endswith(".npy") and not info.is_dir():
-                    with zf.open(info) as member:
-                        check_npy_header(member, info.file_size, f"{source}[{info.filename[:-4]}]", "array",
-                                         memory=memory_limit())
+            for info in zf.infolist():  # check each array's declared shape before numpy allocates it
+                if info.is_dir():
+                    continue
+                with zf.open(info) as member:
+                    if member.read(6) != b"\x93NUMPY":  # numpy reads any member with this magic as an array
+                        continue
+                with zf.open(info) as member:
+                    name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                    check_npy_header(member, info.file_size, f"{source}[{name}]", "array", memory=memory_limit())
     except InputError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,

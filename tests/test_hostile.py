@@ -83,6 +83,7 @@ CASES: list[tuple[str, Callable[[], bytes], str]] = [
     ("huge.npy", lambda: npy_header((10**6, 10**6)) + bytes(64), "declares shape (1000000, 1000000)"),
     ("huge_1d.npy", lambda: npy_header((2**40,)) + bytes(64), "truncated"),
     ("huge_member.npz", lambda: npz_member("q.npy", npy_header((10**6, 10**6)) + bytes(64)), "q]"),
+    ("huge_unnamed.npz", lambda: npz_member("q", npy_header((10**6, 10**6)) + bytes(64)), "q]"),
     # object arrays and pickles
     ("object.npy", lambda: npy(np.array([1, "a", None], dtype=object), allow_pickle=True), "pickle"),
     ("pickle.npy", lambda: pickle.dumps({"q": [[1.0]]}), "pickle"),
