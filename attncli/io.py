@@ -79,11 +79,11 @@ def memory_limit() -> int:
 
 
 def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".npy file",
-                     memory: int | None = None) -> None:
+                     memory: int | None = None) -> int:
     """Read an .npy header from ``f`` and check that the data it declares fits in the
     ``available`` bytes after it (and in ``memory`` bytes, for data that will be decompressed
     into memory): a truncated file or one declaring an enormous shape fails here, fast,
-    instead of allocating. Leaves ``f`` after the header."""
+    instead of allocating. Leaves ``f`` after the header; returns the bytes of data declared."""
     start = f.tell()
     try:
         version = np.lib.format.read_magic(f)
@@ -104,6 +104,7 @@ def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".np
     if memory is not None and need > memory:
         raise InputError(f"declares shape {tuple(shape)} ({_size(need)}), more than this machine's free memory "
                          f"({_size(memory)}); save it as an .npy file, which is memory-mapped", source)
+    return need
 
 
 def _size(n: int) -> str:
@@ -164,6 +165,7 @@ def map_npy(path: Path, source: str) -> np.ndarray:
 def load_npz(data: bytes, source: str) -> dict[str, Any]:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            total, free = 0, memory_limit()
             for info in zf.infolist():  # check each array's declared shape before numpy allocates it
                 if info.is_dir():
                     continue
@@ -172,7 +174,10 @@ def load_npz(data: bytes, source: str) -> dict[str, Any]:
                         continue
                 with zf.open(info) as member:
                     name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
-                    check_npy_header(member, info.file_size, f"{source}[{name}]", "array", memory=memory_limit())
+                    total += check_npy_header(member, info.file_size, f"{source}[{name}]", "array", memory=free)
+                if total > free:  # e.g. many members that share one compressed stream
+                    raise InputError(f"holds arrays of {_size(total)} in all, more than this machine's free memory "
+                                     f"({_size(free)})", source)
     except InputError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,

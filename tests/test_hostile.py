@@ -323,6 +323,8 @@ def test_npz_member_larger_than_free_memory_is_refused(monkeypatch: pytest.Monke
     np.testing.assert_array_equal(small["q"], np.ones((10, 10)))
     with pytest.raises(InputError, match=r"big.npz\[q\]: declares shape \(20, 20\) \(3.1 KiB\), more than"):
         LOADERS[".npz"](npz(q=np.ones((20, 20))), "big.npz")
+    with pytest.raises(InputError, match=r"two.npz: holds arrays of 1.2 KiB in all, more than"):
+        LOADERS[".npz"](npz(q=np.ones(75), k=np.ones(75)), "two.npz")  # 600 bytes each
 
 
 def test_float_mask_of_zeros_and_ones_is_added_with_a_warning(tmp_path: Path) -> None:
