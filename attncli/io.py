@@ -390,6 +390,21 @@ def sniff(data: bytes) -> str:
 
 # ---- reading --------------------------------------------------------------------------
 
+def read_bounded(stream: IO[bytes], limit: int, chunk: int = 1 << 20) -> bytes:
+    """All of ``stream``, or a one-line InputError once it passes ``limit`` bytes (so that
+    ``cat /dev/zero | attncli run -`` stops instead of filling the memory)."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        part = stream.read(chunk)
+        if not part:
+            return b"".join(parts)
+        parts.append(part)
+        size += len(part)
+        if size > limit:
+            raise InputError(f"sent more than {_size(limit)} (half the free memory); save large arrays to an "
+                             ".npy file and give its name instead", "<stdin>")
+
 class Reader:
     """Reads files (and stdin, at most once: later reads of ``-`` reuse it), caching contents."""
 
@@ -406,7 +421,7 @@ class Reader:
     def _read(self, spec: str) -> Content:
         if spec == STDIN:
             stream = self._stdin or sys.stdin.buffer
-            data = stream.read()
+            data = read_bounded(stream, memory_limit() // 2)
             if not data.strip():
                 raise InputError("is empty: nothing was piped in", "<stdin>")
             return LOADERS[sniff(data)](data, "<stdin>")

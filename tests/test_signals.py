@@ -250,3 +250,23 @@ def test_a_full_or_read_only_disk_is_exit_2_and_leaves_nothing(work: Path, where
     assert res.stderr.strip() == f"attncli: error: {work / 'out.npz'}: cannot be written (No space left on device)"
     assert (work / "out.npz").read_bytes() == b"old"
     assert not [p for p in work.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_endless_stdin_stops_at_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cat /dev/zero | attncli run -` stops once stdin passes half the free memory (here
+    pretended to be 8 MiB), with one line and exit 2, instead of filling the memory."""
+    import io
+
+    import attncli.io as aio
+
+    class Zeros(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+            b[:] = bytes(len(b))
+            return len(b)
+
+    monkeypatch.setattr(aio, "memory_limit", lambda: 8 << 20)
+    with pytest.raises(aio.InputError, match=r"<stdin>: sent more than 4.0 MiB"):
+        aio.Reader(stdin=io.BufferedReader(Zeros())).read("-")
