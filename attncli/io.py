@@ -63,10 +63,15 @@ MAX_YAML_BYTES = 4 << 20
 MAX_TEXT_BYTES = 64 << 20
 
 
-def check_text_bytes(data: bytes, source: str, limit: int, what: str) -> None:
-    if len(data) > limit:
-        raise InputError(f"is {_size(len(data))} of {what}; {what} inputs are read up to {_size(limit)} "
+def check_text_bytes(data: bytes, source: str, limit: int, what: str, size: int | None = None) -> None:
+    size = len(data) if size is None else size
+    if size > limit:
+        raise InputError(f"is {_size(size)} of {what}; {what} inputs are read up to {_size(limit)} "
                          "(save large arrays as .npy instead)", source)
+
+
+TEXT_LIMITS = {".yaml": (MAX_YAML_BYTES, "YAML"), ".yml": (MAX_YAML_BYTES, "YAML"), ".json": (MAX_TEXT_BYTES, "JSON"),
+               ".csv": (MAX_TEXT_BYTES, "CSV"), ".tsv": (MAX_TEXT_BYTES, "CSV"), ".txt": (MAX_TEXT_BYTES, "CSV")}
 
 
 def memory_limit() -> int:
@@ -390,7 +395,7 @@ def sniff(data: bytes) -> str:
 
 # ---- reading --------------------------------------------------------------------------
 
-def read_bounded(stream: IO[bytes], limit: int, chunk: int = 1 << 20) -> bytes:
+def read_bounded(stream: IO[bytes], limit: int, source: str = "<stdin>", chunk: int = 1 << 20) -> bytes:
     """All of ``stream``, or a one-line InputError once it passes ``limit`` bytes (so that
     ``cat /dev/zero | attncli run -`` stops instead of filling the memory)."""
     parts: list[bytes] = []
@@ -402,8 +407,8 @@ def read_bounded(stream: IO[bytes], limit: int, chunk: int = 1 << 20) -> bytes:
         parts.append(part)
         size += len(part)
         if size > limit:
-            raise InputError(f"sent more than {_size(limit)} (half the free memory); save large arrays to an "
-                             ".npy file and give its name instead", "<stdin>")
+            raise InputError(f"{'sent' if source == '<stdin>' else 'holds'} more than {_size(limit)}; save large "
+                             "arrays to an .npy file and give its name instead", source)
 
 class Reader:
     """Reads files (and stdin, at most once: later reads of ``-`` reuse it), caching contents."""
@@ -438,7 +443,14 @@ class Reader:
         if ext in FILE_LOADERS:
             return FILE_LOADERS[ext](path, spec)
         try:
-            data = path.read_bytes()
+            limit, what = TEXT_LIMITS.get(ext, (memory_limit() // 2, ""))
+            size = path.stat().st_size  # checked before reading: a huge file is refused unread
+            if what:
+                check_text_bytes(b"", spec, limit, what, size)
+            elif size > limit:
+                raise InputError(f"is {_size(size)}, more than half the free memory; save large arrays as .npy", spec)
+            with open(path, "rb") as f:  # bounded too: a FIFO or device has no size to check
+                data = read_bounded(f, max(limit, 1), spec)
         except OSError as e:
             raise InputError(f"cannot be read ({e.strerror})", spec) from None
         if not data.strip():

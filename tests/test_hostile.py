@@ -384,3 +384,18 @@ def test_state_dict_tensors(tmp_path: Path, kind: str, code: int, words: str) ->
     else:
         plain = runner.invoke(app, [*args, str(tmp_path / "plain.pt")])
         np.testing.assert_allclose(json.loads(res.stdout)["output"], json.loads(plain.stdout)["output"], rtol=1e-12)
+
+
+def test_huge_files_are_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file larger than its format's bound (or than half the free memory) is refused from
+    its size alone: a sparse 1 TiB .yaml/.npz takes no time and no memory."""
+    import attncli.io as aio
+
+    for name in ("huge.yaml", "huge.json", "huge.npz"):
+        path = tmp_path / name
+        with open(path, "wb") as f:
+            f.truncate(1 << 40)  # sparse: no disk used
+        monkeypatch.setattr(aio, "memory_limit", lambda: 1 << 30)
+        res = runner.invoke(app, ["run", str(path)])
+        assert res.exit_code == 2, res.stderr
+        assert "1.0 TiB" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
