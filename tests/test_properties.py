@@ -42,7 +42,7 @@ SCORE_NAMES = sorted(SCORES)
 MAGNITUDES = (1e-30, 1e-3, 1.0, 30.0, 1e30)
 WIDTHS = (1, 2, 3, 8, 512)
 BATCHES = ((), (1,), (2,), (2, 3))  # none, a batch axis, a batch and a head axis
-MASKINGS = ("none", "valid_lens", "valid_lens_2d", "mask", "causal", "all_masked_row")
+MASKINGS = ("none", "valid_lens", "valid_lens_2d", "mask", "mask_drop", "float_mask", "causal", "all_masked_row")
 
 
 @dataclass
@@ -98,6 +98,14 @@ def cases(draw: st.DrawFn, scores: tuple[str, ...] = tuple(SCORE_NAMES)) -> Case
     elif masking == "mask":
         mk = rng.random((*batch, m, n)) < 0.7  # keep convention: True takes part
         kwargs["mask"] = mk
+        keep &= mk
+    elif masking == "mask_drop":  # key_padding_mask style: True = masked out
+        mk = rng.random((*batch, m, n)) < 0.3
+        kwargs.update(mask=mk, mask_convention="drop")
+        keep &= ~mk
+    elif masking == "float_mask":  # additive, SDPA style: 0 keeps, -inf masks
+        mk = rng.random((m, n)) < 0.7
+        kwargs["mask"] = np.where(mk, 0.0, -np.inf).astype(dtype)
         keep &= mk
     elif masking == "causal":
         kwargs["causal"] = True
