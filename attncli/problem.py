@@ -218,7 +218,7 @@ class Problem:
             labels = getattr(self, attr)
             if labels is None:
                 continue
-            labels = [str(x) for x in labels]
+            labels = [printable(str(x)) for x in labels]
             if len(labels) != count:
                 raise InputError(f"{len(labels)} {attr.replace('_', ' ')} given for {count} {what}",
                                  self.sources.get(attr, f"--{attr.replace('_', '-')}"))
@@ -316,3 +316,10 @@ def _holds_bool(a: list[Any] | tuple[Any, ...]) -> bool:
         if isinstance(x, (list, tuple)):
             stack.extend(x)
     return False
+
+
+def printable(label: str, limit: int = 200) -> str:
+    """A label safe to print: control characters (an escape sequence in a label downloaded from
+    anywhere could clear or retitle the terminal) written as escapes, and at most ``limit`` long."""
+    out = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in label)
+    return out if len(out) <= limit else out[: limit - 1] + "…"

@@ -399,3 +399,27 @@ def test_huge_files_are_refused_unread(tmp_path: Path, monkeypatch: pytest.Monke
         res = runner.invoke(app, ["run", str(path)])
         assert res.exit_code == 2, res.stderr
         assert "1.0 TiB" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+# ---- text from files reaches the terminal: never markup, never control sequences --------------
+
+def test_labels_are_text_not_markup_nor_escape_sequences(tmp_path: Path) -> None:
+    """Labels are printed as written: rich markup ([/], [bold red]) is not interpreted (an
+    unbalanced tag used to crash the view) and control characters (ESC [2J clears a terminal)
+    are shown as escapes, in the view and in the JSON."""
+    (tmp_path / "lab.yaml").write_text('q: [[1, 0], [0, 1]]\nlabels: ["[/]", "[bold red]x\\u001b[2Jy"]\n')
+    res = runner.invoke(app, ["run", str(tmp_path / "lab.yaml"), "--steps", "weights"])
+    assert res.exit_code == 0, res.stderr
+    assert "\x1b" not in res.stdout
+    assert "[/]" in res.stdout and "[bold red]x\\x1b[2Jy" in res.stdout
+    res = runner.invoke(app, ["run", str(tmp_path / "lab.yaml"), "--format", "json"])
+    assert json.loads(res.stdout)["labels"]["queries"] == ["[/]", "[bold red]x\\x1b[2Jy"]
+
+
+def test_error_messages_stay_one_line(tmp_path: Path) -> None:
+    """A key with a newline and an escape sequence in a problem file: the message quotes it
+    escaped, on one line."""
+    (tmp_path / "key.yaml").write_text('q: [[1]]\n"a\\nb\\u001b[2J": 1\n')
+    res = runner.invoke(app, ["run", str(tmp_path / "key.yaml")])
+    assert res.exit_code == 2
+    assert res.stderr.count("\n") == 1 and "\x1b" not in res.stderr and "a\\nb\\x1b[2J" in res.stderr

@@ -34,7 +34,9 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 def error(message: str) -> None:
-    """One line on stderr, prefixed with the program name."""
+    """One line on stderr, prefixed with the program name. Control characters (a newline or an
+    escape sequence in a key of a downloaded file) are written as escapes: one line, always."""
+    message = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in message)
     sys.stderr.write(f"attncli: error: {message}\n")
     sys.stderr.flush()
 

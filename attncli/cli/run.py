@@ -167,7 +167,7 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     fmt = opts["format"].value
     if fmt == "rich":
         if not opts["quiet"]:
-            console = Console(soft_wrap=False, record=show.wanted)
+            console = Console(soft_wrap=False, record=show.wanted, markup=False)  # labels are text, not markup
             FORMATS["rich"](trace, ropts, console)
             show.save(console, protect)
     else:
@@ -176,7 +176,8 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     if show.wanted and not show.saved:  # --svg/--html with --format json or --quiet: render off screen
         import io
 
-        console = Console(file=io.StringIO(), record=True, width=100, soft_wrap=False, force_terminal=True)
+        console = Console(file=io.StringIO(), record=True, width=100, soft_wrap=False, force_terminal=True,
+                          markup=False)
         FORMATS["rich"](trace, ropts, console)
         show.save(console, protect)
     show.plot(trace, protect)

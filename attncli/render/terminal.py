@@ -289,7 +289,8 @@ def render_to_string(trace: Trace, opts: RenderOptions | None = None, width: int
     import io
 
     buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False)
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False,
+                      markup=False)
     print_rich(trace, opts or RenderOptions(), console)
     return buf.getvalue()
 
