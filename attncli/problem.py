@@ -231,11 +231,11 @@ class Problem:
         vl = numeric_array(self.valid_lens, "valid lengths", self.where("valid_lens"))
         if not np.all(vl == np.round(vl)):
             raise self._fail("valid_lens", f"valid lengths must be whole numbers, got {vl.tolist()}")
-        vl = vl.astype(np.int64)
-        if np.any(vl < 0) or np.any(vl > self.n):
+        if np.any(vl < 0) or np.any(vl > self.n):  # checked before the cast: 1e300 is no int64
             bad = vl[(vl < 0) | (vl > self.n)]
-            raise self._fail("valid_lens", f"valid length {int(bad.flat[0])} is out of range: there are {self.n} keys "
+            raise self._fail("valid_lens", f"valid length {bad.flat[0]:.0f} is out of range: there are {self.n} keys "
                                            f"(each valid length must be between 0 and {self.n})")
+        vl = vl.astype(np.int64)
         b, m = self.batch_shape, self.m
         nb = len(b)
         s = vl.shape
