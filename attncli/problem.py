@@ -233,7 +233,7 @@ class Problem:
             raise self._fail("valid_lens", f"valid lengths must be whole numbers, got {vl.tolist()}")
         if np.any(vl < 0) or np.any(vl > self.n):  # checked before the cast: 1e300 is no int64
             bad = vl[(vl < 0) | (vl > self.n)]
-            raise self._fail("valid_lens", f"valid length {bad.flat[0]:.0f} is out of range: there are {self.n} keys "
+            raise self._fail("valid_lens", f"valid length {bad.flat[0]:g} is out of range: there are {self.n} keys "
                                            f"(each valid length must be between 0 and {self.n})")
         vl = vl.astype(np.int64)
         b, m = self.batch_shape, self.m
