@@ -60,16 +60,28 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _time(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
-    """Run each function ``repeats`` times, taking turns, so that load hits them alike."""
+    """Seconds per call of each function: ``repeats`` turns each, the functions taking turns so that
+    load hits them alike. A turn is several calls back to back (about 0.2 s), timed together: it
+    measures the steady state, not the first call after another library's threads (OpenBLAS and
+    OpenMP threads spin for a while after a call, and sleep after that)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():  # warm-up (imports, thread pools, first-touch of memory)
+    inner: dict[str, int] = {}
+    for name, fn in fns.items():  # warm-up (imports, thread pools, first-touch of memory), and the turn length
         fn()
+        inner[name] = max(1, min(50, int(0.2 / max(_time(fn), 1e-6))))
     for _ in range(repeats):
         for name, fn in fns.items():
             t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
+            for _ in range(inner[name]):
+                fn()
+            times[name].append((time.perf_counter() - t) / inner[name])
     return times
 
 
@@ -97,7 +109,7 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
             "torch_sdpa_flash": lambda t=t4: torch.nn.functional.scaled_dot_product_attention(t, t, t),
             "attncli_torch": lambda x=x: attend(x, keep_weights=False, backend="torch"),
         }
-        times = interleaved(fns, repeats=25 if t <= 1024 else 9 if t <= 4096 else 5)  # best-of: load only adds
+        times = interleaved(fns, repeats=7 if t <= 4096 else 5)  # best-of: load only adds time
         best = {k: min(v) for k, v in times.items()}
         rate = 2 * SGEMM_N**3 / best.pop("sgemm")
         rows.append({"T": t, "seconds_best": best, "seconds_all": times, "sgemm_gflops": rate / 1e9,
