@@ -415,18 +415,22 @@ def strongest(w: np.ndarray) -> list[int]:
 # ---- parsing QUERY,KEY and BATCH:QUERY ------------------------------------------------------
 
 
+PLURAL = {"query": "queries", "key": "keys"}
+
+
 def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> int:
     token = token.strip()
+    whats = PLURAL.get(what, f"{what}s")
     if token in labels:
         return labels.index(token)
     try:
         i = int(token)
     except ValueError:
         shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
-        raise InputError(f"{spec!r}: no {what} named {token!r}; {what}s are {shown} (or an index 0..{count - 1})",
+        raise InputError(f"{spec!r}: no {what} named {token!r}; {whats} are {shown} (or an index 0..{count - 1})",
                          "--explain") from None
     if not 0 <= i < count:
-        raise InputError(f"{spec!r}: {what} index {i} is out of range (there are {count} {what}s: 0..{count - 1})",
+        raise InputError(f"{spec!r}: {what} index {i} is out of range (there are {count} {whats}: 0..{count - 1})",
                          "--explain")
     return i
 
