@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from d2l_reference import masked_softmax as d2l_masked_softmax
 
 from attncli import attend
 from attncli.errors import InputError
@@ -115,25 +116,6 @@ def test_causal_bottom_right_matches_torch(backend: str) -> None:
 
 
 # ---- d2l's masked_softmax / DotProductAttention, transcribed from "Dive into Deep Learning" ----
-
-def d2l_sequence_mask(X: torch.Tensor, valid_len: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-    maxlen = X.size(1)
-    mask = torch.arange((maxlen), dtype=torch.float32, device=X.device)[None, :] < valid_len[:, None]
-    X[~mask] = value
-    return X
-
-
-def d2l_masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
-    if valid_lens is None:
-        return torch.nn.functional.softmax(X, dim=-1)
-    shape = X.shape
-    if valid_lens.dim() == 1:
-        valid_lens = torch.repeat_interleave(valid_lens, shape[1])
-    else:
-        valid_lens = valid_lens.reshape(-1)
-    X = d2l_sequence_mask(X.reshape(-1, shape[-1]), valid_lens, value=-1e6)
-    return torch.nn.functional.softmax(X.reshape(shape), dim=-1)
-
 
 def d2l_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               valid_lens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

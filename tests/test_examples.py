@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from d2l_reference import masked_softmax as d2l_masked_softmax
 from typer.testing import CliRunner
 
 from attncli.cli import app
@@ -44,19 +45,7 @@ def softmax64(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def d2l_masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
-    """d2l's masked_softmax, as quoted in the notes (../shared/seeds): masked entries get -1e6."""
-    if valid_lens is None:
-        return torch.nn.functional.softmax(X, dim=-1)
-    shape = X.shape
-    if valid_lens.dim() == 1:
-        valid_lens = torch.repeat_interleave(valid_lens, shape[1])
-    else:
-        valid_lens = valid_lens.reshape(-1)
-    X = X.reshape(-1, shape[-1]).clone()
-    mask = torch.arange(shape[-1], dtype=torch.float32)[None, :] < valid_lens[:, None]
-    X[~mask] = -1e6
-    return torch.nn.functional.softmax(X.reshape(shape), dim=-1)
+
 
 
 def assert_file_expected(name: str, doc: dict[str, Any], atol: float) -> None:

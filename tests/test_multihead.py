@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from d2l_reference import masked_softmax as d2l_masked_softmax
 from torch import nn
 from typer.testing import CliRunner
 
@@ -181,18 +182,6 @@ def test_matches_a_plain_per_head_loop(backend: str) -> None:
 
 
 # ---- d2l's MultiHeadAttention ------------------------------------------------------------
-
-
-def d2l_masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
-    """d2l 10.3 masked_softmax: keys at or after the valid length get -1e6 before the softmax."""
-    if valid_lens is None:
-        return nn.functional.softmax(X, dim=-1)
-    shape = X.shape
-    valid_lens = torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
-    X = X.reshape(-1, shape[-1])
-    mask = torch.arange(shape[-1], dtype=torch.float32)[None, :] < valid_lens[:, None]
-    X[~mask] = -1e6
-    return nn.functional.softmax(X.reshape(shape), dim=-1)
 
 
 class D2LMultiHeadAttention(nn.Module):

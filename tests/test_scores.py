@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from d2l_reference import masked_softmax
 from torch import nn
 
 from attncli import attend
@@ -139,27 +140,6 @@ def test_scaling_variants_by_hand(backend: str) -> None:
 
 
 # ---- parity with independent PyTorch modules, batched and masked --------------------------
-
-
-def sequence_mask(X: torch.Tensor, valid_len: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-    """d2l's sequence_mask."""
-    maxlen = X.size(1)
-    mask = torch.arange(maxlen, dtype=torch.float32, device=X.device)[None, :] < valid_len[:, None]
-    X[~mask] = value
-    return X
-
-
-def masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
-    """d2l's masked_softmax (masked scores set to -1e6)."""
-    if valid_lens is None:
-        return F.softmax(X, dim=-1)
-    shape = X.shape
-    if valid_lens.dim() == 1:
-        valid_lens = torch.repeat_interleave(valid_lens, shape[1])
-    else:
-        valid_lens = valid_lens.reshape(-1)
-    X = sequence_mask(X.reshape(-1, shape[-1]), valid_lens, value=-1e6)
-    return F.softmax(X.reshape(shape), dim=-1)
 
 
 class AdditiveAttention(nn.Module):
