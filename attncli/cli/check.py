@@ -277,16 +277,14 @@ def _entry(content: dict[str, Any], what: str, source: str) -> tuple[Any, tuple[
 
 
 def _inline(text: str) -> tuple[np.ndarray, list[str] | None, str]:
-    import yaml
-
     from attncli.check import written_numbers
+    from attncli.io import load_yaml
 
-    try:
-        doc = yaml.safe_load(text)
-        written = written_numbers(text, "inline")
-    except yaml.YAMLError as e:
-        raise InputError(f"is not a list of numbers ({' '.join(str(e).split())[:120]})", INLINE) from None
-    return _as_numbers(doc, INLINE), written, INLINE
+    try:  # the YAML loader every file goes through: its limits, and 1e3 read as a number
+        doc = load_yaml(text.encode(), INLINE)
+    except InputError as e:
+        raise InputError(f"is not a list of numbers ({str(e).removeprefix(INLINE + ': ')[:120]})", INLINE) from None
+    return _as_numbers(doc, INLINE), written_numbers(text, "inline"), INLINE
 
 
 def _as_numbers(value: Any, source: str) -> np.ndarray:

@@ -293,18 +293,25 @@ def mask_lines(c: Cell) -> list[str]:
     return [f"mask: key {c.key} is masked for query {c.query}: {num(before, p)} → {num(after, p)}"]
 
 
+def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float]:
+    """The softmax's input row (the step it read: masked, scaled or scores), its finite max,
+    exp(x - max) (each <= 1; masked keys 0) and their sum, as the explanations write them."""
+    t = c.trace
+    pre = "masked" if "masked" in t else "scaled" if "scaled" in t else "scores"
+    x = c.row(pre)
+    finite = x[np.isfinite(x)]
+    mx = float(np.max(finite)) if finite.size else 0.0
+    e = np.exp(np.where(np.isfinite(x), x - mx, -np.inf))
+    return pre, x, mx, e, float(np.sum(e))
+
+
 def softmax_lines(c: Cell) -> list[str]:
     """weight = exp(x_j) / Σ_k exp(x_k), with the row's exponentials and their sum (stable form too)."""
     t, p = c.trace, c.precision
-    pre = "masked" if "masked" in t else "scaled" if "scaled" in t else "scores"
-    x = c.row(pre)
+    pre, x, mx, e, z = row_exponentials(c)
     w = c.step("weights")
-    finite = x[np.isfinite(x)]
-    if finite.size == 0:
+    if not np.isfinite(x).any():
         return [f"weight = 0: every key of query {c.query} is masked, so the row has no weights"]
-    mx = float(np.max(finite))
-    e = np.exp(np.where(np.isfinite(x), x - mx, -np.inf))  # exp(x - max) <= 1
-    z = float(np.sum(e))
     xj = x[c.j]
     terms_x = elide([f"exp({num(v, p)})" for v in x], len(x))
     lines = [f"weight = exp({num(xj, p)}) / Σ exp(row) over the {len(x)} keys of {c.query}"]
@@ -352,12 +359,7 @@ def explain_cell(c: Cell) -> list[str]:
 def explain_row(c: Cell) -> list[str]:
     """One query row: its softmax key by key, and its output as the weighted sum of value rows."""
     t, p = c.trace, c.precision
-    pre = "masked" if "masked" in t else "scaled" if "scaled" in t else "scores"
-    x = c.row(pre)
-    finite = x[np.isfinite(x)]
-    mx = float(np.max(finite)) if finite.size else 0.0
-    e = np.exp(np.where(np.isfinite(x), x - mx, -np.inf))
-    z = float(np.sum(e))
+    pre, x, mx, e, z = row_exponentials(c)
     used = _after_weights(t)
     wname = used[-1].name if used else "weights"
     w = c.row(wname)
