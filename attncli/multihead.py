@@ -24,7 +24,7 @@ import numpy as np
 
 from attncli.backend import Backend, get_backend, to_numpy
 from attncli.errors import InputError
-from attncli.problem import Options, Problem, numeric_array
+from attncli.problem import Options, Problem, mask_array, numeric_array
 from attncli.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.weights import linear_init, seeded_rng
 
@@ -346,16 +346,6 @@ def head_mask(mask: Any, batch: int, heads: int, source: str) -> np.ndarray:
                      f"(PyTorch's attn_mask) or ({batch}, {heads}, T, S)", source)
 
 
-def _bool_or_float(a: Any, title: str, source: str) -> np.ndarray:
-    arr = np.asarray(a)
-    if arr.dtype == bool:
-        return arr
-    arr = numeric_array(arr, title, source, allow_inf=True)
-    if np.all((arr == 0) | (arr == 1)) and not np.issubdtype(np.asarray(a).dtype, np.floating):
-        return arr.astype(bool)
-    return arr
-
-
 def combine_masks(mask: np.ndarray | None, convention: str, kpm: np.ndarray | None) -> tuple[np.ndarray | None, str]:
     """One mask for the engine from an attn_mask (in ``convention``) and a key padding mask
     (True = ignore, as PyTorch): boolean masks are and-ed in the keep convention; a float
@@ -437,7 +427,7 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
         if vl_arr.ndim == 1 and vl_arr.shape[0] == T and T > 1:
             vl = vl_arr[None]  # one length per query of the single sequence
     combined, convention = combine_masks(
-        None if mask is None else head_mask(_bool_or_float(mask, "mask", src.get("mask", "mask")), B, H,
+        None if mask is None else head_mask(mask_array(mask, "mask", src.get("mask", "mask")), B, H,
                                             src.get("mask", "mask")),
         o.mask_convention, None if key_padding_mask is None else _padding(key_padding_mask, B, S, batched,
                                                                           src.get("key_padding_mask", "key padding mask")))
@@ -473,7 +463,7 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
 
 def _padding(kpm: Any, batch: int, keys: int, batched: bool, source: str) -> np.ndarray:
     """A key padding mask (B, S) (or (S,) unbatched), True = ignore, as (B, 1, 1, S)."""
-    m = _bool_or_float(kpm, "key padding mask", source)
+    m = mask_array(kpm, "key padding mask", source)
     want = (batch, keys) if batched else (keys,)
     if m.shape != want:
         raise InputError(f"key padding mask has shape {m.shape}; expected {want} (batch, keys), True = ignore that key",

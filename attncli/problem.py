@@ -257,13 +257,7 @@ class Problem:
     def _check_mask(self) -> np.ndarray | None:
         if self.mask is None:
             return None
-        mk = np.asarray(self.mask)
-        if mk.dtype == bool:
-            pass
-        else:
-            mk = numeric_array(mk, "mask", self.where("mask"), allow_inf=True)
-            if np.all((mk == 0) | (mk == 1)) and not np.issubdtype(np.asarray(self.mask).dtype, np.floating):
-                mk = mk.astype(bool)  # 0/1 integers are a boolean mask
+        mk = mask_array(self.mask, "mask", self.where("mask"))
         target = self.batch_shape + (self.m, self.n)
         try:
             full = np.broadcast_shapes(mk.shape, target)
@@ -273,6 +267,17 @@ class Problem:
             raise self._fail("mask", f"mask has shape {mk.shape}, which does not broadcast to the scores' shape {target} "
                                      "(batch..., queries, keys)")
         return mk
+
+
+def mask_array(a: Any, title: str, source: str) -> np.ndarray:
+    """A mask as given: boolean (0/1 integers count as boolean) or float (added to the scores)."""
+    given = np.asarray(a)
+    if given.dtype == bool:
+        return given
+    mk = numeric_array(given, title, source, allow_inf=True)
+    if np.all((mk == 0) | (mk == 1)) and not np.issubdtype(given.dtype, np.floating):
+        return mk.astype(bool)  # 0/1 integers are a boolean mask
+    return mk
 
 
 def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> np.ndarray:
