@@ -70,19 +70,39 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("magnitude", [1.0, 40.0])  # 40: scores up to thousands, so the softmax keeps its running max
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_blocked_equals_full_batched(case: str, backend: str, small_blocks: str) -> None:
-    q = rng.standard_normal((2, 37, 8))  # batch 2, m = 37 queries (ragged blocks), d = 8
-    k = rng.standard_normal((1, 23, 8))  # broadcast over the batch, n = 23 keys
+def test_blocked_equals_full_batched(case: str, backend: str, magnitude: float, small_blocks: str) -> None:
+    q = rng.standard_normal((2, 37, 8)) * magnitude  # batch 2, m = 37 queries (ragged blocks), d = 8
+    k = rng.standard_normal((1, 23, 8)) * magnitude  # broadcast over the batch, n = 23 keys
     v = rng.standard_normal((2, 23, 5))
     kw = dict(CASES[case], backend=backend, dtype="float64")
     full = attend(q, k, v, **kw)
     out = attend(q, k, v, keep_weights=False, **kw)
     assert out.names() == ["output"] and "weights" not in out
     assert out.meta["path"] in ("blocked", "sdpa")
+    if out.meta["path"] == "blocked" and kw.get("scaling") != "norm":
+        shift_free = magnitude == 1.0 and "mask_value" not in kw and case != "float-mask"
+        assert out.meta["softmax"] == ("shift-free" if shift_free else "running max")
     np.testing.assert_allclose(out.output, full.output, rtol=0, atol=1e-12)
     assert out.warnings == full.warnings
+
+
+@pytest.mark.parametrize(("low", "shift_free"), [(60.0, True), (85.0, False)])
+def test_shift_free_softmax_near_the_float32_limits(low: float, shift_free: bool, small_blocks: str) -> None:
+    """float32 scores whose rows sit near ±low (e^60 ~ 1e26, e^-60 ~ 1e-26; e^±85 is past what the
+    shift-free softmax allows) against the float64 plain loop: both ways keep float32 precision."""
+    d = 4
+    q = np.zeros((37, d))
+    q[:, 0] = np.where(np.arange(37) % 2 == 0, 1.0, -1.0) * low * math.sqrt(d)  # row i: scores ±low·k_j0
+    k = np.zeros((23, d))
+    k[:, 0] = 1.0 - 0.01 * np.arange(23)  # 1 .. 0.78: scores from ±0.78·low to ±low; the bound is low
+    v = rng.standard_normal((23, 3))
+    out = attend(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), keep_weights=False)
+    assert out.meta["softmax"] == ("shift-free" if shift_free else "running max")
+    ref = loop_reference(q, k, v, np.ones((37, 23), bool), 1 / math.sqrt(d))
+    np.testing.assert_allclose(out.output, ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
