@@ -69,8 +69,9 @@ def _time(fn: Callable[[], Any]) -> float:
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
     """Seconds per call of each function: ``repeats`` turns each, the functions taking turns so that
     load hits them alike. A turn is several calls back to back (about 0.2 s), timed together: it
-    measures the steady state, not the first call after another library's threads (OpenBLAS and
-    OpenMP threads spin for a while after a call, and sleep after that)."""
+    measures the steady state. Each turn starts after a pause and one untimed call: OpenBLAS and
+    OpenMP threads spin for a while after a call (and sleep after that), and without the pause
+    the function that runs right after another library would share the cores with its threads."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     inner: dict[str, int] = {}
     for name, fn in fns.items():  # warm-up (imports, thread pools, first-touch of memory), and the turn length
@@ -78,6 +79,10 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, li
         inner[name] = max(1, min(50, int(0.2 / max(_time(fn), 1e-6))))
     for _ in range(repeats):
         for name, fn in fns.items():
+            # a pause, so that the threads the previous function left spinning (OpenBLAS's for ~0.1 s
+            # after a call) are asleep, then one call untimed: each turn starts from the same state
+            time.sleep(SETTLE_S)
+            fn()
             t = time.perf_counter()
             for _ in range(inner[name]):
                 fn()
@@ -85,6 +90,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, li
     return times
 
 
+SETTLE_S = 0.25  # pause before each turn: longer than OpenBLAS's threads spin after a call
 SGEMM_N = 2048  # square float32 product whose best time gives the sgemm rate (1024² reads low on 2 cores)
 
 
