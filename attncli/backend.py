@@ -11,9 +11,12 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.errors import BackendError
 
@@ -65,9 +68,12 @@ class Backend:
         return a.to(torch.bfloat16).to(torch.float32)
 
 
-class BFloat16Values(np.ndarray):
-    """A float32 array whose values are bfloat16 numbers (from a .pt file or a torch tensor):
-    the mark that makes the engine compute in float32 and round the output back to bfloat16."""
+@functools.cache
+def bfloat16_values() -> type:
+    """BFloat16Values: a float32 array whose values are bfloat16 numbers (from a .pt file or a
+    torch tensor), the mark that makes the engine compute in float32 and round the output back
+    to bfloat16. Made on first use, as numpy is (a subclass of np.ndarray)."""
+    return type("BFloat16Values", (np.ndarray,), {"__doc__": bfloat16_values.__doc__, "__module__": __name__})
 
 
 def round_bfloat16(a: np.ndarray) -> np.ndarray:
@@ -82,7 +88,7 @@ HALF_TYPES = {"float16": "float16", "torch.float16": "float16", "torch.bfloat16"
 
 def half_type(a: Any) -> str | None:
     """'float16' or 'bfloat16' for an array (numpy, torch, or marked) in a half type, else None."""
-    if isinstance(a, BFloat16Values):
+    if isinstance(a, bfloat16_values()):
         return "bfloat16"
     dt = getattr(a, "dtype", None)
     if isinstance(dt, np.dtype):
@@ -96,7 +102,7 @@ def host_array(a: Any) -> Any:
         return a
     t = a.detach().cpu()
     if str(t.dtype) == "torch.bfloat16":
-        return t.float().numpy().view(BFloat16Values)
+        return t.float().numpy().view(bfloat16_values())
     return t.numpy()
 
 

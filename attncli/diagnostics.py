@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.trace import Trace
 
@@ -27,7 +30,7 @@ SPREAD_FACTOR = 2.0  # unscaled dot scores spreading over more than this many âˆ
 MAX_LISTED = 10  # rows named one by one in warnings
 MAX_JSON_ROWS = 1000  # rows listed one by one in saturated_rows / fully_masked_rows (the counts are exact)
 
-Similarity = Callable[[np.ndarray, np.ndarray], np.ndarray]
+Similarity = Callable[["np.ndarray", "np.ndarray"], "np.ndarray"]  # strings: numpy loads on first use
 SIMILARITIES: dict[str, Similarity] = {}
 
 

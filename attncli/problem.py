@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.backend import half_type, host_array
 from attncli.errors import InputError

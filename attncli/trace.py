@@ -7,9 +7,12 @@ names of its two last axes (so a renderer can label rows and columns) and notes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.backend import to_numpy
 

@@ -28,6 +28,19 @@ def test_numpy_path_never_imports_torch() -> None:
     assert out.stdout.split() == ["0", "False"]
 
 
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["self", "--help"], ["check", "--help"], ["examples"]])
+def test_help_never_imports_numpy(args: list[str]) -> None:
+    """The options are built from registries whose modules compute with numpy; help and the list of
+    examples must not pay for importing it (attncli.lazy). Checked in a fresh interpreter."""
+    code = ("import sys, io, contextlib; sys.argv = ['attncli', *sys.argv[1:]]; from attncli.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try: main()\n"
+            "    except SystemExit as e: code = e.code\n"
+            "print(code, len(out.getvalue()) > 100, 'numpy._core' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "True", "False"]
+
+
 def test_torch_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backend_mod, "torch_available", lambda: False)
     with pytest.raises(BackendError, match=r"needs PyTorch, which is not installed; install it with: pip install"):

@@ -19,9 +19,13 @@ from __future__ import annotations
 import io
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
+
 import typer
 
 from attncli.cli import EXIT_OK, app, handles_errors
