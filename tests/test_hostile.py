@@ -404,16 +404,17 @@ def test_huge_files_are_refused_unread(tmp_path: Path, monkeypatch: pytest.Monke
 # ---- text from files reaches the terminal: never markup, never control sequences --------------
 
 def test_labels_are_text_not_markup_nor_escape_sequences(tmp_path: Path) -> None:
-    """Labels are printed as written: rich markup ([/], [bold red]) is not interpreted (an
+    """Labels are printed as written: rich markup ([/], [bold red]) and emoji codes (:cat:) are not interpreted (an
     unbalanced tag used to crash the view) and control characters (ESC [2J clears a terminal)
     are shown as escapes, in the view and in the JSON."""
-    (tmp_path / "lab.yaml").write_text('q: [[1, 0], [0, 1]]\nlabels: ["[/]", "[bold red]x\\u001b[2Jy"]\n')
+    (tmp_path / "lab.yaml").write_text('q: [[1, 0], [0, 1], [1, 1]]\nlabels: ["[/]", "[bold red]x\\u001b[2Jy", ":cat:"]\n')
     res = runner.invoke(app, ["run", str(tmp_path / "lab.yaml"), "--steps", "weights"])
     assert res.exit_code == 0, res.stderr
     assert "\x1b" not in res.stdout
     assert "[/]" in res.stdout and "[bold red]x\\x1b[2Jy" in res.stdout
+    assert ":cat:" in res.stdout and "\U0001f431" not in res.stdout  # nor an emoji code
     res = runner.invoke(app, ["run", str(tmp_path / "lab.yaml"), "--format", "json"])
-    assert json.loads(res.stdout)["labels"]["queries"] == ["[/]", "[bold red]x\\x1b[2Jy"]
+    assert json.loads(res.stdout)["labels"]["queries"] == ["[/]", "[bold red]x\\x1b[2Jy", ":cat:"]
 
 
 def test_error_messages_stay_one_line(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def check_command(
         if fmt == "rich":
             from rich.console import Console
 
-            CHECK_FORMATS[fmt](verdict, opts["precision"], Console(soft_wrap=False, markup=False))
+            CHECK_FORMATS[fmt](verdict, opts["precision"], Console(soft_wrap=False, markup=False, emoji=False))
         else:
             CHECK_FORMATS[fmt](verdict, opts["precision"], sys.stdout)
             sys.stdout.flush()

@@ -167,7 +167,7 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     fmt = opts["format"].value
     if fmt == "rich":
         if not opts["quiet"]:
-            console = Console(soft_wrap=False, record=show.wanted, markup=False)  # labels are text, not markup
+            console = Console(soft_wrap=False, record=show.wanted, markup=False, emoji=False)  # labels are text: no markup, no :emoji:
             FORMATS["rich"](trace, ropts, console)
             show.save(console, protect)
     else:
@@ -177,7 +177,7 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
         import io
 
         console = Console(file=io.StringIO(), record=True, width=100, soft_wrap=False, force_terminal=True,
-                          markup=False)
+                          markup=False, emoji=False)
         FORMATS["rich"](trace, ropts, console)
         show.save(console, protect)
     show.plot(trace, protect)

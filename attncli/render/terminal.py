@@ -290,7 +290,7 @@ def render_to_string(trace: Trace, opts: RenderOptions | None = None, width: int
 
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False,
-                      markup=False)
+                      markup=False, emoji=False)
     print_rich(trace, opts or RenderOptions(), console)
     return buf.getvalue()
 
