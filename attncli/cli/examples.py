@@ -10,15 +10,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from attncli.cli import app, handles_errors
 from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
 from attncli.errors import InputError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 EXAMPLE_SUFFIXES = (".yaml", ".yml", ".json", ".npz")
 
@@ -33,15 +35,17 @@ examples_app = typer.Typer(
 )
 
 
-def catalogue() -> dict[str, resources.abc.Traversable]:
+def catalogue() -> dict[str, Traversable]:
     """Example name (file stem) -> its file inside the installed package, sorted by name."""
+    from importlib import resources  # here: `attncli --help` need not import it
+
     folder = resources.files("attncli") / "examples"
     found = {p.name.rsplit(".", 1)[0]: p for p in folder.iterdir()
              if p.is_file() and p.name.endswith(EXAMPLE_SUFFIXES) and not p.name.startswith(".")}
     return dict(sorted(found.items()))
 
 
-def find(name: str) -> resources.abc.Traversable:
+def find(name: str) -> Traversable:
     """The example called ``name`` (with or without its extension), or an InputError naming the choices."""
     every = catalogue()
     stem = name
@@ -53,7 +57,7 @@ def find(name: str) -> resources.abc.Traversable:
     return every[stem]
 
 
-def describe(path: resources.abc.Traversable) -> str:
+def describe(path: Traversable) -> str:
     """The example's one-line ``description:`` (YAML/JSON), else its first comment line."""
     if path.name.endswith(".npz"):
         return "(binary .npz problem)"
@@ -71,8 +75,10 @@ def describe(path: resources.abc.Traversable) -> str:
 
 
 @contextmanager
-def on_disk(path: resources.abc.Traversable) -> Iterator[Path]:
+def on_disk(path: Traversable) -> Iterator[Path]:
     """A real file path for an example (extracted to a temporary file if the package is zipped)."""
+    from importlib import resources  # here: `attncli --help` need not import it
+
     with resources.as_file(path) as p:
         yield Path(p)
 
@@ -86,6 +92,8 @@ def examples_list(ctx: typer.Context) -> None:
     width = max((len(n) for n in every), default=0)
     for name, path in every.items():
         typer.echo(f"{name:<{width}}  {describe(path)}")
+    from importlib import resources  # here: `attncli --help` need not import it
+
     folder = resources.files("attncli") / "examples"
     typer.echo("\nattncli examples show NAME prints one; attncli examples run NAME [options] runs it.")
     typer.echo(f"The files are in {folder}; attncli check FILE compares a run with the file's expected: numbers.")

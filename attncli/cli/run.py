@@ -167,7 +167,8 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     fmt = opts["format"].value
     if fmt == "rich":
         if not opts["quiet"]:
-            console = Console(soft_wrap=False, record=show.wanted, markup=False, emoji=False)  # labels are text: no markup, no :emoji:
+            # labels are text: no markup, no :emoji: codes
+            console = Console(soft_wrap=False, record=show.wanted, markup=False, emoji=False)
             FORMATS["rich"](trace, ropts, console)
             show.save(console, protect)
     else:
