@@ -220,6 +220,24 @@ def test_usage_errors_exit_2(files: Path) -> None:
     assert run("run", str(files / "cm.yaml"), "--format", "xml").exit_code == 2
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["run"], "Missing argument 'Q [K [V]]'. (see 'python -m attncli run --help')"),
+    (["run", "cm.yaml", "--scroe", "dot"], "No such option: --scroe"),
+    (["run", "cm.yaml", "--score", "nope"], "'nope' is not one of 'dot', 'scaled-dot'"),
+    (["run", "cm.yaml", "--format", "xml"], "'xml' is not one of"),
+    (["runn"], "No such command 'runn'. Did you mean 'run'? (see 'python -m attncli --help')"),
+])
+def test_usage_errors_are_one_line_from_the_shell(files: Path, args: list[str], message: str) -> None:
+    """Through the real entry point (CliRunner would use Typer's boxed panel): one line, exit 2."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "attncli", *args], cwd=files, capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("attncli: error: "), res.stderr
+    assert message in res.stderr
+
+
 def test_cuda_without_gpu_is_one_line(files: Path) -> None:
     res = run("run", str(files / "cm.yaml"), "--device", "cuda")
     assert res.exit_code == 2

@@ -105,9 +105,22 @@ def main() -> None:
     """Console-script entry point."""
     import signal
 
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        app()
+        code = app(standalone_mode=False)  # usage errors come here, to be said in one line
+    except NoArgsIsHelpError as e:  # `attncli` alone: the help is already printed
+        sys.exit(e.exit_code)
+    except UsageError as e:  # an unknown option, a bad choice, a missing argument
+        ctx = e.ctx
+        see = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        error(" ".join(e.format_message().split()) + see)
+        sys.exit(EXIT_INPUT)
+    except ClickException as e:
+        error(" ".join(e.format_message().split()))
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         error("interrupted")
         sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
