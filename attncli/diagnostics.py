@@ -105,6 +105,15 @@ def label(labels: list[str] | None, i: int, prefix: str) -> str:
     return labels[i] if labels and i < len(labels) else f"{prefix}{i}"
 
 
+def query_labels(trace: Trace) -> list[str] | None:
+    """Labels of the weights' rows: the trace's, or, when the weights were computed for some
+    queries only (the corners of a big view), those queries' labels ('q4095' without labels)."""
+    rows = trace.step("weights").rows if "weights" in trace else None
+    if rows is None:
+        return trace.query_labels
+    return [label(trace.query_labels, i, "q") for i in rows]
+
+
 def where(labels: list[str] | None, idx: tuple[int, ...], prefix: str = "q") -> str:
     """'it' or 'q2', with its batch index when there are leading axes: 'it (batch 0)'."""
     *b, i = idx
@@ -138,7 +147,7 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     h, top, arg, total = row_stats(w)
     dead = np.broadcast_to(_fully_masked(trace, total == 0), w.shape[:-1])
     h = np.where(dead, np.nan, h)
-    qlab, klab = trace.query_labels, trace.key_labels
+    qlab, klab = query_labels(trace), trace.key_labels
     out: dict[str, Any] = {
         "entropy": plain(h),
         "effective_keys": plain(np.exp(h)),
@@ -193,7 +202,7 @@ def score_spread(trace: Trace) -> dict[str, Any] | None:
     worst = tuple(int(x) for x in np.unravel_index(int(np.argmax(rng)), rng.shape))
     biggest = float(rng[worst])
     root = math.sqrt(d)
-    info: dict[str, Any] = {"max_row_spread": biggest, "row": where(trace.query_labels, worst), "d": d,
+    info: dict[str, Any] = {"max_row_spread": biggest, "row": where(query_labels(trace), worst), "d": d,
                             "sqrt_d": root, "spread_over_sqrt_d": biggest / root, "warning": None}
     if biggest > SPREAD_FACTOR * root:
         info["warning"] = (f"unscaled dot products: row {info['row']} spreads its scores over {biggest:.4g} "

@@ -75,10 +75,42 @@ def run(problem: Problem, backend: Backend | None = None, progress: Callable[[in
     return trace
 
 
+def corner_rows(problem: Problem, trace: Trace, rows: list[int], limit: int) -> bool:
+    """Add the steps up to the weights, computed for the queries ``rows`` only, before the output of an
+    output-only ``trace``: what the view of a big problem shows (its first and last rows), each row
+    against every key, so the numbers shown are exact, without the whole weight matrix. False
+    (nothing added) where that is not the same computation (a scaling over the whole score matrix,
+    hard attention, dropout) or more than ``limit`` scores would be held. Steps with a table per
+    query (additive's features) are left out."""
+    from attncli import fast
+
+    if not (fast.supported(problem) and fast.constant_scale(problem)):
+        return False
+    if len(rows) * problem.n * math.prod(problem.batch_shape) > limit:
+        return False
+    o = problem.options
+    be = get_backend(o.backend, o.device)
+    index = np.asarray(rows)
+    q = be.asarray(problem.q[..., index, :], problem.dtype)  # (..., rows, d)
+    params = {name: trace.inputs[name] for name in problem.params}
+    part = Trace(query_labels=problem.query_labels, key_labels=problem.key_labels)
+    attention_weights(problem, be, q, trace.inputs["k"], params, part, rows=index)  # its warnings: the output's run has them
+    output = trace.steps.pop()
+    for step in part.steps:
+        if step.numpy().ndim > q.ndim:  # one table per query (additive's features): left out of the summary
+            continue
+        if step.axes[0] == QUERIES:
+            step.rows = list(rows)
+        trace.steps.append(step)
+    trace.steps.append(output)
+    return True
+
+
 @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
 def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any],
-                      trace: Trace) -> Any:
-    """Scores, scaling, masking and softmax for ``q`` against ``k``: adds the steps, returns the weights."""
+                      trace: Trace, rows: np.ndarray | None = None) -> Any:
+    """Scores, scaling, masking and softmax for ``q`` against ``k``: adds the steps, returns the weights.
+    ``rows``: ``q`` holds only these queries of the problem (their masks are taken for them)."""
     o, xp = problem.options, be.xp
     score = get_score(o.score)
 
@@ -100,7 +132,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
 
     # 3) mask
     raw = s
-    keep, bias = masks(problem, be, s.shape)
+    keep, bias = masks(problem, be, s.shape, rows=rows)
     if bias is not None and bool(np.all((problem.mask == 0) | (problem.mask == 1))):
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
                               "scores, not used to keep or drop keys (save it as booleans or integers for that)")
@@ -117,7 +149,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     check_scores(problem, xp, raw, s, keep)
     w = softmax(xp, s)
     dead = _fully_masked_rows(xp, s, keep)
-    if dead is not None:
+    if dead is not None and rows is None:  # for some rows only: the run of the output names them
         trace.warnings.extend(_dead_row_messages(problem, dead, o.mask_value))
     trace.add("weights", "weights = softmax(masked, over keys)" if "masked" in trace else
               f"weights = softmax({'scaled' if 'scaled' in trace else 'scores'}, over keys)", w)
@@ -188,25 +220,26 @@ def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
 
 
 def masks(problem: Problem, be: Backend, shape: tuple[int, ...],
-          rows: tuple[int, int] | None = None) -> tuple[Any, Any]:
+          rows: tuple[int, int] | np.ndarray | None = None) -> tuple[Any, Any]:
     """(keep, bias): a boolean keep-mask broadcastable to ``shape`` and an additive float mask;
-    ``rows=(i0, i1)``: only for queries i0..i1-1 (the blocked path in attncli.fast)."""
+    ``rows``: only for some queries, i0..i1-1 for ``(i0, i1)`` (the blocked path in attncli.fast)
+    or those of an index array (the corners of a big view)."""
     o = problem.options
     m, n = (int(shape[-2]) if rows is None else problem.m), int(shape[-1])
-    i0, i1 = rows or (0, m)
+    index = np.arange(*rows) if isinstance(rows, tuple) else np.arange(m) if rows is None else rows  # query indices
     keep = None
     j = np.arange(n)  # key index
     if problem.query_limit is not None:
-        keep = _row_block(problem.query_limit[..., None], i0, i1) > j  # (..., m, 1) vs (n,) -> (..., m, n)
+        keep = _row_block(problem.query_limit[..., None], rows) > j  # (..., m, 1) vs (n,) -> (..., m, n)
     if o.causal:
-        i = np.arange(i0, i1)[:, None]
+        i = index[:, None]
         offset = n - m if o.causal_align == "bottom-right" else 0
         causal = j <= i + offset  # (m, n)
         keep = causal if keep is None else keep & causal
     bias = None
     if problem.mask is not None:
         mk = problem.mask
-        mk = _row_block(mk, i0, i1)
+        mk = _row_block(mk, rows)
         if mk.dtype == bool:
             mk = mk if o.mask_convention == "keep" else ~mk
             keep = mk if keep is None else keep & mk
@@ -215,9 +248,12 @@ def masks(problem: Problem, be: Backend, shape: tuple[int, ...],
     return (None if keep is None else be.asbool(keep)), bias
 
 
-def _row_block(a: np.ndarray, i0: int, i1: int) -> np.ndarray:
-    """Rows i0..i1-1 of an array broadcast over (..., m, n); one that has a single row (or none) as it is."""
-    return a[..., i0:i1, :] if a.ndim >= 2 and a.shape[-2] > 1 else a
+def _row_block(a: np.ndarray, rows: tuple[int, int] | np.ndarray | None) -> np.ndarray:
+    """Some rows (i0..i1-1, or an index array) of an array broadcast over (..., m, n); one that has
+    a single row (or none) as it is."""
+    if rows is None or a.ndim < 2 or a.shape[-2] == 1:
+        return a
+    return a[..., rows[0]:rows[1], :] if isinstance(rows, tuple) else a[..., rows, :]
 
 
 def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset: tuple[int, int] = (0, 0)) -> None:

@@ -114,7 +114,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     o, xp = problem.options, be.xp
     score = get_score(o.score)
     m, n, dv = problem.m, problem.n, int(v.shape[-1])
-    c: Any = _constant_factor(problem) if _constant_scale(problem) else _whole_matrix_factor(problem, be, q, k, params)
+    c: Any = _constant_factor(problem) if constant_scale(problem) else _whole_matrix_factor(problem, be, q, k, params)
     scale = None if isinstance(c, float) and c == 1.0 else c  # a number, or one per batch entry (..., 1, 1)
     prescale = score.name in DOT_SCORES  # (c·q)·k = c·(q·k): one multiply on (b, d) instead of (b, n)
     fill = -math.inf if o.mask_value is None else o.mask_value
@@ -331,7 +331,7 @@ def _scaling_name(problem: Problem) -> str:
     return SCALINGS[o.scaling or get_score(o.score).scaling].name
 
 
-def _constant_scale(problem: Problem) -> bool:
+def constant_scale(problem: Problem) -> bool:
     return problem.options.scale is not None or _scaling_name(problem) in CONSTANT_SCALINGS
 
 
@@ -386,7 +386,7 @@ def cast_result(be: Backend, out: Any, problem: Problem) -> Any:
 
 def _sdpa_applies(problem: Problem) -> bool:
     o = problem.options
-    return (get_score(o.score).name in DOT_SCORES and o.mask_value is None and _constant_scale(problem)
+    return (get_score(o.score).name in DOT_SCORES and o.mask_value is None and constant_scale(problem)
             and cannot_overflow(problem, _constant_factor(problem)))  # else the blocked path says where
 
 

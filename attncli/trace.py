@@ -29,6 +29,7 @@ class Step:
     values: Any
     axes: tuple[str, str] = (QUERIES, KEYS)
     notes: list[str] = field(default_factory=list)
+    rows: list[int] | None = None  # computed for these queries only (the corners of a big view); None: all
 
     def numpy(self) -> np.ndarray:
         return to_numpy(self.values)

@@ -325,6 +325,81 @@ def test_default_view_of_a_big_problem_skips_the_weights(monkeypatch: pytest.Mon
     assert ("softmax" in r.stdout) != skipped
 
 
+CORNER_CASES = {
+    "plain": {},
+    "causal-bottom-right": {"causal": True, "causal_align": "bottom-right"},
+    "valid-lens-per-query": {"valid_lens": rng.integers(0, 23, size=(2, 37))},
+    "bool-mask": {"mask": rng.random((37, 23)) < 0.3, "mask_convention": "drop"},
+    "float-mask-d2l-fill": {"mask": rng.standard_normal((2, 37, 23)), "valid_lens": [5, 0], "mask_value": -1e6},
+    "additive": {"score": "additive", "hidden": 4, "seed": 1},
+    "cosine-temperature": {"score": "cosine", "temperature": 0.3},
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("case", list(CORNER_CASES))
+def test_corner_rows_are_the_full_computations_rows(case: str, backend: str) -> None:
+    """The view of a big problem computes its first and last rows only (engine.corner_rows): every
+    step up to the weights equals those rows of the full computation, masks and all."""
+    from attncli.engine import corner_rows, run
+    from attncli.problem import Options, Problem
+
+    q, k = rng.standard_normal((2, 37, 8)), rng.standard_normal((1, 23, 8))  # batch 2, 37 queries, 23 keys
+    v = rng.standard_normal((2, 23, 5))
+    kw = dict(CORNER_CASES[case], backend=backend, dtype="float64")
+    full = attend(q, k, v, **kw)
+    opts = {key: val for key, val in kw.items() if key not in ("valid_lens", "mask")}
+    problem = Problem.build(q, k, v, valid_lens=kw.get("valid_lens"), mask=kw.get("mask"),
+                            options=Options().merged({**opts, "keep_weights": False}, "test"))
+    trace = run(problem)
+    assert trace.names() == ["output"]
+    rows = [0, 1, 2, 34, 35, 36]
+    assert corner_rows(problem, trace, rows, limit=10_000)
+    assert trace.names() == [name for name in full.names() if name != "features"]  # additive's 4-D step: left out
+    for step in trace.steps[:-1]:
+        expected = full[step.name]
+        if step.axes[0] == "queries":
+            assert step.rows == rows
+            expected = expected[..., rows, :]
+        np.testing.assert_allclose(trace[step.name], expected, rtol=0, atol=1e-12, err_msg=step.name)
+    np.testing.assert_allclose(trace.output, full.output, rtol=0, atol=1e-12)
+
+
+def test_corner_rows_refused_when_not_the_same_computation() -> None:
+    """A scaling over the whole score matrix (norm) or too many scores: nothing is added."""
+    from attncli.engine import corner_rows, run
+    from attncli.problem import Options, Problem
+
+    x = rng.standard_normal((37, 8))
+    for opts, limit in (({"scaling": "norm"}, 10_000), ({}, 6 * 37 - 1)):
+        problem = Problem.build(x, options=Options().merged({**opts, "keep_weights": False}, "test"))
+        trace = run(problem)
+        assert not corner_rows(problem, trace, [0, 1, 2, 34, 35, 36], limit)
+        assert trace.names() == ["output"]
+
+
+def test_default_view_of_a_big_problem_shows_exact_corner_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """40 × 40 weights over the (lowered) limit: the view shows the first and last 6 queries'
+    weights, exact, with their labels and diagnostics, and says so; no weights-skipped note."""
+    from attncli.cli import run as run_cli
+
+    monkeypatch.setattr(run_cli, "VIEW_CELLS", 1000)  # 1600 weights are "big"; 12 rows × 40 keys = 480 are not
+    x = rng.standard_normal((40, 4))
+    np.save(tmp_path / "x.npy", x)
+    r = runner.invoke(app, ["run", str(tmp_path / "x.npy"), "--causal", "--precision", "6"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "not computed" not in r.output
+    assert "showing 12 of 40 queries" in r.stdout and "only these rows were computed" in r.stdout
+    w = attend(x, causal=True).weights
+    weights_table = r.stdout.split("weights = softmax")[1].split("diagnostics")[0]
+    row = next(line for line in weights_table.splitlines() if line.startswith("│ q39 "))
+    cells = [c.strip() for c in row.split("│")[2:-1]]
+    assert cells[0] == f"{w[39, 0]:.6f}" and cells[-1] == f"{w[39, 39]:.6f}"  # k0 and k39 of the last query
+    assert "│ q20 " not in weights_table  # a middle row: never computed
+    diag = r.stdout.split("diagnostics of the weights")[1].split("output = ")[0]
+    assert "│ q39 " in diag and "│ q0 " in diag
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_overflow_is_the_same_error_on_every_path(backend: str, small_blocks: str) -> None:
     """float32 scores that overflow (row 30 holds 1e20: q_30·k_30 = 64e40 > 3.4e38) stop every path

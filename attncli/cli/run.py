@@ -49,15 +49,22 @@ def run_command(
         opts = {**opts, "keep_weights": False}  # the weights are never held (attncli.fast)
     reader = Reader()
     problem = build_problem(inputs, opts, reader)
-    if problem.options.keep_weights and too_big_to_show(problem, opts):
+    corners = problem.options.keep_weights and too_big_to_show(problem, opts)
+    if corners:  # the output for every query; the weights for the rows the view shows (below)
         problem.options = replace(problem.options, keep_weights=False)
-        if not opts["quiet"]:
+    with progress_bar(opts["quiet"]) as progress:
+        trace = run(problem, progress=progress)
+    if corners:
+        from attncli.engine import corner_rows
+        from attncli.render import RenderOptions
+        from attncli.render.terminal import shown
+
+        rows = [i for i in shown(problem.m, RenderOptions().max_rows, False) if i is not None]
+        if not corner_rows(problem, trace, rows, VIEW_CELLS) and not opts["quiet"]:
             cells = math.prod(problem.batch_shape) * problem.m * problem.n
             sys.stderr.write(f"attncli: note: the {cells:,} attention weights are not computed for the step-by-step "
                              "view (only their corners would show); it shows the inputs and the output. Ask for them "
                              "with --steps weights,output or --save FILE.npz\n")
-    with progress_bar(opts["quiet"]) as progress:
-        trace = run(problem, progress=progress)
     emit(trace, opts, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
 
 
@@ -77,12 +84,14 @@ def output_only(opts: dict[str, Any]) -> bool:
     return save is not None and save.suffix.lower() == ".npy" and opts["format"].value == "rich"
 
 
-VIEW_CELLS = 1 << 26  # weights (batch × m × n) beyond which the default view shows inputs and output only
+VIEW_CELLS = 1 << 26  # weights (batch × m × n) beyond which the default view computes only the rows it shows
 
 
 def too_big_to_show(problem: Any, opts: dict[str, Any]) -> bool:
     """The default terminal view (no --steps, nothing saved or drawn from the weights) of a problem
-    whose weight matrix would be larger than VIEW_CELLS: computing it only to show corners is waste."""
+    whose weight matrix would be larger than VIEW_CELLS: computing it all only to show its corners
+    is waste, so the output comes from the output-only path and the weights of the rows shown
+    from engine.corner_rows."""
     if opts.get("steps") or opts["format"].value != "rich" or any(opts.get(k) for k in NEEDS_WEIGHTS):
         return False
     save = opts.get("save")

@@ -5,6 +5,7 @@ Big matrices show their corners around an ellipsis; only the cells shown are for
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -17,6 +18,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from attncli.diagnostics import query_labels
 from attncli.render import RenderOptions, output_format
 from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
@@ -72,9 +74,15 @@ def heat_style(w: float, strongest: bool) -> Style:
     return Style(bgcolor=Color.from_rgb(r, g, b), color="black" if dark_text else "white", bold=strongest)
 
 
-def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptions) -> str | None:
-    """'showing 12 of 100 queries × 10 of 50 keys; ...' when a table shows only its corners."""
+def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptions,
+                    computed: int | None = None) -> str | None:
+    """'showing 12 of 100 queries × 10 of 50 keys; ...' when a table shows only its corners;
+    ``computed``: only that many rows were computed at all (the view of a big problem)."""
     cut_r, cut_c = not opts.full and rows > opts.max_rows, not opts.full and cols > opts.max_cols
+    if computed is not None:
+        c = f"{opts.max_cols} of {cols} {axes[1]}" if cut_c else f"all {cols} {axes[1]}"
+        return (f"showing {computed} of {rows} {axes[0]} × {c}: only these rows were computed, each against every "
+                f"key (so they are exact); --steps weights,output or --save FILE.npz computes them all")
     if not (cut_r or cut_c):
         return None
     r = f"{opts.max_rows} of {rows} {axes[0]}" if cut_r else f"all {rows} {axes[0]}"
@@ -82,7 +90,23 @@ def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptio
     return f"showing {r} × {c}: --full shows everything, --save FILE.npz keeps every number"
 
 
-def fit_columns(width: int, a: np.ndarray, axes: Sequence[str], trace: Trace, opts: RenderOptions) -> RenderOptions:
+def with_gaps(rows: Sequence[int]) -> list[int | None]:
+    """Positions 0..len(rows)-1 with None where the row indices jump (an ellipsis row)."""
+    out: list[int | None] = []
+    for p, i in enumerate(rows):
+        if p and i != rows[p - 1] + 1:
+            out.append(None)
+        out.append(p)
+    return out
+
+
+def query_count(trace: Trace) -> int:
+    """The number of queries of the run (its Q's rows)."""
+    return int(trace.meta["shapes"]["q"][-2])
+
+
+def fit_columns(width: int, a: np.ndarray, axes: Sequence[str], trace: Trace, opts: RenderOptions,
+                rows_of: Sequence[int] | None = None) -> RenderOptions:
     """Options whose ``max_cols`` lets a table of ``a`` fit ``width`` (unless --full): fewer corner
     columns rather than cells cut to '0.0…'."""
     rows, cols = a.shape[-2:]
@@ -94,8 +118,8 @@ def fit_columns(width: int, a: np.ndarray, axes: Sequence[str], trace: Trace, op
     cell = max(len(fmt(float(x), opts.precision)) for x in first[np.ix_(ri, ci)].ravel())
     clab = axis_labels(trace, axes[1], cols)
     cell = max(cell, *(len(clab[j]) for j in ci))
-    rlab = axis_labels(trace, axes[0], rows)
-    label = max(len(f"{axes[0]} ↓ {axes[1]} →"), *(len(rlab[i]) for i in ri))
+    rlab = axis_labels(trace, axes[0], rows) if rows_of is None else axis_labels(trace, axes[0], query_count(trace))
+    label = max(len(f"{axes[0]} ↓ {axes[1]} →"), *(len(rlab[i if rows_of is None else rows_of[i]]) for i in ri))
     room = width - (label + 4) - 1 - 4  # the label column, the right border, an ellipsis column
     fit = max(2, room // (cell + 3))
     if fit >= min(cols, opts.max_cols):
@@ -104,11 +128,16 @@ def fit_columns(width: int, a: np.ndarray, axes: Sequence[str], trace: Trace, op
 
 
 def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, opts: RenderOptions,
-                 caption: str | None = None, highlight_max: bool = False, heatmap: bool = False) -> Table:
-    """A rich Table of the 2-D array ``a``: rows labelled by ``axes[0]``, columns by ``axes[1]``."""
+                 caption: str | None = None, highlight_max: bool = False, heatmap: bool = False,
+                 rows_of: Sequence[int] | None = None) -> Table:
+    """A rich Table of the 2-D array ``a``: rows labelled by ``axes[0]``, columns by ``axes[1]``;
+    ``rows_of``: the query index of each row of ``a``, when it holds some queries only."""
     rows, cols = a.shape
-    rlab, clab = axis_labels(trace, axes[0], rows), axis_labels(trace, axes[1], cols)
-    note = truncation_note(rows, cols, axes, opts)
+    total = rows if rows_of is None else query_count(trace)
+    rlab, clab = axis_labels(trace, axes[0], total), axis_labels(trace, axes[1], cols)
+    if rows_of is not None:
+        rlab = [rlab[i] for i in rows_of]
+    note = truncation_note(total, cols, axes, opts, computed=None if rows_of is None else rows)
     caption = "\n".join(c for c in (caption, note) if c) or None
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", show_lines=False,
                   pad_edge=True)
@@ -116,7 +145,7 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
     ci = shown(cols, opts.max_cols, opts.full)
     for j in ci:
         table.add_column(ELLIPSIS if j is None else clab[j], justify="right", no_wrap=True)
-    for i in shown(rows, opts.max_rows, opts.full):
+    for i in shown(rows, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of):
         if i is None:
             table.add_row(ELLIPSIS, *[ELLIPSIS for _ in ci])
             continue
@@ -138,14 +167,16 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
 
 def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str], trace: Trace,
                opts: RenderOptions, highlight_max: bool = False, heatmap: bool = False,
-               after: Callable[[tuple[int, ...]], None] | None = None) -> None:
+               after: Callable[[tuple[int, ...]], None] | None = None, rows_of: Sequence[int] | None = None) -> None:
     """Print ``a`` (..., rows, cols): one table per batch entry, the first few unless --full.
 
-    ``after(batch_index)`` prints more under each table (the diagnostics under the weights)."""
-    opts = fit_columns(console.width, a, axes, trace, opts)
+    ``after(batch_index)`` prints more under each table (the diagnostics under the weights);
+    ``rows_of``: the query index of each row, when ``a`` holds some queries only."""
+    opts = fit_columns(console.width, a, axes, trace, opts, rows_of)
     batch = a.shape[:-2]
+    table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of)
     if not batch:
-        console.print(matrix_table(a, title, axes, trace, opts, highlight_max=highlight_max, heatmap=heatmap))
+        console.print(table(a, title, axes, trace, opts))
         if after is not None:
             after(())
         console.print()
@@ -156,8 +187,7 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
         names = trace.meta.get("batch_axes") or []  # e.g. ["batch", "head"] for multi-head steps
         cap = (" · ".join(f"{n} {i}" for n, i in zip(names, idx)) + f" of {tuple(batch)}" if 0 < len(idx) <= len(names)
                else f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}")
-        console.print(matrix_table(a[idx], title, axes, trace, opts, caption=cap, highlight_max=highlight_max,
-                                   heatmap=heatmap))
+        console.print(table(a[idx], title, axes, trace, opts, caption=cap))
         if after is not None:
             after(idx)
     if len(entries) > limit:
@@ -178,15 +208,17 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], 
     ent, eff = _at(diag["entropy"], idx), _at(diag["effective_keys"], idx)
     top, arg = _at(diag["max_weight"], idx), _at(diag["argmax"], idx)
     m, n = len(ent), diag["keys"]
-    qlab = axis_labels(trace, QUERIES, m)
+    rows_of = trace.step("weights").rows
+    qlab = axis_labels(trace, QUERIES, m) if rows_of is None else query_labels(trace) or []
     klab = axis_labels(trace, KEYS, n)
     table = Table(title="diagnostics of the weights", title_justify="left", pad_edge=True,
-                  caption=f"entropy in nats; effective keys = exp(entropy), out of {n}", caption_justify="left")
+                  caption=f"entropy in nats; effective keys = exp(entropy), out of {n}"
+                          + ("; for the rows computed only" if rows_of is not None else ""), caption_justify="left")
     table.add_column("query", style="bold", no_wrap=True)
     for name in ("strongest key", "its weight", "entropy", "effective keys"):
         table.add_column(name, justify="right", no_wrap=True)
     p = opts.precision
-    for i in shown(m, opts.max_rows, opts.full):
+    for i in shown(m, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of):
         if i is None:
             table.add_row(*[ELLIPSIS] * 5)
         elif arg[i] < 0:
@@ -271,7 +303,7 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
         weights = step.name == "weights"
         heat = step.axes == (QUERIES, KEYS) and step.name in HEATMAP_STEPS
         show_array(console, step.numpy(), f"{i}. {step.formula}", step.axes, trace, opts,
-                   highlight_max=heat, heatmap=heat,
+                   highlight_max=heat, heatmap=heat, rows_of=step.rows,
                    after=(lambda idx: print_diagnostics(console, trace, idx, opts)) if weights else None)
         for note in step.notes:
             console.print(Text(f"  {note}", style="italic"))
