@@ -87,8 +87,8 @@ def test_readme_commands_run_as_documented(workdir: Path) -> None:
         assert proc.returncode == code, f"{cmd!r} exited {proc.returncode}, expected {code}:\n{proc.stderr[-2000:]}"
         assert "Traceback" not in proc.stderr, proc.stderr
         said += proc.stderr
-        if code == EXIT_INPUT and not proc.stderr.startswith("Usage: "):  # usage errors: Typer's box
-            assert proc.stderr.startswith("attncli: error: ") and len(proc.stderr.strip().splitlines()) == 1
+        if code == EXIT_INPUT:  # bad files and usage mistakes alike: one line
+            assert proc.stderr.startswith("attncli: error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     # the error messages the guide quotes are the ones these commands print
     quoted = [ln for block in re.findall(r"^```console\n(.*?)^```", README, flags=re.S | re.M)
               for ln in block.splitlines() if ln.startswith("attncli: error: ")]
