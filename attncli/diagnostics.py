@@ -62,7 +62,7 @@ BLOCK = 1 << 20  # weights handled this many at a time, so big matrices need no 
 
 
 def row_entropy(w: np.ndarray) -> np.ndarray:
-    """H = -Σ_j w_j ln w_j over the last axis (0·ln 0 = 0), in float64. (..., m, n) -> (..., m)"""
+    """H = -Σ_j w_j ln w_j over the last axis (0·ln 0 = 0), summed in float64. (..., m, n) -> (..., m)"""
     return row_stats(w)[0]
 
 
@@ -74,13 +74,14 @@ def row_stats(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     rows = flat.shape[0]
     ent, top, arg, tot = (np.empty(rows), np.empty(rows), np.empty(rows, dtype=np.int64), np.empty(rows))
     step = max(1, BLOCK // max(n, 1))
+    dtype = flat.dtype if flat.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+    tiny = np.finfo(dtype).tiny  # w ln max(w, tiny) is w ln w for w > 0, and 0 for w = 0
     for a in range(0, rows, step):
-        b = np.asarray(flat[a:a + step], dtype=np.float64)  # (block, n)
-        pos = b > 0
-        ent[a:a + step] = -np.sum(np.where(pos, b * np.log(np.where(pos, b, 1.0)), 0.0), axis=-1)
+        b = np.asarray(flat[a:a + step], dtype=dtype)  # (block, n); float32's log is vectorised, float64's is not
+        ent[a:a + step] = -np.sum(b * np.log(np.maximum(b, tiny)), axis=-1, dtype=np.float64)
         top[a:a + step] = np.max(b, axis=-1)
         arg[a:a + step] = np.argmax(b, axis=-1)
-        tot[a:a + step] = np.sum(b, axis=-1)
+        tot[a:a + step] = np.sum(b, axis=-1, dtype=np.float64)
     shape = w.shape[:-1]
     return ent.reshape(shape), top.reshape(shape), arg.reshape(shape), tot.reshape(shape)
 
