@@ -115,7 +115,16 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
             "torch_sdpa_flash": lambda t=t4: torch.nn.functional.scaled_dot_product_attention(t, t, t),
             "attncli_torch": lambda x=x: attend(x, keep_weights=False, backend="torch"),
         }
-        times = interleaved(fns, repeats=7 if t <= 4096 else 5)  # best-of: load only adds time
+        if torch.cuda.is_available():  # on a GPU: the torch backend on CUDA against SDPA there, side by side
+            xc = torch.from_numpy(x).cuda()[None, None]  # (1, 1, T, d)
+
+            def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
+                return lambda: (fn(), torch.cuda.synchronize())
+
+            fns["cuda_sdpa"] = synced(lambda t=xc: torch.nn.functional.scaled_dot_product_attention(t, t, t))
+            fns["attncli_cuda"] = synced(lambda x=x: attend(x, keep_weights=False, backend="torch", device="cuda"))
+        # best-of turns (load only adds time); more at T = 1024, whose few milliseconds a busy machine blurs
+        times = interleaved(fns, repeats={1024: 15, 4096: 7}.get(t, 5))
         best = {k: min(v) for k, v in times.items()}
         rate = 2 * SGEMM_N**3 / best.pop("sgemm")
         rows.append({"T": t, "seconds_best": best, "seconds_all": times, "sgemm_gflops": rate / 1e9,
@@ -123,6 +132,7 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
                      "numpy_vs_sdpa_flash": best["attncli_numpy"] / best["torch_sdpa_flash"],
                      "torch_backend_vs_sdpa_flash": best["attncli_torch"] / best["torch_sdpa_flash"],
                      "torch_backend_vs_sdpa": best["attncli_torch"] / best["torch_sdpa"],
+                     **({"cuda_vs_sdpa_cuda": best["attncli_cuda"] / best["cuda_sdpa"]} if "cuda_sdpa" in best else {}),
                      # the target, against SDPA as its reference figures were taken (3-D input);
                      # the flash kernel (4-D input) is reported beside it and not met by numpy
                      "ok": best["attncli_numpy"] <= best["torch_sdpa"]})
@@ -258,6 +268,9 @@ def table(res: dict[str, Any]) -> str:
             row(f"  T={r['T']}: SDPA flash / matmul floor", f"{r['sdpa_flash_vs_floor']:.2f}x", "report", True)
             row(f"  T={r['T']}: torch backend / SDPA flash", f"{r['torch_backend_vs_sdpa_flash']:.2f}x "
                 f"({b['attncli_torch']:.3f} s)", "report", True)
+            if "cuda_vs_sdpa_cuda" in r:
+                row(f"  T={r['T']}: CUDA: torch backend / SDPA", f"{r['cuda_vs_sdpa_cuda']:.2f}x "
+                    f"({b['attncli_cuda'] * 1e3:.2f} ms vs {b['cuda_sdpa'] * 1e3:.2f} ms)", "report", True)
     if "startup" in res:
         s = res["startup"]
         m = s["median_s"]
