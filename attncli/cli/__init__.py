@@ -105,7 +105,10 @@ def main() -> None:
     """Console-script entry point."""
     import signal
 
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    try:  # typer 0.28 carries its own copy of click; earlier ones use click itself
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    except ImportError:
+        from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef,assignment]
 
     signal.signal(signal.SIGTERM, _terminated)
     try:
