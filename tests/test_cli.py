@@ -238,6 +238,20 @@ def test_usage_errors_are_one_line_from_the_shell(files: Path, args: list[str], 
     assert message in res.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "self", "check"])
+def test_entry_point_builds_only_the_invoked_command(command: str) -> None:
+    """main() hands Typer the one command named first (start-up): its help is the whole app's,
+    and the app itself keeps every command."""
+    from attncli.cli import invoked
+
+    one = invoked([command, "--help"])
+    assert [c.name for c in one.registered_commands] == [command] and one.registered_groups == []
+    assert runner.invoke(one, [command, "--help"]).stdout == runner.invoke(app, [command, "--help"]).stdout
+    assert {c.name for c in app.registered_commands} == {"run", "self", "check"} and app.registered_groups
+    for args in ([], ["--version"], ["examples", "run"], ["rnu"]):
+        assert invoked(args) is app
+
+
 def test_cuda_without_gpu_is_one_line(files: Path) -> None:
     res = run("run", str(files / "cm.yaml"), "--device", "cuda")
     assert res.exit_code == 2
