@@ -370,11 +370,14 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
               valid_lens: Any = None, key_padding_mask: Any = None, mask: Any = None,
               query_labels: list[str] | None = None, key_labels: list[str] | None = None,
               options: Options | None = None, sources: dict[str, str] | None = None,
-              batch_first: bool = True, backend: Backend | None = None) -> Trace:
+              batch_first: bool = True, backend: Backend | None = None,
+              corners: tuple[list[int], int] | None = None) -> Trace:
     """Multi-head attention of X over memory Y (values Z; both default to X), step by step.
 
     Inputs are (B, T, D) or unbatched (T, D) (``batch_first=False``: (T, B, D), as PyTorch's
     default layout; the steps are batch-first). The per-head steps have shape (B, H, T, S).
+    ``corners=(rows, limit)`` with ``keep_weights=False``: the per-head steps up to the weights for
+    those queries only (engine.corner_rows: the view of a big problem), if at most ``limit`` scores.
     """
     o = options or Options()
     src = {"x": "X", "memory": "memory", "values": "values", **(sources or {})}
@@ -441,6 +444,10 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
     from attncli.engine import run
 
     inner = run(problem, be)
+    if corners is not None and not inner_opts.keep_weights:
+        from attncli.engine import corner_rows
+
+        corner_rows(problem, inner, *corners)
     heads_out = inner.step("output").values  # (B, H, T, d_v/H)
 
     # 4) concatenate the heads in order: (B, H, T, d_v/H) -> (B, T, H, d_v/H) -> (B, T, d_v)
@@ -522,7 +529,7 @@ def _trace(inner: Trace, proj: Projections, w: dict[str, Any], arrays: dict[str,
         name = "head_output" if s.name == "output" else s.name
         formula = s.formula.replace("output =", "head_h =", 1) if s.name == "output" else s.formula
         notes = [*s.notes, split] if s.name == "scores" else list(s.notes)
-        t.steps.append(Step(name, f"{formula}  (each head h)", lead(s.values), s.axes, notes))
+        t.steps.append(Step(name, f"{formula}  (each head h)", lead(s.values), s.axes, notes, s.rows))
     has_o = "W_o" in w
     t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "
           "the heads side by side, in order", lead(L["concat"]), (QUERIES, FEATURES))
@@ -533,6 +540,7 @@ def _trace(inner: Trace, proj: Projections, w: dict[str, Any], arrays: dict[str,
     if L["avg"] is not None:
         t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
               lead(L["avg"]), (QUERIES, KEYS))
+        t.steps[-1].rows = inner.step("weights").rows
     return t
 
 
@@ -553,7 +561,7 @@ def select_head(trace: Trace, head: int) -> Trace:
     per_head = set(trace.meta.get("per_head_steps", PER_HEAD))
     axis = int(trace.meta.get("head_axis", 0))
     steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
-                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes)
+                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows)
              if s.name in per_head else s for s in trace.steps]
     meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else []}
     return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,

@@ -442,3 +442,47 @@ def test_permuting_the_tokens_permutes_the_output() -> None:
     a = multihead(X, weights=proj, heads=4)["output"]
     b = multihead(X[perm], weights=proj, heads=4)["output"]
     np.testing.assert_allclose(b, a[perm], atol=1e-12)
+
+
+def test_output_only_never_holds_the_weights_and_matches(tmp_path: Path) -> None:
+    """`self --steps output` (and `--save out.npy`) take the output-only path: the same output as
+    the full run, no per-head weights in the result."""
+    x = np.random.default_rng(3).standard_normal((2, 37, 8))
+    np.save(tmp_path / "x.npy", x)
+    base = ["self", str(tmp_path / "x.npy"), "--heads", "2", "--seed", "1", "--causal"]
+    full = json.loads(runner.invoke(app, [*base, "--format", "json"]).stdout)
+    res = runner.invoke(app, [*base, "--steps", "head_output,output", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert [s["name"] for s in got["steps"]] == ["head_output", "output"] and "weights" not in got
+    assert got["path"] == "blocked"
+    np.testing.assert_allclose(got["output"], full["output"], rtol=0, atol=1e-12)
+    res = runner.invoke(app, [*base, "--save", str(tmp_path / "out.npy"), "--quiet"])
+    assert res.exit_code == 0, res.output
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), full["output"], rtol=0, atol=1e-12)
+
+
+def test_big_view_shows_exact_corner_rows_of_each_head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Per-head weights over the (lowered) limit: the view shows the first and last queries' rows of
+    each head and of avg_weights, equal to the full computation's."""
+    from attncli.cli import run as run_cli
+
+    monkeypatch.setattr(run_cli, "VIEW_CELLS", 1000)  # 2 heads × 40 × 40 = 3200 weights; 12 rows of each: 960
+    x = np.random.default_rng(4).standard_normal((40, 4))
+    np.save(tmp_path / "x.npy", x)
+    base = ["self", str(tmp_path / "x.npy"), "--heads", "2", "--seed", "2"]
+    full = json.loads(runner.invoke(app, [*base, "--format", "json"]).stdout)
+    res = runner.invoke(app, [*base, "--precision", "6"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "not computed" not in res.output and "only these rows were computed" in res.stdout
+    weights = np.asarray([s for s in full["steps"] if s["name"] == "weights"][0]["values"])  # (H, T, S)
+    avg = np.asarray([s for s in full["steps"] if s["name"] == "avg_weights"][0]["values"])  # (T, S)
+    tables = res.stdout.split("head_h = ")[0].split("weights = softmax")[1:]
+    assert len(tables) == 2  # one table per head
+    for h, table in enumerate(tables):
+        row = next(line for line in table.splitlines() if line.startswith("│ q39 "))
+        cells = [c.strip() for c in row.split("│")[2:-1]]
+        assert cells[0] == f"{weights[h, 39, 0]:.6f}" and cells[-1] == f"{weights[h, 39, 39]:.6f}"
+    avg_table = res.stdout.split("avg_weights = ")[1]
+    row = next(line for line in avg_table.splitlines() if line.startswith("│ q39 "))
+    assert [c.strip() for c in row.split("│")[2:-1]][0] == f"{avg[39, 0]:.6f}"

@@ -56,15 +56,9 @@ def run_command(
         trace = run(problem, progress=progress)
     if corners:
         from attncli.engine import corner_rows
-        from attncli.render import RenderOptions
-        from attncli.render.terminal import shown
 
-        rows = [i for i in shown(problem.m, RenderOptions().max_rows, False) if i is not None]
-        if not corner_rows(problem, trace, rows, VIEW_CELLS) and not opts["quiet"]:
-            cells = math.prod(problem.batch_shape) * problem.m * problem.n
-            sys.stderr.write(f"attncli: note: the {cells:,} attention weights are not computed for the step-by-step "
-                             "view (only their corners would show); it shows the inputs and the output. Ask for them "
-                             "with --steps weights,output or --save FILE.npz\n")
+        if not corner_rows(problem, trace, corner_queries(problem.m), VIEW_CELLS):
+            weights_skipped_note(math.prod(problem.batch_shape) * problem.m * problem.n, opts)
     emit(trace, opts, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
 
 
@@ -73,13 +67,14 @@ NEEDS_WEIGHTS = ("svg", "html", "plot", "explain", "explain_row", "similarity")
 PROGRESS_AFTER = 1.0  # seconds a run takes before its progress bar appears
 
 
-def output_only(opts: dict[str, Any]) -> bool:
-    """Nothing but the output is asked for: --steps names only it (and inputs), or --save FILE.npy
-    with the terminal view (JSON and NPZ on stdout always carry the weights)."""
+def output_only(opts: dict[str, Any], allowed: set[str] = OUTPUT_ONLY_STEPS) -> bool:
+    """Nothing but the output is asked for: --steps names only it (and inputs, or the ``allowed``
+    steps that need no weights), or --save FILE.npy with the terminal view (JSON and NPZ on stdout
+    always carry the weights)."""
     if any(opts.get(k) for k in NEEDS_WEIGHTS):
         return False
     if opts.get("steps"):
-        return {s.strip() for s in opts["steps"].split(",")} <= OUTPUT_ONLY_STEPS
+        return {s.strip() for s in opts["steps"].split(",")} <= allowed
     save = opts.get("save")
     return save is not None and save.suffix.lower() == ".npy" and opts["format"].value == "rich"
 
@@ -92,12 +87,32 @@ def too_big_to_show(problem: Any, opts: dict[str, Any]) -> bool:
     whose weight matrix would be larger than VIEW_CELLS: computing it all only to show its corners
     is waste, so the output comes from the output-only path and the weights of the rows shown
     from engine.corner_rows."""
+    return view_too_big(math.prod(problem.batch_shape) * problem.m * problem.n, opts)
+
+
+def view_too_big(cells: int, opts: dict[str, Any]) -> bool:
+    """Whether the default terminal view asked for by ``opts`` would hold more than VIEW_CELLS weights."""
     if opts.get("steps") or opts["format"].value != "rich" or any(opts.get(k) for k in NEEDS_WEIGHTS):
         return False
     save = opts.get("save")
     if save is not None and save.suffix.lower() != ".npy":
         return False
-    return math.prod(problem.batch_shape) * problem.m * problem.n > VIEW_CELLS
+    return cells > VIEW_CELLS
+
+
+def corner_queries(m: int) -> list[int]:
+    """The queries the terminal view shows of ``m``: its first and last rows."""
+    from attncli.render import RenderOptions
+    from attncli.render.terminal import shown
+
+    return [i for i in shown(m, RenderOptions().max_rows, False) if i is not None]
+
+
+def weights_skipped_note(cells: int, opts: dict[str, Any]) -> None:
+    if not opts["quiet"]:
+        sys.stderr.write(f"attncli: note: the {cells:,} attention weights are not computed for the step-by-step "
+                         "view (only their corners would show); it shows the inputs and the output. Ask for them "
+                         "with --steps weights,output or --save FILE.npz\n")
 
 
 @contextmanager

@@ -101,8 +101,8 @@ def with_gaps(rows: Sequence[int]) -> list[int | None]:
 
 
 def query_count(trace: Trace) -> int:
-    """The number of queries of the run (its Q's rows)."""
-    return int(trace.meta["shapes"]["q"][-2])
+    """The number of queries of the run: the rows of its output, which every query has."""
+    return int(trace.step("output").values.shape[-2])
 
 
 def fit_columns(width: int, a: np.ndarray, axes: Sequence[str], trace: Trace, opts: RenderOptions,
