@@ -166,6 +166,8 @@ def bench_startup(repeats: int) -> dict[str, Any]:
         "attncli_run_4x4": attncli_cmd() + ["run", str(EXAMPLE)],
         "attncli_help": attncli_cmd() + ["--help"],
         "python_import_torch": [sys.executable, "-c", "import torch"],
+        # the floor under `run`: importing the libraries it needs (numpy, typer, rich, PyYAML), nothing else
+        "python_import_deps": [sys.executable, "-c", "import numpy, typer, rich.console, rich.table, yaml"],
         "python_bare": [sys.executable, "-c", "pass"],
     }
     env = {**os.environ, "COLUMNS": "100"}
@@ -280,6 +282,9 @@ def table(res: dict[str, Any]) -> str:
                 f"python alone {m['python_bare']:.3f})", "<= 0.3 s", m[n] <= 0.3)
             row(f"  {n.replace('attncli_', '')} vs import torch ({m['python_import_torch']:.2f} s)",
                 f"{s[n + '_speedup_vs_torch']:.1f}x faster", ">= 5x", s[n + "_speedup_vs_torch"] >= 5)
+        if "python_import_deps" in m:
+            row("  floor: import numpy, typer, rich, yaml", f"{m['python_import_deps']:.3f} s median (run is "
+                f"{m['attncli_run_4x4'] - m['python_import_deps']:+.3f} s over it)", "report", True)
     if "memory" in res:
         for r in res["memory"]["rows"]:
             goal = "<= 600MB" if r is res["memory"]["rows"][0] else "complete"
