@@ -7,9 +7,12 @@ When nobody asked for the weights (``--steps output``, ``--save out.npy``,
         s  = score(qb, K)                    (..., b, n)   the registered score function
         s  = scaled and masked as in the engine (masks sliced to the block's rows)
         e  = exp(s - max_j s)                stable; a fully masked row gives zeros
-        ob = (e @ V) / sum_j e               (..., b, n) x (..., n, d_v) -> (..., b, d_v)
+        [o | z] = e @ [V | 1]                (..., b, n) x (..., n, d_v + 1): outputs and row sums
+        ob = o / z                           (..., b, d_v)
 
-so memory stays O(b·n + inputs + outputs) on numpy and torch. Any score that scores each
+so memory stays O(b·n + inputs + outputs) on numpy and torch. When a Cauchy–Schwarz bound on
+the inputs shows that every exp(s) is a normal number and nothing can overflow, the row max is
+not subtracted at all (the same result to rounding, two passes over each block less). Any score that scores each
 query on its own (every registered one that does not look across queries) works, since the
 blocked path calls the registered function on a block of queries. When even a few queries
 against every key are too many scores, keys come in chunks too, with an online softmax (the
@@ -130,8 +133,8 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6) or a
     # float mask could leave a row with only tiny scores, which the max would rescale: those keep it.
     shift = not (o.mask_value is None and (problem.mask is None or problem.mask.dtype == bool) and shift_free(problem, bound))
-    # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     trace.meta["softmax"] = "running max" if shift else "shift-free"
+    # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
 
     @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
