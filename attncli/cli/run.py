@@ -109,6 +109,7 @@ def corner_queries(m: int) -> list[int]:
 
 
 def weights_skipped_note(cells: int, opts: dict[str, Any]) -> None:
+    """Say on stderr that a big view shows no weights (its corner rows could not be computed alone)."""
     if not opts["quiet"]:
         sys.stderr.write(f"attncli: note: the {cells:,} attention weights are not computed for the step-by-step "
                          "view (only their corners would show); it shows the inputs and the output. Ask for them "
