@@ -371,13 +371,14 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
               query_labels: list[str] | None = None, key_labels: list[str] | None = None,
               options: Options | None = None, sources: dict[str, str] | None = None,
               batch_first: bool = True, backend: Backend | None = None,
-              corners: tuple[list[int], int] | None = None) -> Trace:
+              corners: tuple[Callable[[int], list[int]], int] | None = None) -> Trace:
     """Multi-head attention of X over memory Y (values Z; both default to X), step by step.
 
     Inputs are (B, T, D) or unbatched (T, D) (``batch_first=False``: (T, B, D), as PyTorch's
     default layout; the steps are batch-first). The per-head steps have shape (B, H, T, S).
-    ``corners=(rows, limit)`` with ``keep_weights=False``: the per-head steps up to the weights for
-    those queries only (engine.corner_rows: the view of a big problem), if at most ``limit`` scores.
+    ``corners=(rows_of, limit)``: when the per-head weights (B·H·T·S) would be more than ``limit``,
+    the output-only path, and the per-head steps up to the weights for the queries ``rows_of(T)``
+    only (engine.corner_rows: the view of a big problem).
     """
     o = options or Options()
     src = {"x": "X", "memory": "memory", "values": "values", **(sources or {})}
@@ -434,7 +435,8 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
                                             src.get("mask", "mask")),
         o.mask_convention, None if key_padding_mask is None else _padding(key_padding_mask, B, S, batched,
                                                                           src.get("key_padding_mask", "key padding mask")))
-    inner_opts = replace(o, dtype=dt, mask_convention=convention)
+    big = corners is not None and o.keep_weights and B * H * T * S > corners[1]
+    inner_opts = replace(o, dtype=dt, mask_convention=convention, keep_weights=o.keep_weights and not big)
     psrc: dict[str, str] = {"q": src["x"], "k": src["memory" if memory is not None else "x"],
             "v": src["values" if values is not None else ("memory" if memory is not None else "x")],
             "valid_lens": src.get("valid_lens", "valid lengths"), "mask": src.get("mask", "mask"),
@@ -444,10 +446,11 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
     from attncli.engine import run
 
     inner = run(problem, be)
-    if corners is not None and not inner_opts.keep_weights:
+    if big:
         from attncli.engine import corner_rows
 
-        corner_rows(problem, inner, *corners)
+        assert corners is not None
+        corner_rows(problem, inner, corners[0](T), corners[1])
     heads_out = inner.step("output").values  # (B, H, T, d_v/H)
 
     # 4) concatenate the heads in order: (B, H, T, d_v/H) -> (B, T, H, d_v/H) -> (B, T, d_v)

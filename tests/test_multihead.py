@@ -486,3 +486,5 @@ def test_big_view_shows_exact_corner_rows_of_each_head(monkeypatch: pytest.Monke
     avg_table = res.stdout.split("avg_weights = ")[1]
     row = next(line for line in avg_table.splitlines() if line.startswith("│ q39 "))
     assert [c.strip() for c in row.split("│")[2:-1]][0] == f"{avg[39, 0]:.6f}"
+    norm = runner.invoke(app, [*base, "--scaling", "norm"])  # ‖S‖_F needs every score: no corner rows alone
+    assert norm.exit_code == 0 and "the 3,200 attention weights are not computed" in norm.stderr, norm.output

@@ -87,17 +87,16 @@ def too_big_to_show(problem: Any, opts: dict[str, Any]) -> bool:
     whose weight matrix would be larger than VIEW_CELLS: computing it all only to show its corners
     is waste, so the output comes from the output-only path and the weights of the rows shown
     from engine.corner_rows."""
-    return view_too_big(math.prod(problem.batch_shape) * problem.m * problem.n, opts)
+    return default_view(opts) and math.prod(problem.batch_shape) * problem.m * problem.n > VIEW_CELLS
 
 
-def view_too_big(cells: int, opts: dict[str, Any]) -> bool:
-    """Whether the default terminal view asked for by ``opts`` would hold more than VIEW_CELLS weights."""
+def default_view(opts: dict[str, Any]) -> bool:
+    """Whether ``opts`` ask for the default terminal view only: no --steps, nothing saved or drawn
+    from the weights."""
     if opts.get("steps") or opts["format"].value != "rich" or any(opts.get(k) for k in NEEDS_WEIGHTS):
         return False
     save = opts.get("save")
-    if save is not None and save.suffix.lower() != ".npy":
-        return False
-    return cells > VIEW_CELLS
+    return save is None or save.suffix.lower() == ".npy"
 
 
 def corner_queries(m: int) -> list[int]:

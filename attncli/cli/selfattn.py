@@ -92,12 +92,11 @@ def self_command(
                                               help="Inputs are (B, T, D) (default) or (T, B, D) as PyTorch's "
                                                    "default layout; the steps are always batch-first.")] = True,
 ) -> None:
+    import math
     from dataclasses import replace
 
-    import numpy as np
-
     from attncli.cli.inputs import cli_options, parse_valid_lens, split_labels
-    from attncli.cli.run import VIEW_CELLS, corner_queries, emit, output_only, view_too_big, weights_skipped_note
+    from attncli.cli.run import VIEW_CELLS, corner_queries, default_view, emit, output_only, weights_skipped_note
     from attncli.io import Reader
     from attncli.multihead import init_projections, multihead, projections_from, select_head
     from attncli.problem import Options
@@ -160,22 +159,16 @@ def self_command(
     klab = split_labels(opts.get("key_labels")) or _labels(doc.get("key_labels"))
     if klab is None and both is not None and Y is None:
         klab = both
-    corners = None
     if output_only(opts, SELF_OUTPUT_STEPS):  # the weights are never held (attncli.fast)
         options = replace(options, keep_weights=False)
-    elif options.keep_weights:
-        shape = np.shape(X)
-        rows = int(shape[-2] if batch_first or len(shape) == 2 else shape[0])  # queries T
-        keys = int(np.shape(Y)[-2 if batch_first or len(shape) == 2 else 0]) if Y is not None else rows
-        cells = (int(shape[0 if batch_first else 1]) if len(shape) == 3 else 1) * n_heads * rows * keys
-        if view_too_big(cells, opts):  # the output for every query, the weights of the rows shown
-            options = replace(options, keep_weights=False)
-            corners = (corner_queries(rows), VIEW_CELLS)
+    # a big default view: the output for every query, the weights of the rows it shows
+    corners = (corner_queries, VIEW_CELLS) if options.keep_weights and default_view(opts) else None
     trace = multihead(X, Y, Z, weights=proj, heads=n_heads, valid_lens=valid_lens, key_padding_mask=kpm, mask=mask,
                       query_labels=qlab, key_labels=klab, options=options, sources=sources, batch_first=batch_first,
                       corners=corners)
-    if corners is not None and "weights" not in trace:
-        weights_skipped_note(cells, opts)
+    if options.keep_weights and "weights" not in trace:  # too big, and its corner rows could not be computed alone
+        keys = trace.step("k").values.shape[-2]
+        weights_skipped_note(math.prod(trace.step("head_output").values.shape[:-1]) * keys, opts)
     protect = [p for p in (x, weights, memory, values, key_padding_mask, opts.get("mask")) if p]
     if head is None or opts["format"].value != "rich":
         if head is not None:
