@@ -1,17 +1,16 @@
-"""Entry point (``attncli`` and ``python -m attncli``): light, so that Ctrl-C while the CLI is
-still importing exits 130 with one line instead of a traceback."""
+"""Entry point (``attncli`` and ``python -m attncli``): light, and the first thing it does is
+install attncli.session's signal handlers, so that Ctrl-C, SIGTERM or SIGHUP at any moment
+(even while numpy is half imported) exits 130 / 143 / 129 with one line and writes nothing."""
 
 from __future__ import annotations
 
-import sys
-
 
 def main() -> None:
-    try:
-        from attncli.cli import main as cli_main
-    except KeyboardInterrupt:
-        sys.stderr.write("attncli: error: interrupted\n")
-        raise SystemExit(130) from None
+    from attncli import session
+
+    session.install()
+    from attncli.cli import main as cli_main
+
     cli_main()
 
 

@@ -16,8 +16,21 @@ class InputError(AttnError, ValueError):
 
     def __init__(self, message: str, source: str | None = None) -> None:
         self.source = source
-        super().__init__(f"{source}: {message}" if source else message)
+        if source:
+            message = f"{printable(source, 120)}: {message}"
+        super().__init__(printable(message, MESSAGE_LIMIT))
 
 
 class BackendError(AttnError, RuntimeError):
     """A requested backend or device is not available (torch missing, no GPU, ...)."""
+
+
+MESSAGE_LIMIT = 280  # characters: every message stays one line under 300 with the program's prefix
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """Text safe to print on one line: control characters (a newline or an escape sequence in
+    a file name or a label from anywhere could clear or retitle the terminal) written as
+    escapes, and at most ``limit`` characters."""
+    out = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+    return out if len(out) <= limit else out[: limit - 1] + "…"

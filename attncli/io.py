@@ -25,7 +25,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from attncli.errors import InputError
+from attncli import session
+from attncli.errors import InputError, printable
 
 STDIN = "-"
 Content = Any  # np.ndarray | dict[str, Any] | list
@@ -83,6 +84,36 @@ def memory_limit() -> int:
         return 1 << 40
 
 
+MAX_DIMS = 32  # numpy's limit before 2.0 and the most any attention input needs
+MAX_ELEMENTS = 1 << 62
+HEADER_BYTES = 1 << 16  # more than numpy reads of an .npy header (10,000 bytes)
+
+
+def read_npy_header(f: IO[bytes], source: str, what: str = ".npy file") -> tuple[tuple[int, ...], bool, Any]:
+    """(shape, fortran order, dtype) of the .npy header at ``f``, each checked: a shape of plain
+    non-negative integers (not ``True``, not 10**20), at most MAX_DIMS of them, no objects."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except Exception as e:  # numpy parses the header with tokenize/ast: ValueError, SyntaxError, TokenError...
+        raise InputError(f"is not a valid {what} ({_one_line(e)[:120]})", source) from None
+    if not all(type(x) is int and x >= 0 for x in shape):
+        raise InputError(f"is not a valid {what}: its header's shape {printable(repr(shape), 80)} is not a tuple of "
+                         "whole numbers >= 0", source)
+    if len(shape) > MAX_DIMS:
+        raise InputError(f"has {len(shape)} dimensions; at most {MAX_DIMS} are read", source)
+    if math.prod(x for x in shape if x) > MAX_ELEMENTS // max(dtype.itemsize, 1):
+        raise InputError(f"declares shape {printable(repr(tuple(shape)), 80)}, more elements than any machine holds",
+                         source)
+    if dtype.hasobject:
+        raise InputError("holds an object array that needs pickle to load; pickles are never loaded "
+                         "(save a numeric array instead)", source)
+    return tuple(shape), bool(fortran), dtype
+
+
 def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".npy file",
                      memory: int | None = None) -> int:
     """Read an .npy header from ``f`` and check that the data it declares fits in the
@@ -90,25 +121,15 @@ def check_npy_header(f: IO[bytes], available: int, source: str, what: str = ".np
     into memory): a truncated file or one declaring an enormous shape fails here, fast,
     instead of allocating. Leaves ``f`` after the header; returns the bytes of data declared."""
     start = f.tell()
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-    except Exception as e:  # numpy parses the header with tokenize/ast: ValueError, SyntaxError, TokenError...
-        raise InputError(f"is not a valid {what} ({_one_line(e)})", source) from None
-    if dtype.hasobject:
-        raise InputError("holds an object array that needs pickle to load; pickles are never loaded "
-                         "(save a numeric array instead)", source)
-    count = math.prod(int(x) for x in shape)
+    shape, _, dtype = read_npy_header(f, source, what)
+    count = math.prod(shape)
     need, have = count * dtype.itemsize, available - (f.tell() - start)
     if need > have:
-        raise InputError(f"is truncated or corrupt: its header declares shape {tuple(shape)} {dtype} "
+        raise InputError(f"is truncated or corrupt: its header declares shape {shape} {dtype} "
                          f"({_size(need)}) but only {_size(max(have, 0))} of data follow", source)
     if memory is not None and need > memory:
-        raise InputError(f"declares shape {tuple(shape)} ({_size(need)}), more than this machine's free memory "
-                         f"({_size(memory)}); save it as an .npy file, which is memory-mapped", source)
+        raise InputError(f"declares shape {shape} ({_size(need)}), more than this machine's free memory "
+                         f"({_size(memory)}) allows; save it as an .npy file, which is memory-mapped", source)
     return need
 
 
@@ -122,9 +143,13 @@ def _size(n: int) -> str:
 
 @loader(".npy")
 def load_npy(data: bytes, source: str) -> np.ndarray:
-    check_npy_header(io.BytesIO(data), len(data), source)
+    """An .npy file's bytes as an array, over those bytes (no copy: stdin's buffer becomes the array)."""
+    f = io.BytesIO(bytes(data[:HEADER_BYTES]))  # the header only: the data is not copied
+    check_npy_header(f, len(data), source)
     try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        f.seek(0)
+        shape, fortran, dtype = read_npy_header(f, source)
+        return np.ndarray(shape, dtype=dtype, buffer=data, offset=f.tell(), order="F" if fortran else "C")
     except ValueError as e:
         if "pickle" in str(e):
             raise InputError("holds an object array that needs pickle to load; pickles are never loaded "
@@ -168,40 +193,63 @@ def map_npy(path: Path, source: str) -> np.ndarray:
 
 @loader(".npz")
 def load_npz(data: bytes, source: str) -> dict[str, Any]:
+    return read_npz(io.BytesIO(data), source)
+
+
+@file_loader(".npz")
+def open_npz(path: Path, source: str) -> dict[str, Any]:
+    """An .npz file read from disk as it is inflated (never whole in memory)."""
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        size, limit = path.stat().st_size, memory_limit() // 2
+        if size > limit:  # its arrays hold at least as much, stored: refused from the size alone
+            raise InputError(f"is {_size(size)}, more than half the free memory; save large arrays as .npy", source)
+        with open(path, "rb") as f:
+            return read_npz(f, source)
+    except OSError as e:
+        raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", source) from None
+
+
+NPZ_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, KeyError, NotImplementedError,
+              RuntimeError, zlib.error, struct.error)
+
+
+def read_npz(f: IO[bytes], source: str) -> dict[str, Any]:
+    """The arrays of an .npz archive, by name. Each member's header is checked before any of its
+    data is inflated: the declared shapes must fit the member's size and, all together, the free
+    memory; then each is read in chunks into its array (numpy's read_array), so inflating never
+    holds more than the arrays declared. Two members of one name are refused, naming it."""
+    try:
+        with zipfile.ZipFile(f) as zf:
+            infos = [i for i in zf.infolist() if not i.is_dir()]
+            names = [i.filename[:-4] if i.filename.endswith(".npy") else i.filename for i in infos]
+            seen: set[str] = set()
+            for name in names:
+                if name in seen:
+                    raise InputError(f"holds two arrays named {printable(name, 60)!r}; each name may appear once", source)
+                seen.add(name)
             total, free = 0, memory_limit()
-            for info in zf.infolist():  # check each array's declared shape before numpy allocates it
-                if info.is_dir():
-                    continue
+            for info, name in zip(infos, names):
                 with zf.open(info) as member:
-                    if member.read(6) != b"\x93NUMPY":  # numpy reads any member with this magic as an array
-                        continue
-                with zf.open(info) as member:
-                    name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
                     total += check_npy_header(member, info.file_size, f"{source}[{name}]", "array", memory=free)
                 if total > free:  # e.g. many members that share one compressed stream
                     raise InputError(f"holds arrays of {_size(total)} in all, more than this machine's free memory "
                                      f"({_size(free)})", source)
+            out: dict[str, Any] = {}
+            for info, name in zip(infos, names):
+                with zf.open(info) as member:
+                    out[name] = np.lib.format.read_array(member, allow_pickle=False)
+            return out
     except InputError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
-            RuntimeError, zlib.error, struct.error) as e:
-        raise InputError(f"is not a valid .npz file ({_one_line(e)})", source) from None
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            out: dict[str, Any] = {}
-            for name in z.files:
-                out[name] = z[name]
-            return out
-    except ValueError as e:
+    except NPZ_ERRORS as e:
         if "pickle" in str(e):
             raise InputError("holds an object array that needs pickle to load; pickles are never loaded",
                              source) from None
-        raise InputError(f"is not a valid .npz file ({_one_line(e)})", source) from None
-    except (OSError, EOFError, zipfile.BadZipFile, KeyError, NotImplementedError, RuntimeError, zlib.error,
-            struct.error) as e:
-        raise InputError(f"is not a valid .npz file ({_one_line(e)})", source) from None
+        raise InputError(f"is not a valid .npz file ({_one_line(e)[:120]})", source) from None
+
+
+class _Refused(Exception):
+    """A document the loader refuses for a reason of ours (a duplicate key), said by load_yaml."""
 
 
 @loader(".yaml", ".yml")
@@ -210,57 +258,132 @@ def load_yaml(data: bytes, source: str) -> Content:
 
     check_text_bytes(data, source, MAX_YAML_BYTES, "YAML")
     text = _text(data, source)
+    if _flow_depth(text) > MAX_NESTING:  # before the C parser, which recurses on nesting
+        raise InputError("is nested too deeply to read", source)
     try:
         doc = yaml.load(text, Loader=_yaml_loader())
+    except _Refused as e:
+        raise InputError(str(e), source) from None
     except yaml.constructor.ConstructorError as e:
         tag = getattr(e, "problem", "") or ""
-        raise InputError(f"holds a YAML tag that is not plain data ({_one_line(tag)}); only plain data is read",
+        raise InputError(f"holds a YAML tag that is not plain data ({_one_line(tag)[:80]}); only plain data is read",
                          source) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or _one_line(e)
-        raise InputError(f"is not valid YAML{where}: {problem}", source) from None
+        raise InputError(f"is not valid YAML{where}: {_one_line(problem)[:120]}", source) from None
     except RecursionError:
         raise InputError("is nested too deeply to read", source) from None
     except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
         raise InputError(f"holds a value that cannot be read ({_one_line(e)[:120]})", source) from None
     if doc is None:
         raise InputError("is empty: expected an array or a mapping with q, k, v", source)
-    check_text_size(doc, source)
+    check_text_size(doc, source, what="YAML")
     return doc
+
+
+MAX_NESTING = 1000  # brackets deep: far beyond any array (at most MAX_DIMS), well within every parser's stack
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of [ and { in ``text`` (brackets in strings count too: an over-estimate,
+    which only matters beyond MAX_NESTING). Fast: a scan over the brackets alone."""
+    import re
+
+    depth = deepest = 0
+    for m in re.finditer(r"[\[\]{}]", text):
+        depth = depth + 1 if m.group() in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _big_int(digits: str) -> int | float:
+    """A whole number as written; beyond int64 (an array could not hold it) as the float it is."""
+    v = int(digits)
+    if -(1 << 63) <= v < 1 << 63:
+        return v
+    try:
+        return float(v)
+    except OverflowError:
+        raise _Refused(f"holds numbers too large for a float (one of {len(digits.lstrip('+-'))} digits)") from None
 
 
 _YAML_LOADER: Any = None
 
 
 def _yaml_loader() -> Any:
-    """yaml.SafeLoader that also reads YAML 1.2 floats such as ``1e3`` and ``.5`` as numbers
-    (YAML 1.1 wants ``1.0e+3``). Built once, on first use (yaml is imported lazily).
+    """A safe YAML loader with the YAML 1.2 core schema: ``010`` is 10 (not 8), ``1:20`` and
+    ``yes``/``no``/``on``/``off`` are text (not 80 and booleans), ``1e3`` and ``.5`` are numbers;
+    only true/false are booleans, only null/~/empty is null. A key twice in one mapping is
+    refused, naming it. Built once, on first use (yaml is imported lazily).
 
-    Deliberately not the faster libyaml ``CSafeLoader``: it recurses in C and crashes
-    (SIGSEGV) on 100,000 nested brackets, where the pure-Python one raises RecursionError."""
+    libyaml's ``CSafeLoader`` where it is installed (5-10x faster than the pure-Python parser):
+    it recurses on nesting in C, so load_yaml refuses deep flow nesting before parsing."""
     global _YAML_LOADER
     if _YAML_LOADER is None:
         import re
 
         import yaml
 
-        class Loader(yaml.SafeLoader):
-            pass
+        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-        Loader.add_implicit_resolver(
-            "tag:yaml.org,2002:float",
-            re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-            list("-+0123456789."))
+        class Loader(base):  # type: ignore[misc,valid-type]
+            yaml_implicit_resolvers: dict[Any, Any] = {}  # the YAML 1.1 ones are not inherited
+
+            def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+                if not isinstance(node, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(None, None, f"expected a mapping, found {node.id}",
+                                                            node.start_mark)
+                mapping: dict[Any, Any] = {}
+                for key_node, value_node in node.value:
+                    key = self.construct_object(key_node, deep=deep)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        hash(key)
+                    except TypeError:
+                        raise _Refused(f"has a key that is a list or mapping at line {line}; keys are names") from None
+                    if key in mapping:
+                        raise _Refused(f"has the key {printable(str(key), 60)!r} twice (again at line {line}); "
+                                       "each key may appear once")
+                    mapping[key] = self.construct_object(value_node, deep=deep)
+                return mapping
+
+        def resolver(tag: str, pattern: str, first: str) -> None:
+            Loader.add_implicit_resolver(f"tag:yaml.org,2002:{tag}", re.compile(pattern), list(first))
+
+        resolver("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF")
+        resolver("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789")
+        resolver("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+0123456789.")
+        Loader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"),
+                                     ["~", "n", "N", ""])
+
+        def scalar(fn: Callable[[str], Any]) -> Callable[[Any, Any], Any]:
+            return lambda loader, node: fn(loader.construct_scalar(node))
+
+        def as_int(v: str) -> int | float:
+            if v[:2] in ("0o", "0x"):
+                return int(v[2:], 8 if v[1] == "o" else 16)
+            return _big_int(v)
+
+        def as_float(v: str) -> float:
+            low = v.lower()
+            if low.endswith(".inf"):
+                return -math.inf if low.startswith("-") else math.inf
+            return math.nan if low == ".nan" else float(v)
+
+        Loader.add_constructor("tag:yaml.org,2002:bool", scalar(lambda v: v.lower() == "true"))
+        Loader.add_constructor("tag:yaml.org,2002:int", scalar(as_int))
+        Loader.add_constructor("tag:yaml.org,2002:float", scalar(as_float))
         _YAML_LOADER = Loader
     return _YAML_LOADER
 
 
-def check_text_size(doc: Any, source: str, limit: int = MAX_TEXT_ITEMS) -> None:
+def check_text_size(doc: Any, source: str, limit: int = MAX_TEXT_ITEMS, what: str = "YAML") -> None:
     """Refuse a YAML/JSON document that expands to more than ``limit`` values. YAML aliases
     share one object, so a small file can stand for 10**9 numbers ("billion laughs"); the
-    count is memoised by object, so this check itself stays linear in the file."""
+    count is memoised by object, so this check itself stays linear in the containers."""
     sizes: dict[int, int] = {}
     stack: list[tuple[Any, bool]] = [(doc, False)]
     while stack:
@@ -268,16 +391,26 @@ def check_text_size(doc: Any, source: str, limit: int = MAX_TEXT_ITEMS) -> None:
         if not isinstance(node, (list, dict)) or (id(node) in sizes and not done):
             continue
         children = list(node.values()) if isinstance(node, dict) else node
+        nested = [c for c in children if isinstance(c, (list, dict))]
         if not done:
             sizes[id(node)] = 0  # placeholder: a node that contains itself counts once
             stack.append((node, True))
-            stack.extend((c, False) for c in children)
+            stack.extend((c, False) for c in nested)
             continue
-        total = len(children) + sum(sizes.get(id(c), 0) for c in children if isinstance(c, (list, dict)))
+        total = len(children) + sum(sizes.get(id(c), 0) for c in nested)
         sizes[id(node)] = total
         if total > limit:
-            raise InputError(f"expands to more than {limit:,} values (YAML aliases?); "
-                             "save large arrays as .npy instead", source)
+            said = "expands to more than {:,} values (YAML aliases?)" if what == "YAML" else "holds more than {:,} values"
+            raise InputError(f"{said.format(limit)}; save large arrays as .npy instead", source)
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Refused(f"has the member {printable(k, 60)!r} twice in one object; each name may appear once")
+        out[k] = v
+    return out
 
 
 @loader(".json")
@@ -285,25 +418,36 @@ def load_json(data: bytes, source: str) -> Content:
     check_text_bytes(data, source, MAX_TEXT_BYTES, "JSON")
     text = _text(data, source)
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_json_pairs, parse_int=_big_int)
+    except _Refused as e:
+        raise InputError(str(e), source) from None
     except json.JSONDecodeError as e:
         raise InputError(f"is not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}", source) from None
     except RecursionError:
         raise InputError("is nested too deeply to read", source) from None
     except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
         raise InputError(f"holds a value that cannot be read ({_one_line(e)[:120]})", source) from None
-    check_text_size(doc, source)
+    check_text_size(doc, source, what="JSON")
     return doc
 
 
 @loader(".csv", ".txt", ".tsv")
 def load_csv(data: bytes, source: str) -> np.ndarray:
+    """Rows of numbers separated by commas, tabs or spaces; ``#`` starts a comment. numpy's
+    loadtxt parses (in C: 64 MiB in seconds); a table it refuses is re-read row by row for a
+    message that names the row and the cell."""
     check_text_bytes(data, source, MAX_TEXT_BYTES, "CSV")
     text = _text(data, source)
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
+    first = next((ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), None)
+    if first is None:
         raise InputError("is empty: expected rows of numbers", source)
-    delim = "," if "," in lines[0] else "\t" if "\t" in lines[0] else None
+    delim = "," if "," in first else "\t" if "\t" in first else None
+    try:
+        with np.errstate(all="ignore"):
+            return np.loadtxt(io.StringIO(text), dtype=np.float64, delimiter=delim, comments="#", ndmin=2)
+    except ValueError:
+        pass
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     rows = []
     for i, ln in enumerate(lines, 1):
         cells = [c.strip() for c in (ln.split(delim) if delim else ln.split())]
@@ -311,10 +455,10 @@ def load_csv(data: bytes, source: str) -> np.ndarray:
             rows.append([float(c) for c in cells])
         except ValueError:
             bad = next(c for c in cells if not _is_float(c))
-            raise InputError(f"row {i} holds {bad[:40]!r}, which is not a number", source) from None
+            raise InputError(f"row {i} holds {printable(bad, 40)!r}, which is not a number", source) from None
     widths = {len(r) for r in rows}
     if len(widths) > 1:
-        raise InputError(f"is ragged: rows have {sorted(widths)} columns", source)
+        raise InputError(f"is ragged: rows have {sorted(widths)[:8]} columns", source)
     return np.asarray(rows, dtype=np.float64)
 
 
@@ -377,15 +521,15 @@ def _tensor_array(t: Any, name: str, source: str) -> Any:
 
 
 def sniff(data: bytes) -> str:
-    """The extension whose loader fits bytes read from stdin."""
+    """The extension whose loader fits bytes read from stdin (its first bytes are enough)."""
     if data.startswith(b"\x93NUMPY"):
         return ".npy"
     if data.startswith(b"PK"):
         return ".npz"
-    head = data.lstrip()[:1]
-    if head in (b"[", b"{"):
+    lines = (ln.strip() for ln in bytes(data[:SNIFF_BYTES]).lstrip(b"\xef\xbb\xbf").split(b"\n"))
+    first = next((ln for ln in lines if ln and not ln.startswith(b"#")), b"")  # comments: CSV or YAML alike
+    if first[:1] in (b"[", b"{"):
         return ".json"
-    first = data.lstrip().split(b"\n", 1)[0]
     try:
         float(first.replace(b",", b" ").split()[0])
         return ".csv"
@@ -395,28 +539,64 @@ def sniff(data: bytes) -> str:
 
 # ---- reading --------------------------------------------------------------------------
 
-def read_bounded(stream: IO[bytes], limit: int, source: str = "<stdin>", chunk: int = 1 << 20) -> bytes:
-    """All of ``stream``, or a one-line InputError once it passes ``limit`` bytes (so that
-    ``cat /dev/zero | attncli run -`` stops instead of filling the memory)."""
-    parts: list[bytes] = []
-    size = 0
+def read_bounded(stream: IO[bytes], limit: int, source: str = "<stdin>", chunk: int = 1 << 20,
+                 head: bytes = b"") -> bytearray:
+    """``head`` and the rest of ``stream``, or a one-line InputError once it passes ``limit``
+    bytes (so that ``cat /dev/zero | attncli run -`` stops instead of filling the memory). One
+    growing buffer: a refused input costs about its limit, not a multiple of it."""
+    buf = bytearray(head)
     while True:
-        part = stream.read(chunk)
+        part = stream.read(min(chunk, limit + 1 - len(buf)) if len(buf) <= limit else 1)
         if not part:
-            return b"".join(parts)
-        parts.append(part)
-        size += len(part)
-        if size > limit:
+            return buf
+        buf += part
+        if len(buf) > limit:
             raise InputError(f"{'sent' if source == '<stdin>' else 'holds'} more than {_size(limit)}; save large "
                              "arrays to an .npy file and give its name instead", source)
 
+
+SNIFF_BYTES = 64 << 10  # read from stdin before its format is known, to know its limit
+
+
+def stdin_limit(head: bytes, ext: str, source: str = "<stdin>") -> int:
+    """The most bytes stdin may send in the format its first bytes show: the text limits, an .npy
+    header's declared size (refused at once when it does not fit the free memory), half the free
+    memory for an .npz."""
+    if ext in TEXT_LIMITS:
+        return TEXT_LIMITS[ext][0]
+    free = memory_limit()
+    if ext == ".npy":
+        f = io.BytesIO(head)
+        need = check_npy_header(f, 1 << 62, source, memory=free // 2)
+        return f.tell() + need
+    return free // 2
+
+
+def read_stdin(stream: IO[bytes]) -> tuple[bytearray, str]:
+    """All of stdin and the extension of its format, sniffed from its first bytes before the rest
+    is buffered, and bounded by that format's limit."""
+    head = stream.read(SNIFF_BYTES) or b""
+    ext = sniff(head)
+    limit = stdin_limit(head, ext)
+    what = TEXT_LIMITS.get(ext, (0, ext.lstrip(".") + " data"))[1]
+    try:
+        data = read_bounded(stream, limit, head=head)
+    except InputError:
+        raise InputError(f"sent more than {_size(limit)} of {what}; {what} on stdin is read up to that size "
+                         "(save large arrays as .npy and give the file name)", "<stdin>") from None
+    return data, ext
+
+
 class Reader:
-    """Reads files (and stdin, at most once: later reads of ``-`` reuse it), caching contents."""
+    """Reads files (and stdin, at most once: later reads of ``-`` reuse it), caching contents.
+    Every file read is recorded in attncli.session, so that no output of the run replaces it."""
 
     def __init__(self, stdin: IO[bytes] | None = None) -> None:
         self._stdin = stdin
         self._cache: dict[str, Content] = {}
         self.paths: list[str] = []  # the files read so far (not stdin)
+        self.raw: dict[str, bytes | bytearray] = {}  # the bytes of each input read whole (not memory-mapped), by spec
+        self.formats: dict[str, str] = {}  # the extension each input was read as (stdin: sniffed)
 
     def read(self, spec: str) -> Content:
         if spec not in self._cache:
@@ -426,21 +606,29 @@ class Reader:
     def _read(self, spec: str) -> Content:
         if spec == STDIN:
             stream = self._stdin or sys.stdin.buffer
-            data = read_bounded(stream, memory_limit() // 2)
+            try:
+                data, ext = read_stdin(stream)
+            except OSError as e:
+                raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", "<stdin>") from None
             if not data.strip():
                 raise InputError("is empty: nothing was piped in", "<stdin>")
-            return LOADERS[sniff(data)](data, "<stdin>")
+            self.formats[spec] = ext
+            if ext in TEXT_LIMITS:
+                self.raw[spec] = data
+            return LOADERS[ext](data, "<stdin>")  # type: ignore[arg-type]
         path = Path(spec)
         self.paths.append(spec)  # every file read, so that outputs never overwrite one of them
+        session.record_read(path)
         ext = path.suffix.lower()
+        self.formats[spec] = ext
         if ext not in LOADERS:
-            raise InputError(f"has an unknown extension {ext or '(none)'!r}; "
+            raise InputError(f"has an unknown extension {printable(ext, 40) or '(none)'!r}; "
                              f"expected one of {', '.join(sorted(LOADERS))} or - for stdin", spec)
         if not path.exists():
             raise InputError("no such file", spec)
         if path.is_dir():
             raise InputError("is a directory, not a file", spec)
-        if ext in FILE_LOADERS:
+        if ext in FILE_LOADERS and path.is_file():  # a FIFO or a device is read once, in memory
             return FILE_LOADERS[ext](path, spec)
         try:
             limit, what = TEXT_LIMITS.get(ext, (memory_limit() // 2, ""))
@@ -455,7 +643,9 @@ class Reader:
             raise InputError(f"cannot be read ({e.strerror})", spec) from None
         if not data.strip():
             raise InputError("is empty", spec)
-        return LOADERS[ext](data, spec)
+        if ext in TEXT_LIMITS:  # check re-reads the numbers as written (binary data is not kept twice)
+            self.raw[spec] = data
+        return LOADERS[ext](data, spec)  # type: ignore[arg-type]
 
     def source(self, spec: str) -> str:
         return "<stdin>" if spec == STDIN else spec
@@ -478,42 +668,59 @@ class Reader:
 
 # ---- writing --------------------------------------------------------------------------
 
-def _same_file(a: Path, b: Path) -> bool:
-    """The same file, through a symlink, a hard link or another spelling of its path."""
-    try:
-        return a.resolve() == b.resolve() or os.path.samefile(a, b)
-    except OSError:
-        return False
+NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems
+TEMP_SUFFIX_BYTES = 16  # what mkstemp adds to a prefix: 8 random characters, ".tmp" and dots
 
 
 @contextmanager
 def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> Iterator[IO[bytes]]:
     """Write ``path`` through a temporary file in the same folder, renamed into place only
-    when the block succeeds: an error or Ctrl-C leaves no partial file. Refuses to write
-    over one of the ``protect``ed inputs."""
+    when the block succeeds: an error, Ctrl-C or a terminating signal leaves no partial file
+    (attncli.session removes the temporary). Refuses to write over any file this run has read
+    (attncli.session records every one; ``protect`` adds more), and a file that another output
+    of the run names. A file replaced keeps its permissions."""
     target = Path(path)
+    name = str(path)
     for p in protect:
-        if p != STDIN and Path(p).exists() and target.exists() and _same_file(Path(p), target):
-            raise InputError("is one of the inputs; refusing to overwrite it", str(path))
+        if p != STDIN:
+            session.record_read(p)
+    session.claim_output(target, name)
     if target.is_dir():
-        raise InputError("is a directory; give a file name to save to", str(path))
+        raise InputError("is a directory; give a file name to save to", name)
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        raise InputError(f"cannot be written: folder {str(folder)!r} does not exist", str(path))
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise InputError(f"cannot be written: folder {printable(str(folder))!r} {what}", name)
+    base = os.fsencode(target.name)
+    if len(base) > NAME_MAX:
+        raise InputError(f"cannot be written: its name is {len(base)} bytes, longer than the {NAME_MAX} a file "
+                         "name may have", name)
+    prefix = f".{target.name}." if len(base) + 1 + TEMP_SUFFIX_BYTES <= NAME_MAX else ".attncli."
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        mode = target.stat().st_mode & 0o7777 if target.exists() else None
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     except OSError as e:  # a read-only or full folder: the user's to fix, not an internal error
-        raise InputError(f"cannot be written ({e.strerror or _one_line(e)})", str(path)) from None
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+        raise InputError(f"cannot be written ({e.strerror or _one_line(e)})", name) from None
+    session.add_temp(tmp)
     try:
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # as open() would create it, not mkstemp's 0600
+        os.chmod(tmp, mode)  # a replaced file keeps its mode (a 0600 secret stays 0600)
         with os.fdopen(fd, "wb") as f:
             yield f
-        os.replace(tmp, target)
-    except OSError as e:  # e.g. no space left on device
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"cannot be written ({e.strerror or _one_line(e)})", str(path)) from None
+        with session.blocked():  # a signal now would find the file renamed and the temporary gone
+            os.replace(tmp, target)
+            session.drop_temp(tmp)
+    except OSError as e:  # e.g. no space left on device, a file size limit
+        _discard(tmp)
+        raise InputError(f"cannot be written ({e.strerror or _one_line(e)})", name) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _discard(tmp)
         raise
+
+
+def _discard(tmp: str) -> None:
+    Path(tmp).unlink(missing_ok=True)
+    session.drop_temp(tmp)

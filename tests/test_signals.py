@@ -1,6 +1,6 @@
 """Files and processes: outputs are written atomically and never over an input; Ctrl-C
 (SIGINT) exits 130 and leaves no partial file; stdin works in a shell pipeline; exit codes
-are the documented table (0 success, 1 internal error, 2 bad input or usage, 130 interrupted).
+are the documented table (0 success, 2 bad input or usage, 70 internal error, 130 interrupted).
 
 These run the installed ``attncli`` console script in subprocesses (a real process, real
 signals, a real pipe); the timeouts only guard against hangs.
@@ -215,20 +215,20 @@ def test_exit_codes(work: Path, args: list[str], code: int, words: str) -> None:
 
 
 @posix_only
-def test_exit_code_1_for_an_internal_error(work: Path) -> None:
-    """An unexpected exception is exit 1 with one line (the traceback only with ATTNCLI_DEBUG=1)."""
+def test_exit_code_70_for_an_internal_error(work: Path) -> None:
+    """An unexpected exception is exit 70 (EX_SOFTWARE) with one line (the traceback only with ATTNCLI_DEBUG=1)."""
     boom = ("import sys; import attncli.engine as e\n"
             "def bad(*a, **k): raise ZeroDivisionError('boom')\n"
             "e.run = bad\n"
             "from attncli.cli import main; sys.argv = ['attncli', 'run', 'k.npy']; main()\n")
     proc = subprocess.run([sys.executable, "-c", boom], cwd=work, env=ENV, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 70, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "attncli: error: internal error: ZeroDivisionError: boom (set ATTNCLI_DEBUG=1 for the traceback, "
         "and please report it)"]
     debug = subprocess.run([sys.executable, "-c", boom], cwd=work, env={**ENV, "ATTNCLI_DEBUG": "1"},
                            capture_output=True, text=True, timeout=60)
-    assert debug.returncode == 1 and "Traceback" in debug.stderr
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
 @pytest.mark.parametrize("where", ["mkstemp", "replace"])

@@ -1,7 +1,8 @@
 """The command line: translate arguments into a Problem, call the engine, pick a renderer.
 
 Errors from the core (AttnError) become one line on stderr and exit code 2; anything
-unexpected is exit code 1 (the traceback only with ATTNCLI_DEBUG=1); Ctrl-C is 130.
+unexpected is exit code 70 (EX_SOFTWARE; the traceback only with ATTNCLI_DEBUG=1); Ctrl-C is
+130, SIGTERM 143, SIGHUP 129 (attncli.session); a failed stdout is 2, a closed pipe a quiet 0.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 import typer
 
-from attncli import __version__
-from attncli.errors import AttnError
+from attncli import __version__, session
+from attncli.errors import MESSAGE_LIMIT, AttnError, printable
 
 app = typer.Typer(
     name="attncli",
@@ -29,26 +30,49 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_INPUT, EXIT_INTERRUPTED = 0, 2, 130
+EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, told apart from check's mismatch (1)
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 def error(message: str) -> None:
     """One line on stderr, prefixed with the program name. Control characters (a newline or an
-    escape sequence in a key of a downloaded file) are written as escapes: one line, always."""
-    message = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in message)
-    sys.stderr.write(f"attncli: error: {message}\n")
+    escape sequence in a key of a downloaded file) are written as escapes, and the line is cut
+    at MESSAGE_LIMIT characters: one short line, always."""
+    sys.stderr.write(f"attncli: error: {printable(message, MESSAGE_LIMIT)}\n")
     sys.stderr.flush()
 
 
+def warn(message: str) -> None:
+    """A warning on stderr: one line, escaped and cut as error() does."""
+    sys.stderr.write(f"attncli: warning: {printable(message, MESSAGE_LIMIT)}\n")
+
+
+def _one_line_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                      line: str | None = None) -> None:
+    """Python warnings (a library's DeprecationWarning, ...) as one attncli line, without the
+    source path and code line Python prints by default."""
+    warn(f"{category.__name__}: {message}")
+
+
 def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map domain errors to exit 2, Ctrl-C to 130 and surprises to 1, each with one line."""
+    """Map domain errors to exit 2, Ctrl-C to 130 and surprises to 70, each with one line. A
+    command starts a new session (attncli.session: the files it reads, the outputs it names)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import warnings
+
+        session.begin()
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                # numpy's RuntimeWarnings (overflow in a cast, ...) are said by the engine's own checks
+                warnings.simplefilter("ignore", RuntimeWarning)
+                warnings.showwarning = _one_line_warning
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except session.StdoutError:
             raise
         except AttnError as e:
             error(str(e))
@@ -56,15 +80,21 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             error("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        except MemoryError:
-            error("out of memory; try smaller inputs, --steps output, or --dtype float32")
-            raise typer.Exit(EXIT_INTERNAL) from None
+        except MemoryError:  # a request larger than the machine (the checks before allocating missed it)
+            error("out of memory: the inputs or options ask for more than this machine has; try smaller inputs, "
+                  "--steps output, or --dtype float32")
+            raise typer.Exit(EXIT_INPUT) from None
+        except RecursionError:
+            error("an input is nested too deeply to read")
+            raise typer.Exit(EXIT_INPUT) from None
         except Exception as e:
             if os.environ.get("ATTNCLI_DEBUG"):
                 raise
-            error(f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+            error(f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:120]} "
                   "(set ATTNCLI_DEBUG=1 for the traceback, and please report it)")
             raise typer.Exit(EXIT_INTERNAL) from None
+        finally:
+            session.end()
 
     return wrapper
 
@@ -95,12 +125,6 @@ from attncli.cli import check as _check  # noqa: E402,F401  (registers the check
 from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    """SIGTERM (kill, timeout): unwind as Ctrl-C does, so no temporary file is left behind."""
-    error("terminated")
-    raise SystemExit(EXIT_TERMINATED)
-
-
 def invoked(args: list[str]) -> typer.Typer:
     """The app, with only the command ``args`` start with when they name one: Typer turns every
     command's signature into options on each start (~20 ms for all of them), and a run uses one.
@@ -118,16 +142,16 @@ def invoked(args: list[str]) -> typer.Typer:
 
 def main() -> None:
     """Console-script entry point."""
-    import signal
-
     try:  # typer 0.28 carries its own copy of click; earlier ones use click itself
         from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
     except ImportError:
         from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef,assignment]
 
-    signal.signal(signal.SIGTERM, _terminated)
+    session.install()  # SIGINT, SIGTERM, SIGHUP: one line, temporaries removed, 128 + signal
+    session.guard_stdout()
     try:
         code = invoked(sys.argv[1:])(standalone_mode=False)  # usage errors come here, to be said in one line
+        sys.stdout.flush()  # here, not at exit: a full disk or a closed pipe is said, not ignored
     except NoArgsIsHelpError as e:  # `attncli` alone: the help is already printed
         sys.exit(e.exit_code)
     except UsageError as e:  # an unknown option, a bad choice, a missing argument
@@ -138,6 +162,8 @@ def main() -> None:
     except ClickException as e:
         error(" ".join(e.format_message().split()))
         sys.exit(e.exit_code)
+    except session.StdoutError as e:
+        sys.exit(session.stdout_failed(e))
     except KeyboardInterrupt:
         error("interrupted")
         sys.exit(EXIT_INTERRUPTED)

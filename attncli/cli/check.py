@@ -8,7 +8,7 @@ Arguments: ``[EXPECTED] Q [K [V]]``.
   argument is a problem file with an ``expected:`` entry (expected numbers beside q, k, v).
 
 Exit codes, like cmp/diff: 0 match, 1 mismatch, 2 bad input or usage. An unexpected internal
-error also exits 1 (as every command does): it prints nothing on stdout ('attncli: error:
+error exits 70 (as every command does): it prints nothing on stdout ('attncli: error:
 internal error ...' on stderr), while a mismatch prints its verdict (first line 'MISMATCH',
 or ``"verdict": "mismatch"`` in JSON); with ``--format json`` an error prints
 ``{"verdict": "error" | "internal-error", "errors": [...]}``.
@@ -16,7 +16,6 @@ or ``"verdict": "mismatch"`` in JSON); with ``--format json`` an error prints
 
 from __future__ import annotations
 
-import io
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -67,8 +66,7 @@ CHECK_HELP = (
     "step: output, weights, scores).\n\n"
     "EXPECTED is .yaml/.json/.csv/.txt (the tolerance comes from the decimals written there), .npy/.npz "
     "(float defaults), or - for stdin.\n\n"
-    "Exit codes: 0 match, 1 mismatch (a verdict on stdout), 2 bad input; 1 with nothing on stdout is an "
-    "internal error.\n\n"
+    "Exit codes: 0 match, 1 mismatch (a verdict on stdout), 2 bad input, 70 an internal error.\n\n"
     "Examples:\n\n"
     "  attncli check examples/cat_milk_sweet.yaml --what weights\n\n"
     "  attncli check -e \"[[0.5, 0.5], [0.25, 0.75]]\" q.npy k.npy --what weights\n\n"
@@ -122,15 +120,12 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
     from attncli.check import Tolerance, check, infer_tolerance
     from attncli.cli.inputs import build_problem
     from attncli.engine import run
-    from attncli.io import STDIN, Reader
+    from attncli.io import Reader
 
-    stdin = None
-    if STDIN in args or opts.get("expected") == STDIN:
-        stdin = io.BytesIO(sys.stdin.buffer.read())  # read once; the raw text is needed for the precision
-    reader = Reader(stdin=stdin)
+    reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
     spec, inputs = split_arguments(args, opts.get("expected"), reader)
     what = opts["what"]
-    expected, written, source = read_expected(spec, opts.get("expected"), reader, stdin, what)
+    expected, written, source = read_expected(spec, opts.get("expected"), reader, what)
     subject: Any
     if opts.get("heads") is not None or _is_multihead_file(inputs[0], reader):
         subject = build_multihead(inputs, opts, reader)
@@ -230,14 +225,12 @@ def _is_file_spec(text: str) -> bool:
     return text == STDIN or (Path(text).suffix.lower() in LOADERS and not text.lstrip().startswith("["))
 
 
-def read_expected(spec: str | None, inline: str | None, reader: Any, stdin: io.BytesIO | None,
-                  what: str) -> tuple[np.ndarray, list[str] | None, str]:
+def read_expected(spec: str | None, inline: str | None, reader: Any, what: str) -> tuple[np.ndarray, list[str] | None, str]:
     """(expected array, the numbers as written or None for binary, where they came from).
 
     ``spec`` None: the inline ``--expected`` text. In a mapping (problem file, .npz), the entry
     ``expected``, else the entry named like the compared step, else its only array."""
     from attncli.check import written_numbers
-    from attncli.io import STDIN, sniff
 
     if spec is None:
         return _inline(inline or "")
@@ -251,13 +244,9 @@ def read_expected(spec: str | None, inline: str | None, reader: Any, stdin: io.B
     else:
         value = content
     array = _as_numbers(value, source)
-    if spec == STDIN:
-        data = stdin.getvalue() if stdin is not None else b""
-        ext = sniff(data)
-    else:
-        data, ext = Path(spec).read_bytes(), Path(spec).suffix.lower()
+    data, ext = reader.raw.get(spec), reader.formats.get(spec, "")  # each input is read once (a FIFO, stdin)
     try:
-        written = written_numbers(data.decode("utf-8-sig"), ext, path) if ext not in (".npy", ".npz", ".pt", ".pth") else None
+        written = written_numbers(bytes(data).decode("utf-8-sig"), ext, path) if data is not None else None
     except Exception:  # the loader already read it: a text we cannot re-scan only costs the inferred precision
         written = None
     return array, written, source

@@ -3,7 +3,7 @@
 ``CHECK_FORMATS`` maps ``--format`` names to functions ``(verdict, precision, out)``; ``out``
 is a rich Console for ``rich`` and a text stream for ``json``. The first line of the terminal
 report starts with ``MATCH`` or ``MISMATCH`` so scripts can tell a mismatch (exit 1 with a
-verdict) from an internal error (exit 1, nothing on stdout).
+verdict) from an internal error (exit 70, nothing on stdout).
 """
 
 from __future__ import annotations

@@ -1,0 +1,213 @@
+"""What one command has read and written, its temporaries, its signals and its stdout.
+
+Light (no numpy), so that ``attncli.__main__`` installs the signal handlers before anything
+heavy is imported. Four mechanisms live here, one each, so that no command can forget them:
+
+- every file read (by the Reader, a loader, a checkpoint shard) is recorded, and an output
+  that is one of them (same inode or same real path) is refused; so is an output named
+  twice in one run (``--svg a.svg --plot a.svg``);
+- every temporary being written is recorded, and a terminating signal (SIGINT, SIGTERM,
+  SIGHUP) removes them, writes one line and exits 128 + the signal at once: no unwinding
+  through half-imported modules, no output written after the signal;
+- stdout is wrapped so that a failed write (a full disk, ``/dev/full``, a closed stdout,
+  a reader gone away) surfaces as :class:`StdoutError`, which the CLI turns into one line
+  and exit 2, or a quiet exit 0 for a closed pipe (``attncli ... | head -1``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+from typing import Any
+
+from attncli.errors import InputError
+
+_read_ids: set[tuple[int, int]] = set()
+_read_paths: set[str] = set()
+_outputs: set[str] = set()
+_temps: set[str] = set()
+_active = False  # inside a command: outputs named twice are refused
+
+
+def begin() -> None:
+    """A command starts: forget what an earlier one (in the same process: tests) read and wrote."""
+    global _active
+    _read_ids.clear()
+    _read_paths.clear()
+    _outputs.clear()
+    _active = True
+
+
+def end() -> None:
+    global _active
+    _active = False
+
+
+def record_read(path: str | os.PathLike[str]) -> None:
+    """Remember a file that was read, so that no output of this run replaces it."""
+    try:
+        st = os.stat(path)
+        _read_ids.add((st.st_dev, st.st_ino))
+    except OSError:
+        pass
+    _read_paths.add(os.path.realpath(path))
+
+
+def is_input(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is (a link to, another spelling of) a file read in this run."""
+    if os.path.realpath(path) in _read_paths:
+        return True
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in _read_ids
+
+
+def claim_output(path: str | os.PathLike[str], source: str) -> None:
+    """Refuse an output that is an input, or that another output of this run already names."""
+    if is_input(path):
+        raise InputError("is one of the inputs; refusing to overwrite it", source)
+    real = os.path.realpath(path)
+    if _active and real in _outputs:
+        raise InputError("is named by two outputs of this run; give each output its own file", source)
+    _outputs.add(real)
+
+
+# ---- temporaries and terminating signals -----------------------------------------------------
+
+SIGNALS = {"SIGINT": "interrupted", "SIGTERM": "terminated", "SIGHUP": "hung up"}
+_CRITICAL = tuple(getattr(signal, name) for name in SIGNALS if hasattr(signal, name))
+
+
+def add_temp(path: str) -> None:
+    _temps.add(path)
+
+
+def drop_temp(path: str) -> None:
+    _temps.discard(path)
+
+
+def _cleanup() -> None:
+    for tmp in list(_temps):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    _temps.clear()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """Remove the temporaries, say one line, exit 128 + signum now (buffered stdout is dropped)."""
+    _cleanup()
+    said = SIGNALS.get(signal.Signals(signum).name, "killed")
+    try:
+        os.write(2, f"attncli: error: {said}\n".encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
+
+
+def install() -> None:
+    """Handle SIGINT, SIGTERM and SIGHUP from now on (a signal the parent ignores stays ignored:
+    ``nohup`` keeps working)."""
+    for sig in _CRITICAL:
+        try:
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _on_signal)
+        except (ValueError, OSError):  # not the main thread
+            pass
+
+
+class blocked:
+    """Terminating signals held back for a few statements (renaming a finished temporary into
+    place and forgetting it), then delivered."""
+
+    def __enter__(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _CRITICAL)
+
+    def __exit__(self, *exc: object) -> None:
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _CRITICAL)
+
+
+# ---- stdout ---------------------------------------------------------------------------------
+
+class StdoutError(Exception):
+    """Writing to stdout failed: a full disk, /dev/full, a closed descriptor, a closed pipe.
+    Not an OSError: Typer turns an EPIPE OSError into exit 1 on its own."""
+
+    def __init__(self, errno_: int | None, strerror: str) -> None:
+        super().__init__(strerror)
+        self.errno, self.strerror = errno_, strerror
+
+
+class _Guarded:
+    """A stream whose failed writes raise StdoutError (everything else passes through)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def _call(self, name: str, *args: Any) -> Any:
+        if self._inner is None:
+            raise StdoutError(errno.EBADF, "stdout is closed")
+        try:
+            return getattr(self._inner, name)(*args)
+        except ValueError as e:  # "I/O operation on closed file"
+            raise StdoutError(errno.EBADF, "stdout is closed") from e
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror or str(e)) from None
+
+    def write(self, data: Any) -> Any:
+        return self._call("write", data)
+
+    def writelines(self, lines: Any) -> Any:
+        return self._call("writelines", lines)
+
+    def flush(self) -> None:
+        if self._inner is not None:
+            self._call("flush")
+
+    @property
+    def buffer(self) -> _Guarded:
+        return _Guarded(getattr(self._inner, "buffer", None))
+
+    def isatty(self) -> bool:
+        try:
+            return bool(self._inner is not None and self._inner.isatty())
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        if self._inner is None:
+            raise StdoutError(errno.EBADF, "stdout is closed")
+        return int(self._inner.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def guard_stdout() -> None:
+    """Wrap sys.stdout (None when the shell closed it: ``>&-``) in a StdoutError-raising stream."""
+    if not isinstance(sys.stdout, _Guarded):
+        sys.stdout = _Guarded(sys.stdout)  # type: ignore[assignment]
+
+
+def stdout_failed(e: StdoutError) -> int:
+    """The exit code for a failed stdout, after saying so in one line (nothing for a closed pipe:
+    the reader, e.g. ``head``, has what it wanted). stdout is pointed at /dev/null so that the
+    interpreter's last flush has nowhere to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+    if e.errno == errno.EPIPE:
+        return 0
+    sys.stderr.write(f"attncli: error: stdout: cannot be written ({e.strerror or 'write failed'})\n")
+    sys.stderr.flush()
+    return 2
