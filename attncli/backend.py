@@ -135,6 +135,7 @@ def _import_torch(why: str) -> Any:
 # through torch.set_num_threads, numpy's OpenBLAS through its own openblas_set_num_threads.
 
 _threads: int | None = None
+MAX_THREADS_PER_CORE = 4  # more threads than this only contend (torch segfaults at 10**6)
 BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
                 "openblas_set_num_threads64_", "openblas_set_num_threads")
 
@@ -146,8 +147,12 @@ def set_threads(n: int) -> list[str]:
     BLAS without a run-time setter: set OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead).
     """
     global _threads
-    if n < 1:
-        raise BackendError(f"--threads must be at least 1, got {n}")
+    import os
+
+    most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+    if not 1 <= n <= most:
+        raise BackendError(f"--threads must be 1 to {most} ({MAX_THREADS_PER_CORE}x the {os.cpu_count() or 1} cores "
+                           f"here), got {str(n)[:20]}")
     _threads = n
     done = set_blas_threads(n)
     if "torch" in sys.modules:

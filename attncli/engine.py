@@ -20,6 +20,7 @@ from attncli.errors import InputError
 from attncli.problem import Options, Problem
 from attncli.scoring import SCALINGS, ScoreInput, get_score
 from attncli.trace import FEATURES, QUERIES, Trace
+from attncli.validate import mapping
 from attncli.weights import DEFAULT_SEED
 
 
@@ -39,7 +40,7 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     [1.0, 1.0]
     """
     problem = Problem.build(q, k, v, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
-                            key_labels=key_labels, params=dict(params or {}),
+                            key_labels=key_labels, params=dict(mapping(params, "attend() params")),
                             options=Options().merged(options, "attend()"))
     return run(problem)
 
@@ -274,6 +275,9 @@ def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset:
     where = f"query {i + offset[0]}, key {j + offset[1]}" + (f" (batch {', '.join(map(str, b))})" if b else "")
     dtype = problem.dtype
     hint = "use --dtype float64 or rescale the inputs" if dtype != "float64" else "rescale the inputs"
+    o = problem.options
+    given = [f"--{n} {v:g}" for n, v in (("scale", o.scale), ("temperature", o.temperature)) if v is not None]
+    hint = f"check {' and '.join(given)}, or {hint}" if given else hint
     raise InputError(f"scores overflow {dtype} at {where}: the score is "
                      f"{float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])} "
                      f"(largest |input| {max(float(np.abs(a).max()) for a in (problem.q, problem.k)):.3g}); {hint}",

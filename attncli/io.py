@@ -681,6 +681,10 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
     of the run names. A file replaced keeps its permissions."""
     target = Path(path)
     name = str(path)
+    base = os.fsencode(target.name)
+    if len(base) > NAME_MAX:  # before any stat: the system refuses the name itself (ENAMETOOLONG)
+        raise InputError(f"cannot be written: its name is {len(base)} bytes, longer than the {NAME_MAX} a file "
+                         "name may have", name)
     for p in protect:
         if p != STDIN:
             session.record_read(p)
@@ -691,10 +695,6 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise InputError(f"cannot be written: folder {printable(str(folder))!r} {what}", name)
-    base = os.fsencode(target.name)
-    if len(base) > NAME_MAX:
-        raise InputError(f"cannot be written: its name is {len(base)} bytes, longer than the {NAME_MAX} a file "
-                         "name may have", name)
     prefix = f".{target.name}." if len(base) + 1 + TEMP_SUFFIX_BYTES <= NAME_MAX else ".attncli."
     try:
         mode = target.stat().st_mode & 0o7777 if target.exists() else None

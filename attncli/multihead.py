@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from attncli.backend import Backend, get_backend, to_numpy
-from attncli.errors import InputError
+from attncli.errors import InputError, printable
 from attncli.problem import Options, Problem, mask_array, numeric_array
 from attncli.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.weights import linear_init, seeded_rng
@@ -260,8 +260,9 @@ def projections_from(content: Any, source: str, prefix: str | None = None) -> Pr
         if not found:
             raise InputError(f"has no projection weights under the prefix {prefix!r}", source)
     if not found:
-        layouts = "; ".join(f"{f.description}" for f in WEIGHT_FORMATS.values())
-        have = ", ".join(list(map(str, entries))[:12])
+        layouts = ("W_q, W_k, W_v (textbook; d2l's nn.Linear), q, k, v (the notes), in_proj_weight or "
+                   "q_proj_weight (nn.MultiheadAttention)")  # a short line: WEIGHT_FORMATS' descriptions are long
+        have = printable(", ".join(list(map(str, entries))[:12]), 60)
         raise InputError(f"has no projection weights (it has {have or 'nothing'}); expected one of: {layouts}", source)
     if len({p for p, _ in found}) > 1:
         raise InputError(f"holds the weights of several modules ({', '.join(sorted(p.rstrip('.') for p, _ in found))}); "

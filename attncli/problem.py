@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
+from attncli import validate as check
 from attncli.backend import half_type, host_array
 from attncli.errors import InputError
 from attncli.scoring import ACTIVATIONS, SCALINGS, get_score
@@ -63,12 +64,7 @@ _INTS = {"hidden", "seed"}
 def _coerce(name: str, value: Any, source: str) -> Any:
     """An option value from a file or an API call, checked for its type."""
     if name in _FLOATS:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise InputError(f"option {name} must be a number, got {value!r}", source)
-        try:
-            return float(value)
-        except ValueError:
-            raise InputError(f"option {name} must be a number, got {value!r}", source) from None
+        return check.number(name, value, source)
     if name in _INTS:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)) or not _is_whole(value):
             raise InputError(f"option {name} must be a whole number, got {value!r}", source)
@@ -149,6 +145,7 @@ class Problem:
 
     def validate(self) -> None:
         o = self.options
+        check.options(o)
         score = get_score(o.score)
         if o.scaling is not None and o.scaling not in SCALINGS:
             raise InputError(f"unknown scaling {o.scaling!r}; choose one of {', '.join(SCALINGS)}", "--scaling")
@@ -221,7 +218,7 @@ class Problem:
             labels = getattr(self, attr)
             if labels is None:
                 continue
-            labels = [printable(str(x)) for x in labels]
+            labels = [printable(str(x)) for x in check.labels(labels, self.sources.get(attr, attr)) or []]
             if len(labels) != count:
                 raise InputError(f"{len(labels)} {attr.replace('_', ' ')} given for {count} {what}",
                                  self.sources.get(attr, f"--{attr.replace('_', '-')}"))
@@ -278,7 +275,8 @@ def mask_array(a: Any, title: str, source: str) -> np.ndarray:
     if given.dtype == bool:
         return given
     mk = numeric_array(given, title, source, allow_inf=True)
-    if np.all((mk == 0) | (mk == 1)) and not np.issubdtype(given.dtype, np.floating):
+    if not np.issubdtype(given.dtype, np.floating):
+        check.integer_mask(np.asarray(given), title, source)
         return mk.astype(bool)  # 0/1 integers are a boolean mask
     return mk
 
@@ -289,6 +287,7 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
         arr = np.asarray(host_array(a))
     except ValueError as e:  # ragged nested lists
         raise InputError(f"{title} is ragged: rows of different lengths ({e})", source) from None
+    check.dims(arr.ndim, title, source)
     if arr.dtype == object:
         raise InputError(f"{title} is ragged or holds non-numbers (null, text, numbers too large for a float); "
                          "expected a rectangular array of numbers", source)

@@ -79,7 +79,7 @@ def save_npz(trace: Trace, opts: RenderOptions, f: IO[bytes]) -> None:
 def save_npy(trace: Trace, opts: RenderOptions, f: IO[bytes]) -> None:
     """One array: the output, or the one step named by --steps. Written in chunks (no copy in memory)."""
     names = [s for s in (opts.steps or []) if s != "output"]
-    if len(names) > 1:
+    if len(names) > 1 or (names and len(set(opts.steps or [])) > 1):
         raise InputError(f"an .npy file holds one array, but --steps names {', '.join(opts.steps or [])}; "
                          "save several steps as .npz", "--save")
     name = names[0] if names else "output"

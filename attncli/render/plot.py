@@ -117,7 +117,15 @@ def panel_title(trace: Trace, idx: tuple[int, ...]) -> str:
 
 
 def plot_weights(trace: Trace, out: IO[bytes], fmt: str = "png") -> None:
-    """Draw the weights (..., m, n) as heatmaps into ``out`` in ``fmt`` (png, svg, pdf)."""
+    """Draw the weights (..., m, n) as heatmaps into ``out`` in ``fmt`` (png, svg, pdf). Labels are
+    text, shown as written: ``$\\frac$`` or ``$x^{$`` is no mathtext to parse (and fail on)."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        _plot_weights(trace, out, fmt)
+
+
+def _plot_weights(trace: Trace, out: IO[bytes], fmt: str = "png") -> None:
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed (Agg)
 
     w = np.asarray(trace.weights, dtype=np.float64)

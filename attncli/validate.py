@@ -1,0 +1,95 @@
+"""Checks of option values and arrays that every way in (a flag, a problem file's ``options:``,
+the ``attend()`` API) goes through, called from attncli.problem: a value that would overflow,
+divide by zero or ask for more memory than exists is refused here, naming the option, instead
+of failing deep inside numpy. Light: no numpy at import time."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attncli.errors import InputError, printable
+
+DTYPES = ("float32", "float64")  # what attention computes in (half inputs are computed in float32)
+MAX_DIMS = 32  # axes of any array: numpy 1.x's limit, and far beyond (batch..., rows, width)
+MAX_WIDTH = 1 << 24  # a hidden width or head width: 16 Mi, beyond any model's
+
+
+def flag(name: str, source: str | None) -> str:
+    """Where an option came from: the file (and its key) or the command-line flag."""
+    if source and source not in ("command line", "options"):
+        return f"{source}: options.{name}" if not source.endswith("()") else f"{source} argument {name}"
+    return "--" + name.replace("_", "-")
+
+
+def number(name: str, value: Any, source: str | None) -> float:
+    """A float option: a finite-or-infinite float, never an OverflowError (10**400) or text."""
+    where = flag(name, source)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InputError(f"must be a number, got {printable(repr(value), 60)}", where)
+    try:
+        return float(value)
+    except OverflowError:
+        raise InputError(f"is too large for a float ({len(str(value))} digits)", where) from None
+    except ValueError:
+        raise InputError(f"must be a number, got {printable(repr(value), 60)}", where) from None
+
+
+def options(o: Any, source: str | None = None) -> None:
+    """The option values of ``o`` (an attncli.problem.Options) that are wrong whatever the inputs."""
+    if o.dtype is not None and o.dtype not in DTYPES:
+        raise InputError(f"dtype must be one of {', '.join(DTYPES)} (float16/bfloat16 inputs are computed in "
+                         f"float32), got {printable(repr(o.dtype), 40)}", flag("dtype", source))
+    if o.temperature is not None and math.isfinite(o.temperature) and o.temperature > 0 \
+            and not math.isfinite(1.0 / o.temperature):
+        raise InputError(f"temperature {o.temperature:g} is so small that dividing the scores by it overflows",
+                         flag("temperature", source))
+    if o.bandwidth is not None and math.isfinite(o.bandwidth) and o.bandwidth > 0:
+        two_var = 2.0 * o.bandwidth * o.bandwidth
+        if two_var == 0.0 or not math.isfinite(1.0 / two_var):
+            raise InputError(f"bandwidth {o.bandwidth:g} is so small that 1/(2·bandwidth²) overflows",
+                             flag("bandwidth", source))
+    if o.hidden is not None:
+        width(o.hidden, flag("hidden", source))
+    if o.mask_value is not None and o.mask_value >= 0:
+        raise InputError(f"mask value {o.mask_value:g} is not below the scores it replaces; masked keys would win. "
+                         "Give a negative number (d2l: -1e6) or leave the default -inf", flag("mask_value", source))
+
+
+def width(n: Any, where: str) -> int:
+    """A width (hidden units, head width) that a weight matrix can have."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_WIDTH:
+        raise InputError(f"must be a whole number from 1 to {MAX_WIDTH:,}, got {printable(str(n), 30)}", where)
+    return n
+
+
+def dims(ndim: int, title: str, source: str) -> None:
+    if ndim > MAX_DIMS:
+        raise InputError(f"{title} has {ndim} dimensions; at most {MAX_DIMS} are read", source)
+
+
+def labels(value: Any, where: str) -> list[str] | None:
+    """Labels from the API or a file: a list of names (a comma-separated string is split)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [t.strip() for t in value.split(",")]
+    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
+        return [str(x) for x in (value.tolist() if hasattr(value, "tolist") else value)]
+    raise InputError(f"must be a list of names, got {type(value).__name__}", where)
+
+
+def mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"must be a mapping of names to arrays, got {type(value).__name__}", where)
+    return value
+
+
+def integer_mask(values: Any, title: str, source: str) -> None:
+    """An integer mask is boolean: 0 and 1 only (a 2 or a -1 is no keep/drop; a float mask is added)."""
+    bad = values[(values != 0) & (values != 1)]
+    if bad.size:
+        raise InputError(f"{title} is an integer mask holding {int(bad.flat[0])}; an integer mask is 0/1 (keep or drop). "
+                         "To add numbers to the scores, write them as floats (2.0)", source)
