@@ -182,6 +182,7 @@ def map_npy(path: Path, source: str) -> np.ndarray:
             raise InputError("is empty", source)
         with open(path, "rb") as f:
             check_npy_header(f, size, source)
+        session.watch_mapped(source)  # truncated while mapped: one line, exit 2, not a bare SIGBUS
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except InputError:
         raise

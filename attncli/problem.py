@@ -53,7 +53,9 @@ class Options:
         unknown = set(overrides) - self.field_names()
         if unknown:
             raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}", source)
-        return replace(self, **{k: _coerce(k, v, source) for k, v in overrides.items() if v is not None})
+        merged = replace(self, **{k: _coerce(k, v, source) for k, v in overrides.items() if v is not None})
+        check.options(merged, source)  # a bad value is named where it came from: the file's key or the flag
+        return merged
 
 
 _FLOATS = {"scale", "temperature", "mask_value", "bandwidth", "dropout"}

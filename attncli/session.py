@@ -134,6 +134,47 @@ class blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _CRITICAL)
 
 
+# ---- memory-mapped inputs -------------------------------------------------------------------
+
+_mapped: list[str] = []
+_bus_handler: Any = None
+
+
+def watch_mapped(name: str) -> None:
+    """A file is memory-mapped: if another program truncates it while it is read, the next read
+    of a page past its new end raises SIGBUS, which Python cannot turn into an exception (the
+    faulting instruction would run again). A C-level handler (through ctypes) says one line
+    naming the file and exits 2 instead of dying without a word."""
+    global _bus_handler
+    if name not in _mapped:
+        _mapped.append(name)
+    if _bus_handler is not None or not hasattr(signal, "SIGBUS"):
+        return
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    except OSError:
+        return
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int)
+    def on_bus(signum: int) -> None:  # pragma: no cover - runs in a signal handler, then exits
+        from attncli.errors import printable
+
+        names = ", ".join(_mapped) or "a memory-mapped input"
+        line = (f"attncli: error: {printable(names, 120)}: changed while it was read (truncated by another "
+                "program?); run again when nothing else writes it\n")
+        os.write(2, line.encode("utf-8", "replace"))
+        _cleanup()
+        os._exit(2)
+
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signal.SIGBUS, ctypes.cast(on_bus, ctypes.c_void_p))
+    _bus_handler = on_bus  # kept alive for as long as the process runs
+
+
 # ---- stdout ---------------------------------------------------------------------------------
 
 class StdoutError(Exception):

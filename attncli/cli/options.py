@@ -157,6 +157,11 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
             opts = {n: kwargs.pop(n) for n in names if n in kwargs}
+            nan = next((n for n, v in opts.items() if isinstance(v, float) and v != v), None)
+            if nan is not None:  # no option means anything as NaN (and NaN passes every min=/max= check)
+                from attncli.errors import InputError
+
+                raise InputError("must be a number, got nan", "--" + nan.replace("_", "-"))
             if opts.get("threads"):  # --threads, for every command that takes it
                 from attncli.backend import set_threads
 

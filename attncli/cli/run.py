@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from attncli.cli import app, handles_errors
+from attncli.cli import app, handles_errors, warn
 from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
 from attncli.errors import InputError
 
@@ -208,4 +208,4 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     show.plot(trace, protect)
     if not opts["quiet"]:
         for w in trace.warnings:
-            sys.stderr.write(f"attncli: warning: {w}\n")
+            warn(w)  # one line: a file name or label in it is escaped

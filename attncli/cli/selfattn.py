@@ -159,6 +159,9 @@ def self_command(
     klab = split_labels(opts.get("key_labels")) or _labels(doc.get("key_labels"))
     if klab is None and both is not None and Y is None:
         klab = both
+    for name in ("query_labels", "key_labels"):  # where each came from, for a message about their count
+        sources[name] = (f"--{name.replace('_', '-')}" if opts.get(name) else src if doc.get(name) is not None
+                         else "--labels" if opts.get("labels") else src)
     if output_only(opts, SELF_OUTPUT_STEPS):  # the weights are never held (attncli.fast)
         options = replace(options, keep_weights=False)
     # a big default view: the output for every query, the weights of the rows it shows
