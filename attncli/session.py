@@ -17,6 +17,7 @@ heavy is imported. Four mechanisms live here, one each, so that no command can f
 from __future__ import annotations
 
 import errno
+import io
 import os
 import signal
 import sys
@@ -119,6 +120,24 @@ def install() -> None:
                 signal.signal(sig, _on_signal)
         except (ValueError, OSError):  # not the main thread
             pass
+
+
+def leave(code: object) -> None:
+    """Exit with ``code`` now: terminating signals blocked (the run is complete; a signal from here
+    on changes nothing), streams flushed, no interpreter shutdown (whose restored default
+    handlers would let a late signal kill the process without a word)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, _CRITICAL)
+    if isinstance(code, str):  # sys.exit("message"), as Python itself would say it
+        sys.stderr.write(code + "\n")
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError, StdoutError):
+            pass
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 class blocked:
@@ -231,10 +250,47 @@ class _Guarded:
         return getattr(self._inner, name)
 
 
+class _WholeWrites(io.RawIOBase):
+    """Descriptor 1 written in whole: a short write (a file size limit, a disk filling up) is
+    retried until it fails with its error. Python's BufferedWriter reports a short write only
+    through a return value that TextIOWrapper ignores: the rest of the output would vanish."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(self._fd, view[done:])
+        return done
+
+
 def guard_stdout() -> None:
-    """Wrap sys.stdout (None when the shell closed it: ``>&-``) in a StdoutError-raising stream."""
-    if not isinstance(sys.stdout, _Guarded):
-        sys.stdout = _Guarded(sys.stdout)  # type: ignore[assignment]
+    """sys.stdout written in whole (_WholeWrites) and wrapped in a StdoutError-raising stream
+    (sys.stdout is None when the shell closed it: ``>&-``)."""
+    if isinstance(sys.stdout, _Guarded):
+        return
+    old = sys.stdout
+    try:
+        fd = old.fileno() if old is not None else None
+    except (OSError, ValueError, AttributeError):  # not a real descriptor (a test's capture)
+        fd = None
+    if old is not None and fd is not None:
+        old.flush()
+        old = io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), encoding=old.encoding, errors=old.errors,
+                               line_buffering=old.line_buffering)
+    sys.stdout = _Guarded(old)  # type: ignore[assignment]
 
 
 def stdout_failed(e: StdoutError) -> int:

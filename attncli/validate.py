@@ -37,6 +37,15 @@ def number(name: str, value: Any, source: str | None) -> float:
 
 def options(o: Any, source: str | None = None) -> None:
     """The option values of ``o`` (an attncli.problem.Options) that are wrong whatever the inputs."""
+    from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
+
+    for name, allowed in (("score", score_names()), ("scaling", SCALINGS), ("activation", ACTIVATIONS),
+                          ("mask_convention", ("keep", "drop")), ("causal_align", ("top-left", "bottom-right"))):
+        value = getattr(o, name)
+        if value is not None and value not in allowed:
+            shown = ", ".join(list(allowed)[:12])
+            raise InputError(f"unknown {name.replace('_', ' ')} {printable(repr(value), 40)}; choose one of {shown}",
+                             flag(name, source))
     if o.dtype is not None and o.dtype not in DTYPES:
         raise InputError(f"dtype must be one of {', '.join(DTYPES)} (float16/bfloat16 inputs are computed in "
                          f"float32), got {printable(repr(o.dtype), 40)}", flag("dtype", source))

@@ -100,6 +100,7 @@ def self_command(
     from attncli.io import Reader
     from attncli.multihead import init_projections, multihead, projections_from, select_head
     from attncli.problem import Options
+    from attncli.validate import width as check_width
 
     if opts.get("threads"):
         from attncli.backend import set_threads
@@ -141,6 +142,9 @@ def self_command(
     if isinstance(n_heads, bool) or not isinstance(n_heads, int):
         raise InputError(f"'heads' must be a whole number, got {n_heads!r}", src)
     given = [f for f, v in (("--d-k", d_k), ("--d-v", d_v)) if v is not None]
+    for f, v in (("--d-k", d_k), ("--d-v", d_v)):
+        if v is not None:
+            check_width(v, f)  # before allocating a (d, heads·d_k) matrix
     if given and (weights is not None or "weights" in doc):
         raise InputError("applies only when the weights are initialised (no --weights); "
                          "the widths come from the weights", given[0])

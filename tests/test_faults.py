@@ -1,0 +1,185 @@
+"""Faults injected into real attncli processes (issue 17): stdout on a full disk, /dev/full,
+closed or a pipe closed early; a file size limit (RLIMIT_FSIZE) while saving; terminating
+signals at random moments, start-up included; a named pipe read by `check`; and the memory a
+refused stdin costs. Each runs the console script in a subprocess (real descriptors, real
+signals); the timeouts only guard against hangs."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attncli
+
+BIN = Path(sys.executable).parent
+ATTNCLI = shutil.which("attncli", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}") or "attncli"
+ROOT = str(Path(attncli.__file__).parent.parent)
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1", "COLUMNS": "100",
+       "PYTHONPATH": ROOT}
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX descriptors, limits and signals")
+
+X = np.array([[0, 2, 2, 0], [0, 1, 3, 0], [0, 2, 2, 0], [0, 0, 4, 0]], dtype=np.float64)
+
+
+def sh(cmd: str, cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=120, **kw)
+
+
+def stderr_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 300 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+# ---- stdout ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["json", "npz", "rich"])
+def test_stdout_on_dev_full_is_one_line_exit_2(tmp_path: Path, fmt: str) -> None:
+    proc = sh(f"{ATTNCLI} examples run cat_milk_sweet --format {fmt} > /dev/full", tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_line(proc) == "attncli: error: stdout: cannot be written (No space left on device)"
+
+
+@pytest.mark.parametrize("fmt", ["json", "rich"])
+def test_closed_stdout_is_one_line_exit_2(tmp_path: Path, fmt: str) -> None:
+    proc = sh(f"{ATTNCLI} examples run cat_milk_sweet --format {fmt} >&-", tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "stdout: cannot be written" in stderr_line(proc)
+
+
+@pytest.mark.parametrize("cmd", ["examples run cat_milk_sweet", "examples run cat_milk_sweet --format json",
+                                 "examples show cat_milk_sweet"])
+def test_a_reader_closing_the_pipe_early_is_a_quiet_exit_0(tmp_path: Path, cmd: str) -> None:
+    proc = sh(f"{ATTNCLI} {cmd} | head -c 1 > /dev/null; exit ${{PIPESTATUS[0]}}", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+
+
+def limit_file_size(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_stdout_to_a_file_past_the_size_limit_is_exit_2_not_a_truncated_success(tmp_path: Path) -> None:
+    """The issue's full disk (a 64 KiB out.json, exit 0): a file size limit makes the write fail
+    halfway, as a full disk does."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(64, 64)))
+    with open(tmp_path / "out.json", "wb") as out:
+        proc = subprocess.run([ATTNCLI, "run", "x.npy", "--format", "json"], cwd=tmp_path, env=ENV, stdout=out,
+                              stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: limit_file_size(20_000))
+    assert proc.returncode == 2, proc.stderr
+    assert "stdout: cannot be written (File too large)" in stderr_line(proc)  # type: ignore[arg-type]
+
+
+def test_save_past_the_size_limit_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(64, 64)))
+    (tmp_path / "out.npz").write_bytes(b"old")
+    proc = subprocess.run([ATTNCLI, "run", "x.npy", "--save", "out.npz", "-q"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=120, preexec_fn=lambda: limit_file_size(20_000))
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_line(proc) == "attncli: error: out.npz: cannot be written (File too large)"
+    assert (tmp_path / "out.npz").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npz", "x.npy"]
+
+
+# ---- signals at random moments -------------------------------------------------------------------
+
+CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated"), signal.SIGHUP: (129, "hung up")}
+
+
+def test_signals_at_random_moments(tmp_path: Path) -> None:
+    """SIGINT, SIGTERM or SIGHUP at a random moment in the first 0.6 s (start-up, reading, writing):
+    either the run finished first (exit 0, the file written) or it exits 128 + signal with one line
+    (or, before Python has started at all, dies of the signal with nothing said), and in every
+    case leaves no temporary and no output file."""
+    rng = random.Random(17)
+    outcomes = []
+    for trial in range(24):
+        sig = rng.choice(list(CODES))
+        out = tmp_path / f"out{trial}.json"
+        proc = subprocess.Popen([ATTNCLI, "examples", "run", "cat_milk_sweet", "--save", out.name, "--format", "json"],
+                                cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(rng.uniform(0.0, 0.6))
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+        code, said = CODES[sig]
+        outcomes.append(proc.returncode)
+        assert "Traceback" not in stderr, stderr
+        if proc.returncode == 0:  # finished before the signal
+            assert out.exists() and stdout.startswith("{")
+        elif proc.returncode == -sig:  # the interpreter had not started: killed by the default action
+            assert stderr == "" and not out.exists()
+        else:
+            assert proc.returncode == code, (sig, proc.returncode, stderr)
+            assert stderr.strip() == f"attncli: error: {said}"
+            assert not out.exists() and stdout == ""
+        assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert set(outcomes) & {130, 143, 129}, outcomes  # some signals did land inside attncli
+
+
+# ---- inputs read once ------------------------------------------------------------------------------
+
+def test_check_reads_a_named_pipe_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "problem.yaml"
+    os.mkfifo(fifo)
+    text = (Path(attncli.__file__).parent / "examples" / "cat_milk_sweet.yaml").read_bytes()
+
+    def write_once() -> None:
+        with open(fifo, "wb") as f:
+            f.write(text)
+
+    writer = threading.Thread(target=write_once, daemon=True)
+    writer.start()
+    proc = subprocess.run([ATTNCLI, "check", str(fifo), "-q"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=60)
+    writer.join(timeout=5)
+    assert proc.returncode == 0, proc.stderr  # the example's published numbers match
+
+
+# ---- memory of a refused stdin --------------------------------------------------------------------
+
+def peak_rss(cmd: list[str], stdin_bytes: int, pattern: bytes, cwd: Path) -> tuple[int, int, float]:
+    """(exit code, peak resident bytes of the child, seconds) for ``cmd`` fed ``stdin_bytes`` of ``pattern``."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None
+    chunk = pattern * ((1 << 20) // len(pattern))
+    sent = 0
+    try:
+        while sent < stdin_bytes:
+            proc.stdin.write(chunk)
+            sent += len(chunk)
+    except BrokenPipeError:
+        pass
+    try:
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss * 1024, time.monotonic() - start
+
+
+@pytest.mark.parametrize(("pattern", "limit"), [(b"0, ", 64 << 20), (b"\0", 4 << 20), (b"1,2\n", 64 << 20)],
+                         ids=["json-like", "zeros-as-yaml", "csv"])
+def test_a_refused_stdin_costs_less_than_twice_its_limit(tmp_path: Path, pattern: bytes, limit: int) -> None:
+    """`head -c 3G /dev/zero | attncli check -e - x.npy` was OOM-killed; now stdin is sniffed by its
+    first bytes and refused at its format's limit: the memory above a tiny refused run's stays
+    under twice that limit."""
+    np.save(tmp_path / "x.npy", X)
+    base = peak_rss([ATTNCLI, "run", "-"], 1, b"\0", tmp_path)
+    code, peak, _ = peak_rss([ATTNCLI, "run", "-"], limit + (8 << 20), b"[" + pattern if pattern == b"0, " else pattern,
+                             tmp_path)
+    assert base[0] == 2 and code == 2
+    assert peak - base[1] < 2 * limit, (peak, base[1])
