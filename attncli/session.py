@@ -289,7 +289,7 @@ def guard_stdout() -> None:
     if old is not None and fd is not None:
         old.flush()
         old = io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), encoding=old.encoding, errors=old.errors,
-                               line_buffering=old.line_buffering)
+                               line_buffering=bool(old.line_buffering))
     sys.stdout = _Guarded(old)  # type: ignore[assignment]
 
 
