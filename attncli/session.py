@@ -233,6 +233,8 @@ class _Guarded:
 
     @property
     def buffer(self) -> _Guarded:
+        if self._inner is not None and not hasattr(self._inner, "buffer"):  # a text-only stream (StringIO)
+            raise AttributeError("buffer")
         return _Guarded(getattr(self._inner, "buffer", None))
 
     def isatty(self) -> bool:
