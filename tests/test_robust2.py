@@ -151,8 +151,11 @@ def npy_header(shape: str, descr: str = "'<f8'") -> bytes:
 
 
 def npz_with(members: list[tuple[str, bytes]]) -> bytes:
+    import warnings
+
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
+    with zipfile.ZipFile(buf, "w") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Duplicate name": the point of one case
         for name, data in members:
             zf.writestr(name, data)
     return buf.getvalue()

@@ -153,15 +153,16 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
         own = [p for p in sig.parameters.values() if p.name != "opts"]
         extra = [p for g in groups for p in g]
         names = [p.name for p in extra]
+        validated = {p.name for p in PROBLEM_OPTIONS}  # checked by attncli.problem / attncli.validate
 
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
             opts = {n: kwargs.pop(n) for n in names if n in kwargs}
-            nan = next((n for n, v in opts.items() if isinstance(v, float) and v != v), None)
-            if nan is not None:  # no option means anything as NaN (and NaN passes every min=/max= check)
+            nan = next((n for n, v in opts.items() if isinstance(v, float) and v != v and n not in validated), None)
+            if nan is not None:  # NaN passes every min=/max= check; problem options say it in their own words
                 from attncli.errors import InputError
 
-                raise InputError("must be a number, got nan", "--" + nan.replace("_", "-"))
+                raise InputError("must be a finite number, got nan", "--" + nan.replace("_", "-"))
             if opts.get("threads"):  # --threads, for every command that takes it
                 from attncli.backend import set_threads
 
