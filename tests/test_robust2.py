@@ -188,6 +188,8 @@ FILES = {
     "long_option.yaml": lambda: b"q: [[1, 2], [3, 4]]\noptions: {score: " + b"x" * 1_000_000 + b"}\n",
     "esc\x1b[2J.yaml": lambda: b"q: [[1, 2], [3, 4]]\nbanana: 1\n",
     "deep.yaml": lambda: b"q: " + b"[" * 100_000 + b"]" * 100_000,
+    "deep_block.yaml": lambda: b"q:\n  " + b"- " * 1_000_000 + b"1\n",  # libyaml's composer crashed (SIGSEGV)
+    "deep_map.yaml": lambda: b"q: " + b"{a: " * 20_000 + b"1" + b"}" * 20_000,
     "big_f32.yaml": lambda: b"q: [[1.0e39, 2], [3, 4]]\n",
 }
 
