@@ -280,6 +280,7 @@ def mask_array(a: Any, title: str, source: str) -> np.ndarray:
     if not np.issubdtype(given.dtype, np.floating):
         check.integer_mask(np.asarray(given), title, source)
         return mk.astype(bool)  # 0/1 integers are a boolean mask
+    check.float_mask(mk, title, source)
     return mk
 
 
@@ -307,6 +308,7 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
         raise InputError(f"{title} is empty (shape {arr.shape})", source)
     if arr.dtype.kind in "biu":
         arr = arr.astype(np.float64)  # float16 stays: the engine computes it in float32 and casts back
+    arr = check.within_float64(arr, title, source)
     bad = np.isnan(arr) if allow_inf else ~np.isfinite(arr)
     if np.any(bad):
         idx = tuple(int(i) for i in np.argwhere(bad)[0])

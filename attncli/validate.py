@@ -46,6 +46,17 @@ def options(o: Any, source: str | None = None) -> None:
             shown = ", ".join(list(allowed)[:12])
             raise InputError(f"unknown {name.replace('_', ' ')} {printable(repr(value), 40)}; choose one of {shown}",
                              flag(name, source))
+    ranges = (("temperature", lambda v: math.isfinite(v) and v > 0, "a positive number"),
+              ("scale", math.isfinite, "a finite number"),
+              ("bandwidth", lambda v: math.isfinite(v) and v > 0, "a positive number"),
+              ("mask_value", lambda v: v == v and v != math.inf, "a number or -inf"),
+              ("dropout", lambda v: 0.0 <= v <= 1.0, "a probability between 0 and 1"),
+              ("seed", lambda v: v >= 0, "0 or more"))
+    for name, ok, want in ranges:
+        value = getattr(o, name)
+        if value is not None and not ok(value):
+            raise InputError(f"{name.replace('_', ' ')} must be {want}, got {printable(str(value), 30)}",
+                             flag(name, source))
     if o.dtype is not None and o.dtype not in DTYPES:
         raise InputError(f"dtype must be one of {', '.join(DTYPES)} (float16/bfloat16 inputs are computed in "
                          f"float32), got {printable(repr(o.dtype), 40)}", flag("dtype", source))
@@ -102,3 +113,30 @@ def integer_mask(values: Any, title: str, source: str) -> None:
     if bad.size:
         raise InputError(f"{title} is an integer mask holding {int(bad.flat[0])}; an integer mask is 0/1 (keep or drop). "
                          "To add numbers to the scores, write them as floats (2.0)", source)
+
+
+def float_mask(values: Any, title: str, source: str) -> None:
+    """A float mask is added to the scores: -inf drops a key, +inf would make every weight NaN."""
+    import numpy as np
+
+    if np.any(values == np.inf):
+        idx = [int(i) for i in np.argwhere(values == np.inf)[0]]
+        raise InputError(f"{title} holds +inf at index {idx}; a float mask is added to the scores, so use -inf "
+                         "(or a large negative number) to drop a key", source)
+
+
+def within_float64(arr: Any, title: str, source: str) -> Any:
+    """A float wider than float64 (float128 from an .npy) as float64, refused where a value does
+    not fit (1e4000 would become inf, silently, in the engine's cast)."""
+    import numpy as np
+
+    if arr.dtype.kind != "f" or arr.dtype.itemsize <= 8:
+        return arr
+    with np.errstate(over="ignore", invalid="ignore"):
+        narrow = arr.astype(np.float64)
+    over = np.isfinite(arr) & ~np.isfinite(narrow)
+    if np.any(over):
+        idx = tuple(int(i) for i in np.argwhere(over)[0])
+        raise InputError(f"{title} holds {printable(str(arr[idx]), 30)} at index {list(idx)}, beyond float64's range "
+                         "(±1.8e308); attention computes in float64 at most", source)
+    return narrow

@@ -191,6 +191,8 @@ FILES = {
     "deep_block.yaml": lambda: b"q:\n  " + b"- " * 1_000_000 + b"1\n",  # libyaml's composer crashed (SIGSEGV)
     "deep_map.yaml": lambda: b"q: " + b"{a: " * 20_000 + b"1" + b"}" * 20_000,
     "big_f32.yaml": lambda: b"q: [[1.0e39, 2], [3, 4]]\n",
+    "mask_inf.yaml": lambda: b"q: [[1, 2], [3, 4]]\nmask: [[.inf, 0.0], [0.0, 0.0]]\n",
+    "f128.npy": lambda: npy_bytes(np.full((2, 2), np.longdouble("1e4000"))),
 }
 
 BAD_RUNS = [
@@ -372,3 +374,25 @@ def test_attend_raises_input_error_naming_the_argument(kwargs: dict[str, object]
 def test_attend_refuses_40_dimensions() -> None:
     with pytest.raises(InputError, match="40 dimensions"):
         attncli.attend(np.zeros((1,) * 40))
+
+
+def test_plot_labels_are_shown_literally_not_parsed_as_mathtext(work: Path) -> None:
+    """Labels like $\\frac$, $x^{$ or $$ were parsed by matplotlib's mathtext (an internal error);
+    they are text, drawn as written."""
+    pytest.importorskip("matplotlib")
+    (work / "p.yaml").write_text('q: [[1, 0, 0], [0, 1, 0], [0, 0, 1]]\nlabels: ["$\\\\frac$", "$x^{$", "$$"]\n')
+    res = runner.invoke(app, ["run", "p.yaml", "--plot", "w.svg", "-q"])
+    assert res.exit_code == 0, res.stderr
+    svg = (work / "w.svg").read_text()
+    assert "$x^{$" in svg and "$\\frac$" in svg  # the label text itself, kept (svg.fonttype 'path' aside)
+
+
+@pytest.mark.parametrize(("options", "key"), [
+    ("{temperature: -1}", "temperature"), ("{score: nonsense}", "score"), ("{dropout: 2}", "dropout"),
+    ("{dtype: int64}", "dtype"), ("{mask_value: 5}", "mask_value"), ("{bandwidth: 1e-200, score: gaussian}", "bandwidth"),
+    ("{scale: .nan}", "scale"), ("{activation: banana, score: additive}", "activation"),
+])
+def test_a_bad_option_in_a_file_is_named_by_the_file_and_its_key(work: Path, options: str, key: str) -> None:
+    (work / "p.yaml").write_text(f"q: [[1, 2], [3, 4]]\noptions: {options}\n")
+    line = one_line_error(runner.invoke(app, ["run", "p.yaml", "-q"]))
+    assert f"p.yaml: options.{key}" in line and "--" not in line.split(": ", 3)[2], line
