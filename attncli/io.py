@@ -620,7 +620,9 @@ class Reader:
 
     def _read(self, spec: str) -> Content:
         if spec == STDIN:
-            stream = self._stdin or sys.stdin.buffer
+            stream = self._stdin or getattr(sys.stdin, "buffer", None)
+            if stream is None:  # the shell closed it: `attncli run - <&-`
+                raise InputError("is closed: nothing to read", "<stdin>")
             try:
                 data, ext = read_stdin(stream)
             except OSError as e:

@@ -94,6 +94,27 @@ def test_save_past_the_size_limit_leaves_the_old_file_and_no_temporary(tmp_path:
 
 # ---- signals at random moments -------------------------------------------------------------------
 
+# The console script, with the NPZ writer stopping halfway through the file (after a marker file
+# says so) long enough for the test to send a signal.
+SLOW_SAVE = r"""
+import sys, time
+from pathlib import Path
+from attncli import session
+session.install()
+from attncli.render import SAVERS, load_renderers
+load_renderers()
+marker = Path(sys.argv[1])
+def slow(trace, opts, f):
+    f.write(b"PK\x03\x04 half of a file")
+    f.flush()
+    marker.write_text("writing")
+    time.sleep(60)
+SAVERS[".npz"] = slow
+from attncli.cli import main
+sys.argv = ["attncli", "run", *sys.argv[2:]]
+main()
+"""
+
 CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated"), signal.SIGHUP: (129, "hung up")}
 
 
@@ -183,3 +204,31 @@ def test_a_refused_stdin_costs_less_than_twice_its_limit(tmp_path: Path, pattern
                              tmp_path)
     assert base[0] == 2 and code == 2
     assert peak - base[1] < 2 * limit, (peak, base[1])
+
+
+def test_sighup_while_saving_removes_the_temporary(tmp_path: Path) -> None:
+    """SIGHUP (a closed terminal) halfway through writing the file: exit 129, one line, neither
+    the file nor its temporary left (the issue found `.out.json.XXXX.tmp` left behind)."""
+    np.save(tmp_path / "k.npy", X)
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE,
+                             str(marker), "k.npy", "--save", "out.npz", "-q"], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.npz.")]  # the temporary exists now
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 129, err
+    assert err.strip() == "attncli: error: hung up"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.npy", "marker"]
+
+
+def test_closed_stdin_is_one_line(tmp_path: Path) -> None:
+    proc = sh(f"{ATTNCLI} run - <&-", tmp_path)
+    assert proc.returncode == 2
+    assert stderr_line(proc) == "attncli: error: <stdin>: is closed: nothing to read"
