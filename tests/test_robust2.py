@@ -315,9 +315,16 @@ yaml_files = st.lists(st.tuples(st.sampled_from(["q", "k", "v", "labels", "mask"
                       min_size=1, max_size=4).map(lambda kv: "".join(f"{k}: {v}\n" for k, v in kv).encode())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+npz_files = st.lists(st.tuples(st.sampled_from(["q.npy", "k.npy", "v.npy", "q.npy", "notes.txt", "x"]),
+                               st.one_of(npy_files, st.binary(max_size=40),
+                                         st.just(npy_bytes(np.eye(2))), st.just(npy_bytes(np.ones((3, 2)))))),
+                     min_size=1, max_size=4).map(npz_with)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.one_of(npy_files.map(lambda b: (b, ".npy")), json_values.map(lambda v: (json.dumps(v).encode(), ".json")),
-                      csv_files.map(lambda b: (b, ".csv")), yaml_files.map(lambda b: (b, ".yaml"))))
+                      csv_files.map(lambda b: (b, ".csv")), yaml_files.map(lambda b: (b, ".yaml")),
+                      npz_files.map(lambda b: (b, ".npz"))))
 def test_hostile_files_same_verdict_from_a_file_and_stdin(tmp_path_factory: pytest.TempPathFactory,
                                                           data: tuple[bytes, str]) -> None:
     """Generated files of every format (odd headers, dtypes, shapes, nesting, 1.1-style YAML,
@@ -396,3 +403,13 @@ def test_a_bad_option_in_a_file_is_named_by_the_file_and_its_key(work: Path, opt
     (work / "p.yaml").write_text(f"q: [[1, 2], [3, 4]]\noptions: {options}\n")
     line = one_line_error(runner.invoke(app, ["run", "p.yaml", "-q"]))
     assert f"p.yaml: options.{key}" in line and "--" not in line.split(": ", 3)[2], line
+
+
+@settings(max_examples=200, deadline=None)
+@given(message=st.text(), source=st.one_of(st.none(), st.text()))
+def test_every_input_error_is_one_short_printable_line(message: str, source: str | None) -> None:
+    """Whatever a message or a file name holds (newlines, escape sequences, a megabyte): one line,
+    under 300 characters with the program's prefix, nothing the terminal would act on."""
+    line = "attncli: error: " + str(InputError(message * 50, source))
+    assert len(line) < 300 and "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert all(c.isprintable() for c in line)

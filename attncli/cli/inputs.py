@@ -87,7 +87,7 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader) -> Pr
     if isinstance(content, dict) and "q" in content:
         from_file = content
         unknown = set(map(str, content)) - PROBLEM_KEYS
-        if unknown and not Path(inputs[0]).suffix.lower() == ".npz":
+        if unknown and reader.formats.get(inputs[0]) != ".npz":  # the format read (stdin: sniffed), not the name
             raise InputError(f"has unknown entries {', '.join(sorted(unknown))}; "
                              f"a problem file holds {', '.join(sorted(PROBLEM_KEYS))}", file_source)
     slots = ("q", "k", "v")

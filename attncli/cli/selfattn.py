@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -110,7 +109,7 @@ def self_command(
     content = reader.read(x)
     src = reader.source(x)
     doc: dict[str, Any] = content if isinstance(content, dict) and "x" in content else {}
-    if doc and Path(x).suffix.lower() != ".npz":
+    if doc and reader.formats.get(x) != ".npz":  # the format read (stdin: sniffed), not the name
         unknown = set(map(str, doc)) - FILE_KEYS
         if unknown:
             raise InputError(f"has unknown entries {', '.join(sorted(unknown))}; a multi-head file holds "
