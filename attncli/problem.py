@@ -317,6 +317,16 @@ def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> n
     return arr
 
 
+def feature_width(a: Any, title: str, source: str) -> int:
+    """The width of an input of tokens, (tokens, features) or (batch, tokens, features), checked as
+    numbers first (a ragged list, a mapping or text is one line naming it, not a numpy error)."""
+    shape = numeric_array(a, title, source).shape
+    if len(shape) not in (2, 3):
+        raise InputError(f"{title} has shape {tuple(shape)}; expected (tokens, features) or (batch, tokens, features)",
+                         source)
+    return int(shape[-1])
+
+
 def _holds_bool(a: list[Any] | tuple[Any, ...]) -> bool:
     """Whether nested lists (from YAML/JSON) hold a bool among numbers (numpy would read it as 0/1)."""
     stack: list[Any] = [a]

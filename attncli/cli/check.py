@@ -153,7 +153,7 @@ def build_multihead(inputs: list[str], opts: dict[str, Any], reader: Any) -> Any
     from attncli.check import MultiheadSetup
     from attncli.cli.inputs import cli_options, parse_valid_lens, split_labels
     from attncli.multihead import init_projections, projections_from
-    from attncli.problem import Options
+    from attncli.problem import Options, feature_width
 
     if not 1 <= len(inputs) <= 3:
         raise InputError(f"expected 1 to 3 inputs (X [MEMORY [VALUES]]), got {len(inputs)}", "arguments")
@@ -185,7 +185,7 @@ def build_multihead(inputs: list[str], opts: dict[str, Any], reader: Any) -> Any
     elif "weights" in doc:
         proj = projections_from(doc, src)
     else:
-        widths = [int(np.shape(arrays[n])[-1]) if n in arrays else None for n in ("x", "memory", "values")]
+        widths = [feature_width(arrays[n], n, sources[n]) if n in arrays else None for n in ("x", "memory", "values")]
         d_q = widths[0] or 1
         d_kv = widths[1] or d_q
         proj = init_projections(d_q, d_kv, widths[2] or d_kv, seed=options.seed)

@@ -188,13 +188,9 @@ def self_command(
 
 
 def _width(a: Any, title: str, source: str) -> int:
-    import numpy as np
+    from attncli.problem import feature_width
 
-    shape = np.shape(a)
-    if len(shape) not in (2, 3):
-        raise InputError(f"{title} has shape {tuple(shape)}; expected (tokens, features) or (batch, tokens, features)",
-                         source)
-    return int(shape[-1])
+    return feature_width(a, title, source)
 
 
 def _labels(value: Any) -> list[str] | None:
