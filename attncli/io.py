@@ -431,6 +431,8 @@ def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 @loader(".json")
 def load_json(data: bytes, source: str) -> Content:
     check_text_bytes(data, source, MAX_TEXT_BYTES, "JSON")
+    if b'"' not in data and data.count(b",") >= MAX_TEXT_ITEMS:  # numbers only: each comma follows a value
+        raise InputError(f"holds more than {MAX_TEXT_ITEMS:,} values; save large arrays as .npy instead", source)
     text = _text(data, source)
     try:
         doc = json.loads(text, object_pairs_hook=_json_pairs, parse_int=_big_int)
