@@ -625,6 +625,7 @@ class Reader:
             stream = self._stdin or getattr(sys.stdin, "buffer", None)
             if stream is None:  # the shell closed it: `attncli run - <&-`
                 raise InputError("is closed: nothing to read", "<stdin>")
+            session.record_read_fd(stream)  # `attncli run - --save q.npy < q.npy` must not replace it
             try:
                 data, ext = read_stdin(stream)
             except OSError as e:

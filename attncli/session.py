@@ -20,6 +20,7 @@ import errno
 import io
 import os
 import signal
+import stat
 import sys
 from typing import Any
 
@@ -54,6 +55,16 @@ def record_read(path: str | os.PathLike[str]) -> None:
     except OSError:
         pass
     _read_paths.add(os.path.realpath(path))
+
+
+def record_read_fd(stream: Any) -> None:
+    """Remember the file behind a stream (stdin redirected from a file: ``< q.npy``)."""
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):  # a pipe with no fileno, a test's BytesIO
+        return
+    if stat.S_ISREG(st.st_mode):
+        _read_ids.add((st.st_dev, st.st_ino))
 
 
 def is_input(path: str | os.PathLike[str]) -> bool:

@@ -232,3 +232,12 @@ def test_closed_stdin_is_one_line(tmp_path: Path) -> None:
     proc = sh(f"{ATTNCLI} run - <&-", tmp_path)
     assert proc.returncode == 2
     assert stderr_line(proc) == "attncli: error: <stdin>: is closed: nothing to read"
+
+
+def test_stdin_redirected_from_a_file_is_an_input_too(tmp_path: Path) -> None:
+    np.save(tmp_path / "q.npy", X)
+    before = (tmp_path / "q.npy").read_bytes()
+    proc = sh(f"{ATTNCLI} run - --save q.npy -q < q.npy", tmp_path)
+    assert proc.returncode == 2
+    assert stderr_line(proc) == "attncli: error: q.npy: is one of the inputs; refusing to overwrite it"
+    assert (tmp_path / "q.npy").read_bytes() == before
