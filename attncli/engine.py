@@ -115,7 +115,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     score = get_score(o.score)
 
     # 1) score
-    s = score.fn(ScoreInput(xp, q, k, params, trace, o.__dict__))
+    s = score.fn(ScoreInput(xp, q, k, params, trace, o))
     trace.add("scores", f"scores = {score.symbol}", s)
 
     # 2) scale

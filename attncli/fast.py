@@ -150,7 +150,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             cols = slice(j0, j1) if kstep < n else slice(None)
             keep, bias = _key_chunk(keep_all, cols), _key_chunk(bias_all, cols)
             # 1) score
-            s = score.fn(ScoreInput(xp, qb, k[..., cols, :], params, None, o.__dict__))  # (..., b, n_c)
+            s = score.fn(ScoreInput(xp, qb, k[..., cols, :], params, None, o))  # (..., b, n_c)
             if half_limit is not None:
                 _check_overflow(s, to_numpy(c) if prescale else 1.0, half_limit, (i0, j0), overflow)
             # 2) scale
@@ -354,7 +354,7 @@ def _frobenius(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, 
     step = block_rows(problem)
     for i0 in range(0, problem.m, step):
         with np.errstate(over="ignore", invalid="ignore"):
-            s = score.fn(ScoreInput(xp, q[..., i0:i0 + step, :], k, params, None, o.__dict__))  # (..., b, n)
+            s = score.fn(ScoreInput(xp, q[..., i0:i0 + step, :], k, params, None, o))  # (..., b, n)
             finite = xp.where(xp.isfinite(s), s, xp.zeros_like(s))
             total = total + xp.sum(finite * finite, axis=(-2, -1), keepdims=True)  # (..., 1, 1)
     f = xp.sqrt(total)

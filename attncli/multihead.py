@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from attncli.arrays import mask_array, numeric_array
 from attncli.backend import Backend, get_backend, to_numpy
 from attncli.errors import InputError
-from attncli.problem import Options, Problem, mask_array, numeric_array
+from attncli.options import Options
+from attncli.problem import Problem
 from attncli.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.weights import linear_init, seeded_rng
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -10,84 +10,17 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
-from attncli.backend import half_type, host_array
+from attncli.arrays import mask_array, numeric_array, printable
+from attncli.backend import half_type
 from attncli.errors import InputError
-from attncli.scoring import ACTIVATIONS, SCALINGS, get_score
+from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
+from attncli.scoring import get_score
+from attncli.weights import prepare
 
-MASK_CONVENTIONS = ("keep", "drop")
-CAUSAL_ALIGNS = ("top-left", "bottom-right")
+__all__ = ["ARRAY_TITLES", "CAUSAL_ALIGNS", "MASK_CONVENTIONS", "Options", "Problem", "mask_array", "numeric_array",
+           "printable"]
+
 ARRAY_TITLES = {"q": "Q", "k": "K", "v": "V", "valid_lens": "valid lengths", "mask": "mask"}
-
-
-@dataclass(frozen=True)
-class Options:
-    """How to compute: every field can come from a problem file or the command line."""
-
-    score: str = "scaled-dot"
-    scale: float | None = None  # multiply the scores by this instead of the score's scaling
-    scaling: str | None = None  # a SCALINGS key; None: the score's default
-    temperature: float | None = None  # divide the (scaled) scores by this
-    causal: bool = False
-    causal_align: str = "top-left"
-    mask_convention: str = "keep"  # a 1/True in --mask means keep (SDPA) or drop (key_padding_mask)
-    mask_value: float | None = None  # None: -inf, masked weights are exactly 0
-    dtype: str | None = None  # None: float32 if every input is float32, else float64
-    backend: str | None = None
-    device: str = "cpu"
-    keep_weights: bool = True
-    # score parameters and softmax variants (issue 3)
-    activation: str | None = None  # additive/location: tanh (default), relu, identity
-    bandwidth: float | None = None  # gaussian: sigma of -‖q-k‖²/(2σ²) (default 1)
-    hidden: int | None = None  # width h of initialised score weights (default d_q)
-    seed: int | None = None  # numpy default_rng seed for initialised weights and dropout (default 0)
-    hard: bool = False  # one-hot weights at each row's argmax
-    dropout: float = 0.0  # inverted dropout on the weights, as nn.Dropout in training
-
-    @classmethod
-    def field_names(cls) -> set[str]:
-        return {f.name for f in fields(cls)}
-
-    def merged(self, overrides: dict[str, Any], source: str = "options") -> Options:
-        """These options with ``overrides`` (those not None) applied, checked by name."""
-        unknown = set(overrides) - self.field_names()
-        if unknown:
-            raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}", source)
-        return replace(self, **{k: _coerce(k, v, source) for k, v in overrides.items() if v is not None})
-
-
-_FLOATS = {"scale", "temperature", "mask_value", "bandwidth", "dropout"}
-_BOOLS = {"causal", "keep_weights", "hard"}
-_INTS = {"hidden", "seed"}
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    """An option value from a file or an API call, checked for its type."""
-    if name in _FLOATS:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise InputError(f"option {name} must be a number, got {value!r}", source)
-        try:
-            return float(value)
-        except ValueError:
-            raise InputError(f"option {name} must be a number, got {value!r}", source) from None
-    if name in _INTS:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or not _is_whole(value):
-            raise InputError(f"option {name} must be a whole number, got {value!r}", source)
-        return int(float(value))
-    if name in _BOOLS:
-        if not isinstance(value, bool):
-            raise InputError(f"option {name} must be true or false, got {value!r}", source)
-        return value
-    if not isinstance(value, str):
-        raise InputError(f"option {name} must be a name, got {value!r}", source)
-    return value
-
-
-def _is_whole(value: int | float | str) -> bool:
-    try:
-        f = float(value)
-    except ValueError:
-        return False
-    return f == f and abs(f) != float("inf") and f == int(f)
 
 
 @dataclass
@@ -150,19 +83,6 @@ class Problem:
     def validate(self) -> None:
         o = self.options
         score = get_score(o.score)
-        if o.scaling is not None and o.scaling not in SCALINGS:
-            raise InputError(f"unknown scaling {o.scaling!r}; choose one of {', '.join(SCALINGS)}", "--scaling")
-        if o.mask_convention not in MASK_CONVENTIONS:
-            raise InputError(f"unknown mask convention {o.mask_convention!r}; choose keep or drop", "--mask-convention")
-        if o.causal_align not in CAUSAL_ALIGNS:
-            raise InputError(f"unknown causal alignment {o.causal_align!r}; choose top-left or bottom-right", "--causal-align")
-        if o.temperature is not None and not (np.isfinite(o.temperature) and o.temperature > 0):
-            raise InputError(f"temperature must be a positive number, got {o.temperature}", "--temperature")
-        if o.scale is not None and not np.isfinite(o.scale):
-            raise InputError(f"scale must be a finite number, got {o.scale}", "--scale")
-        if o.mask_value is not None and (np.isnan(o.mask_value) or o.mask_value == np.inf):
-            raise InputError(f"mask value must be a number or -inf, got {o.mask_value}", "--mask-value")
-        self._check_variant_options()
 
         k_is_q, v_is_k = self.k is self.q, self.v is self.k
         halves = {half_type(a) for a in (self.q, self.k, self.v)}
@@ -184,26 +104,10 @@ class Problem:
         self._check_labels()
         self.query_limit = self._valid_lens_limit()
         self.mask = self._check_mask()
-        from attncli.weights import prepare
-
         self.params, self.initialised = prepare(score, self.params, int(q.shape[-1]), int(k.shape[-1]), o,
                                                 self.where("weights"))
 
     # ---- pieces of validate ----
-
-    def _check_variant_options(self) -> None:
-        """Score parameters and softmax variants: activation, bandwidth, hidden, seed, dropout."""
-        o = self.options
-        if o.activation is not None and o.activation not in ACTIVATIONS:
-            raise InputError(f"unknown activation {o.activation!r}; choose one of {', '.join(ACTIVATIONS)}", "--activation")
-        if o.bandwidth is not None and not (np.isfinite(o.bandwidth) and o.bandwidth > 0):
-            raise InputError(f"bandwidth must be a positive number, got {o.bandwidth}", "--bandwidth")
-        if o.hidden is not None and o.hidden < 1:
-            raise InputError(f"hidden width must be at least 1, got {o.hidden}", "--hidden")
-        if o.seed is not None and o.seed < 0:
-            raise InputError(f"seed must be 0 or more, got {o.seed}", "--seed")
-        if not (0.0 <= o.dropout <= 1.0):
-            raise InputError(f"dropout must be a probability between 0 and 1, got {o.dropout}", "--dropout")
 
     def _matrix(self, name: str, a: Any) -> np.ndarray:
         title = ARRAY_TITLES[name]
@@ -270,64 +174,3 @@ class Problem:
             raise self._fail("mask", f"mask has shape {mk.shape}, which does not broadcast to the scores' shape {target} "
                                      "(batch..., queries, keys)")
         return mk
-
-
-def mask_array(a: Any, title: str, source: str) -> np.ndarray:
-    """A mask as given: boolean (0/1 integers count as boolean) or float (added to the scores)."""
-    given = np.asarray(a)
-    if given.dtype == bool:
-        return given
-    mk = numeric_array(given, title, source, allow_inf=True)
-    if np.all((mk == 0) | (mk == 1)) and not np.issubdtype(given.dtype, np.floating):
-        return mk.astype(bool)  # 0/1 integers are a boolean mask
-    return mk
-
-
-def numeric_array(a: Any, title: str, source: str, allow_inf: bool = False) -> np.ndarray:
-    """``a`` as a real float64/float32 array, or an InputError naming the array and the problem."""
-    try:
-        arr = np.asarray(host_array(a))
-    except ValueError as e:  # ragged nested lists
-        raise InputError(f"{title} is ragged: rows of different lengths ({e})", source) from None
-    if arr.dtype == object:
-        raise InputError(f"{title} is ragged or holds non-numbers (null, text, numbers too large for a float); "
-                         "expected a rectangular array of numbers", source)
-    if arr.dtype.kind in "US":
-        raise InputError(f"{title} holds text where numbers belong", source)
-    if arr.dtype.kind == "c":
-        raise InputError(f"{title} holds complex numbers; attention needs real numbers", source)
-    if arr.dtype.kind not in "biuf":
-        raise InputError(f"{title} has dtype {arr.dtype}; expected numbers", source)
-    if arr.dtype.kind == "b" and title not in ("mask",):
-        raise InputError(f"{title} holds booleans where numbers belong", source)
-    if arr.dtype.kind != "b" and title != "mask" and isinstance(a, (list, tuple)) and _holds_bool(a):
-        raise InputError(f"{title} holds true/false among its numbers; expected numbers only", source)
-    if arr.size == 0:
-        raise InputError(f"{title} is empty (shape {arr.shape})", source)
-    if arr.dtype.kind in "biu":
-        arr = arr.astype(np.float64)  # float16 stays: the engine computes it in float32 and casts back
-    bad = np.isnan(arr) if allow_inf else ~np.isfinite(arr)
-    if np.any(bad):
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        what = "NaN" if np.isnan(arr[idx]) else "an infinite value"
-        raise InputError(f"{title} holds {what} at index {list(idx)}; inputs must be finite numbers", source)
-    return arr
-
-
-def _holds_bool(a: list[Any] | tuple[Any, ...]) -> bool:
-    """Whether nested lists (from YAML/JSON) hold a bool among numbers (numpy would read it as 0/1)."""
-    stack: list[Any] = [a]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, bool):
-            return True
-        if isinstance(x, (list, tuple)):
-            stack.extend(x)
-    return False
-
-
-def printable(label: str, limit: int = 200) -> str:
-    """A label safe to print: control characters (an escape sequence in a label downloaded from
-    anywhere could clear or retitle the terminal) written as escapes, and at most ``limit`` long."""
-    out = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in label)
-    return out if len(out) <= limit else out[: limit - 1] + "…"

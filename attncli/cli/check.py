@@ -180,7 +180,7 @@ def build_multihead(inputs: list[str], opts: dict[str, Any], reader: Any) -> Any
     if not isinstance(file_opts, dict):
         raise InputError("'options' must be a mapping of option names to values", src)
     options = Options().merged({str(k).replace("-", "_"): v for k, v in file_opts.items()}, src)
-    options = options.merged(cli_options(opts), "command line")
+    options = options.merged(cli_options(opts), "command line", flags=True)
     heads = opts.get("heads") if opts.get("heads") is not None else doc.get("heads", 1)
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise InputError(f"'heads' must be a whole number, got {heads!r}", src)

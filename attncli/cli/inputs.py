@@ -131,7 +131,7 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader) -> Pr
     sources.setdefault("key_labels", file_source)
 
     options = Options().merged(_file_options(from_file.get("options"), file_source), file_source)
-    options = options.merged(cli_options(opts), "command line")
+    options = options.merged(cli_options(opts), "command line", flags=True)
     params, sources["weights"] = _score_weights(from_file.get("weights"), file_source, opts.get("weights"), reader)
     return Problem.build(arrays["q"], arrays["k"], arrays["v"], valid_lens=valid_lens, mask=mask,
                          query_labels=qlab, key_labels=klab, options=options, sources=sources, params=params)

@@ -19,7 +19,7 @@ import typer
 
 from attncli.backend import BACKENDS, DEVICES, DTYPES
 from attncli.diagnostics import SIMILARITIES
-from attncli.problem import CAUSAL_ALIGNS, MASK_CONVENTIONS
+from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS
 from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
 
 Group = list[inspect.Parameter]

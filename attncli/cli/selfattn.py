@@ -135,7 +135,7 @@ def self_command(
     if not isinstance(file_opts, dict):
         raise InputError("'options' must be a mapping of option names to values", src)
     options = Options().merged({str(k).replace("-", "_"): v for k, v in file_opts.items()}, src)
-    options = options.merged(cli_options(opts), "command line")
+    options = options.merged(cli_options(opts), "command line", flags=True)
 
     n_heads = heads if heads is not None else doc.get("heads", 1)
     if isinstance(n_heads, bool) or not isinstance(n_heads, int):
