@@ -14,6 +14,7 @@ from attncli.arrays import mask_array, numeric_array, printable
 from attncli.backend import half_type
 from attncli.errors import InputError
 from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
+from attncli.projections import Projections, head_mask, input_matrix, padding_mask
 from attncli.scoring import get_score
 from attncli.weights import prepare
 
@@ -25,21 +26,33 @@ ARRAY_TITLES = {"q": "Q", "k": "K", "v": "V", "valid_lens": "valid lengths", "ma
 
 @dataclass
 class Problem:
-    """Validated q, k, v (numpy, host), masks, labels, options and where each array came from."""
+    """Validated inputs (numpy, host), masks, labels, options and where each array came from.
 
-    q: np.ndarray  # (..., m, d_q)
-    k: np.ndarray  # (..., n, d_k)
-    v: np.ndarray  # (..., n, d_v)
+    Single-head attention: ``q``, ``k``, ``v`` are Q (..., m, d_q), K (..., n, d_k), V (..., n, d_v).
+    With ``projections`` (self-, cross- and multi-head attention) they are the inputs X, Y, Z
+    (B, T, D) that the pipeline's first stage projects to Q, K, V and splits into ``heads``:
+    one pipeline, the projections and heads an optional part of the problem.
+    """
+
+    q: np.ndarray  # (..., m, d_q); with projections: X (B, T, D)
+    k: np.ndarray  # (..., n, d_k); with projections: Y (B, S, D_k), the memory
+    v: np.ndarray  # (..., n, d_v); with projections: Z (B, S, D_v), the values' input
     valid_lens: np.ndarray | None = None  # as given: (B,), (B, m), batch or batch + (m,)
-    mask: np.ndarray | None = None  # bool or float, broadcastable to (..., m, n)
+    mask: np.ndarray | None = None  # bool or float, broadcastable to (..., m, n) (multi-head: (B, H, T, S))
     query_labels: list[str] | None = None
     key_labels: list[str] | None = None
     options: Options = field(default_factory=Options)
-    params: dict[str, np.ndarray] = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict)  # the score's learned weights
     sources: dict[str, str] = field(default_factory=dict)
+    projections: Projections | None = None  # W_q, W_k, W_v (W_o, biases): Q = X W_q + b_q, ...
+    heads: int = 1
+    padding: np.ndarray | None = None  # key padding mask (B, S) as given, True = ignore (PyTorch)
+    batch_first: bool = True  # projected inputs are (B, T, D); False: (T, B, D), PyTorch's default
 
     # ---- derived, set by validate() ----
-    batch_shape: tuple[int, ...] = ()
+    batch_shape: tuple[int, ...] = ()  # leading axes of the attention arrays (multi-head: (B, H))
+    axis_names: tuple[str, ...] = ()  # their names, for messages and views ("batch", "head")
+    batched: bool = True  # with projections: X had a batch axis (the steps drop it when not)
     query_limit: np.ndarray | None = None  # (..., m): keys j >= limit are masked (valid lens)
     result_dtype: str | None = None  # float16/bfloat16: every input came in it; computed in float32, cast back
     initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
@@ -53,16 +66,30 @@ class Problem:
         return int(self.k.shape[-2])
 
     @property
+    def d_qk(self) -> int:
+        """The width of a query (per head): what √d scales by."""
+        if self.projections is not None:
+            return self.projections.d_k // self.heads
+        return int(self.q.shape[-1])
+
+    @property
     def self_attention(self) -> bool:
-        """Q, K and V are one and the same matrix (X)."""
+        """Q, K and V (or X, Y, Z) are one and the same matrix."""
         return self.k is self.q and self.v is self.k
 
     @property
     def dtype(self) -> str:
+        """The dtype computed in: --dtype, else float32 when every input (and every given weight) is
+        float32 or a half type, else float64. One rule for single- and multi-head attention."""
         if self.options.dtype:
             return self.options.dtype
-        every_f32 = all(a.dtype in (np.float32, np.float16) for a in (self.q, self.k, self.v))  # half: in float32
-        return "float32" if every_f32 else "float64"
+        every = [self.q, self.k, self.v]
+        if self.projections is not None and not self.projections.kind.startswith("init"):
+            every += list(self.projections.arrays().values())
+        return "float32" if all(a.dtype in (np.float32, np.float16) or half_type(a) for a in every) else "float64"
+
+    def largest_input(self) -> float:
+        return max(float(np.abs(a).max()) for a in (self.q, self.k))
 
     def where(self, name: str) -> str:
         """The file (or stdin / option) an array came from, for error messages."""
@@ -83,29 +110,72 @@ class Problem:
     def validate(self) -> None:
         o = self.options
         score = get_score(o.score)
-
         k_is_q, v_is_k = self.k is self.q, self.v is self.k
         halves = {half_type(a) for a in (self.q, self.k, self.v)}
         self.result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
-        self.q = self._matrix("q", self.q)
-        self.k = self.q if k_is_q else self._matrix("k", self.k)
-        self.v = self.k if v_is_k else self._matrix("v", self.v)
-        q, k, v = self.q, self.k, self.v
-        if score.same_width and q.shape[-1] != k.shape[-1]:
-            raise self._fail("k", f"K has width {k.shape[-1]} but Q has width {q.shape[-1]}; "
-                                  f"--score {score.name} needs equal widths (use --score additive for different widths)")
-        if k.shape[-2] != v.shape[-2]:
-            raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
-        try:
-            self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
-        except ValueError:
-            raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
-                                  "(leading axes must be equal or 1)") from None
+        if self.projections is not None:
+            self._validate_projected(k_is_q, v_is_k)
+        else:
+            self.q = self._matrix("q", self.q)
+            self.k = self.q if k_is_q else self._matrix("k", self.k)
+            self.v = self.k if v_is_k else self._matrix("v", self.v)
+            q, k, v = self.q, self.k, self.v
+            if score.same_width and q.shape[-1] != k.shape[-1]:
+                raise self._fail("k", f"K has width {k.shape[-1]} but Q has width {q.shape[-1]}; --score {score.name} "
+                                      "needs equal widths (use --score additive for different widths)")
+            if k.shape[-2] != v.shape[-2]:
+                raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
+            try:
+                self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+            except ValueError:
+                raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
+                                      "(leading axes must be equal or 1)") from None
+            self.axis_names = ("batch",) * len(self.batch_shape)
+            if self.padding is not None:
+                raise InputError("a key padding mask needs projections (attncli self); use --mask here", "--key-padding-mask")
         self._check_labels()
         self.query_limit = self._valid_lens_limit()
         self.mask = self._check_mask()
-        self.params, self.initialised = prepare(score, self.params, int(q.shape[-1]), int(k.shape[-1]), o,
-                                                self.where("weights"))
+        d_k = self.d_qk if self.projections is not None else int(self.k.shape[-1])
+        self.params, self.initialised = prepare(score, self.params, self.d_qk, d_k, o, self.where("weights"))
+
+    def _validate_projected(self, k_is_q: bool, v_is_k: bool) -> None:
+        """X, Y, Z as (B, T, D); the projections against their widths and the heads; masks per head."""
+        src = {n: self.where(n) for n in ("q", "k", "v")}
+        X = input_matrix(self.q, "X", src["q"])
+        Y = X if k_is_q else input_matrix(self.k, "memory", src["k"])
+        Z = Y if v_is_k else input_matrix(self.v, "values", src["v"])
+        self.batched = X.ndim == 3
+        for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
+            if a.ndim != X.ndim:
+                raise InputError(f"{name} has shape {a.shape} but X has shape {X.shape}: both batched (B, T, D) or both not",
+                                 src[key])
+        if self.batched and not self.batch_first:
+            X, Y, Z = (np.swapaxes(a, 0, 1) for a in (X, Y, Z))  # (T, B, D) -> (B, T, D)
+        if not self.batched:
+            X, Y, Z = X[None], Y[None], Z[None]  # (T, D) -> (1, T, D)
+        B, S = X.shape[0], Y.shape[1]
+        for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
+            if a.shape[0] != B:
+                raise InputError(f"{name} has batch size {a.shape[0]} but X has {B}", src[key])
+        if Z.shape[1] != S:
+            raise InputError(f"values have {Z.shape[1]} rows but memory has {S}: each key needs one value row", src["v"])
+        self.q = X
+        self.k = X if k_is_q else Y
+        self.v = self.k if v_is_k else Z
+        what = ("X", "X" if k_is_q else "memory", "X" if k_is_q and v_is_k else ("memory" if v_is_k else "values"))
+        assert self.projections is not None
+        self.projections.check(X.shape[2], Y.shape[2], Z.shape[2], self.heads, what)
+        self.batch_shape = (B, self.heads)
+        self.axis_names = ("batch", "head") if self.batched else ("", "head")
+        if self.valid_lens is not None and not self.batched:
+            vl = np.asarray(self.valid_lens)
+            if vl.ndim == 1 and vl.shape[0] == self.m and self.m > 1:
+                self.valid_lens = vl[None]  # one length per query of the single sequence
+        if self.mask is not None:
+            self.mask = head_mask(mask_array(self.mask, "mask", self.where("mask")), B, self.heads, self.where("mask"))
+        if self.padding is not None:
+            self.padding = padding_mask(self.padding, B, S, self.batched, self.where("key_padding_mask"))
 
     # ---- pieces of validate ----
 
