@@ -4,9 +4,10 @@
     output = concat(head_0, ..., head_{H-1}) W_o + b_o
 
 The computation itself is the one pipeline (attncli.engine). Weights use the textbook
-convention ``Q = X @ W_q`` (``W_q`` has shape ``(d_model, d_k)``). PyTorch state dicts of ``nn.MultiheadAttention`` and of modules with ``nn.Linear`` layers
-named ``W_q, W_k, W_v, W_o`` (d2l) or ``q, k, v`` (the notes) are recognised and converted
-(transposed); ``WEIGHT_FORMATS`` is the registry of what is recognised.
+convention ``Q = X @ W_q`` (``W_q`` has shape ``(d_model, d_k)``). PyTorch state dicts of
+``nn.MultiheadAttention`` and of modules with ``nn.Linear`` layers named ``W_q, W_k, W_v, W_o``
+(d2l) or ``q, k, v`` (the notes) are recognised and converted (transposed); ``WEIGHT_FORMATS``
+is the registry of what is recognised.
 """
 
 from __future__ import annotations
