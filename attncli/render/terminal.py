@@ -191,7 +191,9 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
         if after is not None:
             after(idx)
     if len(entries) > limit:
-        console.print(Text(f"{ELLIPSIS} {len(entries) - limit} more batch entries not shown "
+        names = trace.meta.get("batch_axes") or []
+        what = "heads" if names == ["head"] else f"({', '.join(names)}) entries" if len(names) > 1 else "batch entries"
+        console.print(Text(f"{ELLIPSIS} {len(entries) - limit} more {what} not shown "
                            "(use --full to show all, or --save FILE.npz)", style="italic"))
     console.print()
 
