@@ -466,12 +466,14 @@ class Layer:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0,
-                  past_kv: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0, past_kv: tuple[Any, Any] | None = None,
+                  tables: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[Any, Any]:
     """(output, weights) of one layer built from attncli.modern's stages: THE COMPOSITION THE PIPELINE MUST EQUAL.
 
     x (B, T, E): T new tokens at positions q_offset..q_offset+T-1; past_kv: the cache's (K, V),
-    (B, G, P, d), already rotated (as HF caches them). Causal masking always.
+    (B, G, P, d), already rotated (as HF caches them). Causal masking always. ``tables``: (cos, sin)
+    to rotate with instead of rope_cos_sin's (only the exact float64 check passes the reference's own,
+    to tell the composition from the last-ulp rounding of torch's float32 cos/sin).
     """
     dt, dev = x.dtype, None
     B, T, _ = (int(n) for n in x.shape)
@@ -495,7 +497,7 @@ def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0,
     if p.rope is not None:
         r = M.check_rope(d, p.rotary_dim, p.rope)
         inv, factor = M.rope_inv_freq(r, p.rope_base, p.rope_scaling, p.max_positions)
-        cos, sin = M.rope_cos_sin(q_pos, inv, factor, p.rope)  # float32 tables, cast to x's dtype, as HF
+        cos, sin = M.rope_cos_sin(q_pos, inv, factor, p.rope) if tables is None else tables  # float32, as HF
         q, k = M.rotate(xp, q, cos, sin, p.rope, r), M.rotate(xp, k, cos, sin, p.rope, r)
     if past_kv is not None:
         k, v = xp.concat([past_kv[0], k], axis=2), xp.concat([past_kv[1], v], axis=2)  # (B, G, P + T, d)
@@ -630,6 +632,7 @@ def run_hf(model: Any, attn: Any, x: np.ndarray, dtype: str) -> tuple[np.ndarray
     def pre(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         seen["x"] = args[0] if args else kwargs["hidden_states"]
         seen["residual"] = args[1] if len(args) > 1 else kwargs.get("residual")
+        seen["tables"] = kwargs.get("position_embeddings")
 
     def post(mod: Any, args: Any, kwargs: Any, out: Any) -> None:
         seen["out"], seen["w"] = out[0], out[1]
@@ -677,28 +680,56 @@ def test_whole_layer_equals_hf_module(models: dict[str, Any], case: str, dtype: 
     model.float()
 
 
-def test_kv_cache_step_equals_the_full_sequence_rows(models: dict[str, Any]) -> None:
+EXACT_F64 = ["llama-gqa-rope", "llama-yarn", "llama3-rope", "mistral-window", "gemma2", "gpt-oss", "neox-partial"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", EXACT_F64)
+def test_whole_layer_float64_exact(models: dict[str, Any], case: str, backend: str,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module made to run wholly in float64: torch's softmax in the input's dtype (HF asks for float32),
+    and our composition rotating with the module's own (float32-computed) cos/sin tables."""
+    softmax = F.softmax
+
+    def softmax64(x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Any:
+        return softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
+
+    monkeypatch.setattr(F, "softmax", softmax64)
+    model, attn, make = models[case]
+    x = np.random.default_rng(13).normal(size=(2, 7, model.config.hidden_size))
+    hx, out, w, seen = run_hf(model, attn, x, "float64")
+    cos, sin = (host(t[0]) for t in seen["tables"])  # (T, r), the same for both batch rows
+    if case == "gpt-oss":  # its _apply_rotary_emb takes (T, r/2) tables: first_half·cos - second_half·sin, ...
+        cos, sin = np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)  # = rotate_half with cat(θ, θ)
+    ours, ow = compose_layer(namespace(backend), on(backend, hx, "float64"), make(), tables=(cos, sin))
+    assert err(ow, w) < 1e-10 and err(ours, out) < 1e-10
+    model.float()
+
+
+@pytest.mark.parametrize("case", ["llama-gqa-rope", "mistral-window", "gpt-oss"])
+def test_kv_cache_step_equals_the_full_sequence_rows(models: dict[str, Any], case: str) -> None:
     """HF generation with past_key_values: m new tokens over the cache = the full run's last m rows,
-    and our composition with q_offset = past gives the same logits."""
-    model, attn, make = models["llama-gqa-rope"]
+    and our composition with q_offset = past gives the same logits (RoPE + causal, window, sinks)."""
+    model, attn, make = models[case]
     rng = np.random.default_rng(11)
     x = rng.normal(size=(1, 9, model.config.hidden_size)).astype(np.float32)
     past, m = 6, 3
     with torch.no_grad():
-        full = model(inputs_embeds=torch.from_numpy(x), output_attentions=True)
+        full = model.float()(inputs_embeds=torch.from_numpy(x), output_attentions=True)
         first = model(inputs_embeds=torch.from_numpy(x[:, :past]), use_cache=True)
         step = model(inputs_embeds=torch.from_numpy(x[:, past:]), past_key_values=first.past_key_values,
                      output_attentions=True)
-    assert err(step.attentions[0], full.attentions[0][:, :, past:]) < 1e-6  # the reference agrees with itself
+    ref = step.attentions[0]  # (1, H, m, kept keys): a sliding layer's cache may keep only the last keys
+    kept = int(ref.shape[-1])
+    assert err(ref, full.attentions[0][:, :, past:, 9 - kept:]) < 1e-6  # the reference agrees with itself
     p = make()
     _, _, _, seen = run_hf(model, attn, x, "float32")  # the attention input of the full run
     hx = host(seen["x"])
     _, w_full = compose_layer(np, hx, p)
     compose_layer(np, hx[:, :past], p)
-    cache = p.extra["cache"]
-    _, w_step = compose_layer(np, hx[:, past:], p, q_offset=past, past_kv=cache)
-    assert w_step.shape == (1, 4, m, 9)
-    assert err(w_step, step.attentions[0]) < 1e-5
+    _, w_step = compose_layer(np, hx[:, past:], p, q_offset=past, past_kv=p.extra["cache"])
+    assert w_step.shape == (1, p.heads, m, 9)
+    assert err(w_step[..., 9 - kept:], ref) < 1e-5 and not w_step[..., :9 - kept].any()
     assert err(w_step, w_full[:, :, past:]) < 1e-6
 
 
