@@ -8,6 +8,7 @@ the reference named in ``shared/CONVENTIONS.md`` to rounding; tests/test_modern_
 runs each reference (transformers, torch) beside it.
 
     expand_kv      K/V heads (..., G, S, d) -> (..., G·r, S, d): query head h reads K/V head h // r
+    group_queries  the same pairing without copies: Q (..., G·r, T, d) -> (..., G, r·T, d)
     rope_inv_freq  inverse frequencies (dim/2,) and the cos/sin factor of a rope_scaling
     rope_cos_sin   cos, sin (T, rotary_dim) at the positions, in float32 as HF
     rotate         x·cos + rotate_half(x)·sin (or rotate_every_two) on the first rotary_dim features
@@ -63,6 +64,24 @@ def expand_kv(xp: Any, a: Any, n_rep: int) -> Any:
     *lead, g, s, d = (int(x) for x in a.shape)
     e = xp.broadcast_to(a[..., :, None, :, :], (*lead, g, n_rep, s, d))  # (..., G, 1, S, d) -> (..., G, r, S, d)
     return xp.reshape(e, (*lead, g * n_rep, s, d))  # (..., G, r, S, d) -> (..., G·r, S, d), head g·r + t reads g
+
+
+def group_queries(xp: Any, q: Any, n_rep: int) -> Any:
+    """Grouped-query heads without copying K/V: row t·T + i of group g is head g·r + t. (..., G·r, T, d) -> (..., G, r·T, d)
+
+    Then (..., G, r·T, d) x (..., G, d, S) -> (..., G, r·T, S) scores each group against its own
+    K/V (the same numbers as :func:`expand_kv`, without the r copies: for the output-only path).
+    A (T, S) mask or bias repeats r times down the rows (``np.tile(a, (r, 1))``); a per-head
+    (H, T, S) one reshapes to (G, r·T, S). :func:`ungroup_heads` undoes it.
+    """
+    *lead, h, t, d = (int(x) for x in q.shape)
+    return xp.reshape(q, (*lead, h // n_rep, n_rep * t, d))  # (..., G·r, T, d) -> (..., G, r·T, d): heads are contiguous
+
+
+def ungroup_heads(xp: Any, a: Any, n_rep: int) -> Any:
+    """The inverse of :func:`group_queries`. (..., G, r·T, X) -> (..., G·r, T, X)"""
+    *lead, g, rt, x = (int(n) for n in a.shape)
+    return xp.reshape(a, (*lead, g * n_rep, rt // n_rep, x))  # (..., G, r·T, X) -> (..., G·r, T, X)
 
 
 # ---- rotary position embedding --------------------------------------------------------------

@@ -85,6 +85,24 @@ def test_expand_kv_equals_repeat_kv_and_sdpa_enable_gqa(backend: str, dtype: str
         assert err(ours, tiled) > 0.1
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_queries_equals_sdpa_enable_gqa_with_a_window(backend: str) -> None:
+    rng = np.random.default_rng(15)
+    H, G, T, S, d, W = 6, 2, 4, 9, 5, 3
+    q, k, v = rng.normal(size=(2, H, T, d)), rng.normal(size=(2, G, S, d)), rng.normal(size=(2, G, S, 3))
+    keep = M.window_keep(S - T + np.arange(T), np.arange(S), W)  # (T, S), bottom-right
+    t = {n: torch.from_numpy(a) for n, a in dict(q=q, k=k, v=v).items()}
+    ref = F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=torch.from_numpy(keep), enable_gqa=True)
+    xp = namespace(backend)
+    r = H // G
+    g = M.group_queries(xp, on(backend, q, "float64"), r)  # (2, G, r·T, d)
+    s = g @ xp.matrix_transpose(on(backend, k, "float64")) / math.sqrt(d)  # (2,G,r·T,d) x (2,G,d,S) -> (2,G,r·T,S)
+    s = xp.where(on(backend, np.tile(keep, (r, 1)), "bool"), s, xp.asarray(-math.inf, dtype=s.dtype))
+    e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+    out = M.ungroup_heads(xp, (e / xp.sum(e, axis=-1, keepdims=True)) @ on(backend, v, "float64"), r)  # (2, H, T, 3)
+    assert err(out, ref) < 1e-12
+
+
 # ---- RoPE tables: LlamaRotaryEmbedding for each rope_type ------------------------------------------
 
 SCALINGS: dict[str, dict[str, Any] | None] = {
@@ -172,6 +190,38 @@ def test_gptj_rotate_every_two_partial() -> None:
     ours = M.rotate(np, np.swapaxes(x, 1, 2), c, s, "interleaved", rotary_dim=rot)  # (B, H, T, d)
     assert err(np.swapaxes(ours, 1, 2), ref) < 1e-6  # tables within an ulp of torch's float32 sin/cos
     assert err(ours[..., rot:], np.swapaxes(x, 1, 2)[..., rot:]) == 0.0
+
+
+def meta_apply_rotary_emb(xq: Any, freqs_cis: Any) -> Any:
+    """facebookresearch/llama model.py ``apply_rotary_emb`` (features as complex pairs), for (B, T, H, d),
+    with ``precompute_freqs_cis``'s table given; the .float() casts dropped so it runs in float64."""
+    xq_ = torch.view_as_complex(xq.reshape(*xq.shape[:-1], -1, 2))
+    return torch.view_as_real(xq_ * freqs_cis.view(1, xq_.size(1), 1, xq_.size(-1))).flatten(3)
+
+
+def hf_permute(w: Any, n_heads: int, dim1: int, dim2: int) -> Any:
+    """transformers' convert_llama_weights_to_hf.py ``permute``: Meta's q/k rows to HF's rotate_half order."""
+    return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+
+
+def test_interleaved_equals_meta_complex_rope_and_hf_permuted_half() -> None:
+    rng = np.random.default_rng(14)
+    B, T, H, d, E = 1, 6, 2, 8, 16
+    x, wq = rng.normal(size=(B, T, E)), rng.normal(size=(H * d, E))
+    inv = M.rope_inv_freq(d, 10000.0, None)[0]
+    theta = torch.outer(torch.arange(T, dtype=torch.float64), torch.from_numpy(inv).double())  # precompute_freqs_cis
+    freqs_cis = torch.polar(torch.ones_like(theta), theta)
+    q = (x @ wq.T).reshape(B, T, H, d)  # (B, T, E) x (E, H·d) -> (B, T, H, d)
+    ref = meta_apply_rotary_emb(torch.from_numpy(q), freqs_cis).numpy()
+    c, s = M.rope_cos_sin(np.arange(T), inv, 1.0, "interleaved", dtype="float64")
+    ours = M.rotate(np, np.swapaxes(q, 1, 2), c, s, "interleaved")  # (B, H, T, d)
+    assert err(np.swapaxes(ours, 1, 2), ref) < 1e-12
+    # HF's converter permutes the rows of W_q so that rotate_half on its output gives Meta's scores
+    wq_hf = hf_permute(torch.from_numpy(wq), H, H * d, E).numpy()
+    ch, sh = M.rope_cos_sin(np.arange(T), inv, 1.0, "half", dtype="float64")
+    q_hf = M.rotate(np, np.swapaxes((x @ wq_hf.T).reshape(B, T, H, d), 1, 2), ch, sh, "half")
+    assert err(q_hf @ np.swapaxes(q_hf, -1, -2), ours @ np.swapaxes(ours, -1, -2)) < 1e-10
+    assert err(q_hf, ours) > 1e-3  # the features differ in order; only the scores agree
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -736,11 +786,11 @@ def test_kv_cache_step_equals_the_full_sequence_rows(models: dict[str, Any], cas
 # ---- FlexAttention score_mod / mask_mod --------------------------------------------------------------
 
 
-def test_flex_attention_alibi_softcap_window() -> None:
+def test_flex_attention_alibi_softcap_window_gqa() -> None:
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     rng = np.random.default_rng(12)
-    H, T, d, W, cap = 3, 8, 4, 3, 1.5
-    q, k, v = (rng.normal(size=(1, H, T, d)) * 2 for _ in range(3))
+    H, G, T, d, W, cap = 4, 2, 8, 4, 3, 1.5
+    q, k, v = rng.normal(size=(1, H, T, d)) * 2, rng.normal(size=(1, G, T, d)) * 2, rng.normal(size=(1, G, T, d))
     slopes = torch.from_numpy(M.alibi_slopes(H))
 
     def score_mod(score: Any, b: Any, h: Any, i: Any, j: Any) -> Any:
@@ -755,10 +805,12 @@ def test_flex_attention_alibi_softcap_window() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "called without torch.compile": the unfused reference is what we want
         block = flex.create_block_mask(mask_mod, 1, H, T, T, device="cpu")
-        ref = flex.flex_attention(*(torch.from_numpy(a) for a in (q, k, v)), score_mod=score_mod, block_mask=block)
-    s = M.softcap(np, q @ np.swapaxes(k, -1, -2) * d ** -0.5, cap)  # (1,H,T,d) x (1,H,d,T) -> (1,H,T,T)
-    s = np.where(M.window_keep(np.arange(T), np.arange(T), W), s + M.alibi_bias(M.alibi_slopes(H), np.arange(T),
-                                                                              np.arange(T)), -np.inf)
+        ref = flex.flex_attention(*(torch.from_numpy(a) for a in (q, k, v)), score_mod=score_mod, block_mask=block,
+                                  enable_gqa=True)
+    kk, vv = M.expand_kv(np, k, H // G), M.expand_kv(np, v, H // G)
+    s = M.softcap(np, q @ np.swapaxes(kk, -1, -2) * d ** -0.5, cap)  # (1,H,T,d) x (1,H,d,T) -> (1,H,T,T)
+    pos = np.arange(T)
+    s = np.where(M.window_keep(pos, pos, W), s + M.alibi_bias(M.alibi_slopes(H), pos, pos), -np.inf)
     w = np.exp(s - s.max(-1, keepdims=True))
-    out = (w / w.sum(-1, keepdims=True)) @ v
+    out = (w / w.sum(-1, keepdims=True)) @ vv
     assert err(out, ref) < 1e-10
