@@ -17,7 +17,6 @@ PyTorch's fused kernel (attncli.fast), and which rows a big view computes.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -99,7 +98,7 @@ def run(problem: Problem, how: Plan | None = None, backend: Backend | None = Non
     trace.meta.update(score=score.name, score_formula=score.formula, backend=be.name, device=be.device_name(), dtype=dt)
     projected = problem.projections is not None
     if projected:
-        core, q, k, v, w = _project(problem, be, trace)
+        core, q, k, v, w = _project_inputs(problem, be, trace)
     else:
         core, w = problem, {}
         q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
@@ -110,10 +109,10 @@ def run(problem: Problem, how: Plan | None = None, backend: Backend | None = Non
     record_params(problem, params, trace)
     out = _attention(core, be, q, k, v, params, trace, how, progress, "head_output" if projected else "output")
     if projected:
-        out = _merge(problem, be, trace, out, w)
+        _merge(problem, be, trace, out, w)
     if problem.result_dtype:  # half inputs: computed in float32, the output rounded back
-        out = be.cast(out, problem.result_dtype)
-        trace.steps[-1 if not projected else _index(trace, "output")].values = out
+        final = trace.step("output")
+        final.values = be.cast(final.values, problem.result_dtype)
     return trace
 
 
@@ -124,7 +123,7 @@ def _index(trace: Trace, name: str) -> int:
 # ---- 1) project, 2) split ---------------------------------------------------------------------
 
 
-def _project(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, Any, Any, Any, dict[str, Any]]:
+def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, Any, Any, Any, dict[str, Any]]:
     """Project X, Y, Z and split them into heads: the steps x, W_*, q, k, v; returns the problem of
     the per-head attention (its Q, K, V the split projections) and the split arrays on the backend."""
     proj = problem.projections
@@ -279,7 +278,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
 # ---- 9) merge ---------------------------------------------------------------------------------------
 
 
-def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> Any:
+def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> None:
     """The heads side by side (concat), W_o and b_o, the head-averaged weights; the per-head steps
     marked as such; an unbatched input's batch axis dropped from every step."""
     xp, H = be.xp, problem.heads
@@ -317,20 +316,21 @@ def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str,
             if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}:
                 s.values = s.values[0]
         t.dead = None if t.dead is None else t.dead[0]
-        t.warnings = [re.sub(r" \(head (\d+)\)", r" (head \1)", m) for m in t.warnings]
-    return out
+
 
 
 def _output_rows_note(problem: Problem, dead: np.ndarray, has_b_o: bool, has_o: bool) -> list[str]:
     """What a query whose every head is fully masked gets as its output row: b_o (or zero)."""
-    every = np.broadcast_to(dead, problem.batch_shape + (problem.m,)).all(axis=1)  # (B, T)
-    if not every.any():
-        return []
-    labels = problem.query_labels
-    rows = [f"{labels[i]!r}" if labels else str(i) for i in sorted({int(i) for i in np.argwhere(every)[:, 1]})][:10]
-    what = "b_o" if has_b_o else "zero"
-    return [f"query {', '.join(rows)}: every head is fully masked, so the final output row is {what}"
-            + (" (the zero concat times W_o, plus b_o)" if has_o and has_b_o else "")]
+    every = np.asarray(np.broadcast_to(dead, problem.batch_shape + (problem.m,)).all(axis=1))  # (B, T)
+    labels, out = problem.query_labels, []
+    what = "b_o (the zero concat times W_o, plus b_o)" if has_o and has_b_o else "zero"
+    for b in range(every.shape[0]):
+        rows = [f"{labels[i]!r}" if labels else str(i) for i in np.flatnonzero(every[b])]
+        if rows:
+            where = f" (batch {b})" if problem.batched else ""
+            shown = ", ".join(rows[:10]) + (f" and {len(rows) - 10} more" if len(rows) > 10 else "")
+            out.append(f"query {shown}{where}: every head is fully masked, so the final output row is {what}")
+    return out
 
 
 def _lead(problem: Problem) -> Callable[[Any], Any]:

@@ -385,7 +385,7 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
         i1 = min(m, i0 + step)
         keep, bias = stages.masks(problem, be, rows=(i0, i1))
         if bias is not None:  # a float mask: masked keys at -inf, the others shifted by the mask
-            attn = bias if keep is None else torch.where(keep, bias, torch.tensor(-math.inf, dtype=q.dtype, device=be.device))
+            attn = stages.apply_mask(be.xp, bias, keep, None, -math.inf)  # masked keys at -inf, the others shifted
             rows_dead = ~(attn > -math.inf).any(dim=-1)
         else:
             attn, rows_dead = keep, ~keep.any(dim=-1)

@@ -234,7 +234,7 @@ def dead_row_messages(problem: Problem, dead: np.ndarray) -> list[str]:
     dead = np.broadcast_to(dead, problem.batch_shape + (problem.m,))
     labels, mv = problem.query_labels, problem.options.mask_value
     names = problem.axis_names
-    what = "its weights and head output are zero" if problem.projections is not None else "its weights and output are zero"
+    what = "its weights and head output are zero" if "head" in names else "its weights and output are zero"
     out = []
     for idx in np.argwhere(dead)[:10]:
         *b, i = (int(x) for x in idx)
