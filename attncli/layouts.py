@@ -535,10 +535,27 @@ def _tl(c: Ctx) -> None:
     ln = c.block + "ln1."
     if c.has(ln + "w"):
         _norm(c, "layernorm" if c.has(ln + "b") else "rms", ln + "w", ln + "b", eps=1e-5)
-    if c.has(a + "rotary_sin"):
-        f.rope = "half"  # TransformerLens' default (rotary_adjacent_pairs=False), as GPT-NeoX
-        f.rotary_dim = int(c.ckpt.tensors[a + "rotary_sin"].shape[-1])
-        f.extra["rope_note"] = "rotary_sin/rotary_cos are stored; rotary_adjacent_pairs=True would be 'interleaved'"
+    if c.has(a + "rotary_sin") and c.has(a + "rotary_cos"):
+        _tl_rope(c, c.get(a + "rotary_sin"), c.get(a + "rotary_cos"), a)
+
+
+def _tl_rope(c: Ctx, sin: np.ndarray, cos: np.ndarray, a: str) -> None:
+    """RoPE from TransformerLens' stored tables sin/cos (n_ctx, rotary_dim) = f(pos · freq): the frequencies
+    repeat as [f0..fk, f0..fk] (rotate_half, the default) or [f0, f0, f1, f1, ...] (rotary_adjacent_pairs),
+    and the base follows from freq_1 = base^(-2/rotary_dim)."""
+    f = c.facts
+    if sin.ndim != 2 or sin.shape[0] < 2 or sin.shape[1] < 4 or sin.shape[1] % 2:
+        return
+    rd = sin.shape[1]
+    row_s, row_c = np.asarray(sin[1], np.float64), np.asarray(cos[1], np.float64)  # position 1: the angles are freqs
+    freq = np.arctan2(row_s, row_c)
+    f.rope = "interleaved" if abs(freq[1] - freq[0]) < 1e-6 else "half"
+    f1 = freq[2] if f.rope == "interleaved" else freq[1]
+    f.rotary_dim = rd
+    if f1 > 0:
+        base = float(f1 ** (-rd / 2))
+        f.rope_base = float(round(base)) if abs(base - round(base)) < 1e-3 * base else base
+    f.extra["rope_from"] = f"{a}rotary_sin, {a}rotary_cos (the tables TransformerLens stores)"
 
 
 @layout("mha", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.(?:[^.]+\.)*?self_attn\.in_proj_weight$",
@@ -548,6 +565,13 @@ def _mha(c: Ctx) -> None:
     w = c.get(a + "in_proj_weight")
     if w.ndim != 2 or w.shape[0] != 3 * w.shape[1]:
         raise c.fail(f"tensor {a + 'in_proj_weight'!r} has shape {w.shape}; expected (3E, E)")
+    _mha_parts(c, a, w)
+
+
+def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
+    """nn.MultiheadAttention's in_proj_weight (3E, E) = [W_q; W_k; W_v] by rows, each nn.Linear (out, in)."""
+    if a + "bias_k" in c.ckpt:
+        raise c.fail(f"holds {a}bias_k: nn.MultiheadAttention(add_bias_kv=True) is not supported")
     E = w.shape[1]
     b = c.get(a + "in_proj_bias") if c.has(a + "in_proj_bias") else None
     for i, t in enumerate(("W_q", "W_k", "W_v")):
@@ -557,6 +581,16 @@ def _mha(c: Ctx) -> None:
     c.linear("W_o", a + "out_proj.weight", a + "out_proj.bias")
     _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=E)
     c.facts.extra["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
+
+
+@layout("mha-module", r"^(?P<stack>(?:.*\.)?)in_proj_weight$",
+        "one nn.MultiheadAttention: in_proj_weight (3E, E), in_proj_bias, out_proj (a single layer)")
+def _mha_module(c: Ctx) -> None:
+    a = c.stack  # the module itself: no layer index in its names
+    w = c.get(a + "in_proj_weight")
+    if w.ndim != 2 or w.shape[0] != 3 * w.shape[1]:
+        raise c.fail(f"tensor {a + 'in_proj_weight'!r} has shape {w.shape}; expected (3E, E)")
+    _mha_parts(c, a, w)
 
 
 # ---- finding the layout and the layer ----------------------------------------------------------
@@ -575,7 +609,8 @@ def find_layouts(names: list[str]) -> list[Found]:
         for lay in LAYOUTS.values():
             m = lay.marker.match(name)
             if m:
-                found.setdefault((lay.name, m.group("stack")), set()).add(int(m.group("n")))
+                n = m.groupdict().get("n")
+                found.setdefault((lay.name, m.group("stack")), set()).add(int(n) if n is not None else 0)
                 break
     return [Found(LAYOUTS[k], s, sorted(v)) for (k, s), v in found.items()]
 
@@ -671,7 +706,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     found = find_layouts(names)
     out["stacks"] = []
     for f in found:
-        first = f"{f.stack}{f.layers[0]}."
+        first = f"{f.stack}{f.layers[0]}." if "(?P<n>" in f.layout.marker.pattern else f.stack
         attn = [{"name": n, "shape": list(ckpt.tensors[n].shape), "dtype": ckpt.tensors[n].dtype}
                 for n in names if n.startswith(first) and _is_attention(n[len(first):])]
         entry: dict[str, Any] = {"layout": f.layout.name, "description": f.layout.description,
@@ -707,17 +742,21 @@ def _facts_only(ckpt: Checkpoint, f: Found) -> dict[str, Any]:
 
 
 class _HeaderOnly:
-    """A Checkpoint stand-in whose tensors are zero-stride arrays of the right shape: readers run on
-    headers alone (no tensor data is mapped or read) so inspect can report the facts and origins."""
+    """A Checkpoint stand-in whose large tensors are zero-stride arrays of the right shape: readers run
+    on headers (and small tensors only), so inspect reports facts and origins without reading weights."""
+
+    SMALL = 64 << 10  # tensors up to this size (norms, biases, rotary tables) are read for real
 
     def __init__(self, ckpt: Checkpoint) -> None:
-        self.source, self.tensors, self.config = ckpt.source, ckpt.tensors, ckpt.config
+        self.ckpt, self.source, self.tensors, self.config = ckpt, ckpt.source, ckpt.tensors, ckpt.config
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
     def tensor(self, name: str) -> np.ndarray:
         info = self.tensors[name]
+        if info.nbytes <= self.SMALL:
+            return self.ckpt.tensor(name)
         return np.broadcast_to(np.zeros((), np.float32), info.shape)
 
 
