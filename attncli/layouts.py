@@ -706,28 +706,25 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     found = find_layouts(names)
     out["stacks"] = []
     for f in found:
-        first = f"{f.stack}{f.layers[0]}." if "(?P<n>" in f.layout.marker.pattern else f.stack
-        attn = [{"name": n, "shape": list(ckpt.tensors[n].shape), "dtype": ckpt.tensors[n].dtype}
-                for n in names if n.startswith(first) and _is_attention(n[len(first):])]
         entry: dict[str, Any] = {"layout": f.layout.name, "description": f.layout.description,
                                  "prefix": f.stack.rstrip("."), "layers": len(f.layers),
-                                 "layer_range": _layer_range(f.layers), "layer_tensors": attn}
+                                 "layer_range": _layer_range(f.layers)}
+        used: set[str] = set()
         try:
             entry["facts"] = _facts_only(ckpt, f)
+            used = {re.split(r"[ \[ᵀ]", o, maxsplit=1)[0] for o in entry["facts"]["origin"].values()}
         except InputError as e:
             entry["error"] = str(e)
+        marker = next(n for n in names if (m := f.layout.marker.match(n)) and m.group("stack") == f.stack
+                      and int(m.groupdict().get("n") or 0) == f.layers[0])
+        module = marker.removesuffix(".weight").removesuffix(".bias").rsplit(".", 1)[0] + "."  # the attention module
+        entry["layer_tensors"] = [{"name": n, "shape": list(ckpt.tensors[n].shape), "dtype": ckpt.tensors[n].dtype}
+                                  for n in names if n in used or n.startswith(module)]
         out["stacks"].append(entry)
     if not found:
         out["unsupported"] = _unsupported(names)
         out["tensor_names"] = names[:40]
     return out
-
-
-ATTENTION_WORDS = ("attn", "attention", "SelfAttention", "layernorm", "layer_norm", "ln_1", "ln1")
-
-
-def _is_attention(rest: str) -> bool:
-    return any(w in rest.split(".")[0] or w in rest for w in ATTENTION_WORDS) and "mlp" not in rest
 
 
 def _facts_only(ckpt: Checkpoint, f: Found) -> dict[str, Any]:

@@ -245,14 +245,16 @@ PEAK = textwrap.dedent("""
             return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
 
     path, layer = sys.argv[1], int(sys.argv[2])
+    start = peak()
     ck = open_checkpoint(path)  # headers only
     info = inspect_checkpoint(path)
+    inspected = peak() - start
     before = peak()  # the interpreter's baseline: imports, headers, inspect
     la = load_layer(ck, layer)
     total = sum(float(np.sum(a, dtype=np.float64)) for a in la.arrays.values())  # touches every byte
     after = max(rss(), peak())
     layer_bytes = sum(a.nbytes for a in la.arrays.values())
-    print(before, after, layer_bytes, total, info["stacks"][0]["layers"])
+    print(before, after, layer_bytes, total, info["stacks"][0]["layers"], inspected)
 """)
 
 
@@ -282,9 +284,38 @@ def test_peak_memory_of_one_layer_of_a_1gb_sharded_checkpoint(tmp_path: Path) ->
                                                       "num_key_value_heads": 16, "hidden_size": E}))
     out = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path), "17"], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parent.parent)
-    before, after, layer_bytes, total, layers = out.stdout.split()
+    before, after, layer_bytes, total, layers, inspected = out.stdout.split()
+    assert int(inspected) < 4 << 20  # headers only: a few MiB at most for 128 tensors of a 1 GiB checkpoint
     assert int(layer_bytes) == 4 * per and float(total) == 0.0 and int(layers) == L
     grew = int(after) - int(before)
     print(f"peak RSS grew {grew / 2**20:.1f} MiB reading one layer of {int(layer_bytes) / 2**20:.0f} MiB "
           f"from a {L * 4 * per / 2**30:.0f} GiB checkpoint")
     assert grew < 1.5 * int(layer_bytes), f"reading one layer of {int(layer_bytes) >> 20} MiB grew RSS by {grew >> 20} MiB"
+
+
+def test_inspect_command(tmp_path: Path) -> None:
+    """`attncli inspect` as a table and as JSON; bad checkpoints exit 2 with one line naming file and tensor."""
+    from typer.testing import CliRunner
+
+    from attncli.cli import app
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MistralConfig(hidden_size=16, intermediate_size=8, num_hidden_layers=3, num_attention_heads=2,
+                                        num_key_value_heads=1, vocab_size=20, sliding_window=5)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
+    runner = CliRunner()
+    res = runner.invoke(app, ["inspect", str(tmp_path / "m"), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    (stack,) = info["stacks"]
+    assert (stack["layout"], stack["layers"], info["model_type"]) == ("llama", 3, "mistral")
+    shapes = {t["name"]: t["shape"] for t in stack["layer_tensors"]}
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == [8, 16]  # one K/V head of 8
+    assert stack["facts"]["window"] == 5 and "window" in stack["facts"]["from_config"]
+    res = runner.invoke(app, ["inspect", str(tmp_path / "m")])
+    assert res.exit_code == 0 and "model.layers.0.self_attn.q_proj.weightᵀ" in res.stdout
+    bad = write_raw(tmp_path / "bad.safetensors", {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"")
+    res = runner.invoke(app, ["inspect", str(bad)])
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "'w'" in lines[0]
