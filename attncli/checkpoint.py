@@ -353,9 +353,15 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     config, config_path = None, None
     cfg = folder / CONFIG
     if cfg.is_file():
-        config, config_path = _read_json(cfg, "model config"), str(cfg)
-        text = config.get("text_config")  # multimodal models (Gemma 3): the language model's settings
-        if isinstance(text, dict) and "num_attention_heads" not in config:
+        try:
+            config, config_path = _read_json(cfg, "model config"), str(cfg)
+        except InputError:
+            if p.is_dir():  # a model folder's own config must be readable
+                raise
+        if not p.is_dir() and config is not None and not {"model_type", "architectures"} & set(config):
+            config, config_path = None, None  # some other program's config.json beside a weights file
+        text = config.get("text_config") if config is not None else None  # multimodal (Gemma 3): the language model's
+        if config is not None and isinstance(text, dict) and "num_attention_heads" not in config:
             config = {**text, "model_type": text.get("model_type", config.get("model_type")),
                       "architectures": config.get("architectures")}
     return Checkpoint(source, tensors, config, config_path, files, _torch=keep)

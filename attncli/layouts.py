@@ -289,10 +289,10 @@ def _window(c: Ctx) -> None:
     if w is None:
         return
     kind = _layer_type(c)
+    if kind == "chunked_attention":
+        raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
     if kind is not None:
-        slides = kind in ("sliding_attention", "chunked_attention") and kind != "chunked_attention"
-        if kind == "chunked_attention":
-            raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
+        slides = kind == "sliding_attention"
     else:
         rule = SLIDING_RULES.get(str(cfg.get("model_type")))
         slides = rule(c.layer, cfg) if rule is not None else True
@@ -320,13 +320,15 @@ def _llama(c: Ctx) -> None:
     if c.has(a + "sinks"):
         c.put("sinks", c.get(a + "sinks"), a + "sinks")
         c.facts.sinks = True
-    d_norm = c.arrays["q_norm"].shape[0] if "q_norm" in c.arrays else None
-    _heads(c, "num_attention_heads", width=c.arrays["W_q"].shape[1])
-    if c.facts.head_dim is None and d_norm:
-        c.facts.head_dim = d_norm
-    if c.facts.heads is None and c.facts.head_dim:
-        c.facts.heads = c.arrays["W_q"].shape[1] // c.facts.head_dim
-        c.facts.kv_heads = c.arrays["W_k"].shape[1] // c.facts.head_dim
+    f, width, kv_width = c.facts, c.arrays["W_q"].shape[1], c.arrays["W_k"].shape[1]
+    _heads(c, "num_attention_heads", width=None)
+    if f.head_dim is None:  # no head_dim in the config: q_norm's width, else the model width / heads
+        f.head_dim = (c.arrays["q_norm"].shape[0] if "q_norm" in c.arrays
+                      else width // f.heads if f.heads and width % f.heads == 0 else None)
+    if f.heads is None and f.head_dim:
+        f.heads = width // f.head_dim
+    if "kv_heads" not in f.from_config and f.head_dim:  # grouped-query heads follow from k_proj's width
+        f.kv_heads = kv_width // f.head_dim
     if "q_norm" in c.arrays:
         c.facts.qk_norm = "rms1p" if gemma else "rms"
         c.conf("qk_norm_eps", "rms_norm_eps", default=1e-6, cast=float)

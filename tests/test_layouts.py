@@ -191,9 +191,10 @@ def hooks(attn: Any, out_mod: Any, got: dict[str, Any]) -> tuple[Any, Any]:
     return attn.register_forward_pre_hook(pre, with_kwargs=True), out_mod.register_forward_hook(post)
 
 
-def build(name: str, folder: Path, **save: Any) -> tuple[Any, dict[str, Any]]:
+def build(name: str, folder: Path, layer: int | None = None, **save: Any) -> tuple[Any, dict[str, Any]]:
     """Make, randomise, save and run one tiny model; the captured input, output, weights, hidden states."""
-    cls_name, kwargs, layer, attn_path, out_name = CASES[name]
+    cls_name, kwargs, default, attn_path, out_name = CASES[name]
+    layer = default if layer is None else layer
     config = getattr(transformers, cls_name)(**kwargs)
     config._attn_implementation = "eager"
     model_cls = getattr(transformers, CLASSES.get(name, "AutoModelForCausalLM"))
@@ -279,6 +280,9 @@ def test_sharded_bfloat16_and_pytorch_bin(tmp_path: Path) -> None:
     (tmp_path / "bin" / "config.json").write_text((tmp_path / "sharded" / "config.json").read_text())
     _check("qwen3 .bin", load_layer(tmp_path / "bin", 0), got)
     model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    torch.save(model.state_dict(), tmp_path / "bf16.pt")  # bfloat16 through torch.load(mmap=True) too
+    np.testing.assert_array_equal(load_layer(tmp_path / "bf16.pt", 0, heads=4).arrays["W_o"].astype(np.float32),
+                                  model.model.layers[0].self_attn.o_proj.weight.detach().float().numpy().T)
     la = load_layer(tmp_path / "bf16", 0)
     assert la.arrays["W_q"].dtype.name == "bfloat16"
     # the bf16 weights are the float32 ones rounded: compare with those exactly
@@ -342,11 +346,13 @@ def test_inspect_reads_headers_and_facts(tmp_path: Path) -> None:
     assert facts["qk_norm"] is None and facts["pre_norm"] == "rms1p"
 
 
-def test_windows_follow_layer_types(tmp_path: Path) -> None:
-    build("gemma3", tmp_path)
-    assert load_layer(tmp_path, 0).facts.window == 4
-    assert load_layer(tmp_path, 1).facts.window is None
-    assert load_layer(tmp_path, 0).facts.qk_norm == "rms1p"
+def test_gemma3_layer_types_choose_window_and_rope_base(tmp_path: Path) -> None:
+    """Gemma 3: sliding layers use the local rope theta (10000), full ones the global one (1e6), no window."""
+    _, got = build("gemma3", tmp_path, layer=1)
+    la = load_layer(tmp_path, 1)
+    assert (la.facts.window, la.facts.rope_base, la.facts.qk_norm) == (None, 1e6, "rms1p")
+    _check("gemma3 full layer", la, got)
+    assert (load_layer(tmp_path, 0).facts.window, load_layer(tmp_path, 0).facts.rope_base) == (4, 10000.0)
 
 
 @pytest.mark.parametrize("layer, message", [(None, "holds 2 attention layers (0..1); choose one with --layer"),
