@@ -187,6 +187,9 @@ def _check_shapes(c: Ctx) -> None:
     """The textbook arrays agree with each other and with the facts (one line naming the tensor)."""
     a, f = c.arrays, c.facts
     E = a["W_q"].shape[0]
+    width, key = _cfg(c.config, "hidden_size", "n_embd", "d_model")
+    if key is not None and int(width) != E:
+        raise c.fail(f"{c.origin['W_q']} has {E} inputs but config.json says {key} = {width}")
     for k in ("W_k", "W_v"):
         if k in a and a[k].shape[0] != E:
             raise c.fail(f"{c.origin[k]} has {a[k].shape[0]} inputs but {c.origin['W_q']} has {E}")

@@ -319,3 +319,60 @@ def test_inspect_command(tmp_path: Path) -> None:
     assert res.exit_code == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "'w'" in lines[0]
+
+
+def test_sharded_pytorch_bin_index(tmp_path: Path) -> None:
+    """pytorch_model.bin.index.json (transformers 4's sharded .bin) maps names to torch.save shards."""
+    torch.manual_seed(1)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16), num_layers=2,
+                                      enable_nested_tensor=False)
+    sd = enc.state_dict()
+    names = sorted(sd)
+    half = {k: sd[k] for k in names if k.startswith("layers.0.")}
+    rest = {k: sd[k] for k in names if k not in half}
+    torch.save(half, tmp_path / "pytorch_model-00001-of-00002.bin")
+    torch.save(rest, tmp_path / "pytorch_model-00002-of-00002.bin")
+    wm = {k: "pytorch_model-00001-of-00002.bin" if k in half else "pytorch_model-00002-of-00002.bin" for k in names}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": wm}))
+    la = load_layer(tmp_path, 1, heads=2)
+    np.testing.assert_array_equal(la.arrays["W_o"], enc.layers[1].self_attn.out_proj.weight.detach().numpy().T)
+
+
+def test_fused_heads_need_the_config_and_width_must_agree(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPTNeoXConfig(hidden_size=16, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                        vocab_size=20)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    load_layer(tmp_path, 0)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(InputError, match="interleaves q, k, v per head, so the number of heads is needed"):
+        load_layer(tmp_path, 0)
+    assert load_layer(tmp_path, 0, heads=2).facts.head_dim == 8
+    cfg["hidden_size"] = 24
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="has 16 inputs but config.json says hidden_size = 24"):
+        load_layer(tmp_path, 0)
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+_entry = st.fixed_dictionaries({"dtype": st.sampled_from(["F32", "F16", "BF16", "I8", "X"]),
+                                "shape": st.lists(st.integers(-2, 5), max_size=3),
+                                "data_offsets": st.lists(st.integers(-4, 80), min_size=0, max_size=3)})
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(header=st.dictionaries(st.text(min_size=1, max_size=5), _entry, max_size=4),
+                  size=st.integers(0, 80))
+def test_any_header_is_read_or_refused_in_one_line(tmp_path_factory: Any, header: dict[str, Any], size: int) -> None:
+    """Whatever a header claims, the reader either returns tensors that fit the file or refuses in one line."""
+    f = write_raw(tmp_path_factory.mktemp("h") / "x.safetensors", header, b"\1" * size)
+    try:
+        ck = open_checkpoint(f)
+    except InputError as e:
+        assert "\n" not in str(e) and len(str(e)) < 300
+        return
+    for name in ck.tensors:
+        a = ck.tensor(name)
+        assert a.nbytes == ck.tensors[name].nbytes <= size
