@@ -22,7 +22,13 @@ from attncli.errors import InputError
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attncli.layouts import LayerAttention, inspect_checkpoint, load_layer, t5_position_bias  # noqa: E402
+from attncli.layouts import (  # noqa: E402
+    LayerAttention,
+    inspect_checkpoint,
+    load_layer,
+    rope_frequencies,
+    t5_position_bias,
+)
 
 T = 9  # tokens: longer than the sliding windows below, so windows matter
 TOL = 1e-5
@@ -43,10 +49,10 @@ def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nda
     return (x - mu) / np.sqrt(var + eps) * w + b
 
 
-def rope(x: np.ndarray, pos: np.ndarray, base: float, rd: int, kind: str) -> np.ndarray:
+def rope(x: np.ndarray, pos: np.ndarray, inv: np.ndarray, factor: float, kind: str) -> np.ndarray:
     """HF apply_rotary_pos_emb (half: rotate_half over cat(freqs, freqs)) or GPT-J's rotate_every_two,
-    on the first ``rd`` features. (T, d) -> (T, d)"""
-    inv = 1.0 / base ** (np.arange(0, rd, 2) / rd)  # (rd/2,)
+    on the first rd = 2·len(inv) features; cos and sin multiplied by the scaling's attention factor. (T, d) -> (T, d)"""
+    rd = 2 * len(inv)
     ang = pos[:, None] * inv[None, :]  # (T, rd/2)
     r, rest = x[:, :rd], x[:, rd:]
     if kind == "half":
@@ -55,7 +61,7 @@ def rope(x: np.ndarray, pos: np.ndarray, base: float, rd: int, kind: str) -> np.
     else:
         cos, sin = np.repeat(np.cos(ang), 2, -1), np.repeat(np.sin(ang), 2, -1)
         rot = np.stack([-r[:, 1::2], r[:, ::2]], -1).reshape(r.shape)
-    return np.concatenate([r * cos + rot * sin, rest], -1)
+    return np.concatenate([(r * cos + rot * sin) * factor, rest], -1)
 
 
 def alibi_slopes(H: int) -> np.ndarray:
@@ -90,8 +96,9 @@ def reference(la: LayerAttention, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
             qh = rms(qh, a["q_norm"], f.qk_norm_eps, f.qk_norm == "rms1p")
             kh = rms(kh, a["k_norm"], f.qk_norm_eps, f.qk_norm == "rms1p")
         if f.rope:
-            qh = rope(qh, pos, f.rope_base, f.rotary_dim, f.rope)
-            kh = rope(kh, pos, f.rope_base, f.rotary_dim, f.rope)
+            inv, factor = rope_frequencies(f)  # checked against transformers' ROPE_INIT_FUNCTIONS below
+            qh = rope(qh, pos, inv, factor, f.rope)
+            kh = rope(kh, pos, inv, factor, f.rope)
         s = (qh @ kh.T) * scale  # (T, d) x (d, T) -> (T, T)
         if f.softcap:
             s = np.tanh(s / f.softcap) * f.softcap
@@ -146,9 +153,16 @@ CASES: dict[str, tuple[str, dict[str, Any], int, str, str]] = {
     "gemma3": ("Gemma3TextConfig", dict(LLAMA, head_dim=8, sliding_window=4, query_pre_attn_scalar=12,
                                         layer_types=["sliding_attention", "full_attention"]), 0,
                "model.layers.{n}.self_attn", "o_proj"),
-    "gpt_oss": ("GptOssConfig", dict(LLAMA, head_dim=8, sliding_window=4, num_local_experts=2, num_experts_per_tok=1,
-                                     rope_parameters={"rope_type": "default", "rope_theta": 1000.0}), 0,
+    # gpt-oss keeps its own YaRN scaling (factor 32, truncate False), with a short original context so it matters
+    "gpt_oss": ("GptOssConfig", dict(LLAMA, head_dim=16, sliding_window=4, num_local_experts=2, num_experts_per_tok=1,
+                                     rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                      "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                                      "original_max_position_embeddings": 16}), 0,
                 "model.layers.{n}.self_attn", "o_proj"),
+    "llama3": ("LlamaConfig", dict(LLAMA, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                           "original_max_position_embeddings": 16}), 0,
+               "model.layers.{n}.self_attn", "o_proj"),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, scale_attn_by_inverse_layer_idx=True,
                                 **SMALL), 1, "transformer.h.{n}.attn", "c_proj"),
     "gptj": ("GPTJConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4, **SMALL), 1,
@@ -317,6 +331,38 @@ def test_t5_encoder_and_decoder_use_layer_0s_bias(tmp_path: Path) -> None:
         assert la.origin["rel_bias"] == f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         assert la.facts.causal == (stack == "decoder") and la.facts.scale == 1.0
         _check(f"t5 {stack}", la, got)
+
+
+ROPE_CONFIGS = {
+    "linear": ("LlamaConfig", {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0}),
+    "llama3": ("LlamaConfig", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 64, "rope_theta": 500000.0}),
+    "yarn": ("GptOssConfig", None),  # gpt-oss's own: factor 32, beta 32/1, truncate False, theta 150000
+    "yarn-truncate": ("Qwen2Config", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                      "rope_theta": 10000.0}),
+    "yarn-mscale": ("LlamaConfig", {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707,
+                                    "original_max_position_embeddings": 128, "rope_theta": 10000.0}),
+}
+
+
+@pytest.mark.parametrize("kind", list(ROPE_CONFIGS))
+def test_rope_frequencies_are_transformers(kind: str, tmp_path: Path) -> None:
+    """rope_frequencies from the facts load_layer reads, against ROPE_INIT_FUNCTIONS on the same config."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cls, params = ROPE_CONFIGS[kind]
+    kw = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=1,
+              vocab_size=20, intermediate_size=8, max_position_embeddings=512)
+    if params is not None:
+        kw["rope_parameters"] = params
+    config = getattr(transformers, cls)(**kw)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    la = load_layer(tmp_path, 0)
+    inv, factor = rope_frequencies(la.facts)
+    rp = config.rope_parameters
+    ref_inv, ref_factor = ROPE_INIT_FUNCTIONS[rp["rope_type"]](config, "cpu")
+    np.testing.assert_allclose(inv, ref_inv.double().numpy(), rtol=1e-6)  # HF computes in float32
+    assert factor == pytest.approx(ref_factor, rel=1e-12)
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
