@@ -15,6 +15,9 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
 
 A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
 whose marker tensor is present, picks the layer, and reads only that layer's tensors.
+:func:`inspect_checkpoint` reports the same from headers. Two helpers compute what the
+config describes: :func:`rope_frequencies` (RoPE inv_freq and attention factor for default,
+linear, llama3 and yarn scaling) and :func:`t5_position_bias` (T5's bucketed bias).
 """
 
 from __future__ import annotations
