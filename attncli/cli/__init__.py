@@ -93,6 +93,7 @@ from attncli.cli import selfattn as _selfattn  # noqa: E402,F401  (registers the
 # isort: split
 from attncli.cli import check as _check  # noqa: E402,F401  (registers the check command)
 from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
+from attncli.cli import inspect as _inspect  # noqa: E402,F401  (registers the inspect command)
 
 
 def _terminated(signum: int, frame: Any) -> None:
