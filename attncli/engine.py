@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from attncli import fast, stages
+from attncli import fast, modern, stages
 from attncli.backend import Backend, get_backend, to_numpy
 from attncli.options import Options
 from attncli.plan import Plan, plan
 from attncli.problem import Problem
-from attncli.projections import Projections
+from attncli.projections import Norm, Projections
 from attncli.scoring import get_score
 from attncli.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.weights import DEFAULT_SEED
@@ -132,13 +132,17 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
     memory, values = problem.k is not problem.q, problem.v is not problem.k
     w = {n: be.asarray(a, dt) for n, a in proj.arrays().items()}
     X = be.asarray(problem.q, dt)
-    Y = X if not memory else be.asarray(problem.k, dt)
-    Z = Y if not values else be.asarray(problem.v, dt)
+    residual = problem.pre_norm is not None
     lead = _lead(problem)
     t.meta["shapes"] = {"x": list(np.shape(lead(problem.q)))} | (
         {"memory": list(np.shape(lead(problem.k)))} if memory else {}) | (
         {"values": list(np.shape(lead(problem.v)))} if values else {})
-    t.add("x", f"X: the input, {'(B, T, d_model)' if problem.batched else '(T, d_model)'}", X, (QUERIES, FEATURES))
+    t.add("x", f"X: the {'residual stream entering the layer' if residual else 'input'}, "
+          f"{'(B, T, d_model)' if problem.batched else '(T, d_model)'}", X, (QUERIES, FEATURES))
+    if problem.pre_norm is not None:  # --from-residual: the layer's own pre-attention norm
+        X = _pre_norm(problem.pre_norm, be, X, dt, t)
+    Y = X if not memory else be.asarray(problem.k, dt)
+    Z = Y if not values else be.asarray(problem.v, dt)
     if memory:
         t.add("memory", "Y: the memory that keys (and values) are projected from", Y, (KEYS, FEATURES))
     if values:
@@ -159,6 +163,23 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
                   head_axis=1 if problem.batched else 0)
     core = replace(problem, q=to_numpy(qh), k=to_numpy(kh), v=to_numpy(vh), projections=None)
     return core, qh, kh, vh, w
+
+
+def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace) -> Any:
+    """X through the layer's pre-attention norm (LayerNorm or RMSNorm over the features): the step x_norm."""
+    xp = be.xp
+    w = be.asarray(norm.w, dt)
+    if norm.kind == "layernorm":
+        b = None if norm.b is None else be.asarray(norm.b, dt)
+        y = modern.layer_norm(xp, X, w, b, norm.eps)
+        text = f"x_norm = (X - mean) / sqrt(var + {norm.eps:g}) · w + b"
+    else:
+        y = modern.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p")
+        scale = "(1 + w)" if norm.kind == "rms1p" else "w"
+        text = f"x_norm = {scale} · X / sqrt(mean(X²) + {norm.eps:g})"
+    where = f" (w = {norm.origin})" if norm.origin else ""
+    t.add("x_norm", f"{text}: the layer's pre-attention {norm.kind}{where}", y, (QUERIES, FEATURES))
+    return y
 
 
 def _weight(t: Trace, proj: Projections, w: dict[str, Any], n: str) -> None:

@@ -14,7 +14,7 @@ from attncli.arrays import mask_array, numeric_array, printable
 from attncli.backend import half_type
 from attncli.errors import InputError
 from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
-from attncli.projections import Projections, head_mask, input_matrix, padding_mask
+from attncli.projections import Norm, Projections, head_mask, input_matrix, padding_mask
 from attncli.scoring import get_score
 from attncli.weights import prepare
 
@@ -48,6 +48,7 @@ class Problem:
     heads: int = 1
     padding: np.ndarray | None = None  # key padding mask (B, S) as given, True = ignore (PyTorch)
     batch_first: bool = True  # projected inputs are (B, T, D); False: (T, B, D), PyTorch's default
+    pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
 
     # ---- derived, set by validate() ----
     batch_shape: tuple[int, ...] = ()  # leading axes of the attention arrays (multi-head: (B, H))
@@ -176,6 +177,9 @@ class Problem:
             self.mask = head_mask(mask_array(self.mask, "mask", self.where("mask")), B, self.heads, self.where("mask"))
         if self.padding is not None:
             self.padding = padding_mask(self.padding, B, S, self.batched, self.where("key_padding_mask"))
+        if self.pre_norm is not None and self.pre_norm.w.shape != (X.shape[2],):
+            raise InputError(f"the pre-attention norm has {self.pre_norm.w.shape[0]} weights but X has width {X.shape[2]}",
+                             self.where("weights"))
 
     # ---- pieces of validate ----
 

@@ -310,6 +310,19 @@ def init_projections(d_q: int, d_kv: int, d_vv: int, *, d_k: int | None = None, 
     return Projections(**w, source="--seed", kind=f"init-{init}")
 
 
+@dataclass(frozen=True)
+class Norm:
+    """A layer's pre-attention norm (``--from-residual``): over the features of X,
+    ``layernorm`` (x - mean) / sqrt(var + eps) · w + b, ``rms`` w · x / sqrt(mean(x²) + eps),
+    ``rms1p`` Gemma's (1 + w) · x / sqrt(mean(x²) + eps)."""
+
+    kind: str
+    w: np.ndarray
+    b: np.ndarray | None = None
+    eps: float = 1e-6
+    origin: str = ""
+
+
 # ---- the inputs they project --------------------------------------------------------------
 
 

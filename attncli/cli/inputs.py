@@ -8,6 +8,7 @@ X [MEMORY [VALUES]] of self-, cross- and multi-head attention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from attncli.errors import InputError
 from attncli.io import LOADERS, STDIN, Reader
 from attncli.options import Options
 from attncli.problem import Problem
-from attncli.projections import Projections, init_projections, projections_from
+from attncli.projections import Norm, Projections, init_projections, projections_from
 from attncli.weights import weights_mapping
 
 OPTION_FIELDS = Options.field_names()
@@ -166,42 +167,103 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
     sources.setdefault("key_labels", file_source)
 
     options = Options().merged(_file_options(doc.get("options"), file_source), file_source)
-    options = options.merged(cli_options(opts), "command line", flags=True)
-    common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab, options=options,
+    flags = cli_options(opts)
+    common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab,
                                   sources=sources, padding=padding)
     if not heads_mode:
+        for flag in ("layer", "from_residual"):
+            if opts.get(flag):
+                raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)",
+                                 f"--{flag.replace('_', '-')}")
         params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.get("weights"), reader)
-        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, **common)
-    heads = opts.get("heads") if opts.get("heads") is not None else doc.get("heads", 1)
+        options = options.merged(flags, "command line", flags=True)
+        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
+    layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True))
+    if layer.facts:  # config.json's facts, under the flags (a flag overrides the config)
+        options = options.merged(layer.facts, f"{layer.projections.source} (config.json)")
+    options = options.merged(flags, "command line", flags=True)
+    heads = opts.get("heads") if opts.get("heads") is not None else layer.heads or doc.get("heads", 1)
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise InputError(f"'heads' must be a whole number, got {heads!r}", file_source)
-    proj = _projections(arrays, doc, file_source, opts, reader, options)
-    sources["weights"] = proj.source
-    return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=proj, heads=heads,
-                         batch_first=opts.get("batch_first", True), **common)
+    if opts.get("from_residual") and not layer.checkpoint:
+        raise InputError("needs a checkpoint read with --weights MODEL --layer N (its pre-attention norm)",
+                         "--from-residual")  # a post-norm layer (BERT) takes the residual as it is
+    sources["weights"] = layer.projections.source
+    return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
+                         batch_first=opts.get("batch_first", True), options=options,
+                         pre_norm=layer.norm if opts.get("from_residual") else None, **common)
+
+
+@dataclass
+class Layer:
+    """The projections of a problem, and what a checkpoint's config.json says around them."""
+
+    projections: Projections
+    facts: dict[str, Any] = field(default_factory=dict)  # Options fields from config.json
+    heads: int | None = None
+    norm: Norm | None = None  # the layer's pre-attention norm (for --from-residual)
+    checkpoint: bool = False
 
 
 def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: dict[str, Any], reader: Reader,
-                 options: Options) -> Projections:
-    """W_q, W_k, W_v (W_o, biases) from --weights, the file's weights: entry, or drawn from --seed."""
+                 options: Options) -> Layer:
+    """W_q, W_k, W_v (W_o, biases) from --weights (textbook arrays, a state dict, or one layer of a
+    checkpoint), the file's weights: entry, or drawn from --seed."""
     given = [f for f, v in (("--d-k", opts.get("d_k")), ("--d-v", opts.get("d_v"))) if v is not None]
     weights, prefix = opts.get("weights"), opts.get("prefix")
     if given and (weights is not None or "weights" in doc):
         raise InputError("applies only when the weights are initialised (no --weights); "
                          "the widths come from the weights", given[0])
+    if opts.get("layer") is not None and weights is None:
+        raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
     if weights is not None:
         spec = str(weights)
-        return projections_from(reader.read(spec), reader.source(spec), prefix)
+        if opts.get("layer") is not None or _checkpoint_path(spec):
+            return checkpoint_layer(spec, opts.get("layer"), prefix, opts.get("heads"))
+        return Layer(projections_from(reader.read(spec), reader.source(spec), prefix))
     if "weights" in doc:
-        return projections_from(doc, src, prefix)
+        return Layer(projections_from(doc, src, prefix))
     widths = [_width(arrays[s], t) if s in arrays else None for s, t in (("q", "X"), ("k", "memory"), ("v", "values"))]
     d_q = widths[0] or 1
     d_kv = widths[1] or d_q
     d_vv = widths[2] or d_kv
     init = opts.get("init")
-    return init_projections(d_q, d_kv, d_vv, d_k=opts.get("d_k"), d_v=opts.get("d_v"), seed=options.seed,
-                            init=str(getattr(init, "value", init or "mha")), bias=opts.get("bias", True),
-                            out_proj=opts.get("out_proj", True))
+    return Layer(init_projections(d_q, d_kv, d_vv, d_k=opts.get("d_k"), d_v=opts.get("d_v"), seed=options.seed,
+                                  init=str(getattr(init, "value", init or "mha")), bias=opts.get("bias", True),
+                                  out_proj=opts.get("out_proj", True)))
+
+
+def _checkpoint_path(spec: str) -> bool:
+    """A model folder, a .safetensors file or a sharded index: read as a checkpoint, layer by layer."""
+    p = Path(spec)
+    return p.is_dir() or spec.lower().endswith((".safetensors", ".index.json"))
+
+
+# config.json facts -> Options fields (the ones the pipeline has)
+FACT_OPTIONS = ("scale", "causal")
+
+
+def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None) -> Layer:
+    """One layer of a checkpoint (attncli.layouts): its projections in textbook form, with where each
+    came from, and the config's facts as options."""
+    from attncli.layouts import load_layer
+
+    la = load_layer(spec, layer, prefix, heads=heads)
+    a = la.arrays
+    names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+    proj = Projections(**{n: np.asarray(a[n]) for n in names if n in a},  # type: ignore[arg-type]
+                       source=f"{la.source} layer {la.layer}", origin={n: la.origin[n] for n in names if n in la.origin},
+                       kind=la.layout)
+    facts: dict[str, Any] = {}
+    for name in FACT_OPTIONS:
+        value = getattr(la.facts, name)
+        if value is not None and value is not False:
+            facts[name] = value
+    norm = None
+    if la.facts.pre_norm is not None and "norm_w" in a:
+        norm = Norm(la.facts.pre_norm, np.asarray(a["norm_w"]), None if "norm_b" not in a else np.asarray(a["norm_b"]),
+                    la.facts.norm_eps if la.facts.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
+    return Layer(proj, facts, la.facts.heads, norm, checkpoint=True)
 
 
 def _width(a: Any, title: str) -> int | None:

@@ -140,6 +140,12 @@ MULTIHEAD_OPTIONS: Group = [
            help="Without --weights: apply an output projection W_o."),
     option("prefix", Optional[str], None, "--prefix", rich_help_panel=MH,
            help="Module prefix of the attention weights in a bigger state dict, e.g. encoder.attn."),
+    option("layer", Optional[int], None, "--layer", min=0, rich_help_panel=MH,
+           help="With a checkpoint (--weights MODEL_FOLDER, .safetensors, sharded index, .bin/.pt state dict): "
+                "the layer whose attention to compute (its config.json supplies heads, RoPE, window, ...)."),
+    option("from_residual", bool, False, "--from-residual", rich_help_panel=MH,
+           help="X is the residual stream entering the layer (hidden_states[N]): apply the layer's own "
+                "pre-attention norm from the checkpoint first."),
     option("batch_first", bool, True, "--batch-first/--no-batch-first", rich_help_panel=MH,
            help="Inputs are (B, T, D) (default) or (T, B, D) as PyTorch's default layout; the steps are always "
                 "batch-first."),
