@@ -242,3 +242,18 @@ def attach(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     if diag:
         trace.extra["diagnostics"] = diag
     return diag
+
+
+def masked_cells(trace: Trace) -> np.ndarray | None:
+    """Where a key is masked for a query (..., m, n) in the weights' shape: the cells the ``masked`` step
+    changed (to -inf or to a fill such as d2l's -1e6); None when the run has no mask step."""
+    if "masked" not in trace or "weights" not in trace:
+        return None
+    shape = trace.step("weights").values.shape
+    after = np.asarray(trace["masked"])
+    before = np.asarray(trace["scaled"] if "scaled" in trace else trace["scores"])
+    changed = (after != before) & ~(np.isnan(after) & np.isnan(before))
+    try:
+        return np.broadcast_to(changed, shape)
+    except ValueError:  # weights of some rows only (the corners of a big view)
+        return None

@@ -51,7 +51,8 @@ MASKING = "Masks and valid lengths"
 LABELS = "Labels"
 PARAMS = "Score parameters"
 OUTPUT = "Output"
-EXPLAIN = "Explanations and pictures"
+EXPLAIN = "Explanations"
+PICTURES = "Pictures"
 
 PROBLEM_OPTIONS: Group = [
     option("score", Optional[ScoreChoice], None, "--score", "-s", rich_help_panel=COMPUTE,
@@ -110,15 +111,17 @@ PROBLEM_OPTIONS: Group = [
            help="Inverted dropout on the weights as nn.Dropout(P) in training (default 0), seeded by --seed."),
 ]
 
-FORMAT_CHOICES = ("rich", "json", "npz")
+FORMAT_CHOICES = ("rich", "json", "npz", "latex", "markdown")
+ThemeChoice = choices("ThemeChoice", ("dark", "light"))
 FormatChoice = choices("FormatChoice", FORMAT_CHOICES)
 
 OUTPUT_OPTIONS: Group = [
     option("format", FormatChoice, FormatChoice("rich"), "--format", "-f", rich_help_panel=OUTPUT,
-           help="rich: the step-by-step view; json: one JSON object on stdout; npz: an NPZ archive on stdout."),
+           help="rich: the step-by-step view; json: one JSON object; npz: an NPZ archive; latex, markdown: "
+                "the worked solution as a document (all on stdout)."),
     option("save", Optional[Path], None, "--save", "-o", rich_help_panel=OUTPUT,
-           help="Also write every step to FILE (.npz or .json), atomically; FILE.npy holds the output alone "
-                "(then the weights are never held: large inputs run in blocks)."),
+           help="Also write every step to FILE (.npz, .json, .tex or .md), atomically; FILE.npy holds the "
+                "output alone (then the weights are never held: large inputs run in blocks)."),
     option("precision", int, 4, "--precision", "-p", min=0, max=17, rich_help_panel=OUTPUT,
            help="Decimals shown in the terminal view (JSON and NPZ keep full precision)."),
     option("steps", Optional[str], None, "--steps", rich_help_panel=OUTPUT,
@@ -127,7 +130,7 @@ OUTPUT_OPTIONS: Group = [
            help="Show every row, column and batch entry of big matrices."),
     option("quiet", bool, False, "--quiet", "-q", rich_help_panel=OUTPUT,
            help="No terminal view and no warnings on stderr (use with --save)."),
-    option("explain", Optional[list[str]], None, "--explain", "-e", rich_help_panel=EXPLAIN,
+    option("explain", Optional[list[str]], None, "--explain", "-x", rich_help_panel=EXPLAIN,
            help="Explain one score and weight cell: QUERY,KEY by labels (it,milk) or indices (2,1); "
                 "batched inputs take a batch prefix, e.g. 0:2,1 (or 0,1:2,1). Repeatable."),
     option("explain_row", Optional[list[str]], None, "--explain-row", rich_help_panel=EXPLAIN,
@@ -135,13 +138,28 @@ OUTPUT_OPTIONS: Group = [
                 "(a label, an index, or BATCH:QUERY). Repeatable."),
     option("similarity", Optional[SimilarityChoice], None, "--similarity", rich_help_panel=EXPLAIN,
            help="Compare the output rows with each other (dot or cosine) and name each one's nearest."),
-    option("svg", Optional[Path], None, "--svg", rich_help_panel=EXPLAIN,
-           help="Also save the terminal view, exactly as shown, as an SVG picture."),
-    option("html", Optional[Path], None, "--html", rich_help_panel=EXPLAIN,
-           help="Also save the terminal view, exactly as shown, as an HTML page."),
-    option("plot", Optional[Path], None, "--plot", rich_help_panel=EXPLAIN,
-           help="Draw the weights as heatmap(s) (one per head/batch entry) to FILE.png, .svg or .pdf "
-                "(needs matplotlib: pip install 'attncli[plot]')."),
+    option("plot", Optional[Path], None, "--plot", rich_help_panel=PICTURES,
+           help="Draw heatmaps (one per head and batch entry) to FILE.png, .svg or .pdf "
+                "(needs matplotlib: pip install 'attncli\\[plot]')."),
+    option("plot_steps", Optional[str], None, "--plot-steps", rich_help_panel=PICTURES,
+           help="Steps --plot draws, e.g. scores,weights (default weights)."),
+    option("vmin", Optional[float], None, "--vmin", rich_help_panel=PICTURES,
+           help="Fix the low end of --plot's colour scale (default: the smallest value drawn)."),
+    option("vmax", Optional[float], None, "--vmax", rich_help_panel=PICTURES,
+           help="Fix the high end of --plot's colour scale (default: the largest value drawn)."),
+    option("dpi", Optional[int], None, "--dpi", min=20, max=1200, rich_help_panel=PICTURES,
+           help="Resolution of --plot's PNG in dots per inch (default 100)."),
+    option("figsize", Optional[str], None, "--figsize", rich_help_panel=PICTURES,
+           help="Size of --plot's figure in inches, WIDTH,HEIGHT (default: 3 per panel)."),
+    option("html", Optional[Path], None, "--html", rich_help_panel=PICTURES,
+           help="Write an interactive page (one self-contained file): every step as a heatmap, "
+                "the arithmetic of a cell on click."),
+    option("svg", Optional[Path], None, "--svg", rich_help_panel=PICTURES,
+           help="Save the terminal view as an SVG picture, --width columns wide."),
+    option("theme", Optional[ThemeChoice], None, "--theme", rich_help_panel=PICTURES,
+           help="Colours of --svg: dark (a terminal, default) or light (for slides)."),
+    option("width", Optional[int], None, "--width", min=40, max=400, rich_help_panel=PICTURES,
+           help="Columns of --svg's view (default 100), whatever the terminal's width."),
 ]
 
 
