@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from attncli.backend import BACKENDS, DEVICES, DTYPES
 from attncli.diagnostics import SIMILARITIES
 from attncli.problem import CAUSAL_ALIGNS, MASK_CONVENTIONS
-from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
+from attncli.scoring import ACTIVATIONS, ALIASES, SCALINGS, score_names
 
 Group = list[inspect.Parameter]
+HIDDEN_CHOICES = set(ALIASES)  # accepted, but not listed in --help
 
 
 def choices(name: str, values: list[str] | tuple[str, ...]) -> type[Enum]:
@@ -187,3 +189,78 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
         return wrapper
 
     return deco
+
+
+class HelpCommand(TyperCommand):
+    """``--help`` laid out to fit any width: option names on their own line when long, the
+    description below them and wrapped at spaces only (never inside a word or an option name),
+    choices listed in the description (aliases left out), one section per help panel, and nothing
+    read as markup (so ``pip install 'attncli[plot]'`` prints as written). Paragraphs of a
+    command's help are re-flowed to the width; indented lines (examples) keep their indentation."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        width = max(40, min(formatter.width or 80, 100))
+        self.format_usage(ctx, formatter)
+        lines: list[str] = []
+        for para in (self.help or "").strip().split("\n\n"):
+            if para.startswith("  "):  # an example: its own lines, continued 6 spaces in
+                for line in para.splitlines():
+                    lines += wrap(line.strip(), width, "    ", "      ")
+            else:
+                lines += wrap(" ".join(para.split()), width, "  ", "  ")
+            lines.append("")
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name = getattr(param, "rich_help_panel", None) or (
+                "Arguments" if getattr(param, "param_type_name", "") == "argument" else "Options")
+            sections.setdefault(name, []).append(help_record(param, record))
+        for name, rows in sections.items():
+            lines.append(f"{name}:")
+            for first, text in rows:
+                if len(first) <= NAMES_WIDTH - 4:
+                    body = wrap(text, width, " " * NAMES_WIDTH, " " * NAMES_WIDTH) or [""]
+                    lines.append(f"  {first.ljust(NAMES_WIDTH - 2)}{body[0][NAMES_WIDTH:]}".rstrip())
+                    lines += body[1:]
+                else:
+                    lines += wrap(first, width, "  ", "      ")
+                    lines += wrap(text, width, " " * NAMES_WIDTH, " " * NAMES_WIDTH)
+            lines.append("")
+        formatter.write("\n" + "\n".join(lines).rstrip() + "\n")
+
+
+NAMES_WIDTH = 30  # columns of option names before their descriptions
+
+
+def wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    """Lines of at most ``width`` columns, broken at spaces only (a word longer than a line stays whole)."""
+    import textwrap
+
+    return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False,
+                         break_long_words=False)
+
+
+def help_record(param: Any, record: tuple[str, str]) -> tuple[str, str]:
+    """An option's (names, description) with its choices listed in the description (aliases left out)."""
+    first, text = record
+    text = text.replace("\\[", "[")  # rich's escape in a help text, for plain output
+    choices = list(getattr(param.type, "choices", None) or [])
+    if choices:
+        shown = [str(getattr(c, "value", c)) for c in choices]
+        shown = [c for c in shown if c not in HIDDEN_CHOICES] or shown
+        cut = min((first.index(ch) for ch in "<[" if ch in first), default=len(first))
+        first = first[:cut].rstrip() + " " + (param.name or "value").upper().replace("_", "-")
+        text = f"{text} One of: {', '.join(shown)}." if text else f"One of: {', '.join(shown)}."
+    return first, text
+
+
+def use_help_layout(app: typer.Typer) -> None:
+    """Give every command of ``app`` (and of its sub-apps) the HelpCommand layout."""
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = HelpCommand
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            use_help_layout(group.typer_instance)

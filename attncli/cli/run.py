@@ -155,7 +155,8 @@ def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
     shown = (opts["format"].value == "rich" and not opts["quiet"]) or opts["format"].value == "json"
     saved = opts.get("save") is not None and opts["save"].suffix.lower() == ".json"
     sim = opts.get("similarity")
-    if shown or saved or show.wanted or sim is not None or opts["format"].value in ("latex", "markdown"):  # nobody reads diagnostics of an NPZ-only run
+    document = opts["format"].value in ("latex", "markdown")
+    if shown or saved or show.wanted or sim is not None or document:  # nobody reads diagnostics of an NPZ-only run
         diagnose(trace, sim.value if sim is not None else None)
     explain(trace, ropts)
     show.check(trace)

@@ -22,7 +22,7 @@ import numpy as np
 from attncli.diagnostics import masked_cells
 from attncli.render import RenderOptions, output_format, saver
 from attncli.render.explain import explanations
-from attncli.render.numbers import all_whole, column_format, num
+from attncli.render.numbers import all_whole, column_format
 from attncli.render.plot import panel_title
 from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note, shown
 from attncli.trace import FEATURES, KEYS, QUERIES, Trace

@@ -43,7 +43,8 @@ def special(x: float) -> str | None:
 
 
 def whole(x: float) -> bool:
-    return math.isfinite(x) and x == int(x) and abs(x) < LARGE
+    """A whole number below LARGE, up to float rounding (12.999999999999998 is 13)."""
+    return math.isfinite(x) and abs(x) < LARGE and abs(x - round(x)) <= 1e-9 * max(1.0, abs(x))
 
 
 def num(x: float, p: int = 4) -> str:
@@ -53,7 +54,7 @@ def num(x: float, p: int = 4) -> str:
     if s is not None:
         return s
     if whole(x):
-        return str(int(x))
+        return str(int(round(x)))
     if abs(x) >= LARGE or abs(x) < 10.0 ** -p / 2:
         return _sci(x, p)
     return _fixed(x, p)
@@ -69,7 +70,7 @@ def column_format(values: Iterable[float], p: int, integers: bool = False) -> Ca
     decimals when every value fits them, else scientific for every value of the column."""
     vals = [float(v) for v in values]
     if integers:
-        return lambda x: special(x) or (str(int(x)) if whole(x) else _sci(x, p))
+        return lambda x: special(x) or (str(int(round(x))) if whole(x) else _sci(x, p))
     if all(fits_fixed(v, p) for v in vals):
         return lambda x: special(x) or ("0" if x == 0 else _fixed(x, p))
     return lambda x: special(x) or ("0" if x == 0 else _sci(x, p))

@@ -90,7 +90,7 @@ def page_data(trace: Trace, precision: int = 4) -> dict[str, Any]:
     rows: list[Any] = []
     for e in entries:
         if explain_cells:
-            cells.append([[_lines(Cell(trace, e, i, j, precision), f"weight({{q}}, {{k}})", explain_cell)
+            cells.append([[_lines(Cell(trace, e, i, j, precision), "weight({q}, {k})", explain_cell)
                            for j in range(n)] for i in range(m)])
         rows.append([_lines(Cell(trace, e, i, 0, precision), "row {q}", explain_row) for i in range(m)])
     return {"title": f"attncli · {trace.meta.get('score', 'attention')}", "version": __version__,
@@ -235,7 +235,10 @@ JS = r"""
       const p = document.createElement("p"); p.className = "note"; p.textContent = notes.join(" · ");
       root.appendChild(p);
     }
-    if (!D.explained_cells) $("hint").textContent = "This run is too big to explain every cell here; click a query's label for its row, or use --explain.";
+    if (!D.explained_cells) {
+      $("hint").textContent = "This run is too big to explain every cell here; click a query's label for its row, " +
+                              "or use --explain.";
+    }
   }
   sel.addEventListener("change", () => { pinned = null; show(null); render(); });
   document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") { pinned = null; show(null); } });

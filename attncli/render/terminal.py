@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from rich.color import Color
 from rich.cells import cell_len
+from rich.color import Color
 from rich.console import Console
 from rich.style import Style
 from rich.table import Table
@@ -303,9 +303,8 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], 
     klab = axis_labels(trace, KEYS, n)
     caption = ("entropy in nats; eff. keys = exp(entropy), out of the keys the row sees" if some_hidden
                else f"entropy in nats; eff. keys = exp(entropy), out of {n}")
-    table = Table(title="diagnostics of the weights", title_justify="left", pad_edge=True,
-                  caption=caption + ("; for the rows computed only" if rows_of is not None else ""),
-                  caption_justify="left")
+    table = Table(title="diagnostics of the weights", title_justify="left", pad_edge=True)
+    table.note = caption + ("; for the rows computed only" if rows_of is not None else "")  # type: ignore[attr-defined]
     table.add_column("query", style="bold", no_wrap=True)
     heads = ["top key", "weight", "entropy", "eff. keys"] + (["sees"] if some_hidden else [])
     for name in heads:
@@ -332,7 +331,9 @@ def print_diagnostics(console: Console, trace: Trace, idx: tuple[int, ...], opts
     diag = trace.extra.get("diagnostics")
     if not diag or "entropy" not in diag:
         return
-    console.print(diagnostics_table(trace, diag, idx, opts))
+    table = diagnostics_table(trace, diag, idx, opts)
+    console.print(table)
+    console.print(Text(table.note))  # type: ignore[attr-defined]  # under the table, not wrapped to its width
     last = len(trace.weights.shape[:-2])
     if idx == () or all(i == 0 for i in idx) or last == 0:  # the sentences once, under the first table
         for w in diag.get("warnings", []):
