@@ -117,7 +117,8 @@ def header_lines(trace: Trace) -> list[str]:
 
 def page(trace: Trace, precision: int = 4) -> str:
     """The whole page as one string of HTML."""
-    data = json.dumps(page_data(trace, precision), ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+    data = json.dumps(page_data(trace, precision), ensure_ascii=False, allow_nan=False)
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # no tag inside the script
     title = html.escape(f"attncli · {trace.meta.get('score', 'attention')}")
     return TEMPLATE.replace("{title}", title).replace("{data}", data).replace("{css}", CSS).replace("{js}", JS)
 
