@@ -151,7 +151,7 @@ h1 { font-size: 20px; margin: 0 0 4px; }
 #meta { color: var(--muted); font-size: 13px; white-space: pre-wrap; }
 #entry-label { display: inline-block; margin-top: 6px; font-weight: 600; }
 select { font-size: 15px; padding: 2px 4px; }
-main { display: grid; grid-template-columns: minmax(0, 1fr) 400px; gap: 16px; padding: 8px 16px; }
+main { display: grid; grid-template-columns: minmax(0, 1fr) 470px; gap: 16px; padding: 8px 16px; }
 section h3 { font-size: 15px; margin: 16px 0 4px; }
 .wrap { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; font: 14px/1.2 ui-monospace, "DejaVu Sans Mono", Menlo, monospace; }
