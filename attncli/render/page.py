@@ -134,7 +134,7 @@ TEMPLATE = """<!DOCTYPE html>
 <main><section id="steps"></section>
 <aside id="panel" aria-live="polite"><h2>Arithmetic</h2>
 <p id="hint">Hover over or click a cell of a query × key table to see how it was computed; click a query's
-label for its whole softmax and its output.</p><pre id="explain"></pre></aside></main>
+label for its whole softmax and its output.</p><div id="explain"></div></aside></main>
 <script type="application/json" id="data">{data}</script>
 <script>{js}</script>
 </body></html>
@@ -151,7 +151,7 @@ h1 { font-size: 20px; margin: 0 0 4px; }
 #meta { color: var(--muted); font-size: 13px; white-space: pre-wrap; }
 #entry-label { display: inline-block; margin-top: 6px; font-weight: 600; }
 select { font-size: 15px; padding: 2px 4px; }
-main { display: grid; grid-template-columns: minmax(0, 1fr) 470px; gap: 16px; padding: 8px 16px; }
+main { display: grid; grid-template-columns: minmax(0, 1fr) 500px; gap: 16px; padding: 8px 16px; }
 section h3 { font-size: 15px; margin: 16px 0 4px; }
 .wrap { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; font: 14px/1.2 ui-monospace, "DejaVu Sans Mono", Menlo, monospace; }
@@ -167,8 +167,9 @@ td.sel, th.sel { outline: 3px solid #1f5fbf; outline-offset: -3px; }
 aside { position: sticky; top: 110px; align-self: start; max-height: calc(100vh - 120px); overflow: auto;
         border: 1px solid var(--line); border-radius: 6px; padding: 8px 12px; background: #fafafa; }
 aside h2 { font-size: 16px; margin: 0 0 6px; }
-pre { white-space: pre-wrap; word-break: break-word; font: 13px/1.45 ui-monospace, "DejaVu Sans Mono", Menlo,
-      monospace; margin: 0; }
+#explain { font: 12px/1.45 ui-monospace, "DejaVu Sans Mono", Menlo, monospace; }
+#explain div { white-space: pre-wrap; word-break: break-word; padding-left: 3ch; text-indent: -3ch; }
+#explain div:first-child { font-weight: 700; }
 #hint { color: var(--muted); font-size: 13px; }
 @media (max-width: 900px) { main { grid-template-columns: 1fr; } aside { position: static; max-height: none; } }
 """
@@ -192,7 +193,11 @@ JS = r"""
     return [`rgb(${c.join(",")})`, t > 0.55 ? "#fff" : "#000"];
   }
   function show(lines, el) {
-    $("explain").textContent = lines ? lines.join("\n") : "";
+    const box = $("explain");
+    box.textContent = "";
+    for (const line of lines || []) {
+      const div = document.createElement("div"); div.textContent = line; box.appendChild(div);
+    }
     document.querySelectorAll(".sel").forEach((x) => x.classList.remove("sel"));
     if (el) el.classList.add("sel");
   }
@@ -230,10 +235,10 @@ JS = r"""
         });
       }
       wrap.appendChild(tab); root.appendChild(wrap);
-      const notes = [`colour from ${t.range[0]} (light) to ${t.range[1]} (dark)`];
+      const notes = [`colour from ${t.range[0]} (light) to ${t.range[1]} (dark)`];  // joined by "; "
       if (t.cells[k].some((r) => r.includes("·"))) notes.push("· masked key (weight exactly 0)");
       if (t.cut) notes.push(`first ${t.rows.length} × ${t.cols.length} of ${t.cut[0]} × ${t.cut[1]} shown`);
-      const p = document.createElement("p"); p.className = "note"; p.textContent = notes.join(" · ");
+      const p = document.createElement("p"); p.className = "note"; p.textContent = notes.join("; ");
       root.appendChild(p);
     }
     if (!D.explained_cells) {
