@@ -147,6 +147,8 @@ def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
         a = np.atleast_2d(st.numpy())
         hid = (marked if st.axes == (QUERIES, KEYS) and marked is not None and marked.shape == a.shape
                and st.name in ("weights", "hard", "dropout") else None)
+        if hid is not None:
+            hid = hid & (a == 0)  # a finite fill leaves masked keys a weight: written as it is
         symbol = STEP_SYMBOLS.get(st.name, r"\text{" + text(st.name) + "}")
         out.extend(_step_blocks(trace, f"{k}. {st.formula}", symbol, a, st.axes, p, hid, opts))
     for e in explanations(trace, opts) if "weights" in trace else []:

@@ -84,6 +84,8 @@ def page_data(trace: Trace, precision: int = 4) -> dict[str, Any]:
         a = np.atleast_2d(st.numpy())
         hid = marked if (st.axes == (QUERIES, KEYS) and marked is not None and a.shape[-2:] == (m, n)
                          and st.name in ("masked", "weights", "hard", "dropout")) else None
+        if hid is not None and st.name != "masked":
+            hid = hid & (np.broadcast_to(a, hid.shape) == 0)  # a finite fill leaves masked keys a weight
         tables.append(_table(trace, st.name, f"{k}. {st.formula}", a, st.axes, lead, precision, hid))
     explain_cells = len(entries) * m * n <= MAX_CELLS
     cells: list[Any] = []

@@ -136,7 +136,9 @@ def step_mask(trace: Trace, a: np.ndarray, axes: Sequence[str], name: str | None
     m = masked_cells(trace)
     if m is None or m.shape != a.shape:
         return None, None
-    return m, (MASKED if name != "masked" else None)
+    if name == "masked":
+        return m, None
+    return m & (a == 0), MASKED  # a fill such as --mask-value -5 leaves masked keys a weight: shown as it is
 
 
 def layout(a: np.ndarray, axes: Sequence[str], trace: Trace, opts: RenderOptions, width: int | None,
@@ -290,9 +292,10 @@ def _at(values: Any, idx: tuple[int, ...]) -> Any:
     return values
 
 
-def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], opts: RenderOptions) -> Table:
+def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
+                      opts: RenderOptions) -> tuple[Table, str]:
     """Per query row: the key it attends to most, that weight, the entropy and the effective number of
-    keys, out of the keys it sees (a mask hides some)."""
+    keys, out of the keys it sees (a mask hides some); and the note to print under the table."""
     ent, eff = _at(diag["entropy"], idx), _at(diag["effective_keys"], idx)
     top, arg = _at(diag["max_weight"], idx), _at(diag["argmax"], idx)
     m, n = len(ent), diag["keys"]
@@ -304,7 +307,7 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], 
     caption = ("entropy in nats; eff. keys = exp(entropy), out of the keys the row sees" if some_hidden
                else f"entropy in nats; eff. keys = exp(entropy), out of {n}")
     table = Table(title="diagnostics of the weights", title_justify="left", pad_edge=True)
-    table.note = caption + ("; for the rows computed only" if rows_of is not None else "")  # type: ignore[attr-defined]
+    note = caption + ("; for the rows computed only" if rows_of is not None else "")
     table.add_column("query", style="bold", no_wrap=True)
     heads = ["top key", "weight", "entropy", "eff. keys"] + (["sees"] if some_hidden else [])
     for name in heads:
@@ -324,16 +327,16 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], 
             sat = top[i] is not None and top[i] > SATURATION and vis[i] > 1
             table.add_row(qlab[i], klab[arg[i]], Text(fw(top[i]), style="bold red" if sat else ""),
                           fe(ent[i]), num(eff[i], min(p, 2)), *seen)
-    return table
+    return table, note
 
 
 def print_diagnostics(console: Console, trace: Trace, idx: tuple[int, ...], opts: RenderOptions) -> None:
     diag = trace.extra.get("diagnostics")
     if not diag or "entropy" not in diag:
         return
-    table = diagnostics_table(trace, diag, idx, opts)
+    table, note = diagnostics_table(trace, diag, idx, opts)
     console.print(table)
-    console.print(Text(table.note))  # type: ignore[attr-defined]  # under the table, not wrapped to its width
+    console.print(Text(note))  # under the table, not wrapped to its width
     last = len(trace.weights.shape[:-2])
     if idx == () or all(i == 0 for i in idx) or last == 0:  # the sentences once, under the first table
         for w in diag.get("warnings", []):
@@ -394,9 +397,10 @@ def seed_note(meta: dict[str, Any]) -> str | None:
     if isinstance(init, dict) and init.get("names"):
         return (f"note: {', '.join(init['names'])} were not given: drawn from seed {init.get('seed')} "
                 f"({init.get('rule', 'random')}); --weights FILE gives them")
-    if meta.get("weights_source") == "--seed":
+    if str(meta.get("weights_source", "")).startswith("--seed"):
         seed = meta.get("seed")
-        return (f"note: the projections were not given: drawn from {'--seed' if seed is None else f'seed {seed}'} "
+        where = "--seed (0 unless given)" if seed is None else f"seed {seed}"
+        return (f"note: the projections were not given: drawn from {where} "
                 f"as PyTorch initialises them ({meta.get('weights_format', 'init')}); --weights FILE gives them")
     return None
 
