@@ -212,8 +212,7 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
     if marked is not None and marked.any() and lay.mark:
         note = "\n".join(c for c in (note, f"{lay.mark} masked key (weight exactly 0)") if c)
     caption = "\n".join(c for c in (caption, note) if c) or None
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", show_lines=False,
-                  pad_edge=True)
+    table = Table(caption=caption, caption_justify="left", show_lines=False, pad_edge=True)  # title: show_array
     table.add_column(f"{axes[0]} ↓ {axes[1]} →", style="bold", no_wrap=True)
     ci = lay.cols
     for j in ci:
@@ -254,6 +253,7 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     batch = a.shape[:-2]
     table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of, lay=lay)
     if not batch:
+        console.print(Text(title, style="table.title"))  # a line of its own, not wrapped to the table's width
         console.print(table(a, title, axes, trace, opts, marked=lay.marked))
         if after is not None:
             after(())
@@ -263,9 +263,12 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     limit = len(entries) if opts.full else opts.max_batches
     for idx in entries[:limit]:
         names = trace.meta.get("batch_axes") or []  # e.g. ["batch", "head"] for multi-head steps
-        cap = (" · ".join(f"{n} {i}" for n, i in zip(names, idx)) + f" of {tuple(batch)}" if 0 < len(idx) <= len(names)
-               else f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}")
-        console.print(table(a[idx], title, axes, trace, opts, caption=cap,
+        if len(idx) == len(names):  # which head / batch entry, in the title: "head 1 of 2"
+            where = ", ".join(f"{n} {i} of {size}" for n, i, size in zip(names, idx, batch))
+        else:
+            where = f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}"
+        console.print(Text(f"{title} · {where}", style="table.title"))
+        console.print(table(a[idx], title, axes, trace, opts,
                             marked=lay.marked[idx] if lay.marked is not None else None))
         if after is not None:
             after(idx)
