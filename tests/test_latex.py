@@ -24,7 +24,43 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.stem for p in (ROOT / "attncli" / "examples").glob("*.yaml"))
 CAT_MILK = np.array([[0, 2, 2, 0], [0, 1, 3, 0], [0, 2, 2, 0], [0, 0, 4, 0]], dtype=np.float64)
 PDFLATEX = shutil.which("pdflatex")
-needs_latex = pytest.mark.skipif(PDFLATEX is None, reason="pdflatex is not installed")
+NODE = shutil.which("node")
+KATEX_CHECK = r"""
+const katex = require("katex");
+const blocks = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const bad = [];
+for (const b of blocks) {
+  try { katex.renderToString(b, { displayMode: true, throwOnError: true }); }
+  catch (e) { bad.push(e.message.slice(0, 300)); }
+}
+console.log(JSON.stringify(bad));
+"""
+
+
+def have_katex() -> bool:
+    if NODE is None:
+        return False
+    return subprocess.run([NODE, "-e", "require.resolve('katex')"], capture_output=True).returncode == 0
+
+
+KATEX = have_katex()
+needs_latex = pytest.mark.skipif(PDFLATEX is None and not KATEX, reason="neither pdflatex nor KaTeX (node) is installed")
+
+
+def katex_errors(blocks: list[str]) -> list[str]:
+    """What KaTeX (the renderer of many Markdown viewers) says of each math block: nothing when it renders."""
+    import json
+
+    proc = subprocess.run([str(NODE), "-e", KATEX_CHECK], input=json.dumps(blocks), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def math_blocks(tex: str) -> list[str]:
+    """The display math of a LaTeX document: \\[ ... \\] and align* environments."""
+    return [*re.findall(r"\\\[\n(.*?)\n\\\]", tex, flags=re.S),
+            *re.findall(r"(\\begin\{align\*\}.*?\\end\{align\*\})", tex, flags=re.S)]
 
 
 def document(*args: str, fmt: str = "latex") -> str:
@@ -34,6 +70,11 @@ def document(*args: str, fmt: str = "latex") -> str:
 
 
 def compiles(tex: str, tmp_path: Path, name: str = "doc") -> None:
+    """pdflatex makes a PDF of ``tex``; without pdflatex, KaTeX renders every display of it."""
+    if PDFLATEX is None:
+        blocks = math_blocks(tex)
+        assert blocks and not katex_errors(blocks)
+        return
     (tmp_path / f"{name}.tex").write_text(tex, encoding="utf-8")
     proc = subprocess.run([str(PDFLATEX), "-interaction=nonstopmode", "-halt-on-error", f"{name}.tex"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
@@ -89,6 +130,15 @@ def test_markdown_math_is_the_same_latex(tmp_path: Path) -> None:
     tex = ("\\documentclass{article}\\usepackage{amsmath,amssymb}\\begin{document}\n"
            + "\n".join(f"\\[\n{b}\n\\]" for b in blocks) + "\n\\end{document}\n")
     compiles(tex, tmp_path, "md")
+
+
+@pytest.mark.skipif(not KATEX, reason="KaTeX is not installed for node (npm install katex)")
+def test_markdown_renders_with_katex() -> None:
+    for args in (["cat_milk_sweet", "-x", "milk,cat", "--explain-row", "it"],
+                 ["d2l_masked_softmax", "-x", "1:0,2", "--explain-row", "0:1"], ["multihead_cat_milk", "-x", "1:it,milk"]):
+        md = document("examples", "run", *args, fmt="markdown")
+        blocks = re.findall(r"^\$\$\n(.*?)\n\$\$$", md, flags=re.S | re.M)
+        assert blocks and katex_errors(blocks) == []
 
 
 def test_save_tex_and_md(tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ MATH_SYMBOLS = {"·": r"\cdot ", "×": r"\times ", "−": "-", "→": r"\to ", "
                 "∗": "*", "⋅": r"\cdot ", "–": "-", "—": "-", "“": "``", "”": "''", "’": "'"}
 FUNCTIONS = {"exp": r"\exp", "max": r"\max", "min": r"\min", "cos": r"\cos", "tanh": r"\tanh", "ln": r"\ln",
              "softmax": r"\operatorname{softmax}", "sqrt": r"\sqrt"}
-WORDS = re.compile(r"((?:\s*[^\W\d_]{2,}[^\W_]*[',;:.]?)+\s*)")
+LETTER = "A-Za-z\u00c0-\u024f"  # Latin letters: words of these are text; σ, ² and other scripts are math
+WORDS = re.compile(rf"((?:\s*[{LETTER}]{{2,}}[{LETTER}0-9]*[',;:.]?)+\s*)")
 ROOT = re.compile(r"√\(?([\w.]+)\)?")
 SUB_SUP = re.compile(r"([_^])(?![\w(])")
 
@@ -52,6 +53,19 @@ def text(s: str) -> str:
     """Plain text for LaTeX's text mode: every special character escaped, math symbols as math."""
     return "".join(TEXT_ESCAPES.get(c) or (r"\ensuremath{" + MATH_SYMBOLS[c] + "}" if not c.isascii() and c in MATH_SYMBOLS
                                            else c) for c in s)
+
+
+def in_math(s: str) -> str:
+    """Text (a label, a word) inside math: \\text{} runs, math symbols (σ, ², ·) as math commands,
+    so both LaTeX and KaTeX read it (KaTeX has no \\ensuremath)."""
+    out, run = [], ""
+    for c in s:
+        if not c.isascii() and c in MATH_SYMBOLS:
+            out.append((r"\text{" + text(run) + "}" if run else "") + MATH_SYMBOLS[c])
+            run = ""
+        else:
+            run += c
+    return "".join(out) + (r"\text{" + text(run) + "}" if run else "")
 
 
 def math_text(line: str) -> str:
@@ -64,7 +78,7 @@ def math_text(line: str) -> str:
             out.append(" " + FUNCTIONS[part.strip()] + " ")
             continue
         if k % 2:  # words
-            out.append(r"\text{" + text(part.replace("\x00", "√").replace("\x01", "")) + "}")
+            out.append(in_math(part.replace("\x00", "√").replace("\x01", "")))
             continue
         part = SUB_SUP.sub(lambda m: r"\_" if m.group(1) == "_" else r"\hat{}", part)
         s = "".join(MATH_SYMBOLS.get(c, c) if not (c.isascii() and c not in "\\$%&#{}~") or c in MATH_SYMBOLS
@@ -96,7 +110,7 @@ def matrix(a: np.ndarray, rows: list[str], cols: list[str], precision: int, hidd
             continue
         body.append(" & ".join(r"\cdots" if j is None else (r"\cdot" if hid[i, j] else _cell(fmts[j](a[i, j])))
                                for j in ci))
-    lab = r" \\ ".join(r"\vdots" if i is None else r"\text{" + text(rows[i]) + "}" for i in ri)
+    lab = r" \\ ".join(r"\vdots" if i is None else in_math(rows[i]) for i in ri)
     tex = ("\\begin{bmatrix}\n" + " \\\\\n".join(body) + "\n\\end{bmatrix}\n\\begin{matrix}" + lab + "\\end{matrix}")
     names = ", ".join("…" if j is None else cols[j] for j in ci)
     return tex, names
@@ -140,7 +154,7 @@ def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
             continue
         a = np.atleast_2d(a)
         title, axes = INPUT_TITLES.get(name, (name, (FEATURES, FEATURES)))
-        symbol = "Q = K = V" if same and name == "q" else {"q": "Q", "k": "K", "v": "V"}.get(name, text(name))
+        symbol = "Q = K = V" if same and name == "q" else {"q": "Q", "k": "K", "v": "V"}.get(name, in_math(name))
         out.extend(_step_blocks(trace, f"{'X: Q = K = V' if same and name == 'q' else title}", symbol, a, axes, p,
                                 None, opts))
     for k, st in enumerate((s for s in trace.steps if wanted is None or s.name in wanted), 1):
@@ -149,7 +163,7 @@ def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
                and st.name in ("weights", "hard", "dropout") else None)
         if hid is not None:
             hid = hid & (a == 0)  # a finite fill leaves masked keys a weight: written as it is
-        symbol = STEP_SYMBOLS.get(st.name, r"\text{" + text(st.name) + "}")
+        symbol = STEP_SYMBOLS.get(st.name, in_math(st.name))
         out.extend(_step_blocks(trace, f"{k}. {st.formula}", symbol, a, st.axes, p, hid, opts))
     for e in explanations(trace, opts) if "weights" in trace else []:
         out.append(("heading2", e["heading"]))
@@ -167,7 +181,7 @@ def _step_blocks(trace: Trace, title: str, symbol: str, a: np.ndarray, axes: Any
     for idx in entries[:limit]:
         tex, names = matrix(a[idx], rows, cols, p, hid[idx] if hid is not None else None, opts.full)
         where = panel_title(trace, idx) if len(idx) == len(trace.weights.shape[:-2]) else ", ".join(map(str, idx))
-        label = f"{symbol}\\;[\\text{{{text(where)}}}]" if idx else symbol
+        label = f"{symbol}\\;[{in_math(where)}]" if idx else symbol
         out.append(("math", f"{label} =\n{tex}"))
         out.append(("para", f"columns ({axes[1]}): {names}" + (f"; {where}" if idx else "")))
     if len(entries) > limit:
