@@ -21,10 +21,11 @@ LARGE = 1e6  # |x| from here on is written in scientific notation
 MASKED = "·"  # a masked cell of a weights table (weight exactly 0 because its key is masked)
 
 
-def _sci(x: float, p: int) -> str:
-    """1.597e-6, -1e6: ``p - 1`` decimals of mantissa at most, trailing zeros and '+' dropped."""
+def _sci(x: float, p: int, keep_zeros: bool = False) -> str:
+    """1.597e-6, -1e6: ``p - 1`` decimals of mantissa (trailing zeros dropped unless ``keep_zeros``,
+    as a column keeps them to line up), the exponent without '+' or leading zeros."""
     m, _, e = f"{x:.{max(p - 1, 0)}e}".partition("e")
-    if "." in m:
+    if "." in m and not keep_zeros:
         m = m.rstrip("0").rstrip(".")
     return f"{m}e{int(e)}"
 
@@ -73,7 +74,7 @@ def column_format(values: Iterable[float], p: int, integers: bool = False) -> Ca
         return lambda x: special(x) or (str(int(round(x))) if whole(x) else _sci(x, p))
     if all(fits_fixed(v, p) for v in vals):
         return lambda x: special(x) or ("0" if x == 0 else _fixed(x, p))
-    return lambda x: special(x) or ("0" if x == 0 else _sci(x, p))
+    return lambda x: special(x) or ("0" if x == 0 else _sci(x, p, keep_zeros=True))
 
 
 def all_whole(values: Iterable[float]) -> bool:
