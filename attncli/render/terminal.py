@@ -59,6 +59,7 @@ def axis_labels(trace: Trace, axis: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
+HEAT_LEGEND = "colour: weight 0 dark purple → 1 yellow (viridis); bold: each row's largest"
 HEATMAP_STEPS = ("weights", "hard", "dropout", "avg_weights")  # steps shown as heatmaps (values are weights)
 
 # Heatmap of weights in [0, 1]: viridis stops, as d2l's show_heatmaps draws them.
@@ -251,7 +252,9 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     ``rows_of``: the query index of each row, when ``a`` holds some queries only."""
     lay = layout(a, axes, trace, opts, console.width, name, rows_of)
     batch = a.shape[:-2]
-    table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of, lay=lay)
+    legend = HEAT_LEGEND if heatmap and console.color_system is not None else None  # in colour only
+    table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of, lay=lay,
+                              caption=legend)
     if not batch:
         console.print(Text(title, style="table.title"))  # a line of its own, not wrapped to the table's width
         console.print(table(a, title, axes, trace, opts, marked=lay.marked))
