@@ -88,19 +88,14 @@ def row_stats(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 
 def fully_masked(trace: Trace) -> np.ndarray:
-    """Rows (..., m) where every key is masked: zero weights, or every masked score replaced by one fill value."""
-    return _fully_masked(trace, row_stats(trace.weights)[3] == 0)
-
-
-def _fully_masked(trace: Trace, dead: np.ndarray) -> np.ndarray:
-    if "masked" in trace:
-        masked = trace["masked"]
-        before = trace["scaled"] if "scaled" in trace else trace["scores"]
-        before = np.broadcast_to(before, masked.shape)
-        changed = np.all(masked != before, axis=-1)
-        same = np.all(masked == masked[..., :1], axis=-1)
-        dead = dead | (changed & same)
-    return dead
+    """Rows (..., m) of the weights where every key is masked, as the engine found them
+    (``Trace.dead``: every score -inf or no key kept; never a row a float mask made uniform)."""
+    shape = trace.weights.shape[:-1]
+    dead = trace.dead
+    if dead is None:
+        return np.zeros(shape, dtype=bool)
+    rows = trace.step("weights").rows  # the corner rows of a big view: theirs only
+    return np.broadcast_to(dead if rows is None else np.asarray(dead)[..., rows], shape)
 
 
 def label(labels: list[str] | None, i: int, prefix: str) -> str:
@@ -147,7 +142,7 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     w = trace.weights  # (..., m, n)
     n = int(w.shape[-1])
     h, top, arg, total = row_stats(w)
-    dead = np.broadcast_to(_fully_masked(trace, total == 0), w.shape[:-1])
+    dead = fully_masked(trace)
     h = np.where(dead, np.nan, h)
     qlab, klab = query_labels(trace), trace.key_labels
     hidden = masked_cells(trace)

@@ -12,7 +12,7 @@ import pytest
 
 from attncli.cli import app
 
-COMMANDS = [[], ["run"], ["self"], ["check"], ["examples"], ["examples", "run"], ["examples", "show"]]
+COMMANDS = [[], ["run"], ["self"], ["check"], ["inspect"], ["examples"], ["examples", "run"], ["examples", "show"]]
 
 
 def help_text(args: list[str], width: int = 80) -> str:

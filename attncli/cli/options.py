@@ -20,7 +20,7 @@ from typer.core import TyperCommand
 
 from attncli.backend import BACKENDS, DEVICES, DTYPES
 from attncli.diagnostics import SIMILARITIES
-from attncli.problem import CAUSAL_ALIGNS, MASK_CONVENTIONS
+from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS
 from attncli.scoring import ACTIVATIONS, ALIASES, SCALINGS, score_names
 
 Group = list[inspect.Parameter]
@@ -95,9 +95,11 @@ PROBLEM_OPTIONS: Group = [
            help="CPU threads for numpy's BLAS and torch (default: as OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, "
                 "else every core)."),
     option("weights", Optional[Path], None, "--weights", "-w", rich_help_panel=PARAMS,
-           help="Score weights (.npz .yaml .json, or a PyTorch state dict .pt) in the textbook convention q @ W_q: "
-                "W (d_q,d_k) for general; W_q (d_q,h), W_k (d_k,h), w_v (h,), b (h,) for additive; W (d_k,), b for "
-                "location; w for gaussian. nn.Linear names (W_q.weight of shape (h,d_q), ...) are converted."),
+           help="Weights (.npz .yaml .json, or a PyTorch state dict .pt) in the textbook convention q @ W_q. "
+                "Multi-head: the projections W_q, W_k, W_v (W_o, biases) or an nn.MultiheadAttention state dict. "
+                "Otherwise the score's: W (d_q,d_k) for general; W_q (d_q,h), W_k (d_k,h), w_v (h,), b (h,) for "
+                "additive; W (d_k,), b for location; w for gaussian. nn.Linear names (W_q.weight of shape (h,d_q), "
+                "...) are converted."),
     option("hidden", Optional[int], None, "--hidden", min=1, rich_help_panel=PARAMS,
            help="Hidden width h of weights initialised without --weights (default: the query width)."),
     option("seed", Optional[int], None, "--seed", rich_help_panel=PARAMS,
@@ -111,6 +113,43 @@ PROBLEM_OPTIONS: Group = [
            help="Hard attention: one-hot weights at each row's largest weight (ties: the first key)."),
     option("dropout", Optional[float], None, "--dropout", min=0.0, max=1.0, rich_help_panel=COMPUTE,
            help="Inverted dropout on the weights as nn.Dropout(P) in training (default 0), seeded by --seed."),
+]
+
+MH = "Multi-head"
+InitChoice = choices("InitChoice", ("mha", "linear"))
+
+# Projections and heads: `self`, `check` and `examples run` build the same problem (cli/inputs.py).
+MULTIHEAD_OPTIONS: Group = [
+    option("heads", Optional[int], None, "--heads", min=1, rich_help_panel=MH,
+           help="Multi-head attention with H heads (as `attncli self`; must divide d_k and d_v). Inputs are then "
+                "X [MEMORY [VALUES]] and --weights holds the projections W_q, W_k, W_v (W_o, biases)."),
+    option("memory", Optional[str], None, "--memory", rich_help_panel=MH,
+           help="Cross-attention: keys and values are projected from this (B, S, D_k) instead of X."),
+    option("values", Optional[str], None, "--values", rich_help_panel=MH,
+           help="Project the values from this (B, S, D_v) instead of the memory (PyTorch's separate key and value "
+                "inputs)."),
+    option("key_padding_mask", Optional[str], None, "--key-padding-mask", rich_help_panel=MH,
+           help="(B, S) file: True/1 = ignore that key (PyTorch key_padding_mask)."),
+    option("d_k", Optional[int], None, "--d-k", min=1, rich_help_panel=MH,
+           help="Without --weights: width of Q and K (default d_model)."),
+    option("d_v", Optional[int], None, "--d-v", min=1, rich_help_panel=MH,
+           help="Without --weights: width of V (default d_k)."),
+    option("init", InitChoice, InitChoice("mha"), "--init", rich_help_panel=MH,
+           help="Without --weights: mha (nn.MultiheadAttention: xavier, zero biases) or linear (nn.Linear: uniform "
+                "±1/sqrt(fan_in), as d2l)."),
+    option("bias", bool, True, "--bias/--no-bias", rich_help_panel=MH,
+           help="Without --weights: include b_q, b_k, b_v, b_o."),
+    option("out_proj", bool, True, "--out-proj/--no-out-proj", rich_help_panel=MH,
+           help="Without --weights: apply an output projection W_o."),
+    option("prefix", Optional[str], None, "--prefix", rich_help_panel=MH,
+           help="Module prefix of the attention weights in a bigger state dict, e.g. encoder.attn."),
+    option("batch_first", bool, True, "--batch-first/--no-batch-first", rich_help_panel=MH,
+           help="Inputs are (B, T, D) (default) or (T, B, D) as PyTorch's default layout; the steps are always "
+                "batch-first."),
+]
+HEAD_OPTION: Group = [
+    option("head", Optional[int], None, "--head", min=0, rich_help_panel=MH,
+           help="Show only this head's steps in the terminal view (JSON, NPZ and --save keep every head)."),
 ]
 
 FORMAT_CHOICES = ("rich", "json", "npz", "latex", "markdown")
