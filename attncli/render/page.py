@@ -24,23 +24,40 @@ from attncli.render.plot import panel_title
 from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note
 from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
-MAX_CELLS = 40_000  # cells explained one by one (beyond: rows only, and the page says so)
-MAX_SIDE = 200  # rows / columns of a table written into the page
+MAX_CELLS = 10_000  # cells explained one by one (beyond: rows only, and the page says so)
+MAX_ENTRIES = 16  # heads / batch entries in the selector (the first ones)
+MAX_SIDE = 64  # rows / columns of a table written into the page (the first ones; the page says so)
 
 
 def _entries(lead: tuple[int, ...]) -> list[tuple[int, ...]]:
-    return list(np.ndindex(*lead)) if lead else [()]
+    """The first MAX_ENTRIES heads / batch entries (row-major)."""
+    out: list[tuple[int, ...]] = []
+    for e in np.ndindex(*lead) if lead else [()]:
+        if len(out) == MAX_ENTRIES:
+            break
+        out.append(e)
+    return out
+
+
+def _per_entry(a: np.ndarray, lead: tuple[int, ...]) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """``a`` (..., r, c) with the weights' leading axes ``lead`` (e.g. batch, head): broadcast from
+    the right as numpy does (a per-head step), else from the left (a per-batch input such as X
+    of shape (B, T, D) beside weights (B, H, T, S)); otherwise its first matrix for every entry."""
+    r, c = a.shape[-2:]
+    extra = len(lead) - (a.ndim - 2)
+    for shape in (a.shape, a.shape[:-2] + (1,) * max(extra, 0) + (r, c)):
+        try:
+            return np.broadcast_to(a.reshape(shape), lead + (r, c)), _entries(lead)
+        except ValueError:
+            continue
+    return a.reshape(-1, r, c)[0], [()]
 
 
 def _table(trace: Trace, name: str, title: str, a: np.ndarray, axes: tuple[str, str], lead: tuple[int, ...],
            precision: int, marked: np.ndarray | None) -> dict[str, Any]:
     """One step as data for the page: its title, labels, and per entry the written cells and their colour (0..1)."""
     r, c = a.shape[-2:]
-    try:
-        per = np.broadcast_to(a, lead + (r, c))
-        entries = _entries(lead)
-    except ValueError:
-        per, entries = a.reshape(-1, r, c)[:1], [()]
+    per, entries = _per_entry(a, lead)
     r2, c2 = min(r, MAX_SIDE), min(c, MAX_SIDE)
     hid = np.zeros(per.shape, dtype=bool) if marked is None else np.broadcast_to(marked, per.shape)
     vals = per[..., :r2, :c2].astype(np.float64)
@@ -87,6 +104,7 @@ def page_data(trace: Trace, precision: int = 4) -> dict[str, Any]:
         if hid is not None and st.name != "masked":
             hid = hid & (np.broadcast_to(a, hid.shape) == 0)  # a finite fill leaves masked keys a weight
         tables.append(_table(trace, st.name, f"{k}. {st.formula}", a, st.axes, lead, precision, hid))
+    m, n = min(m, MAX_SIDE), min(n, MAX_SIDE)  # the cells the tables show
     explain_cells = len(entries) * m * n <= MAX_CELLS
     cells: list[Any] = []
     rows: list[Any] = []
@@ -96,7 +114,9 @@ def page_data(trace: Trace, precision: int = 4) -> dict[str, Any]:
                            for j in range(n)] for i in range(m)])
         rows.append([_lines(Cell(trace, e, i, 0, precision), "row {q}", explain_row) for i in range(m)])
     return {"title": f"attncli · {trace.meta.get('score', 'attention')}", "version": __version__,
-            "header": header_lines(trace), "entries": [panel_title(trace, e) or "the only entry" for e in entries],
+            "header": header_lines(trace) + ([f"the first {len(entries)} of {math.prod(lead)} heads / batch entries"]
+                                             if math.prod(lead) > len(entries) else []),
+            "entries": [panel_title(trace, e) or "the only entry" for e in entries],
             "tables": tables, "cells": cells, "rows": rows, "explained_cells": explain_cells}
 
 
