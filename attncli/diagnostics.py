@@ -6,7 +6,8 @@ the result and ``--format json`` carries it under ``diagnostics``.
 
     entropy H_i        = -Σ_j w_ij ln w_ij           (nats; 0 for a one-hot row)
     effective keys     = exp(H_i)                    (n for uniform weights over n keys, 1 for one-hot)
-    saturated row      : max_j w_ij > 0.99
+    visible keys       : the keys row i sees (not masked); effective keys are out of these
+    saturated row      : max_j w_ij > 0.99 in a row that sees more than one key
     score spread       : max_j s_ij - min_j s_ij of the raw scores, compared with √d for unscaled dot
                          products (their standard deviation grows like √d: the notes' reason to scale)
     similarity         : output rows compared by dot product or cosine (and the inputs, for self-attention)
@@ -144,19 +145,23 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     dead = fully_masked(trace)
     h = np.where(dead, np.nan, h)
     qlab, klab = query_labels(trace), trace.key_labels
+    hidden = masked_cells(trace)
+    visible = (np.full(w.shape[:-1], n) if hidden is None else n - np.sum(hidden, axis=-1)).astype(np.int64)
+    visible = np.where(dead, 0, visible)
     out: dict[str, Any] = {
         "entropy": plain(h),
         "effective_keys": plain(np.exp(h)),
         "max_weight": plain(top),
         "argmax": plain(np.where(dead, -1, arg)),
         "keys": n,
+        "visible_keys": plain(visible),  # keys each row sees (not masked): its entropy's ceiling is ln of it
     }
     if klab:
         names = np.asarray([*klab, ""], dtype=object)  # index -1: a fully masked row
         out["argmax_key"] = names[np.where(dead, -1, arg)].tolist()
     warnings: list[str] = []
 
-    sat = np.argwhere((top > SATURATION) & ~dead)
+    sat = np.argwhere((top > SATURATION) & ~dead & (visible > 1))  # a row that sees one key has no choice
     out["saturated_count"] = len(sat)
     out["saturated_rows"] = [
         {"index": [int(x) for x in idx], "query": where(qlab, tuple(int(x) for x in idx)),
@@ -237,3 +242,18 @@ def attach(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     if diag:
         trace.extra["diagnostics"] = diag
     return diag
+
+
+def masked_cells(trace: Trace) -> np.ndarray | None:
+    """Where a key is masked for a query (..., m, n) in the weights' shape: the cells the ``masked`` step
+    changed (to -inf or to a fill such as d2l's -1e6); None when the run has no mask step."""
+    if "masked" not in trace or "weights" not in trace:
+        return None
+    shape = trace.step("weights").values.shape
+    after = np.asarray(trace["masked"])
+    before = np.asarray(trace["scaled"] if "scaled" in trace else trace["scores"])
+    changed = (after != before) & ~(np.isnan(after) & np.isnan(before))
+    try:
+        return np.broadcast_to(changed, shape)
+    except ValueError:  # weights of some rows only (the corners of a big view)
+        return None

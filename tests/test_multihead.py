@@ -330,7 +330,7 @@ def test_cat_milk_two_heads_example() -> None:
 def test_terminal_view_per_head_and_head_selection(tmp_path: Path) -> None:
     res = runner.invoke(app, ["self", str(EXAMPLES / "multihead_cat_milk.yaml")])
     assert res.exit_code == 0, res.stderr
-    for text in ("X: the input", "Q = X · W_q", "head 0 of (2,)", "head 1 of (2,)", "concat(head_0, …, head_1)",
+    for text in ("X: the input", "Q = X · W_q", "head 0 of 2", "head 1 of 2", "concat(head_0, …, head_1)",
                  "avg_weights"):
         assert text in res.stdout, text
     one = runner.invoke(app, ["self", str(EXAMPLES / "multihead_cat_milk.yaml"), "--head", "1",

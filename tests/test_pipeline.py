@@ -61,7 +61,7 @@ def test_head_explain_row_shows_that_heads_weights() -> None:
     got = [float(ln.rsplit("weight", 1)[1]) for ln in lines]
     assert got == pytest.approx([0.0156, 0.1155, 0.0156, 0.8533], abs=5e-5)  # the example file's hand numbers
     # and the arithmetic uses head 1's value column (the taste): 3.822 = 0.0156·2 + 0.1155·3 + 0.0156·2 + 0.8533·4
-    assert "= (3.822)" in res.stdout
+    assert "= (3.8220)" in res.stdout
 
 
 def test_examples_run_takes_self_options() -> None:

@@ -149,13 +149,14 @@ def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
     """Diagnostics, explanations and the picture options, all checked before anything is printed."""
     from attncli.diagnostics import attach as diagnose
     from attncli.render.explain import attach as explain
-    from attncli.render.plot import Pictures
+    from attncli.render.pictures import Pictures
 
-    show = Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"))
+    show = Pictures.from_options(opts)
     shown = (opts["format"].value == "rich" and not opts["quiet"]) or opts["format"].value == "json"
     saved = opts.get("save") is not None and opts["save"].suffix.lower() == ".json"
     sim = opts.get("similarity")
-    if shown or saved or show.wanted or sim is not None:  # nobody reads diagnostics of an NPZ-only run
+    document = opts["format"].value in ("latex", "markdown")
+    if shown or saved or show.wanted or sim is not None or document:  # nobody reads diagnostics of an NPZ-only run
         diagnose(trace, sim.value if sim is not None else None)
     explain(trace, ropts)
     show.check(trace)
@@ -192,20 +193,12 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     if fmt == "rich":
         if not opts["quiet"]:
             # labels are text: no markup, no :emoji: codes
-            console = Console(soft_wrap=False, record=show.wanted, markup=False, emoji=False)
+            console = Console(soft_wrap=False, markup=False, emoji=False)
             FORMATS["rich"](trace, ropts, console)
-            show.save(console, protect)
     else:
         FORMATS[fmt](trace, ropts, sys.stdout)
         sys.stdout.flush()
-    if show.wanted and not show.saved:  # --svg/--html with --format json or --quiet: render off screen
-        import io
-
-        console = Console(file=io.StringIO(), record=True, width=100, soft_wrap=False, force_terminal=True,
-                          markup=False, emoji=False)
-        FORMATS["rich"](trace, ropts, console)
-        show.save(console, protect)
-    show.plot(trace, protect)
+    show.write(trace, lambda console: FORMATS["rich"](trace, ropts, console), protect)
     if not opts["quiet"]:
         for w in trace.warnings:
             sys.stderr.write(f"attncli: warning: {w}\n")

@@ -28,27 +28,13 @@ from rich.text import Text
 from attncli import stages
 from attncli.errors import InputError
 from attncli.render import RenderOptions
+from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
 from attncli.render.terminal import EXPLAINERS, axis_labels
 from attncli.trace import KEYS, QUERIES, Trace
 
 MAX_TERMS = 8  # products / exponentials / value rows written out before eliding the middle
 MAX_FEATURES = 6  # vector entries written out before eliding the middle
 OVERFLOW_SAFE = 50.0  # above this row max, exp(x) is shown only in its shifted (stable) form
-
-
-def num(x: float, p: int = 4) -> str:
-    """A compact number: 8, 0.0826, -1e+06, -inf (``p`` decimals at most, trailing zeros dropped)."""
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "-inf" if x < 0 else "inf"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e6 or abs(x) < 10.0 ** -p / 2:
-        return f"{x:.{p}g}".replace("e+0", "e+").replace("e-0", "e-")
-    s = f"{x:.{p}f}".rstrip("0").rstrip(".")
-    return "0" if s in ("-0", "") else s
 
 
 def fac(x: float, p: int = 4) -> str:
