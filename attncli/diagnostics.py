@@ -6,7 +6,8 @@ the result and ``--format json`` carries it under ``diagnostics``.
 
     entropy H_i        = -Σ_j w_ij ln w_ij           (nats; 0 for a one-hot row)
     effective keys     = exp(H_i)                    (n for uniform weights over n keys, 1 for one-hot)
-    saturated row      : max_j w_ij > 0.99
+    visible keys       : the keys row i sees (not masked); effective keys are out of these
+    saturated row      : max_j w_ij > 0.99 in a row that sees more than one key
     score spread       : max_j s_ij - min_j s_ij of the raw scores, compared with √d for unscaled dot
                          products (their standard deviation grows like √d: the notes' reason to scale)
     similarity         : output rows compared by dot product or cosine (and the inputs, for self-attention)
@@ -87,19 +88,14 @@ def row_stats(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 
 def fully_masked(trace: Trace) -> np.ndarray:
-    """Rows (..., m) where every key is masked: zero weights, or every masked score replaced by one fill value."""
-    return _fully_masked(trace, row_stats(trace.weights)[3] == 0)
-
-
-def _fully_masked(trace: Trace, dead: np.ndarray) -> np.ndarray:
-    if "masked" in trace:
-        masked = trace["masked"]
-        before = trace["scaled"] if "scaled" in trace else trace["scores"]
-        before = np.broadcast_to(before, masked.shape)
-        changed = np.all(masked != before, axis=-1)
-        same = np.all(masked == masked[..., :1], axis=-1)
-        dead = dead | (changed & same)
-    return dead
+    """Rows (..., m) of the weights where every key is masked, as the engine found them
+    (``Trace.dead``: every score -inf or no key kept; never a row a float mask made uniform)."""
+    shape = trace.weights.shape[:-1]
+    dead = trace.dead
+    if dead is None:
+        return np.zeros(shape, dtype=bool)
+    rows = trace.step("weights").rows  # the corner rows of a big view: theirs only
+    return np.broadcast_to(dead if rows is None else np.asarray(dead)[..., rows], shape)
 
 
 def label(labels: list[str] | None, i: int, prefix: str) -> str:
@@ -146,22 +142,26 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     w = trace.weights  # (..., m, n)
     n = int(w.shape[-1])
     h, top, arg, total = row_stats(w)
-    dead = np.broadcast_to(_fully_masked(trace, total == 0), w.shape[:-1])
+    dead = fully_masked(trace)
     h = np.where(dead, np.nan, h)
     qlab, klab = query_labels(trace), trace.key_labels
+    hidden = masked_cells(trace)
+    visible = (np.full(w.shape[:-1], n) if hidden is None else n - np.sum(hidden, axis=-1)).astype(np.int64)
+    visible = np.where(dead, 0, visible)
     out: dict[str, Any] = {
         "entropy": plain(h),
         "effective_keys": plain(np.exp(h)),
         "max_weight": plain(top),
         "argmax": plain(np.where(dead, -1, arg)),
         "keys": n,
+        "visible_keys": plain(visible),  # keys each row sees (not masked): its entropy's ceiling is ln of it
     }
     if klab:
         names = np.asarray([*klab, ""], dtype=object)  # index -1: a fully masked row
         out["argmax_key"] = names[np.where(dead, -1, arg)].tolist()
     warnings: list[str] = []
 
-    sat = np.argwhere((top > SATURATION) & ~dead)
+    sat = np.argwhere((top > SATURATION) & ~dead & (visible > 1))  # a row that sees one key has no choice
     out["saturated_count"] = len(sat)
     out["saturated_rows"] = [
         {"index": [int(x) for x in idx], "query": where(qlab, tuple(int(x) for x in idx)),
@@ -242,3 +242,18 @@ def attach(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     if diag:
         trace.extra["diagnostics"] = diag
     return diag
+
+
+def masked_cells(trace: Trace) -> np.ndarray | None:
+    """Where a key is masked for a query (..., m, n) in the weights' shape: the cells the ``masked`` step
+    changed (to -inf or to a fill such as d2l's -1e6); None when the run has no mask step."""
+    if "masked" not in trace or "weights" not in trace:
+        return None
+    shape = trace.step("weights").values.shape
+    after = np.asarray(trace["masked"])
+    before = np.asarray(trace["scaled"] if "scaled" in trace else trace["scores"])
+    changed = (after != before) & ~(np.isnan(after) & np.isnan(before))
+    try:
+        return np.broadcast_to(changed, shape)
+    except ValueError:  # weights of some rows only (the corners of a big view)
+        return None

@@ -1,27 +1,42 @@
-"""The math: one implementation over the array API, as a sequence of named steps.
+"""The one pipeline: the stages of attncli.stages composed, returning a Trace.
 
-    scores  = score(Q, K)                       (..., m, n)
-    scaled  = scores · factor / temperature
-    masked  = scaled with masked keys at -inf (or --mask-value), plus any float mask
-    weights = softmax(masked)                   rows sum to 1 (0 where fully masked)
-    output  = weights @ V                       (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
+    2) split     (B, T, H·d) -> (B, H, T, d)                           (with projections)
+    3) score     scores = score(Q, K)                                  (..., m, n)
+    4) scale     scaled = scores · factor / temperature
+    5) mask      masked = scaled with masked keys at -inf (or --mask-value), plus any float mask
+    6) softmax   weights = softmax(masked)                             rows sum to 1 (0 where fully masked)
+    7) select    hard, dropout (each its own step; the last is what multiplies V)
+    8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+    9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
+
+Single-head ``run`` and multi-head ``self`` are this one function; :func:`attncli.plan.plan`
+says whether steps 3-7 run on the whole score matrix (explicit), in blocks of queries, or in
+PyTorch's fused kernel (attncli.fast), and which rows a big view computes.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from attncli import fast, modern, stages
 from attncli.backend import Backend, get_backend, to_numpy
-from attncli.errors import InputError
-from attncli.problem import Options, Problem
-from attncli.scoring import SCALINGS, ScoreInput, get_score
-from attncli.trace import FEATURES, QUERIES, Trace
+from attncli.options import Options
+from attncli.plan import Plan, plan
+from attncli.problem import Problem
+from attncli.projections import Norm, Projections
+from attncli.scoring import get_score
+from attncli.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.validate import mapping
 from attncli.weights import DEFAULT_SEED
+
+Progress = Callable[[int, int], None]
+WEIGHT_AXES = ("inputs", "projected")  # rows of W are input features, columns projected features
+BIAS_AXES = ("bias", "projected")
 
 
 def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask: Any = None,
@@ -30,7 +45,7 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     """Attention of queries ``q`` over keys ``k`` and values ``v``, returned as a :class:`Trace`.
 
     ``k`` and ``v`` default to ``q`` (self-attention). Keyword options are the fields of
-    :class:`attncli.problem.Options` (``score``, ``scale``, ``temperature``, ``causal``,
+    :class:`attncli.options.Options` (``score``, ``scale``, ``temperature``, ``causal``,
     ``mask_convention``, ``mask_value``, ``dtype``, ``backend``, ``device``, ...).
     ``keep_weights=False`` returns the output alone, computed in blocks of queries (or by torch's
     fused SDPA) without ever holding the ``(..., m, n)`` weights: for long sequences.
@@ -41,86 +56,202 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     """
     problem = Problem.build(q, k, v, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
                             key_labels=key_labels, params=dict(mapping(params, "attend() params")),
-                            options=Options().merged(options, "attend()"))
+                            options=Options().merged(options, "attend()"), sources=_api_sources())
     return run(problem)
 
 
-def run(problem: Problem, backend: Backend | None = None, progress: Callable[[int, int], None] | None = None) -> Trace:
-    """Compute every step of ``problem`` on its backend and return the Trace (``progress(done, total)``
-    hears about blocks of queries on the output-only path)."""
+def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projections, heads: int = 1,
+              valid_lens: Any = None, key_padding_mask: Any = None, mask: Any = None,
+              query_labels: list[str] | None = None, key_labels: list[str] | None = None,
+              options: Options | None = None, sources: dict[str, str] | None = None,
+              batch_first: bool = True) -> Trace:
+    """Multi-head attention of X over memory Y (values Z; both default to X), step by step: the
+    same pipeline as :func:`attend`, with the projections and heads as part of the problem."""
+    src = {"q": "X", "k": "memory", "v": "values", **_renamed(sources or {})}
+    problem = Problem.build(x, memory, values, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
+                            key_labels=key_labels, options=options or Options(), sources=src, projections=weights,
+                            heads=heads, padding=key_padding_mask, batch_first=batch_first)
+    return run(problem)
+
+
+def _api_sources() -> dict[str, str]:
+    return {n: f"attend({n}=...)" for n in ("q", "k", "v", "valid_lens", "mask", "weights")} | {
+        "query_labels": "attend(query_labels=...)", "key_labels": "attend(key_labels=...)"}
+
+
+def _renamed(sources: dict[str, str]) -> dict[str, str]:
+    """Sources named as the multi-head inputs (x, memory, values) under the problem's names (q, k, v)."""
+    names = {"x": "q", "memory": "k", "values": "v"}
+    return {names.get(k, k): v for k, v in sources.items()}
+
+
+def run(problem: Problem, how: Plan | None = None, backend: Backend | None = None,
+        progress: Progress | None = None) -> Trace:
+    """Every stage of ``problem`` on its backend, as the plan says (default :func:`attncli.plan.plan`
+    of what the problem's options ask for), and the Trace (``progress(done, total)`` hears about
+    blocks of queries on the output-only path)."""
     o = problem.options
+    how = how or plan(problem)
     be = backend or get_backend(o.backend, o.device)
     dt = problem.dtype
-    q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
     trace = Trace(query_labels=problem.query_labels, key_labels=problem.key_labels)
     score = get_score(o.score)
-    trace.meta.update(score=score.name, score_formula=score.formula, backend=be.name, device=be.device_name(), dtype=dt,
-                      shapes={"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)})
-    trace.inputs.update(q=q, k=k, v=v)
+    trace.meta.update(score=score.name, score_formula=score.formula, backend=be.name, device=be.device_name(), dtype=dt)
+    projected = problem.projections is not None
+    if projected:
+        core, q, k, v, w = _project_inputs(problem, be, trace)
+    else:
+        core, w = problem, {}
+        q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
+        trace.meta["shapes"] = {"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)}
+        trace.inputs.update(q=q, k=k, v=v)
     trace.meta["self_attention"] = problem.self_attention
-    params = {name: be.asarray(w, dt) for name, w in problem.params.items()}
+    params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
     record_params(problem, params, trace)
-    if not o.keep_weights or problem.result_dtype:
-        from attncli import fast  # output only: blocks of queries, or SDPA; half inputs: cast back
-        out = None if o.keep_weights else fast.output_only(problem, be, q, k, v, params, trace, progress)
-        if out is not None:
-            trace.add("output", "output = weights · V", out, (QUERIES, FEATURES))
-            return trace
-    weights = attention_weights(problem, be, q, k, params, trace)
-    used = trace.steps[-1].name  # weights, or hard / dropout when asked for
-    out = weights @ v  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-    if problem.result_dtype:
-        out = fast.cast_result(be, out, problem)
-        trace.warnings.extend(w for w in [fast.score_overflow(problem, trace.step("scores").values)] if w)
-    trace.add("output", f"output = {used} · V", out, (QUERIES, FEATURES))
+    out = _attention(core, be, q, k, v, params, trace, how, progress, "head_output" if projected else "output")
+    if projected:
+        _merge(problem, be, trace, out, w)
+    if problem.result_dtype:  # half inputs: computed in float32, the output rounded back
+        final = trace.step("output")
+        final.values = be.cast(final.values, problem.result_dtype)
     return trace
 
 
-def corner_rows(problem: Problem, trace: Trace, rows: list[int], limit: int) -> bool:
-    """Add the steps up to the weights, computed for the queries ``rows`` only, before the output of an
-    output-only ``trace``: what the view of a big problem shows (its first and last rows), each row
-    against every key, so the numbers shown are exact, without the whole weight matrix. False
-    (nothing added) where that is not the same computation (a scaling over the whole score matrix,
-    hard attention, dropout) or more than ``limit`` scores would be held. Steps with a table per
-    query (additive's features) are left out."""
-    from attncli import fast
+def _index(trace: Trace, name: str) -> int:
+    return trace.names().index(name)
 
-    if not (fast.supported(problem) and fast.constant_scale(problem)):
-        return False
-    if len(rows) * problem.n * math.prod(problem.batch_shape) > limit:
-        return False
-    o = problem.options
-    be = get_backend(o.backend, o.device)
+
+# ---- 1) project, 2) split ---------------------------------------------------------------------
+
+
+def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, Any, Any, Any, dict[str, Any]]:
+    """Project X, Y, Z and split them into heads: the steps x, W_*, q, k, v; returns the problem of
+    the per-head attention (its Q, K, V the split projections) and the split arrays on the backend."""
+    proj = problem.projections
+    assert proj is not None
+    xp, dt, H = be.xp, problem.dtype, problem.heads
+    memory, values = problem.k is not problem.q, problem.v is not problem.k
+    w = {n: be.asarray(a, dt) for n, a in proj.arrays().items()}
+    X = be.asarray(problem.q, dt)
+    residual = problem.pre_norm is not None
+    lead = _lead(problem)
+    t.meta["shapes"] = {"x": list(np.shape(lead(problem.q)))} | (
+        {"memory": list(np.shape(lead(problem.k)))} if memory else {}) | (
+        {"values": list(np.shape(lead(problem.v)))} if values else {})
+    t.add("x", f"X: the {'residual stream entering the layer' if residual else 'input'}, "
+          f"{'(B, T, d_model)' if problem.batched else '(T, d_model)'}", X, (QUERIES, FEATURES))
+    if problem.pre_norm is not None:  # --from-residual: the layer's own pre-attention norm
+        X = _pre_norm(problem.pre_norm, be, X, dt, t)
+    Y = X if not memory else be.asarray(problem.k, dt)
+    Z = Y if not values else be.asarray(problem.v, dt)
+    if memory:
+        t.add("memory", "Y: the memory that keys (and values) are projected from", Y, (KEYS, FEATURES))
+    if values:
+        t.add("values", "Z: the input values are projected from", Z, (KEYS, FEATURES))
+    for n in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v"):
+        _weight(t, proj, w, n)
+    q = stages.project(X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
+    k = stages.project(Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
+    v = stages.project(Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
+    y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
+    t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES))
+    t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES))
+    t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES))
+    qh, kh, vh = (stages.split_heads(xp, a, H) for a in (q, k, v))  # (B, T, d) -> (B, H, T, d/H)
+    t.meta.update(heads=H, head_width={"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H},
+                  self_attention=problem.self_attention, batched=problem.batched, weights_format=proj.kind,
+                  weights_source=proj.source, batch_axes=["batch", "head"] if problem.batched else ["head"],
+                  head_axis=1 if problem.batched else 0)
+    core = replace(problem, q=to_numpy(qh), k=to_numpy(kh), v=to_numpy(vh), projections=None)
+    return core, qh, kh, vh, w
+
+
+def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace) -> Any:
+    """X through the layer's pre-attention norm (LayerNorm or RMSNorm over the features): the step x_norm."""
+    xp = be.xp
+    w = be.asarray(norm.w, dt)
+    if norm.kind == "layernorm":
+        b = None if norm.b is None else be.asarray(norm.b, dt)
+        y = modern.layer_norm(xp, X, w, b, norm.eps)
+        text = f"x_norm = (X - mean) / sqrt(var + {norm.eps:g}) · w + b"
+    else:
+        y = modern.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p")
+        scale = "(1 + w)" if norm.kind == "rms1p" else "w"
+        text = f"x_norm = {scale} · X / sqrt(mean(X²) + {norm.eps:g})"
+    where = f" (w = {norm.origin})" if norm.origin else ""
+    t.add("x_norm", f"{text}: the layer's pre-attention {norm.kind}{where}", y, (QUERIES, FEATURES))
+    return y
+
+
+def _weight(t: Trace, proj: Projections, w: dict[str, Any], n: str) -> None:
+    if n not in w:
+        return
+    where = f" (from {proj.origin[n]})" if n in proj.origin else ""
+    if n.startswith("W"):
+        t.add(n, f"{n}{where}, textbook convention (in, out)", w[n], WEIGHT_AXES)
+    else:
+        t.add(n, f"{n}{where}, added to every row", w[n][None, :], BIAS_AXES)
+
+
+def _plus(w: dict[str, Any], b: str) -> str:
+    return f" + {b}" if b in w else ""
+
+
+# ---- 3) - 8) the attention of each (batch, head) --------------------------------------------------
+
+
+def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
+               how: Plan, progress: Progress | None, out_name: str) -> Any:
+    """Scores to output, on the path the plan names: the output (..., m, d_v)."""
+    if how.path == "explicit":
+        w = attention_weights(problem, be, q, k, params, trace)
+        out = stages.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+        if problem.result_dtype:
+            trace.warnings.extend(m for m in [fast.score_overflow(problem, trace.step("scores").values)] if m)
+        trace.meta["path"] = "explicit"
+        trace.add(out_name, f"{out_name} = {trace.meta['weights_step']} · V", out, (QUERIES, FEATURES))
+        return out
+    out = fast.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
+    if how.rows is not None:
+        _corner_rows(problem, be, q, k, params, trace, list(how.rows))
+    trace.add(out_name, f"{out_name} = weights · V", out, (QUERIES, FEATURES))
+    return out
+
+
+def _corner_rows(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any], trace: Trace,
+                 rows: list[int]) -> None:
+    """The steps up to the weights for the queries ``rows`` only (the first and last rows a view of a
+    big problem shows), each row against every key, so the numbers shown are exact. Steps with a
+    table per query (additive's features) are left out."""
     index = np.asarray(rows)
-    q = be.asarray(problem.q[..., index, :], problem.dtype)  # (..., rows, d)
-    params = {name: trace.inputs[name] for name in problem.params}
+    qr = be.xp.take(q, be.asarray(index, "int64") if be.name == "torch" else index, axis=-2)  # (..., rows, d)
     part = Trace(query_labels=problem.query_labels, key_labels=problem.key_labels)
-    attention_weights(problem, be, q, trace.inputs["k"], params, part, rows=index)  # its warnings: the output's run has them
-    output = trace.steps.pop()
+    attention_weights(problem, be, qr, k, params, part, rows=index)  # its warnings: the output's run has them
     for step in part.steps:
-        if step.numpy().ndim > q.ndim:  # one table per query (additive's features): left out of the summary
+        if step.numpy().ndim > qr.ndim:  # one table per query (additive's features): left out of the summary
             continue
         if step.axes[0] == QUERIES:
             step.rows = list(rows)
         trace.steps.append(step)
-    trace.steps.append(output)
-    return True
+    trace.meta["weights_step"] = part.meta["weights_step"]
+    trace.meta["scaling"] = part.meta.get("scaling")
 
 
 @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
 def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any],
                       trace: Trace, rows: np.ndarray | None = None) -> Any:
-    """Scores, scaling, masking and softmax for ``q`` against ``k``: adds the steps, returns the weights.
-    ``rows``: ``q`` holds only these queries of the problem (their masks are taken for them)."""
+    """Scores, scaling, masking, softmax and the softmax's variants for ``q`` against ``k``: adds the
+    steps and returns the weights that multiply V. ``rows``: ``q`` holds only these queries of the
+    problem (their masks are taken for them)."""
     o, xp = problem.options, be.xp
-    score = get_score(o.score)
 
-    # 1) score
-    s = score.fn(ScoreInput(xp, q, k, params, trace, o.__dict__))
+    # 3) score
+    score = get_score(o.score)
+    s = stages.score(problem, xp, q, k, params, trace)
     trace.add("scores", f"scores = {score.symbol}", s)
 
-    # 2) scale
-    factor, text = scale_factor(problem, xp, s)
+    # 4) scale
+    factor, text = stages.scale_factor(problem, xp, s)
     trace.meta["scaling"] = {"rule": text, "factor": factor if isinstance(factor, (int, float)) else None,
                              "temperature": o.temperature}  # for explanations
     if factor is not None:
@@ -131,73 +262,121 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     if factor is not None or o.temperature is not None:
         trace.add("scaled", f"scaled = {text}", s)
 
-    # 3) mask
+    # 5) mask
     raw = s
-    keep, bias = masks(problem, be, s.shape, rows=rows)
-    if bias is not None and bool(np.all((problem.mask == 0) | (problem.mask == 1))):
+    keep, bias = stages.masks(problem, be, rows=rows)
+    if bias is not None and problem.mask is not None and problem.mask.dtype != bool and \
+            bool(np.all((problem.mask == 0) | (problem.mask == 1))):
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
                               "scores, not used to keep or drop keys (save it as booleans or integers for that)")
     if keep is not None or bias is not None:
-        fill = -math.inf if o.mask_value is None else o.mask_value
-        if bias is not None:
-            s = s + bias
-        if keep is not None:
-            s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
+        fill = stages.fill_value(problem)
+        s = stages.apply_mask(xp, s, keep, bias, fill)
         plus = " (+ float mask)" if bias is not None else ""
         trace.add("masked", f"masked = scores with masked keys set to {fill:g}{plus}", s)
 
-    # 4) softmax over keys (stable); a row with every key at -inf gets zero weights
-    check_scores(problem, xp, raw, s, keep)
-    w = softmax(xp, s)
-    dead = _fully_masked_rows(xp, s, keep)
+    # 6) softmax over keys (stable); a row with every key masked gets zero weights
+    stages.check_scores(problem, xp, raw, s, keep)
+    w = stages.softmax(xp, s)
+    dead = stages.dead_rows(xp, s, keep)
+    trace.dead = dead if rows is None else None
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
-        trace.warnings.extend(_dead_row_messages(problem, dead, o.mask_value))
-    trace.add("weights", "weights = softmax(masked, over keys)" if "masked" in trace else
-              f"weights = softmax({'scaled' if 'scaled' in trace else 'scores'}, over keys)", w)
+        trace.warnings.extend(stages.dead_row_messages(problem, dead))
+    before = "masked" if "masked" in trace else "scaled" if "scaled" in trace else "scores"
+    follows = o.hard or o.dropout > 0
+    trace.add("softmax" if follows else "weights", f"{'softmax' if follows else 'weights'} = softmax({before}, over keys)", w)
 
-    # 5) softmax variants, each its own step: the last one is what the output uses
+    # 7) softmax variants, each its own step: the last one is what the output uses
     if o.hard:
-        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", hard(xp, w))
+        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", stages.hard(xp, w))
     if o.dropout > 0:
         w = trace.add("dropout", f"dropout = {trace.steps[-1].name} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
                                  f"keep from default_rng({o.seed if o.seed is not None else DEFAULT_SEED})",
-                      dropout(be, w, o.dropout, o.seed))
+                      stages.dropout(be, w, o.dropout, o.seed))
+    trace.meta["weights_step"] = trace.steps[-1].name
     return w
 
 
-def hard(xp: Any, w: Any) -> Any:
-    """Hard attention: 1 at each row's argmax (the first one on ties), 0 elsewhere; zero rows stay zero."""
-    n = int(w.shape[-1])
-    top = xp.argmax(w, axis=-1, keepdims=True)  # (..., m, 1), the first maximum
-    one = xp.astype(xp.arange(n, device=_device(xp, w)) == top, w.dtype)  # (n,) vs (..., m, 1) -> (..., m, n)
-    alive = xp.any(w > 0, axis=-1, keepdims=True)  # (..., m, 1): fully masked rows stay zero
-    return xp.where(alive, one, xp.zeros_like(one))
+# ---- 9) merge ---------------------------------------------------------------------------------------
 
 
-def dropout(be: Backend, w: Any, p: float, seed: int | None) -> Any:
-    """Inverted dropout as ``nn.Dropout(p)`` in training: keep with probability 1-p, scale kept by 1/(1-p).
+def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> None:
+    """The heads side by side (concat), W_o and b_o, the head-averaged weights; the per-head steps
+    marked as such; an unbatched input's batch axis dropped from every step."""
+    xp, H = be.xp, problem.heads
+    proj = problem.projections
+    assert proj is not None
+    concat = stages.merge_heads(xp, heads_out)  # (B, H, T, d_v/H) -> (B, T, d_v)
+    start = _index(t, "v") + 1
+    split = _split_note(H, proj.d_k // H, proj.d_v // H)
+    per_head = []
+    for s in t.steps[start:]:
+        per_head.append(s.name)
+        s.formula = (s.formula.replace("head_output =", "head_h =", 1) if s.name == "head_output" else s.formula) \
+            + "  (each head h)"
+        if s.name == "scores":
+            s.notes = [*s.notes, split]
+    t.meta["per_head_steps"] = per_head
+    has_o = "W_o" in w
+    t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "
+          "the heads side by side, in order", concat, (QUERIES, FEATURES))
+    out = concat
+    if has_o:
+        _weight(t, proj, w, "W_o")
+        _weight(t, proj, w, "b_o")
+        out = stages.project(concat, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
+        t.add("output", f"output = concat · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES))
+    if "weights" in t:
+        ws = t.step(t.meta["weights_step"])
+        t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
+              xp.mean(ws.values, axis=1), (QUERIES, KEYS))  # (B, H, T, S) -> (B, T, S)
+        t.steps[-1].rows = ws.rows
+    if t.dead is not None:
+        t.warnings.extend(_output_rows_note(problem, t.dead, "b_o" in w, has_o))
+    if not problem.batched:
+        for s in t.steps:
+            if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}:
+                s.values = s.values[0]
+        t.dead = None if t.dead is None else t.dead[0]
 
-    keep = numpy.random.default_rng(seed).random(w.shape) >= p, drawn on the host, so numpy
-    and torch drop the same weights.
-    """
-    from attncli.weights import seeded_rng
-
-    keep = be.asbool(seeded_rng(seed).random(tuple(int(x) for x in w.shape)) >= p)
-    scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
-    return be.xp.where(keep, w * scale, be.xp.zeros_like(w))
 
 
-def _device(xp: Any, a: Any) -> Any:
-    from array_api_compat import device
+def _output_rows_note(problem: Problem, dead: np.ndarray, has_b_o: bool, has_o: bool) -> list[str]:
+    """What a query whose every head is fully masked gets as its output row: b_o (or zero)."""
+    every = np.asarray(np.broadcast_to(dead, problem.batch_shape + (problem.m,)).all(axis=1))  # (B, T)
+    labels, out = problem.query_labels, []
+    what = "b_o (the zero concat times W_o, plus b_o)" if has_o and has_b_o else "zero"
+    for b in range(every.shape[0]):
+        rows = [f"{labels[i]!r}" if labels else str(i) for i in np.flatnonzero(every[b])]
+        if rows:
+            where = f" (batch {b})" if problem.batched else ""
+            shown = ", ".join(rows[:10]) + (f" and {len(rows) - 10} more" if len(rows) > 10 else "")
+            out.append(f"query {shown}{where}: every head is fully masked, so the final output row is {what}")
+    return out
 
-    return device(a)
+
+def _lead(problem: Problem) -> Callable[[Any], Any]:
+    def lead(a: Any) -> Any:  # the shape as the user gave it (an unbatched input has no batch axis)
+        return a if problem.batched else a[0]
+
+    return lead
+
+
+def _split_note(H: int, dh: int, dvh: int) -> str:
+    """Which features of Q, K (and V) each head takes, e.g. 'head 0: d0…d3, head 1: d4…d7'."""
+    def span(h: int, d: int) -> str:
+        return f"d{h * d}" if d == 1 else f"d{h * d}…d{(h + 1) * d - 1}"
+
+    shown = ", ".join(f"head {h}: {span(h, dh)}" + (f" (V {span(h, dvh)})" if dvh != dh else "") for h in range(min(H, 8)))
+    return f"each head takes its own {dh} feature(s) of Q and K: {shown}{', …' if H > 8 else ''}"
 
 
 def record_params(problem: Problem, params: dict[str, Any], trace: Trace) -> None:
     """The score weights used: in ``trace.inputs`` (NPZ) and ``trace.extra["params"]`` (JSON)."""
     if not params:
         return
-    trace.inputs.update(params)
+    prefix = "score_" if problem.projections is not None else ""
+    trace.inputs.update({prefix + n: a for n, a in params.items()})
     trace.extra["params"] = {name: to_numpy(w).tolist() for name, w in params.items()}
     if problem.initialised:
         o = problem.options
@@ -205,115 +384,25 @@ def record_params(problem: Problem, params: dict[str, Any], trace: Trace) -> Non
             "names": list(problem.initialised), "seed": DEFAULT_SEED if o.seed is None else o.seed,
             "rule": "nn.Linear style: uniform on ±1/sqrt(fan_in), from numpy.random.default_rng(seed)"}
         if "hidden" in get_score(o.score).options:  # h: --hidden, else the query width
-            init["hidden"] = int(problem.q.shape[-1]) if o.hidden is None else o.hidden
+            init["hidden"] = problem.d_qk if o.hidden is None else o.hidden
 
 
-def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
-    """The factor the scores are multiplied by (None for none) and its description."""
-    o = problem.options
-    d, n = int(problem.q.shape[-1]), problem.n
-    if o.scale is not None:
-        return o.scale, f"S · {o.scale:g}"
-    rule = SCALINGS[o.scaling or get_score(o.score).scaling]
-    if rule.name == "none":
-        return None, "S"
-    return rule.factor(xp, s, d, n), rule.describe(d, n)
+def select_head(trace: Trace, head: int) -> Trace:
+    """A view of ``trace`` with only head ``head`` of the per-head steps (for the terminal)."""
+    from attncli.errors import InputError
+
+    H = int(trace.meta.get("heads", 1))
+    if not 0 <= head < H:
+        raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")
+    per_head = set(trace.meta.get("per_head_steps", ()))
+    axis = int(trace.meta.get("head_axis", 0))
+    steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
+                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows)
+             if s.name in per_head else s for s in trace.steps]
+    meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else [],
+            "per_head_steps": []}
+    dead = None if trace.dead is None else trace.dead[(slice(None),) * axis + (head,)]
+    return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,
+                 warnings=trace.warnings, meta=meta, inputs=trace.inputs, extra=trace.extra, dead=dead)
 
 
-def masks(problem: Problem, be: Backend, shape: tuple[int, ...],
-          rows: tuple[int, int] | np.ndarray | None = None) -> tuple[Any, Any]:
-    """(keep, bias): a boolean keep-mask broadcastable to ``shape`` and an additive float mask;
-    ``rows``: only for some queries, i0..i1-1 for ``(i0, i1)`` (the blocked path in attncli.fast)
-    or those of an index array (the corners of a big view)."""
-    o = problem.options
-    m, n = (int(shape[-2]) if rows is None else problem.m), int(shape[-1])
-    index = np.arange(*rows) if isinstance(rows, tuple) else np.arange(m) if rows is None else rows  # query indices
-    keep = None
-    j = np.arange(n)  # key index
-    if problem.query_limit is not None:
-        keep = _row_block(problem.query_limit[..., None], rows) > j  # (..., m, 1) vs (n,) -> (..., m, n)
-    if o.causal:
-        i = index[:, None]
-        offset = n - m if o.causal_align == "bottom-right" else 0
-        causal = j <= i + offset  # (m, n)
-        keep = causal if keep is None else keep & causal
-    bias = None
-    if problem.mask is not None:
-        mk = problem.mask
-        mk = _row_block(mk, rows)
-        if mk.dtype == bool:
-            mk = mk if o.mask_convention == "keep" else ~mk
-            keep = mk if keep is None else keep & mk
-        else:
-            bias = be.asarray(mk, str(problem.dtype))
-    return (None if keep is None else be.asbool(keep)), bias
-
-
-def _row_block(a: np.ndarray, rows: tuple[int, int] | np.ndarray | None) -> np.ndarray:
-    """Some rows (i0..i1-1, or an index array) of an array broadcast over (..., m, n); one that has
-    a single row (or none) as it is."""
-    if rows is None or a.ndim < 2 or a.shape[-2] == 1:
-        return a
-    return a[..., rows[0]:rows[1], :] if isinstance(rows, tuple) else a[..., rows, :]
-
-
-def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset: tuple[int, int] = (0, 0)) -> None:
-    """Raise a one-line InputError when a score that takes part is not finite: the inputs
-    overflowed the dtype (e.g. float32 entries of 1e30, whose products reach 1e60), and no
-    softmax of such a row means anything. ``raw``: the (scaled) scores, which must be finite
-    where ``keep`` is True; ``s``: after masking, where only -inf (a masked key) may appear;
-    ``offset``: the (query, key) index of their first score (a block of the blocked path)."""
-    bad = xp.isnan(s) | (xp.isinf(s) & (s > 0))
-    raw_bad = ~xp.isfinite(raw)
-    bad = bad | (raw_bad if keep is None else raw_bad & keep)
-    if not bool(xp.any(bad)):
-        return
-    bad_np = to_numpy(bad)
-    idx = tuple(int(i) for i in np.argwhere(bad_np)[0])
-    raw_np, s_np, raw_bad_np = (np.broadcast_to(to_numpy(a), bad_np.shape) for a in (raw, s, raw_bad))
-    *b, i, j = idx
-    where = f"query {i + offset[0]}, key {j + offset[1]}" + (f" (batch {', '.join(map(str, b))})" if b else "")
-    dtype = problem.dtype
-    hint = "use --dtype float64 or rescale the inputs" if dtype != "float64" else "rescale the inputs"
-    o = problem.options
-    given = [f"--{n} {v:g}" for n, v in (("scale", o.scale), ("temperature", o.temperature)) if v is not None]
-    hint = f"check {' and '.join(given)}, or {hint}" if given else hint
-    raise InputError(f"scores overflow {dtype} at {where}: the score is "
-                     f"{float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])} "
-                     f"(largest |input| {max(float(np.abs(a).max()) for a in (problem.q, problem.k)):.3g}); {hint}",
-                     problem.where("q"))
-
-
-def softmax(xp: Any, s: Any) -> Any:
-    """Stable softmax over the last axis: exp(s - max) / sum. Rows of -inf give zeros."""
-    mx = xp.max(s, axis=-1, keepdims=True)
-    mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
-    e = xp.exp(s - mx)
-    z = xp.sum(e, axis=-1, keepdims=True)
-    return e / xp.where(z > 0, z, xp.ones_like(z))
-
-
-def _fully_masked_rows(xp: Any, s: Any, keep: Any) -> np.ndarray | None:
-    dead = xp.all(xp.isinf(s) & (s < 0), axis=-1)
-    if keep is not None:
-        dead = dead | ~xp.any(keep, axis=-1)
-    dead_np = to_numpy(dead)
-    return dead_np if dead_np.any() else None
-
-
-def _dead_row_messages(problem: Problem, dead: np.ndarray, mask_value: float | None) -> list[str]:
-    dead = np.broadcast_to(dead, problem.batch_shape + (problem.m,))
-    labels = problem.query_labels
-    out = []
-    for idx in np.argwhere(dead)[:10]:
-        *b, i = (int(x) for x in idx)
-        row = f"query {labels[i]!r}" if labels else f"query {i}"
-        where = f"{row} (batch {', '.join(map(str, b))})" if b else row
-        if mask_value is None or math.isinf(mask_value):
-            out.append(f"{where} has every key masked: its weights and output are zero")
-        else:
-            out.append(f"{where} has every key masked: with mask value {mask_value:g} its weights are uniform (as d2l)")
-    extra = int(dead.sum()) - len(out)
-    if extra > 0:
-        out.append(f"... and {extra} more fully masked rows")
-    return out

@@ -37,9 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from attncli import stages
 from attncli.backend import Backend, blas_threads, set_blas_threads, threads, to_numpy
-from attncli.problem import Options, Problem
-from attncli.scoring import SCALINGS, ScoreInput, get_score
+from attncli.options import Options
+from attncli.problem import Problem
+from attncli.scoring import SCALINGS, get_score
 from attncli.trace import Trace
 
 Progress = Callable[[int, int], None]  # (queries done, queries in all)
@@ -72,21 +74,17 @@ def supported(problem: Problem) -> bool:
 
 
 def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
-                progress: Progress | None = None) -> Any:
-    """The output ``(..., m, d_v)`` without holding the weights, or None where the explicit path is needed.
+                progress: Progress | None = None, sdpa: bool = False) -> Any:
+    """The output ``(..., m, d_v)`` without holding the weights (``supported(problem)`` must hold):
+    in blocks of queries, or by torch's fused kernel (``sdpa``, where ``sdpa_applies``).
 
     Adds the run's warnings (fully masked rows, scores beyond a half type's range) to ``trace``
     and records which path ran in ``trace.meta["path"]``.
     """
-    if not supported(problem):
-        return None
-    if be.name == "torch" and _sdpa_applies(problem):
-        trace.meta["path"] = "sdpa"
-        out = _sdpa(problem, be, q, k, v, trace, progress)
-    else:
-        trace.meta["path"] = "blocked"
-        out = _blocked(problem, be, q, k, v, params, trace, progress)
-    return cast_result(be, out, problem)
+    trace.meta["path"] = "sdpa" if sdpa else "blocked"
+    if sdpa:
+        return _sdpa(problem, be, q, k, v, trace, progress)
+    return _blocked(problem, be, q, k, v, params, trace, progress)
 
 
 # ---- the blocked path ------------------------------------------------------------------
@@ -111,16 +109,13 @@ def key_chunk(problem: Problem, rows: int) -> int:
 def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
              progress: Progress | None) -> Any:
     """Blocks of queries (and, for very many keys, chunks of keys with an online softmax:
-    the running row max r, sum l and output a are rescaled by exp(r_old - r_new) per chunk)."""
-    from attncli.engine import check_scores, masks
-
+    stages.OnlineSoftmax), each through the same stages as the explicit path."""
     o, xp = problem.options, be.xp
-    score = get_score(o.score)
     m, n, dv = problem.m, problem.n, int(v.shape[-1])
     c: Any = _constant_factor(problem) if constant_scale(problem) else _whole_matrix_factor(problem, be, q, k, params)
     scale = None if isinstance(c, float) and c == 1.0 else c  # a number, or one per batch entry (..., 1, 1)
-    prescale = score.name in DOT_SCORES  # (c·q)·k = c·(q·k): one multiply on (b, d) instead of (b, n)
-    fill = -math.inf if o.mask_value is None else o.mask_value
+    prescale = get_score(o.score).name in DOT_SCORES  # (c·q)·k = c·(q·k): one multiply on (b, d) instead of (b, n)
+    fill = stages.fill_value(problem)
     half_limit = HALF_MAX.get(problem.result_dtype or "")
     out = xp.empty(problem.batch_shape + (m, dv), dtype=q.dtype, device=be.device)  # (..., m, d_v)
     dead = np.zeros(problem.batch_shape + (m,), dtype=bool)
@@ -132,7 +127,8 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     # exp(s) itself cannot overflow, underflow to zero or make the products with V overflow: the
     # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6) or a
     # float mask could leave a row with only tiny scores, which the max would rescale: those keep it.
-    shift = not (o.mask_value is None and (problem.mask is None or problem.mask.dtype == bool) and shift_free(problem, bound))
+    shift = not (o.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
+                 and (problem.padding is None or problem.padding.dtype == bool) and shift_free(problem, bound))
     trace.meta["softmax"] = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
@@ -143,51 +139,33 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
         qb = q[..., i0:i1, :]  # (..., b, d)
         if prescale and scale is not None:
             qb = qb * scale
-        keep_all, bias_all = masks(problem, be, (i1 - i0, n), rows=(i0, i1))  # (..., b, n) or broadcastable
-        r = a = kept = None  # running max (..., b, 1), output and sum (..., b, d_v + 1), any key kept (..., b)
+        keep_all, bias_all = stages.masks(problem, be, rows=(i0, i1))  # (..., b, n) or broadcastable
+        acc = stages.OnlineSoftmax(xp, shift)
+        kept = None  # any key kept (..., b)
         for j0 in range(0, n, kstep):
             j1 = min(n, j0 + kstep)
             cols = slice(j0, j1) if kstep < n else slice(None)
             keep, bias = _key_chunk(keep_all, cols), _key_chunk(bias_all, cols)
-            # 1) score
-            s = score.fn(ScoreInput(xp, qb, k[..., cols, :], params, None, o.__dict__))  # (..., b, n_c)
+            # 3) score
+            s = stages.score(problem, xp, qb, k[..., cols, :], params)  # (..., b, n_c)
             if half_limit is not None:
                 _check_overflow(s, to_numpy(c) if prescale else 1.0, half_limit, (i0, j0), overflow)
-            # 2) scale
+            # 4) scale
             if not prescale and scale is not None:
                 s = s * scale
-            # 3) mask (the rows of this block only)
+            # 5) mask (the rows of this block only)
             raw = s
-            if bias is not None:
-                s = s + bias
+            s = stages.apply_mask(xp, s, keep, bias, fill)
             if keep is not None:
-                s = xp.where(keep, s, xp.asarray(fill, dtype=s.dtype, device=be.device))
                 kept = xp.any(keep, axis=-1) if kept is None else kept | xp.any(keep, axis=-1)
             if check:  # the scores may overflow: the same one-line error as the explicit path
-                check_scores(problem, xp, raw, s, keep, offset=(i0, j0))
-            # 4) softmax (against the running max, unless shift-free), normalised after the product with V
-            alpha = None
-            if shift:
-                mx = xp.max(s, axis=-1, keepdims=True)  # (..., b, 1)
-                r_new = mx if r is None else xp.maximum(r, mx)
-                ref = xp.where(xp.isfinite(r_new), r_new, xp.zeros_like(r_new))  # a row all -inf so far: zeros
-                if r is not None:  # rescale what earlier chunks added: exp(r_old - r_new) <= 1 (0 where r_old is -inf)
-                    alpha = xp.where(xp.isfinite(r), xp.exp(r - ref), xp.zeros_like(r))
-                r = r_new
-                if s is raw and prescale:
-                    s -= ref  # s is the product's own array: reuse it
-                else:
-                    s = s - ref
-            e = _exp_inplace(be, s)
-            ev = e @ v1[..., cols, :]  # (..., b, n_c) x (..., n_c, d_v + 1) -> (..., b, d_v + 1): outputs, sums
-            a = ev if a is None else (a + ev if alpha is None else a * alpha + ev)
-        assert a is not None
-        total = a[..., dv:]  # (..., b, 1)
-        out[..., i0:i1, :] = a[..., :dv] / xp.where(total > 0, total, xp.ones_like(total))
+                stages.check_scores(problem, xp, raw, s, keep, offset=(i0, j0))
+            # 6) softmax, folded into the product with V (8), normalised at the end
+            acc.add(s, v1[..., cols, :], reuse=s is raw and prescale)
+        out[..., i0:i1, :] = acc.finish()
         if keep_all is not None or bias_all is not None:
             if shift:
-                assert r is not None
-                rows_dead = ~xp.isfinite(r[..., 0]) if kept is None else ~xp.isfinite(r[..., 0]) | ~kept
+                rows_dead = acc.dead() if kept is None else acc.dead() | ~kept
             else:  # boolean masks only: a row is dead when it kept no key
                 assert kept is not None
                 rows_dead = ~kept
@@ -276,12 +254,6 @@ def _run_blocks(block: Callable[[int], int], starts: range, workers: int) -> Ite
         set_blas_threads(before)
 
 
-def _exp_inplace(be: Backend, s: Any) -> Any:
-    if be.name == "numpy":
-        return np.exp(s, out=s)
-    return s.exp_()
-
-
 def _check_overflow(s: Any, c: Any, limit: float, at0: tuple[int, int],
                     found: list[tuple[tuple[int, ...], float, int]]) -> None:
     """Note the largest raw score of the block beyond ``limit`` (``s`` may already be scaled by c);
@@ -296,10 +268,9 @@ def _check_overflow(s: Any, c: Any, limit: float, at0: tuple[int, int],
 
 
 def _report(problem: Problem, trace: Trace, dead: np.ndarray, overflow: list[tuple[tuple[int, ...], float, int]]) -> None:
-    from attncli.engine import _dead_row_messages
-
     if dead.any():
-        trace.warnings.extend(_dead_row_messages(problem, dead, problem.options.mask_value))
+        trace.dead = dead
+        trace.warnings.extend(stages.dead_row_messages(problem, dead))
     if overflow:
         trace.warnings.append(overflow_message(problem, overflow))
 
@@ -348,13 +319,12 @@ def _whole_matrix_factor(problem: Problem, be: Backend, q: Any, k: Any, params: 
 def _frobenius(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any]) -> Any:
     """1 / ‖S‖_F of each raw score matrix (finite entries), as the 'norm' scaling: a first pass
     over blocks of queries sums the squares. (..., 1, 1)"""
-    o, xp = problem.options, be.xp
-    score = get_score(o.score)
+    xp = be.xp
     total: Any = 0.0
     step = block_rows(problem)
     for i0 in range(0, problem.m, step):
         with np.errstate(over="ignore", invalid="ignore"):
-            s = score.fn(ScoreInput(xp, q[..., i0:i0 + step, :], k, params, None, o.__dict__))  # (..., b, n)
+            s = stages.score(problem, xp, q[..., i0:i0 + step, :], k, params)  # (..., b, n)
             finite = xp.where(xp.isfinite(s), s, xp.zeros_like(s))
             total = total + xp.sum(finite * finite, axis=(-2, -1), keepdims=True)  # (..., 1, 1)
     f = xp.sqrt(total)
@@ -368,26 +338,15 @@ WHOLE_MATRIX_SCALINGS: dict[str, Callable[[Problem, Backend, Any, Any, dict[str,
 def _constant_factor(problem: Problem) -> float:
     """The number the raw scores are multiplied by: the scale rule (or --scale) over the temperature."""
     o = problem.options
-    d, n = int(problem.q.shape[-1]), problem.n
+    d, n = problem.d_qk, problem.n
     c = o.scale if o.scale is not None else float(SCALINGS[_scaling_name(problem)].factor(np, None, d, n))
     return c / o.temperature if o.temperature is not None else c
-
-
-# ---- result dtype ----------------------------------------------------------------------
-
-
-def cast_result(be: Backend, out: Any, problem: Problem) -> Any:
-    """``out`` cast back to the half type the inputs came in (float32 holds bfloat16 values)."""
-    half = problem.result_dtype
-    if half is None:
-        return out
-    return be.cast(out, half)
 
 
 # ---- PyTorch's fused kernel ------------------------------------------------------------
 
 
-def _sdpa_applies(problem: Problem) -> bool:
+def sdpa_applies(problem: Problem) -> bool:
     o = problem.options
     return (get_score(o.score).name in DOT_SCORES and o.mask_value is None and constant_scale(problem)
             and cannot_overflow(problem, _constant_factor(problem)))  # else the blocked path says where
@@ -397,8 +356,6 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
     """torch.nn.functional.scaled_dot_product_attention: one call without masks (is_causal for
     top-left causal), else one call per block of queries with that block's keep mask."""
     import torch
-
-    from attncli.engine import masks
 
     o = problem.options
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -416,7 +373,7 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
     batch = problem.batch_shape
     q, k, v = (_as_4d(torch, t, batch + tuple(t.shape[-2:])) for t in (q, k, v))  # (B, 1, rows, width): 4-D for the fused kernels
     top_left = not o.causal or o.causal_align == "top-left" or m == n
-    if problem.query_limit is None and problem.mask is None and top_left:
+    if problem.query_limit is None and problem.mask is None and problem.padding is None and top_left:
         out = sdpa(q, k, v, is_causal=o.causal, scale=c)  # (B, 1, m, d) (B, 1, n, d) (B, 1, n, d_v) -> (B, 1, m, d_v)
         if progress is not None:
             progress(m, m)
@@ -426,9 +383,9 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
     step = block_rows(problem)
     for i0 in range(0, m, step):
         i1 = min(m, i0 + step)
-        keep, bias = masks(problem, be, problem.batch_shape + (i1 - i0, n), rows=(i0, i1))
+        keep, bias = stages.masks(problem, be, rows=(i0, i1))
         if bias is not None:  # a float mask: masked keys at -inf, the others shifted by the mask
-            attn = bias if keep is None else torch.where(keep, bias, torch.tensor(-math.inf, dtype=q.dtype, device=be.device))
+            attn = stages.apply_mask(be.xp, bias, keep, None, -math.inf)  # masked keys at -inf, the others shifted
             rows_dead = ~(attn > -math.inf).any(dim=-1)
         else:
             attn, rows_dead = keep, ~keep.any(dim=-1)

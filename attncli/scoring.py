@@ -14,12 +14,28 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from attncli.errors import InputError
 from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
 HIDDEN = "hidden"  # axis name of the hidden width h of projected queries and keys
+
+
+class ScoreOptions(Protocol):
+    """The options a score may read (:class:`attncli.options.Options` has them)."""
+
+    @property
+    def activation(self) -> str | None: ...
+
+    @property
+    def bandwidth(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    activation: str | None = None
+    bandwidth: float | None = None
 
 
 @dataclass
@@ -31,7 +47,7 @@ class ScoreInput:
     k: Any  # (..., n, d_k)
     params: dict[str, Any] = field(default_factory=dict)
     trace: Trace | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: ScoreOptions = field(default_factory=NoOptions)
 
     def add_step(self, name: str, formula: str, values: Any, axes: tuple[str, str],
                  notes: list[str] | None = None) -> None:
@@ -122,7 +138,7 @@ DEFAULT_BANDWIDTH = 1.0
 
 
 def _activation(s: ScoreInput) -> tuple[str, Callable[[Any, Any], Any]]:
-    name = s.options.get("activation") or DEFAULT_ACTIVATION
+    name = s.options.activation or DEFAULT_ACTIVATION
     return name, ACTIVATIONS[name]
 
 
@@ -235,7 +251,7 @@ def gaussian(s: ScoreInput) -> Any:
         q, k = q * s.params["w"], k * s.params["w"]  # (..., r, d) ⊙ (d,) or a scalar
         half, what = 0.5, "‖(q - k)⊙w‖²"
     else:
-        sigma = s.options.get("bandwidth") or DEFAULT_BANDWIDTH
+        sigma = s.options.bandwidth or DEFAULT_BANDWIDTH
         half, what = 1.0 / (2.0 * sigma * sigma), f"‖q - k‖², σ = {sigma:g}"
     qq = xp.sum(q * q, axis=-1)[..., :, None]  # (..., m, 1)
     kk = xp.sum(k * k, axis=-1)[..., None, :]  # (..., 1, n)

@@ -46,6 +46,7 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)  # score, backend, device, dtype, shapes
     inputs: dict[str, Any] = field(default_factory=dict)  # q, k, v as computed on (backend arrays)
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON fields (e.g. diagnostics)
+    dead: Any = None  # (..., m) bool: the rows with every key masked (None: none, or not computed)
 
     def add(self, name: str, formula: str, values: Any, axes: tuple[str, str] = (QUERIES, KEYS),
             notes: list[str] | None = None) -> Any:
@@ -56,15 +57,21 @@ class Trace:
         return [s.name for s in self.steps]
 
     def step(self, name: str) -> Step:
+        """The step called ``name``; ``weights`` is always the weights that multiplied V (the step
+        ``softmax`` is followed by ``hard`` or ``dropout`` when those were asked for)."""
         for s in self.steps:
             if s.name == name:
                 return s
+        if name == "weights" and self.meta.get("weights_step") not in (None, "weights"):
+            return self.step(self.meta["weights_step"])
         raise KeyError(f"no step named {name!r}; steps are {', '.join(self.names())}")
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.step(name).numpy()
 
     def __contains__(self, name: object) -> bool:
+        if name == "weights" and self.meta.get("weights_step") not in (None, "weights"):
+            name = self.meta["weights_step"]
         return any(s.name == name for s in self.steps)
 
     @property
@@ -79,5 +86,9 @@ class Trace:
         return {k: to_numpy(v) for k, v in self.inputs.items()}
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """Every step as a numpy array, by name (what ``--save x.npz`` writes)."""
-        return {s.name: s.numpy() for s in self.steps}
+        """Every step as a numpy array, by name (what ``--save x.npz`` writes), and ``weights``: the
+        weights that multiplied V, also when that step is ``hard`` or ``dropout``."""
+        out = {s.name: s.numpy() for s in self.steps}
+        if "weights" not in out and "weights" in self:
+            out["weights"] = self.weights
+        return out

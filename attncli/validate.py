@@ -1,79 +1,17 @@
-"""Checks of option values and arrays that every way in (a flag, a problem file's ``options:``,
-the ``attend()`` API) goes through, called from attncli.problem: a value that would overflow,
-divide by zero or ask for more memory than exists is refused here, naming the option, instead
-of failing deep inside numpy. Light: no numpy at import time."""
+"""Checks of arrays and arguments that every way in (a file, stdin, the ``attend()`` API) goes
+through, called from attncli.arrays, attncli.problem and the CLI: an array numpy would misread
+(33 dimensions, float128 beyond float64, an integer mask of 2s, +inf in a float mask) or an
+argument of the wrong kind is refused here, naming it, instead of failing deep inside numpy.
+Light: no numpy at import time. (Option values: attncli.options.check_option.)"""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from attncli.errors import InputError, printable
 
-DTYPES = ("float32", "float64")  # what attention computes in (half inputs are computed in float32)
 MAX_DIMS = 32  # axes of any array: numpy 1.x's limit, and far beyond (batch..., rows, width)
 MAX_WIDTH = 1 << 24  # a hidden width or head width: 16 Mi, beyond any model's
-
-
-def flag(name: str, source: str | None) -> str:
-    """Where an option came from: the file (and its key) or the command-line flag."""
-    if source and source not in ("command line", "options"):
-        return f"{source}: options.{name}" if not source.endswith("()") else f"{source} argument {name}"
-    return "--" + name.replace("_", "-")
-
-
-def number(name: str, value: Any, source: str | None) -> float:
-    """A float option: a finite-or-infinite float, never an OverflowError (10**400) or text."""
-    where = flag(name, source)
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InputError(f"must be a number, got {printable(repr(value), 60)}", where)
-    try:
-        return float(value)
-    except OverflowError:
-        raise InputError(f"is too large for a float ({len(str(value))} digits)", where) from None
-    except ValueError:
-        raise InputError(f"must be a number, got {printable(repr(value), 60)}", where) from None
-
-
-def options(o: Any, source: str | None = None) -> None:
-    """The option values of ``o`` (an attncli.problem.Options) that are wrong whatever the inputs."""
-    from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
-
-    for name, allowed in (("score", score_names()), ("scaling", SCALINGS), ("activation", ACTIVATIONS),
-                          ("mask_convention", ("keep", "drop")), ("causal_align", ("top-left", "bottom-right"))):
-        value = getattr(o, name)
-        if value is not None and value not in allowed:
-            shown = ", ".join(list(allowed)[:12])
-            raise InputError(f"unknown {name.replace('_', ' ')} {printable(repr(value), 40)}; choose one of {shown}",
-                             flag(name, source))
-    ranges = (("temperature", lambda v: math.isfinite(v) and v > 0, "a positive number"),
-              ("scale", math.isfinite, "a finite number"),
-              ("bandwidth", lambda v: math.isfinite(v) and v > 0, "a positive number"),
-              ("mask_value", lambda v: v == v and v != math.inf, "a number or -inf"),
-              ("dropout", lambda v: 0.0 <= v <= 1.0, "a probability between 0 and 1"),
-              ("seed", lambda v: v >= 0, "0 or more"))
-    for name, ok, want in ranges:
-        value = getattr(o, name)
-        if value is not None and not ok(value):
-            raise InputError(f"{name.replace('_', ' ')} must be {want}, got {printable(str(value), 30)}",
-                             flag(name, source))
-    if o.dtype is not None and o.dtype not in DTYPES:
-        raise InputError(f"dtype must be one of {', '.join(DTYPES)} (float16/bfloat16 inputs are computed in "
-                         f"float32), got {printable(repr(o.dtype), 40)}", flag("dtype", source))
-    if o.temperature is not None and math.isfinite(o.temperature) and o.temperature > 0 \
-            and not math.isfinite(1.0 / o.temperature):
-        raise InputError(f"temperature {o.temperature:g} is so small that dividing the scores by it overflows",
-                         flag("temperature", source))
-    if o.bandwidth is not None and math.isfinite(o.bandwidth) and o.bandwidth > 0:
-        two_var = 2.0 * o.bandwidth * o.bandwidth
-        if two_var == 0.0 or not math.isfinite(1.0 / two_var):
-            raise InputError(f"bandwidth {o.bandwidth:g} is so small that 1/(2·bandwidth²) overflows",
-                             flag("bandwidth", source))
-    if o.hidden is not None:
-        width(o.hidden, flag("hidden", source))
-    if o.mask_value is not None and o.mask_value >= 0:
-        raise InputError(f"mask value {o.mask_value:g} is not below the scores it replaces; masked keys would win. "
-                         "Give a negative number (d2l: -1e6) or leave the default -inf", flag("mask_value", source))
 
 
 def width(n: Any, where: str) -> int:

@@ -9,7 +9,7 @@ steps it changes (``{"weights": ..., "output": ...}`` or a whole Trace from a re
 engine with modified options), or :class:`Reproduced` when it fits the expected numbers
 itself (dropout), or raises :class:`NotApplicable` saying why it does not apply to these
 inputs. Variants reuse the engine (``engine.run`` with ``dataclasses.replace``d options,
-``engine.softmax``, ``engine.scale_factor``) rather than re-implementing attention.
+``stages.softmax``, ``stages.scale_factor``, ``stages.merge_heads``) rather than re-implementing attention.
 
 Add one by writing a function here (or anywhere, before ``diagnose`` runs) with the decorator;
 ``tests/test_variants.py`` then needs a case that computes its mistake by hand.
@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from attncli.check import Explanation, MultiheadSetup, Tolerance, errors, within
-from attncli.engine import run, scale_factor, softmax
+from attncli import stages
+from attncli.compare import Explanation, Tolerance, errors, within
+from attncli.engine import run
 from attncli.errors import AttnError
-from attncli.problem import Options, Problem
+from attncli.options import Options
+from attncli.problem import Problem
 from attncli.scoring import get_score
 from attncli.trace import Trace
 
@@ -81,67 +83,61 @@ def variant(name: str, explanation: str, possible: bool = False) -> Callable[[Va
 
 @dataclass
 class Context:
-    """What a variant gets: the problem (numpy, float64) or the multi-head set-up, the expected
+    """What a variant gets: the problem (numpy, float64; single- or multi-head), the expected
     numbers, the compared step, the tolerance and (lazily) the correct computation."""
 
-    problem: Problem | None
+    problem: Problem
     expected: np.ndarray
     what: str
     tol: Tolerance
-    mh: MultiheadSetup | None = None
     _ref: Trace | None = None
 
     @classmethod
-    def of(cls, subject: Problem | MultiheadSetup, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
-        if isinstance(subject, MultiheadSetup):
-            o = replace(subject.options or Options(), backend="numpy", device="cpu", dtype="float64")
-            return cls(None, expected, what, tol, mh=replace(subject, options=o))
-        o = replace(subject.options, backend="numpy", device="cpu", dtype="float64")
-        return cls(replace(subject, options=o), expected, what, tol)
+    def of(cls, subject: Problem, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
+        o = replace(subject.options, backend="numpy", device="cpu", dtype="float64", keep_weights=True)
+        return cls(replace(subject, options=o, result_dtype=None), expected, what, tol)
 
     @property
     def ref(self) -> Trace:
         """The correct computation on numpy float64."""
         if self._ref is None:
-            self._ref = self.mh.run() if self.mh is not None else run(self.single())
+            self._ref = run(self.problem)
         return self._ref
+
+    @property
+    def heads(self) -> bool:
+        return self.problem.projections is not None
 
     def single(self) -> Problem:
         """The single-head Problem, or NotApplicable for multi-head attention."""
-        if self.problem is None:
+        if self.heads:
             raise NotApplicable("single-head attention only")
         return self.problem
 
-    def multi(self) -> MultiheadSetup:
-        if self.mh is None:
+    def multi(self) -> Problem:
+        """The multi-head Problem (with projections), or NotApplicable."""
+        if not self.heads:
             raise NotApplicable("multi-head attention only")
-        return self.mh
+        return self.problem
 
     @property
     def options(self) -> Options:
-        return self.mh.options if self.mh is not None else self.single().options
+        return self.problem.options
 
     def rerun(self, problem: Problem | None = None, **options: Any) -> Trace:
-        """The engine (or multi-head attention) on ``problem`` (default: this one) with ``options`` replaced."""
-        if self.mh is not None:
-            if problem is not None:
-                raise NotApplicable("single-head attention only")
-            return self.mh.run(**options)
-        p = problem or self.single()
+        """The pipeline on ``problem`` (default: this one) with ``options`` replaced."""
+        p = problem or self.problem
         return run(replace(p, options=replace(p.options, **options)))
 
     @property
     def d(self) -> int:
         """The query/key width the scaling uses (per head for multi-head)."""
-        if self.mh is not None:
-            return int(self.ref.meta["head_width"]["q"])
-        return int(self.single().q.shape[-1])
+        return self.problem.d_qk
 
     @property
     def d_v(self) -> int:
-        if self.mh is not None:
-            return int(self.ref.meta["head_width"]["v"])
-        return int(self.single().v.shape[-1])
+        p = self.problem
+        return p.projections.d_v // p.heads if p.projections is not None else int(p.v.shape[-1])
 
     @property
     def m(self) -> int:
@@ -153,9 +149,7 @@ class Context:
 
     def factor(self) -> Any:
         """The factor the engine multiplies the scores by (None: no scaling)."""
-        if self.mh is not None:
-            return (self.ref.meta.get("scaling") or {}).get("factor")
-        return scale_factor(self.single(), np, self.ref["scores"])[0]
+        return stages.scale_factor(self.problem, np, self.ref["scores"])[0]
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
@@ -168,17 +162,17 @@ class Context:
         o = self.options
         facts = {"d": self.d, "sqrt_d": f"{math.sqrt(self.d):.4g}", "d_v": self.d_v, "n": self.n, "m": self.m,
                  "T": f"{o.temperature:g}" if o.temperature else "1"}
-        if self.mh is not None:
-            facts.update(H=self.mh.heads, d_model=self.mh.weights.d_k)
+        if self.problem.projections is not None:
+            facts.update(H=self.problem.heads, d_model=self.problem.projections.d_k)
         return facts
 
     def with_output(self, weights: np.ndarray) -> dict[str, np.ndarray]:
         """These weights and the output they give: weights @ V (then, for multi-head, concat and W_o)."""
-        if self.mh is None:
+        if not self.heads:
             return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-        v = self.ref["v"]  # (..., S, d_v)
-        H = self.mh.heads
-        vh = np.moveaxis(v.reshape(v.shape[:-1] + (H, -1)), -2, -3)  # (..., S, H, d_v/H) -> (..., H, S, d_v/H)
+        v = self.ref["v"]  # (B, S, d_v) or unbatched (S, d_v)
+        vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.problem.heads)  # (B, H, S, d_v/H)
+        vh = vh if v.ndim == 3 else vh[0]
         return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
 
     def finish(self, heads: np.ndarray, order: Any = None, transpose: bool = True) -> dict[str, np.ndarray]:
@@ -187,14 +181,14 @@ class Context:
             heads = heads[..., list(order), :, :]
         H, T, dh = heads.shape[-3:]
         if transpose:
-            concat = np.moveaxis(heads, -3, -2).reshape(heads.shape[:-3] + (T, H * dh))  # (..., T, H, dh) -> (..., T, d_v)
+            four = heads if heads.ndim == 4 else heads[None]
+            concat = stages.merge_heads(np, four)  # (B, H, T, dh) -> (B, T, d_v)
+            concat = concat if heads.ndim == 4 else concat[0]
         else:
             concat = heads.reshape(heads.shape[:-3] + (T, H * dh))  # (..., H, T, dh) read as (..., T, d_v): no transpose
         out = concat
         if "W_o" in self.ref:
-            out = concat @ self.ref["W_o"]  # (..., T, d_v) x (d_v, d_out) -> (..., T, d_out)
-            if "b_o" in self.ref:
-                out = out + self.ref["b_o"][0]
+            out = stages.project(concat, self.ref["W_o"], self.ref["b_o"][0] if "b_o" in self.ref else None)
         return {"head_output": heads, "concat": concat, "output": out}
 
     def requires_scaling(self) -> Any:
@@ -210,12 +204,9 @@ class Context:
             raise NotApplicable("the scaling here is not 1/√d")
 
     def requires_keep_mask(self) -> None:
-        if self.mh is not None:
-            if "masked" not in self.ref:
-                raise NotApplicable("no keys are masked")
-            return
-        p = self.single()
-        if p.query_limit is None and not p.options.causal and (p.mask is None or p.mask.dtype != bool):
+        p = self.problem
+        if p.query_limit is None and not p.options.causal and (p.mask is None or p.mask.dtype != bool) and \
+                (p.padding is None or p.padding.dtype != bool):
             raise NotApplicable("no keys are masked (no valid lengths, boolean mask or causal mask)")
 
 
@@ -293,7 +284,7 @@ def softmax_over_queries(c: Context) -> Result:
     if c.m == 1:
         raise NotApplicable("a single query: the softmax over queries is constant")
     s = c.before_softmax()
-    w = np.swapaxes(softmax(np, np.swapaxes(s, -1, -2)), -1, -2)
+    w = np.swapaxes(stages.softmax(np, np.swapaxes(s, -1, -2)), -1, -2)
     return c.with_output(w)
 
 
@@ -301,12 +292,14 @@ def softmax_over_queries(c: Context) -> Result:
                         "normalised over the queries' positions")
 def q_k_swapped(c: Context) -> Result:
     """softmax(K Qᵀ / √d)·V"""
-    if c.mh is not None:  # self-attention: swapping Q and K is swapping W_q and W_k
-        proj = c.mh.weights
-        if c.mh.memory is not None or proj.W_q.shape != proj.W_k.shape:
+    if c.heads:  # self-attention: swapping Q and K is swapping W_q and W_k
+        p = c.multi()
+        proj = p.projections
+        assert proj is not None
+        if p.k is not p.q or proj.W_q.shape != proj.W_k.shape:
             raise NotApplicable("cross-attention: Q and K come from different inputs")
         swapped = replace(proj, W_q=proj.W_k, W_k=proj.W_q, b_q=proj.b_k, b_k=proj.b_q)
-        return replace(c.mh, weights=swapped).run()
+        return c.rerun(replace(p, projections=swapped))
     p = c.single()
     if p.m != p.n:
         raise NotApplicable("Q and K have different numbers of rows, so K Qᵀ does not fit V")
@@ -335,26 +328,17 @@ def no_softmax(c: Context) -> Result:
 @variant("mask-inverted", "the mask's meaning was inverted: {flipped}")
 def mask_inverted(c: Context) -> Result:
     """softmax(S + (1 - M)·-inf)·V"""
-    mask = c.mh.mask if c.mh is not None else c.single().mask
-    if c.mh is not None and (mask is None or np.asarray(mask).dtype != bool) and c.mh.key_padding_mask is not None:
-        kpm = np.asarray(c.mh.key_padding_mask)
-        if kpm.dtype == bool or np.all((kpm == 0) | (kpm == 1)):
-            return replace(c.mh, key_padding_mask=~kpm.astype(bool)).run()  # True = keep instead of ignore
+    p = c.problem
+    mask = p.mask
+    if (mask is None or mask.dtype != bool) and p.padding is not None and p.padding.dtype == bool:
+        return c.rerun(replace(p, padding=~p.padding))  # True = keep instead of ignore
     if mask is None or np.asarray(mask).dtype != bool:
         raise NotApplicable("no boolean mask")
     return c.rerun(mask_convention="drop" if c.options.mask_convention == "keep" else "keep")
 
 
 def _valid_lens_shifted(c: Context, by: int) -> Result:
-    if c.mh is not None:
-        if c.mh.valid_lens is None:
-            raise NotApplicable("no valid lengths")
-        vl = np.asarray(c.mh.valid_lens)
-        shifted = np.clip(vl + by, 0, c.n)
-        if np.array_equal(shifted, vl):
-            raise NotApplicable(f"valid lengths {by:+d} change nothing here")
-        return replace(c.mh, valid_lens=shifted).run()
-    p = c.single()
+    p = c.problem
     if p.query_limit is None:
         raise NotApplicable("no valid lengths")
     limit = np.clip(p.query_limit + by, 0, p.n)
@@ -538,9 +522,10 @@ def sqrt_model_width(c: Context) -> Result:
     """concat_h softmax(Q_h K_hᵀ / √d_model)·V_h, then W_o"""
     mh = c.multi()
     c.requires_sqrt_d()
+    assert mh.projections is not None
     if mh.heads == 1:
         raise NotApplicable("one head: the head width is the model width")
-    return c.rerun(scale=1.0 / math.sqrt(mh.weights.d_k))
+    return c.rerun(scale=1.0 / math.sqrt(mh.projections.d_k))
 
 
 @variant("heads-not-transposed", "the heads were concatenated without transposing back: the (heads, tokens, "
@@ -600,13 +585,13 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
     o = c.options
     other = "keep" if o.mask_convention == "drop" else "drop"
     flipped = f"its 1/True entries were taken as '{other}' (as --mask-convention {other})"
-    if c.mh is not None and c.mh.mask is None:
+    if c.problem.mask is None and c.problem.padding is not None:
         flipped = "the key padding mask's True entries were kept instead of ignored"
     facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped)
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 
-def diagnose(problem: Problem | MultiheadSetup, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3) -> Diagnosis:
+def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3) -> Diagnosis:
     """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``."""
     c = Context.of(problem, expected, what, tol)
     out = Diagnosis()

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attncli.arrays import numeric_array
 from attncli.errors import InputError
 from attncli.scoring import SCORE_OPTIONS, SCORES, Score
 
 if TYPE_CHECKING:
-    from attncli.problem import Options
+    from attncli.options import Options
 
 DEFAULT_SEED = 0
 
@@ -146,8 +147,6 @@ def _canonical(score: Score, given: dict[str, Any], dims: dict[str, int], origin
 
 
 def _numeric(a: Any, name: str, source: str) -> np.ndarray:
-    from attncli.problem import numeric_array
-
     return numeric_array(a, f"weight {name}", source)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env sh
-# Regenerate the README's screenshot: the tool's own terminal view, saved by --svg at 100 columns.
+# Regenerate the README's screenshot: the tool's own terminal view, saved by --svg at --width 100 columns.
 set -e
 cd "$(dirname "$0")/.."
-COLUMNS=100 attncli run examples/cat_milk_sweet.yaml --explain milk,sweet --svg docs/cat_milk_sweet.svg >/dev/null
+attncli run examples/cat_milk_sweet.yaml --explain milk,sweet --svg docs/cat_milk_sweet.svg --width 100 >/dev/null

@@ -33,14 +33,15 @@ def _inputs(seed: int = 0, B: int = 2, m: int = 4, n: int = 6, d: int = 3) -> tu
 def test_hard_is_one_hot_at_the_argmax(backend: str, score: str) -> None:
     q, k, v = _inputs(1)
     t = attend(q, k, v, score=score, hard=True, valid_lens=np.array([3, 6]), backend=backend)
-    soft = t.weights
+    soft = t["softmax"]
+    np.testing.assert_array_equal(t.weights, t["hard"])  # the weights that multiplied V (issue 12)
     ref = F.one_hot(torch.from_numpy(soft).argmax(-1), soft.shape[-1]).double().numpy()  # PyTorch's argmax
     np.testing.assert_array_equal(t["hard"], ref)
     assert set(np.unique(t["hard"])) == {0.0, 1.0} and (t["hard"].sum(-1) == 1).all()
     # the output picks the value row of each query's top key
     top = soft.argmax(-1)
     np.testing.assert_allclose(t.output, np.take_along_axis(v, top[..., None], axis=1), rtol=1e-15)
-    assert t.names()[-3:] == ["weights", "hard", "output"]
+    assert t.names()[-3:] == ["softmax", "hard", "output"]
     assert t.step("output").formula.startswith("output = hard")
     assert (t["hard"][0, :, 3:] == 0).all()  # masked keys are never chosen
 
@@ -75,7 +76,7 @@ def test_dropout_mask_is_numpy_default_rng_and_same_on_both_backends(p: float, s
     keep = np.random.default_rng(seed).random(w.shape) >= p  # the documented draw
     np.testing.assert_allclose(runs[0]["dropout"], np.where(keep, w / (1 - p), 0.0), rtol=1e-15)
     np.testing.assert_allclose(runs[0].output, np.where(keep, w / (1 - p), 0.0) @ v, rtol=1e-13)
-    assert runs[0].names()[-3:] == ["weights", "dropout", "output"]
+    assert runs[0].names()[-3:] == ["softmax", "dropout", "output"]
 
 
 def test_dropout_scales_kept_weights_like_nn_dropout() -> None:
@@ -84,7 +85,7 @@ def test_dropout_scales_kept_weights_like_nn_dropout() -> None:
     p = 0.3
     t = attend(q, k, v, dropout=p, seed=5)
     torch.manual_seed(0)
-    ref = torch.nn.Dropout(p).train()(torch.from_numpy(t.weights)).numpy()
+    ref = torch.nn.Dropout(p).train()(torch.from_numpy(t["softmax"])).numpy()
     both = (ref != 0) & (t["dropout"] != 0)
     assert both.sum() > 500
     np.testing.assert_allclose(t["dropout"][both], ref[both], rtol=1e-15)
@@ -119,8 +120,8 @@ def test_dropout_edges(backend: str) -> None:
     t = attend(q, k, v, dropout=1.0, backend=backend)  # nn.Dropout(1.0) zeroes everything
     assert (t["dropout"] == 0).all() and (t.output == 0).all()
     t = attend(q, k, v, hard=True, dropout=0.5, seed=3, backend=backend)  # hard first, then dropout
-    assert t.names()[-4:] == ["weights", "hard", "dropout", "output"]
-    keep = np.random.default_rng(3).random(t.weights.shape) >= 0.5
+    assert t.names()[-4:] == ["softmax", "hard", "dropout", "output"]
+    keep = np.random.default_rng(3).random(t["softmax"].shape) >= 0.5
     np.testing.assert_array_equal(t["dropout"], np.where(keep, 2 * t["hard"], 0))
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(InputError, match="dropout must be a probability"):
@@ -135,9 +136,9 @@ def test_cli_hard_and_dropout(tmp_path) -> None:  # type: ignore[no-untyped-def]
         np.save(tmp_path / f"{name}.npy", a)
     files = [str(tmp_path / f"{n}.npy") for n in "qkv"]
     table = [
-        (["--hard"], 0, ["weights", "hard", "output"]),
-        (["--dropout", "0.25", "--seed", "7"], 0, ["weights", "dropout", "output"]),
-        (["--hard", "--dropout", "0.5"], 0, ["weights", "hard", "dropout", "output"]),
+        (["--hard"], 0, ["softmax", "hard", "output"]),
+        (["--dropout", "0.25", "--seed", "7"], 0, ["softmax", "dropout", "output"]),
+        (["--hard", "--dropout", "0.5"], 0, ["softmax", "hard", "dropout", "output"]),
         (["--dropout", "2"], 2, None),
     ]
     for args, code, tail in table:
@@ -150,7 +151,10 @@ def test_cli_hard_and_dropout(tmp_path) -> None:  # type: ignore[no-untyped-def]
         assert names[-len(tail):] == tail
         used = np.array(doc["steps"][-2]["values"])
         np.testing.assert_allclose(doc["output"], used @ v, rtol=1e-13)
+        # issue 12: the top-level weights are the ones that multiplied V, so output = weights @ V
+        np.testing.assert_array_equal(np.array(doc["weights"]), used)
+        np.testing.assert_allclose(doc["output"], np.array(doc["weights"]) @ v, rtol=1e-13)
     doc = json.loads(runner.invoke(app, ["run", *files, "-f", "json", "--dropout", "0.25", "--seed", "7"]).stdout)
-    w = np.array(doc["weights"])
+    w = np.array(next(s["values"] for s in doc["steps"] if s["name"] == "softmax"))
     keep = np.random.default_rng(7).random(w.shape) >= 0.25
     np.testing.assert_allclose(doc["steps"][-2]["values"], np.where(keep, w / 0.75, 0), rtol=1e-15)

@@ -83,8 +83,8 @@ def test_explain_row_weighted_sum_of_values() -> None:
     (row,) = explain(t, RenderOptions(explain_rows=["it"]))
     text = "\n".join(row["lines"])
     # uniform weights: out(it) = the mean of the value rows = (0, 1.25, 2.75, 0)
-    assert "out(it) = 0.25·v(cat) + 0.25·v(milk) + 0.25·v(it) + 0.25·v(sweet)" in text
-    assert "= (0, 1.25, 2.75, 0)" in text
+    assert "out(it) = 0.2500·v(cat) + 0.2500·v(milk) + 0.2500·v(it) + 0.2500·v(sweet)" in text  # as the tables write 0.2500
+    assert "= (0, 1.2500, 2.7500, 0)" in text
     (row,) = explain(t, RenderOptions(explain_rows=["milk"]))
     w = softmax64(np.array([4.0, 5.0, 4.0, 6.0]))
     out = w @ CAT_MILK
@@ -270,7 +270,7 @@ def test_explain_gaussian() -> None:
     t = attend(np.array([[2.5]]), np.array([[2.4292], [1.0]]), np.array([[1.0], [0.0]]), score="gaussian", bandwidth=1.0)
     text = cell_text(t, "0,0")
     d2 = (2.5 - 2.4292) ** 2  # by hand; the score is -d²/(2σ²) with σ = 1
-    assert f"(2.5 − 2.4292)² = {num(d2)}" in text and f"= {num(-d2 / 2)}" in text
+    assert f"(2.5000 − 2.4292)² = {num(d2)}" in text and f"= {num(-d2 / 2)}" in text
 
 
 def test_explain_additive() -> None:
@@ -280,6 +280,6 @@ def test_explain_additive() -> None:
     t = attend(q, k, np.eye(2), score="additive", params={"W_q": W_q, "W_k": W_k, "w_v": w_v})
     text = cell_text(t, "0,1")
     f = np.tanh(q[0] @ W_q + k[1] @ W_k)  # (2,) + (2,)
-    assert "q(q0) W_q = (0.5, -1)" in text and "k(k1) W_k = (-0.2, -0.1)" in text
+    assert "q(q0) W_q = (0.5000, -1)" in text and "k(k1) W_k = (-0.2000, -0.1000)" in text
     assert f"tanh(q W_q + k W_k) = ({num(f[0])}, {num(f[1])})" in text
     assert text.splitlines()[3].endswith(f"= {num(float(w_v @ f))}")

@@ -72,14 +72,16 @@ def test_cuda_half_precision(half: torch.dtype) -> None:
 
 def test_cuda_corner_rows() -> None:
     """The corners of a big view, computed on the GPU, are the full computation's rows."""
-    from attncli.engine import corner_rows, run
+    from attncli.engine import run
+    from attncli.plan import Needs, plan
     from attncli.problem import Options, Problem
 
     full = attend(Q, K, V, dtype="float64", causal=True)
     problem = Problem.build(Q, K, V, options=Options().merged(
-        {"dtype": "float64", "causal": True, "backend": "torch", "device": "cuda", "keep_weights": False}, "test"))
-    trace = run(problem)
-    assert corner_rows(problem, trace, [0, 1, 35, 36], limit=10_000)
+        {"dtype": "float64", "causal": True, "backend": "torch", "device": "cuda"}, "test"))
+    how = plan(problem, Needs(view_rows=lambda m: [0, 1, 35, 36], limit=4 * problem.n))
+    assert how.rows == (0, 1, 35, 36)
+    trace = run(problem, how)
     np.testing.assert_allclose(trace.weights, full.weights[..., [0, 1, 35, 36], :], rtol=0, atol=1e-10)
 
 

@@ -20,6 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from attncli import fast
+from attncli import plan as plan_mod
 from attncli.backend import blas_threads, set_threads
 from attncli.cli import app
 from attncli.engine import attend
@@ -130,7 +131,7 @@ def test_explicit_path_for_variants() -> None:
     """Options the fast paths do not implement (dropout here) run the explicit path instead."""
     x = rng.standard_normal((6, 4))
     t = attend(x, keep_weights=False, dropout=0.5, seed=1)
-    assert t.meta.get("path") is None and "weights" in t
+    assert t.meta.get("path") == "explicit" and "weights" in t
 
 
 # ---- torch SDPA ---------------------------------------------------------------------------
@@ -315,9 +316,8 @@ def test_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_default_view_of_a_big_problem_skips_the_weights(monkeypatch: pytest.MonkeyPatch, examples_dir: Path,
                                                          tmp_path: Path, args: list[str], skipped: bool) -> None:
-    from attncli.cli import run as run_cli
 
-    monkeypatch.setattr(run_cli, "VIEW_CELLS", 15)  # the 4 × 4 example has 16 weights: "big"
+    monkeypatch.setattr(plan_mod, "VIEW_CELLS", 15)  # the 4 × 4 example has 16 weights: "big"
     monkeypatch.chdir(tmp_path)
     r = runner.invoke(app, ["run", str(examples_dir / "cat_milk_sweet.yaml"), *args])
     assert r.exit_code == 0, r.output
@@ -341,7 +341,8 @@ CORNER_CASES = {
 def test_corner_rows_are_the_full_computations_rows(case: str, backend: str) -> None:
     """The view of a big problem computes its first and last rows only (engine.corner_rows): every
     step up to the weights equals those rows of the full computation, masks and all."""
-    from attncli.engine import corner_rows, run
+    from attncli.engine import run
+    from attncli.plan import Needs, plan
     from attncli.problem import Options, Problem
 
     q, k = rng.standard_normal((2, 37, 8)), rng.standard_normal((1, 23, 8))  # batch 2, 37 queries, 23 keys
@@ -351,10 +352,11 @@ def test_corner_rows_are_the_full_computations_rows(case: str, backend: str) -> 
     opts = {key: val for key, val in kw.items() if key not in ("valid_lens", "mask")}
     problem = Problem.build(q, k, v, valid_lens=kw.get("valid_lens"), mask=kw.get("mask"),
                             options=Options().merged({**opts, "keep_weights": False}, "test"))
-    trace = run(problem)
-    assert trace.names() == ["output"]
+    assert run(problem).names() == ["output"]
     rows = [0, 1, 2, 34, 35, 36]
-    assert corner_rows(problem, trace, rows, limit=10_000)
+    how = plan(problem, Needs(view_rows=lambda m: rows, limit=1000))  # 2 × 37 × 23 weights are "big"
+    assert how.rows == tuple(rows) and how.path != "explicit"
+    trace = run(problem, how)
     assert trace.names() == [name for name in full.names() if name != "features"]  # additive's 4-D step: left out
     for step in trace.steps[:-1]:
         expected = full[step.name]
@@ -367,23 +369,23 @@ def test_corner_rows_are_the_full_computations_rows(case: str, backend: str) -> 
 
 def test_corner_rows_refused_when_not_the_same_computation() -> None:
     """A scaling over the whole score matrix (norm) or too many scores: nothing is added."""
-    from attncli.engine import corner_rows, run
+    from attncli.engine import run
+    from attncli.plan import Needs, plan
     from attncli.problem import Options, Problem
 
     x = rng.standard_normal((37, 8))
-    for opts, limit in (({"scaling": "norm"}, 10_000), ({}, 6 * 37 - 1)):
-        problem = Problem.build(x, options=Options().merged({**opts, "keep_weights": False}, "test"))
-        trace = run(problem)
-        assert not corner_rows(problem, trace, [0, 1, 2, 34, 35, 36], limit)
-        assert trace.names() == ["output"]
+    for opts, limit in (({"scaling": "norm"}, 1000), ({}, 6 * 37 - 1)):
+        problem = Problem.build(x, options=Options().merged(opts, "test"))
+        how = plan(problem, Needs(view_rows=lambda m: [0, 1, 2, 34, 35, 36], limit=limit))
+        assert how.rows is None and how.skipped == 37 * 37
+        assert run(problem, how).names() == ["output"]
 
 
 def test_default_view_of_a_big_problem_shows_exact_corner_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """40 × 40 weights over the (lowered) limit: the view shows the first and last 6 queries'
     weights, exact, with their labels and diagnostics, and says so; no weights-skipped note."""
-    from attncli.cli import run as run_cli
 
-    monkeypatch.setattr(run_cli, "VIEW_CELLS", 1000)  # 1600 weights are "big"; 12 rows × 40 keys = 480 are not
+    monkeypatch.setattr(plan_mod, "VIEW_CELLS", 1000)  # 1600 weights are "big"; 12 rows × 40 keys = 480 are not
     x = rng.standard_normal((40, 4))
     np.save(tmp_path / "x.npy", x)
     r = runner.invoke(app, ["run", str(tmp_path / "x.npy"), "--causal", "--precision", "6"], env={"COLUMNS": "200"})

@@ -22,11 +22,13 @@ from d2l_reference import masked_softmax as d2l_masked_softmax
 from torch import nn
 from typer.testing import CliRunner
 
+from attncli import plan as plan_mod
 from attncli.cli import app
+from attncli.engine import multihead
 from attncli.errors import InputError
 from attncli.io import Reader
-from attncli.multihead import init_projections, multihead, projections_from
 from attncli.problem import Options
+from attncli.projections import init_projections, projections_from
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parent.parent / "attncli" / "examples"
@@ -328,7 +330,7 @@ def test_cat_milk_two_heads_example() -> None:
 def test_terminal_view_per_head_and_head_selection(tmp_path: Path) -> None:
     res = runner.invoke(app, ["self", str(EXAMPLES / "multihead_cat_milk.yaml")])
     assert res.exit_code == 0, res.stderr
-    for text in ("X: the input", "Q = X · W_q", "head 0 of (2,)", "head 1 of (2,)", "concat(head_0, …, head_1)",
+    for text in ("X: the input", "Q = X · W_q", "head 0 of 2", "head 1 of 2", "concat(head_0, …, head_1)",
                  "avg_weights"):
         assert text in res.stdout, text
     one = runner.invoke(app, ["self", str(EXAMPLES / "multihead_cat_milk.yaml"), "--head", "1",
@@ -465,9 +467,8 @@ def test_output_only_never_holds_the_weights_and_matches(tmp_path: Path) -> None
 def test_big_view_shows_exact_corner_rows_of_each_head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Per-head weights over the (lowered) limit: the view shows the first and last queries' rows of
     each head and of avg_weights, equal to the full computation's."""
-    from attncli.cli import run as run_cli
 
-    monkeypatch.setattr(run_cli, "VIEW_CELLS", 1000)  # 2 heads × 40 × 40 = 3200 weights; 12 rows of each: 960
+    monkeypatch.setattr(plan_mod, "VIEW_CELLS", 1000)  # 2 heads × 40 × 40 = 3200 weights; 12 rows of each: 960
     x = np.random.default_rng(4).standard_normal((40, 4))
     np.save(tmp_path / "x.npy", x)
     base = ["self", str(tmp_path / "x.npy"), "--heads", "2", "--seed", "2"]

@@ -69,7 +69,7 @@ def test_bad_plot_extension_exit_2(tmp_path: Path) -> None:
 
 
 def test_without_matplotlib_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import attncli.render.plot as plot
+    import attncli.render.plot as plot  # Pictures asks attncli.render.plot whether matplotlib is there
 
     monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
     r = runner.invoke(app, ["run", str(EXAMPLES / "cat_milk_sweet.yaml"), "--plot", str(tmp_path / "w.png")])

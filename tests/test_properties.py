@@ -26,9 +26,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attncli.engine import attend, softmax
+from attncli.engine import attend
 from attncli.errors import InputError
 from attncli.scoring import SCORES
+from attncli.stages import softmax
 from attncli.trace import Trace
 
 # A modest, fixed budget keeps this file to a few seconds on a shared 2-core machine;

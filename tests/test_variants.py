@@ -286,10 +286,10 @@ def mha_by_hand(x: np.ndarray, w: dict[str, np.ndarray], heads: int, *, scale_wi
 
 
 def mh_named(expected: np.ndarray, w: dict[str, np.ndarray], x: np.ndarray, heads: int) -> set[str]:
-    from attncli.check import MultiheadSetup
-    from attncli.multihead import Projections
+    from attncli.problem import Problem
+    from attncli.projections import Projections
 
-    setup = MultiheadSetup(x, Projections(**w), heads)
+    setup = Problem.build(x, projections=Projections(**w), heads=heads)
     verdict = check(setup, expected, tolerance=TOL)
     assert not verdict.match
     return {e.name for e in verdict.explanations}
@@ -304,11 +304,11 @@ def mh_inputs(seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
 
 def test_multihead_reference_matches_the_module() -> None:
     # sanity: the hand-written reference is what attncli computes (else the cases below prove nothing)
-    from attncli.check import MultiheadSetup
-    from attncli.multihead import Projections
+    from attncli.problem import Problem
+    from attncli.projections import Projections
 
     x, w = mh_inputs(30)
-    assert check(MultiheadSetup(x, Projections(**w), 2), mha_by_hand(x, w, 2), tolerance=TOL).match
+    assert check(Problem.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2), tolerance=TOL).match
 
 
 @pytest.mark.parametrize("case,kw,heads", [
@@ -331,8 +331,8 @@ def test_multihead_q_k_swapped() -> None:
 
 
 def test_multihead_key_padding_mask_inverted() -> None:
-    from attncli.check import MultiheadSetup
-    from attncli.multihead import Projections
+    from attncli.problem import Problem
+    from attncli.projections import Projections
 
     x, w = mh_inputs(46)
     pad = np.zeros((B, TOK), dtype=bool)
@@ -345,16 +345,16 @@ def test_multihead_key_padding_mask_inverted() -> None:
         s = np.where(pad[:, None, :], q[..., sl] @ T(k[..., sl]) / 2.0, -np.inf)  # (B, T, T), √4 = 2
         heads.append(softmax(s) @ v[..., sl])
     expected = np.concatenate(heads, axis=-1) @ w["W_o"] + w["b_o"]
-    verdict = check(MultiheadSetup(x, Projections(**w), 2, key_padding_mask=pad), expected, tolerance=TOL)
+    verdict = check(Problem.build(x, projections=Projections(**w), heads=2, padding=pad), expected, tolerance=TOL)
     assert {e.name for e in verdict.explanations} == {"mask-inverted"}
 
 
 def test_wrong_head_order_is_spelled_out() -> None:
-    from attncli.check import MultiheadSetup
-    from attncli.multihead import Projections
+    from attncli.problem import Problem
+    from attncli.projections import Projections
 
     x, w = mh_inputs(40)
-    verdict = check(MultiheadSetup(x, Projections(**w), 2), mha_by_hand(x, w, 2, order=(1, 0)), tolerance=TOL)
+    verdict = check(Problem.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2, order=(1, 0)), tolerance=TOL)
     assert "head 1, head 0 instead of head 0, head 1" in verdict.explanations[0].explanation
 
 

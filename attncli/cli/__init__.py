@@ -123,6 +123,10 @@ from attncli.cli import selfattn as _selfattn  # noqa: E402,F401  (registers the
 # isort: split
 from attncli.cli import check as _check  # noqa: E402,F401  (registers the check command)
 from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
+from attncli.cli import inspect as _inspect  # noqa: E402,F401  (registers the inspect command)
+from attncli.cli.options import use_help_layout  # noqa: E402
+
+use_help_layout(app)  # --help fits 80 columns: long option names on a line of their own
 
 
 def invoked(args: list[str]) -> typer.Typer:

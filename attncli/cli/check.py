@@ -28,7 +28,7 @@ else:
 import typer
 
 from attncli.cli import EXIT_OK, app, handles_errors
-from attncli.cli.options import PROBLEM_OPTIONS, choices, option, with_options
+from attncli.cli.options import MULTIHEAD_OPTIONS, PROBLEM_OPTIONS, choices, option, with_options
 from attncli.errors import AttnError, InputError
 
 EXIT_MISMATCH = 1
@@ -46,9 +46,6 @@ CHECK_OPTIONS = [
                 "for binary files and whole numbers, torch.testing's float default)."),
     option("rtol", float | None, None, "--rtol", min=0.0, rich_help_panel=CHECK,
            help="Relative tolerance: cells match when |expected - computed| <= atol + rtol·|computed|."),
-    option("heads", int | None, None, "--heads", min=1, rich_help_panel=CHECK,
-           help="Multi-head attention (as `attncli self`): inputs are X [MEMORY [VALUES]], --weights holds the "
-                "projections W_q, W_k, W_v, W_o. A file with x, weights, heads entries implies it."),
     option("explain", bool, True, "--explain/--no-explain", rich_help_panel=CHECK,
            help="On a mismatch, try the catalogue of known variants and mistakes (default on)."),
     option("format", CheckFormat, CheckFormat("rich"), "--format", "-f", rich_help_panel=CHECK,
@@ -78,7 +75,7 @@ INLINE = "--expected"
 
 @app.command("check", help=CHECK_HELP)
 @handles_errors
-@with_options(PROBLEM_OPTIONS, CHECK_OPTIONS)
+@with_options(PROBLEM_OPTIONS, MULTIHEAD_OPTIONS, CHECK_OPTIONS)
 def check_command(
     args: Annotated[list[str], typer.Argument(metavar="[EXPECTED] Q [K [V]]", show_default=False,
                                               help="Expected numbers (unless --expected), then the input files.")],
@@ -126,13 +123,8 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
     spec, inputs = split_arguments(args, opts.get("expected"), reader)
     what = opts["what"]
     expected, written, source = read_expected(spec, opts.get("expected"), reader, what)
-    subject: Any
-    if opts.get("heads") is not None or _is_multihead_file(inputs[0], reader):
-        subject = build_multihead(inputs, opts, reader)
-        trace = subject.run()
-    else:
-        subject = build_problem(inputs, opts, reader)
-        trace = run(subject)
+    subject = build_problem(inputs, opts, reader)
+    trace = run(subject)
     if opts.get("atol") is not None or opts.get("rtol") is not None:
         atol, rtol = opts.get("atol") or 0.0, opts.get("rtol") or 0.0
         tol = Tolerance(atol, rtol, f"given: --atol {atol:g} --rtol {rtol:g}")
@@ -140,66 +132,6 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
         dtype = "float32" if "float32" in (str(expected.dtype), str(trace.meta.get("dtype"))) else "float64"
         tol = infer_tolerance(written, dtype, source)
     return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source, explain=opts["explain"])
-
-
-def _is_multihead_file(spec: str, reader: Any) -> bool:
-    content = reader.read(spec)
-    return isinstance(content, dict) and "x" in content and "q" not in content
-
-
-def build_multihead(inputs: list[str], opts: dict[str, Any], reader: Any) -> Any:
-    """The inputs of multi-head attention: X [MEMORY [VALUES]] files, or one file with x, weights, heads,
-    labels, valid_lens, mask, key_padding_mask, options (the format `attncli self` reads)."""
-    from attncli.check import MultiheadSetup
-    from attncli.cli.inputs import cli_options, parse_valid_lens, split_labels
-    from attncli.multihead import init_projections, projections_from
-    from attncli.problem import Options, feature_width
-
-    if not 1 <= len(inputs) <= 3:
-        raise InputError(f"expected 1 to 3 inputs (X [MEMORY [VALUES]]), got {len(inputs)}", "arguments")
-    content = reader.read(inputs[0])
-    src = reader.source(inputs[0])
-    doc: dict[str, Any] = content if isinstance(content, dict) and "x" in content else {}
-    sources = {"x": src}
-    arrays: dict[str, Any] = {"x": reader.array(inputs[0], "x")}
-    for name, spec in zip(("memory", "values"), inputs[1:]):
-        arrays[name], sources[name] = reader.array(spec, name), reader.source(spec)
-    for name in ("memory", "values", "key_padding_mask", "mask", "valid_lens"):
-        if name not in arrays and doc.get(name) is not None:
-            arrays[name], sources[name] = doc[name], src
-    if opts.get("valid_lens") is not None:
-        arrays["valid_lens"], sources["valid_lens"] = parse_valid_lens(opts["valid_lens"], reader)
-    if opts.get("mask") is not None:
-        arrays["mask"], sources["mask"] = reader.array(opts["mask"], "mask"), reader.source(opts["mask"])
-    file_opts = doc.get("options") or {}
-    if not isinstance(file_opts, dict):
-        raise InputError("'options' must be a mapping of option names to values", src)
-    options = Options().merged({str(k).replace("-", "_"): v for k, v in file_opts.items()}, src)
-    options = options.merged(cli_options(opts), "command line")
-    heads = opts.get("heads") if opts.get("heads") is not None else doc.get("heads", 1)
-    if isinstance(heads, bool) or not isinstance(heads, int):
-        raise InputError(f"'heads' must be a whole number, got {heads!r}", src)
-    if opts.get("weights") is not None:
-        w = str(opts["weights"])
-        proj = projections_from(reader.read(w), reader.source(w))
-    elif "weights" in doc:
-        proj = projections_from(doc, src)
-    else:
-        widths = [feature_width(arrays[n], n, sources[n]) if n in arrays else None for n in ("x", "memory", "values")]
-        d_q = widths[0] or 1
-        d_kv = widths[1] or d_q
-        proj = init_projections(d_q, d_kv, widths[2] or d_kv, seed=options.seed)
-
-    def labels(value: Any) -> list[str] | None:
-        return None if value is None else (split_labels(value) if isinstance(value, str) else [str(v) for v in value])
-
-    both = split_labels(opts.get("labels")) or labels(doc.get("labels"))
-    qlab = split_labels(opts.get("query_labels")) or labels(doc.get("query_labels")) or both
-    klab = split_labels(opts.get("key_labels")) or labels(doc.get("key_labels"))
-    if klab is None and "memory" not in arrays:
-        klab = both
-    return MultiheadSetup(arrays["x"], proj, heads, arrays.get("memory"), arrays.get("values"), arrays.get("valid_lens"),
-                          arrays.get("key_padding_mask"), arrays.get("mask"), qlab, klab, options, sources)
 
 
 def split_arguments(args: list[str], inline: str | None, reader: Any) -> tuple[str | None, list[str]]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attncli.cli import app, handles_errors
-from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
+from attncli.cli.options import HEAD_OPTION, MULTIHEAD_OPTIONS, OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
 from attncli.errors import InputError
 
 if TYPE_CHECKING:
@@ -118,12 +118,12 @@ def examples_show(name: Annotated[str, typer.Argument(help="Example name, as lis
 
 @examples_app.command("run")
 @handles_errors
-@with_options(PROBLEM_OPTIONS, OUTPUT_OPTIONS)
+@with_options(PROBLEM_OPTIONS, MULTIHEAD_OPTIONS, HEAD_OPTION, OUTPUT_OPTIONS)
 def examples_run(
     name: Annotated[str, typer.Argument(help="Example name, as listed by `attncli examples`.")],
     opts: dict[str, Any],
 ) -> None:
-    """Run an example step by step; every option of `attncli run` works (e.g. --explain it,milk).
+    """Run an example step by step; every option of `attncli run` and `attncli self` works (e.g. --explain it,milk).
 
     Examples:
 
@@ -131,35 +131,16 @@ def examples_run(
 
       attncli examples run cat_milk_sweet --explain it --steps weights,output
 
-      attncli examples run d2l_masked_softmax --mask-value -inf --format json
+      attncli examples run multihead_cat_milk --head 1 --explain-row it
     """
     from attncli.cli.inputs import build_problem
-    from attncli.cli.run import emit
-    from attncli.engine import run
+    from attncli.cli.run import execute
     from attncli.io import Reader
 
     with on_disk(find(name)) as path:
         reader = Reader()
-        content = reader.read(str(path))
-        if isinstance(content, dict) and "x" in content and "q" not in content:
-            run_multihead(path, opts)  # a multi-head file (x, weights, heads): what `attncli self` reads
-            return
         problem = build_problem([str(path)], opts, reader)
-        trace = run(problem)
-        emit(trace, opts, protect=[str(path)])
-
-
-def run_multihead(path: Path, opts: dict[str, Any]) -> None:
-    """Run a multi-head example through the ``self`` command, with its own options at their defaults."""
-    import inspect
-
-    from attncli.cli.selfattn import self_command
-
-    params = inspect.signature(self_command).parameters
-    kwargs = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
-    kwargs.update({k: v for k, v in opts.items() if k in params})
-    kwargs["x"] = str(path)
-    self_command(**kwargs)
+        execute(problem, opts, protect=[str(path), *reader.paths])
 
 
 app.add_typer(examples_app, name="examples")

@@ -1,7 +1,14 @@
-"""From command-line arguments and files to a validated Problem."""
+"""From command-line arguments and files to a validated Problem: one function for every command.
+
+``run``, ``self``, ``check`` and ``examples run`` all call :func:`build_problem`, so each takes
+every option the others do: a single-head problem (Q [K [V]], or a problem file with q, k, v)
+or, with projections (``attncli self``, ``check --heads``, a file with x and weights), the inputs
+X [MEMORY [VALUES]] of self-, cross- and multi-head attention.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -10,11 +17,17 @@ import numpy as np
 
 from attncli.errors import InputError
 from attncli.io import LOADERS, STDIN, Reader
-from attncli.problem import Options, Problem
+from attncli.options import Options
+from attncli.problem import Problem, numeric_array
+from attncli.projections import Norm, Projections, init_projections, projections_from
+from attncli.validate import width as check_width
+from attncli.weights import weights_mapping
 
 OPTION_FIELDS = Options.field_names()
 PROBLEM_KEYS = {"q", "k", "v", "valid_lens", "mask", "labels", "query_labels", "key_labels", "options",
                 "weights", "expected", "description", "source"}
+MULTIHEAD_KEYS = {"x", "memory", "values", "weights", "heads", "labels", "query_labels", "key_labels", "valid_lens",
+                  "key_padding_mask", "mask", "options", "description", "source", "expected"}
 
 
 def split_labels(text: str | None) -> list[str] | None:
@@ -73,56 +86,80 @@ def cli_options(opts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader) -> Problem:
-    """The Problem described by 1–3 input files (or ``-``) and the shared options.
+def is_multihead(content: Any, opts: dict[str, Any]) -> bool:
+    """Projections and heads are part of the problem: ``--heads`` given, or a file with x (and no q)."""
+    return opts.get("heads") is not None or (isinstance(content, dict) and "x" in content and "q" not in content)
 
-    One input: a problem file (a mapping with q, k, v, ...) or one matrix used as Q, K and V.
-    Two: Q and K (also used as V). Three: Q, K, V. Command-line options override the file's.
+
+def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multihead: bool | None = None) -> Problem:
+    """The Problem described by 1–3 input files (or ``-``) and the options (a flag wins over the file).
+
+    Single-head: one input is a problem file (q, k, v, ...) or one matrix used as Q, K and V; two
+    are Q and K (also V); three are Q, K, V. With projections (``multihead``, ``--heads`` or a file
+    with x): X [MEMORY [VALUES]], or a file with x, weights, heads, ...
     """
     if not 1 <= len(inputs) <= 3:
-        raise InputError(f"expected 1 to 3 inputs (Q [K [V]]), got {len(inputs)}", "arguments")
+        what = "X [MEMORY [VALUES]]" if multihead else "Q [K [V]]"
+        raise InputError(f"expected 1 to 3 inputs ({what}), got {len(inputs)}", "arguments")
     content = reader.read(inputs[0])
-    from_file: dict[str, Any] = {}
     file_source = reader.source(inputs[0])
-    if isinstance(content, dict) and "q" in content:
-        from_file = content
-        unknown = set(map(str, content)) - PROBLEM_KEYS
-        if unknown and reader.formats.get(inputs[0]) != ".npz":  # the format read (stdin: sniffed), not the name
-            raise InputError(f"has unknown entries {', '.join(sorted(unknown))}; "
-                             f"a problem file holds {', '.join(sorted(PROBLEM_KEYS))}", file_source)
-    slots = ("q", "k", "v")
+    heads_mode = is_multihead(content, opts) if multihead is None else multihead
+    names = ("q", "k", "v")
+    key = "x" if heads_mode else "q"
+    doc: dict[str, Any] = content if isinstance(content, dict) and key in content else {}
+    if doc and reader.formats.get(inputs[0]) != ".npz":  # the format read (stdin: sniffed), not the name
+        allowed = MULTIHEAD_KEYS if heads_mode else PROBLEM_KEYS
+        unknown = set(map(str, doc)) - allowed
+        if unknown:
+            shown = ", ".join(sorted(unknown)[:8])
+            kind = "a multi-head file" if heads_mode else "a problem file"
+            raise InputError(f"has unknown entries {shown}; {kind} holds {', '.join(sorted(allowed))}", file_source)
     sources: dict[str, str] = {}
     arrays: dict[str, Any] = {}
-    fallbacks = {"q": (), "k": ("q",), "v": ("k", "q")}  # in a problem file K defaults to Q, V to K
-    for slot, spec in zip(slots, inputs):
-        arrays[slot] = reader.array(spec, slot, fallbacks[slot])
-        sources[slot] = reader.source(spec)
-    if from_file and len(inputs) == 1:
-        for slot in ("k", "v"):
-            if slot in from_file:
-                arrays[slot] = from_file[slot]
-                sources[slot] = file_source
-    # shorthand: K defaults to Q, V to K
-    arrays.setdefault("k", arrays["q"])
-    sources.setdefault("k", sources["q"])
-    arrays.setdefault("v", arrays["k"])
-    sources.setdefault("v", sources["k"])
+    if heads_mode:  # X [MEMORY [VALUES]], or --memory / --values, or the file's entries
+        arrays["q"], sources["q"] = reader.array(inputs[0], "x"), file_source
+        for slot, name, spec in (("k", "memory", inputs[1] if len(inputs) > 1 else opts.get("memory")),
+                                 ("v", "values", inputs[2] if len(inputs) > 2 else opts.get("values"))):
+            if spec is not None:
+                arrays[slot], sources[slot] = reader.array(spec, name), reader.source(spec)
+            elif doc.get(name) is not None:
+                arrays[slot], sources[slot] = doc[name], file_source
+    else:
+        fallbacks = {"q": (), "k": ("q",), "v": ("k", "q")}  # in a problem file K defaults to Q, V to K
+        for slot, spec in zip(names, inputs):
+            arrays[slot] = reader.array(spec, slot, fallbacks[slot])
+            sources[slot] = reader.source(spec)
+        if doc and len(inputs) == 1:
+            for slot in ("k", "v"):
+                if slot in doc:
+                    arrays[slot], sources[slot] = doc[slot], file_source
 
-    valid_lens, mask = from_file.get("valid_lens"), from_file.get("mask")
-    sources["valid_lens"] = sources["mask"] = file_source
+    def entry(name: str, flag: str | None) -> Any:
+        spec = opts.get(flag) if flag else None
+        if spec is not None:
+            sources[name] = reader.source(spec)
+            return reader.array(spec, name)
+        sources[name] = file_source
+        return doc.get(name)
+
+    mask = entry("mask", "mask")
+    padding = entry("key_padding_mask", "key_padding_mask")
+    valid_lens = doc.get("valid_lens")
+    sources["valid_lens"] = file_source
     if opts.get("valid_lens") is not None:
         valid_lens, sources["valid_lens"] = parse_valid_lens(opts["valid_lens"], reader)
-    if opts.get("mask") is not None:
-        mask, sources["mask"] = reader.array(opts["mask"], "mask"), reader.source(opts["mask"])
 
     # `labels` name the queries, and the keys too when there are as many (self-attention)
-    both = _labels(from_file.get("labels"), file_source)
+    both = _labels(doc.get("labels"), file_source)
     if opts.get("labels"):
         both = split_labels(opts["labels"])
         sources["query_labels"] = sources["key_labels"] = "--labels"
-    n_keys = _rows(arrays["k"])
-    qlab = _labels(from_file.get("query_labels"), file_source) or both
-    klab = _labels(from_file.get("key_labels"), file_source) or (both if both and len(both) == n_keys else None)
+    qlab = _labels(doc.get("query_labels"), file_source) or both
+    if heads_mode:
+        klab = _labels(doc.get("key_labels"), file_source) or (both if "k" not in arrays else None)
+    else:
+        klab = _labels(doc.get("key_labels"), file_source) or (
+            both if both and len(both) == _rows(arrays.get("k", arrays["q"])) else None)
     if opts.get("query_labels"):
         qlab, sources["query_labels"] = split_labels(opts["query_labels"]), "--query-labels"
     if opts.get("key_labels"):
@@ -130,17 +167,116 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader) -> Pr
     sources.setdefault("query_labels", file_source)
     sources.setdefault("key_labels", file_source)
 
-    options = Options().merged(_file_options(from_file.get("options"), file_source), file_source)
-    options = options.merged(cli_options(opts), "command line")
-    params, sources["weights"] = _score_weights(from_file.get("weights"), file_source, opts.get("weights"), reader)
-    return Problem.build(arrays["q"], arrays["k"], arrays["v"], valid_lens=valid_lens, mask=mask,
-                         query_labels=qlab, key_labels=klab, options=options, sources=sources, params=params)
+    options = Options().merged(_file_options(doc.get("options"), file_source), file_source)
+    flags = cli_options(opts)
+    common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab,
+                                  sources=sources, padding=padding)
+    if not heads_mode:
+        for flag in ("layer", "from_residual"):
+            if opts.get(flag):
+                raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)",
+                                 f"--{flag.replace('_', '-')}")
+        params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.get("weights"), reader)
+        options = options.merged(flags, "command line", flags=True)
+        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
+    layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True))
+    if layer.facts:  # config.json's facts, under the flags (a flag overrides the config)
+        options = options.merged(layer.facts, f"{layer.projections.source} (config.json)")
+    options = options.merged(flags, "command line", flags=True)
+    heads = opts.get("heads") if opts.get("heads") is not None else layer.heads or doc.get("heads", 1)
+    if isinstance(heads, bool) or not isinstance(heads, int):
+        raise InputError(f"'heads' must be a whole number, got {heads!r}", file_source)
+    if opts.get("from_residual") and not layer.checkpoint:
+        raise InputError("needs a checkpoint read with --weights MODEL --layer N (its pre-attention norm)",
+                         "--from-residual")  # a post-norm layer (BERT) takes the residual as it is
+    sources["weights"] = layer.projections.source
+    return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
+                         batch_first=opts.get("batch_first", True), options=options,
+                         pre_norm=layer.norm if opts.get("from_residual") else None, **common)
+
+
+@dataclass
+class Layer:
+    """The projections of a problem, and what a checkpoint's config.json says around them."""
+
+    projections: Projections
+    facts: dict[str, Any] = field(default_factory=dict)  # Options fields from config.json
+    heads: int | None = None
+    norm: Norm | None = None  # the layer's pre-attention norm (for --from-residual)
+    checkpoint: bool = False
+
+
+def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: dict[str, Any], reader: Reader,
+                 options: Options) -> Layer:
+    """W_q, W_k, W_v (W_o, biases) from --weights (textbook arrays, a state dict, or one layer of a
+    checkpoint), the file's weights: entry, or drawn from --seed."""
+    given = [f for f, v in (("--d-k", opts.get("d_k")), ("--d-v", opts.get("d_v"))) if v is not None]
+    for f, v in (("--d-k", opts.get("d_k")), ("--d-v", opts.get("d_v"))):
+        if v is not None:
+            check_width(v, f)  # before allocating a (d, heads·d_k) matrix: 10**12 is one line, not out of memory
+    weights, prefix = opts.get("weights"), opts.get("prefix")
+    if given and (weights is not None or "weights" in doc):
+        raise InputError("applies only when the weights are initialised (no --weights); "
+                         "the widths come from the weights", given[0])
+    if opts.get("layer") is not None and weights is None:
+        raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
+    if weights is not None:
+        spec = str(weights)
+        if opts.get("layer") is not None or _checkpoint_path(spec):
+            return checkpoint_layer(spec, opts.get("layer"), prefix, opts.get("heads"))
+        return Layer(projections_from(reader.read(spec), reader.source(spec), prefix))
+    if "weights" in doc:
+        return Layer(projections_from(doc, src, prefix))
+    widths = [_width(arrays[s], t, src) if s in arrays else None for s, t in (("q", "X"), ("k", "memory"), ("v", "values"))]
+    d_q = widths[0] or 1
+    d_kv = widths[1] or d_q
+    d_vv = widths[2] or d_kv
+    init = opts.get("init")
+    return Layer(init_projections(d_q, d_kv, d_vv, d_k=opts.get("d_k"), d_v=opts.get("d_v"), seed=options.seed,
+                                  init=str(getattr(init, "value", init or "mha")), bias=opts.get("bias", True),
+                                  out_proj=opts.get("out_proj", True)))
+
+
+def _checkpoint_path(spec: str) -> bool:
+    """A model folder, a .safetensors file or a sharded index: read as a checkpoint, layer by layer."""
+    p = Path(spec)
+    return p.is_dir() or spec.lower().endswith((".safetensors", ".index.json"))
+
+
+# config.json facts -> Options fields (the ones the pipeline has)
+FACT_OPTIONS = ("scale", "causal")
+
+
+def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None) -> Layer:
+    """One layer of a checkpoint (attncli.layouts): its projections in textbook form, with where each
+    came from, and the config's facts as options."""
+    from attncli.layouts import load_layer
+
+    la = load_layer(spec, layer, prefix, heads=heads)
+    a = la.arrays
+    names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+    proj = Projections(**{n: np.asarray(a[n]) for n in names if n in a},  # type: ignore[arg-type]
+                       source=f"{la.source} layer {la.layer}", origin={n: la.origin[n] for n in names if n in la.origin},
+                       kind=la.layout)
+    facts: dict[str, Any] = {}
+    for name in FACT_OPTIONS:
+        value = getattr(la.facts, name)
+        if value is not None and value is not False:
+            facts[name] = value
+    norm = None
+    if la.facts.pre_norm is not None and "norm_w" in a:
+        norm = Norm(la.facts.pre_norm, np.asarray(a["norm_w"]), None if "norm_b" not in a else np.asarray(a["norm_b"]),
+                    la.facts.norm_eps if la.facts.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
+    return Layer(proj, facts, la.facts.heads, norm, checkpoint=True)
+
+
+def _width(a: Any, title: str, source: str) -> int | None:
+    shape = numeric_array(a, title, source).shape  # a ragged list or a mapping: one line, not a numpy error
+    return int(shape[-1]) if len(shape) in (2, 3) else None
 
 
 def _score_weights(in_file: Any, file_source: str, path: Any, reader: Reader) -> tuple[dict[str, Any], str]:
     """Score weights from ``--weights FILE`` (which wins) or the problem file's ``weights:`` mapping."""
-    from attncli.weights import weights_mapping
-
     if path is not None:
         spec = str(path)
         return weights_mapping(reader.read(spec), reader.source(spec)), reader.source(spec)

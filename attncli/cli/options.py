@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from attncli.backend import BACKENDS, DEVICES, DTYPES
 from attncli.diagnostics import SIMILARITIES
-from attncli.problem import CAUSAL_ALIGNS, MASK_CONVENTIONS
-from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
+from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS
+from attncli.scoring import ACTIVATIONS, ALIASES, SCALINGS, score_names
 
 Group = list[inspect.Parameter]
+HIDDEN_CHOICES = set(ALIASES)  # accepted, but not listed in --help
 
 
 def choices(name: str, values: list[str] | tuple[str, ...]) -> type[Enum]:
@@ -51,7 +53,8 @@ MASKING = "Masks and valid lengths"
 LABELS = "Labels"
 PARAMS = "Score parameters"
 OUTPUT = "Output"
-EXPLAIN = "Explanations and pictures"
+EXPLAIN = "Explanations"
+PICTURES = "Pictures"
 
 PROBLEM_OPTIONS: Group = [
     option("score", Optional[ScoreChoice], None, "--score", "-s", rich_help_panel=COMPUTE,
@@ -92,9 +95,11 @@ PROBLEM_OPTIONS: Group = [
            help="CPU threads for numpy's BLAS and torch (default: as OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, "
                 "else every core)."),
     option("weights", Optional[Path], None, "--weights", "-w", rich_help_panel=PARAMS,
-           help="Score weights (.npz .yaml .json, or a PyTorch state dict .pt) in the textbook convention q @ W_q: "
-                "W (d_q,d_k) for general; W_q (d_q,h), W_k (d_k,h), w_v (h,), b (h,) for additive; W (d_k,), b for "
-                "location; w for gaussian. nn.Linear names (W_q.weight of shape (h,d_q), ...) are converted."),
+           help="Weights (.npz .yaml .json, or a PyTorch state dict .pt) in the textbook convention q @ W_q. "
+                "Multi-head: the projections W_q, W_k, W_v (W_o, biases) or an nn.MultiheadAttention state dict. "
+                "Otherwise the score's: W (d_q,d_k) for general; W_q (d_q,h), W_k (d_k,h), w_v (h,), b (h,) for "
+                "additive; W (d_k,), b for location; w for gaussian. nn.Linear names (W_q.weight of shape (h,d_q), "
+                "...) are converted."),
     option("hidden", Optional[int], None, "--hidden", min=1, rich_help_panel=PARAMS,
            help="Hidden width h of weights initialised without --weights (default: the query width)."),
     option("seed", Optional[int], None, "--seed", rich_help_panel=PARAMS,
@@ -110,15 +115,60 @@ PROBLEM_OPTIONS: Group = [
            help="Inverted dropout on the weights as nn.Dropout(P) in training (default 0), seeded by --seed."),
 ]
 
-FORMAT_CHOICES = ("rich", "json", "npz")
+MH = "Multi-head"
+InitChoice = choices("InitChoice", ("mha", "linear"))
+
+# Projections and heads: `self`, `check` and `examples run` build the same problem (cli/inputs.py).
+MULTIHEAD_OPTIONS: Group = [
+    option("heads", Optional[int], None, "--heads", min=1, rich_help_panel=MH,
+           help="Multi-head attention with H heads (as `attncli self`; must divide d_k and d_v). Inputs are then "
+                "X [MEMORY [VALUES]] and --weights holds the projections W_q, W_k, W_v (W_o, biases)."),
+    option("memory", Optional[str], None, "--memory", rich_help_panel=MH,
+           help="Cross-attention: keys and values are projected from this (B, S, D_k) instead of X."),
+    option("values", Optional[str], None, "--values", rich_help_panel=MH,
+           help="Project the values from this (B, S, D_v) instead of the memory (PyTorch's separate key and value "
+                "inputs)."),
+    option("key_padding_mask", Optional[str], None, "--key-padding-mask", rich_help_panel=MH,
+           help="(B, S) file: True/1 = ignore that key (PyTorch key_padding_mask)."),
+    option("d_k", Optional[int], None, "--d-k", min=1, rich_help_panel=MH,
+           help="Without --weights: width of Q and K (default d_model)."),
+    option("d_v", Optional[int], None, "--d-v", min=1, rich_help_panel=MH,
+           help="Without --weights: width of V (default d_k)."),
+    option("init", InitChoice, InitChoice("mha"), "--init", rich_help_panel=MH,
+           help="Without --weights: mha (nn.MultiheadAttention: xavier, zero biases) or linear (nn.Linear: uniform "
+                "±1/sqrt(fan_in), as d2l)."),
+    option("bias", bool, True, "--bias/--no-bias", rich_help_panel=MH,
+           help="Without --weights: include b_q, b_k, b_v, b_o."),
+    option("out_proj", bool, True, "--out-proj/--no-out-proj", rich_help_panel=MH,
+           help="Without --weights: apply an output projection W_o."),
+    option("prefix", Optional[str], None, "--prefix", rich_help_panel=MH,
+           help="Module prefix of the attention weights in a bigger state dict, e.g. encoder.attn."),
+    option("layer", Optional[int], None, "--layer", min=0, rich_help_panel=MH,
+           help="With a checkpoint (--weights MODEL_FOLDER, .safetensors, sharded index, .bin/.pt state dict): "
+                "the layer whose attention to compute (its config.json supplies heads, RoPE, window, ...)."),
+    option("from_residual", bool, False, "--from-residual", rich_help_panel=MH,
+           help="X is the residual stream entering the layer (hidden_states[N]): apply the layer's own "
+                "pre-attention norm from the checkpoint first."),
+    option("batch_first", bool, True, "--batch-first/--no-batch-first", rich_help_panel=MH,
+           help="Inputs are (B, T, D) (default) or (T, B, D) as PyTorch's default layout; the steps are always "
+                "batch-first."),
+]
+HEAD_OPTION: Group = [
+    option("head", Optional[int], None, "--head", min=0, rich_help_panel=MH,
+           help="Show only this head's steps in the terminal view (JSON, NPZ and --save keep every head)."),
+]
+
+FORMAT_CHOICES = ("rich", "json", "npz", "latex", "markdown")
+ThemeChoice = choices("ThemeChoice", ("dark", "light"))
 FormatChoice = choices("FormatChoice", FORMAT_CHOICES)
 
 OUTPUT_OPTIONS: Group = [
     option("format", FormatChoice, FormatChoice("rich"), "--format", "-f", rich_help_panel=OUTPUT,
-           help="rich: the step-by-step view; json: one JSON object on stdout; npz: an NPZ archive on stdout."),
+           help="rich: the step-by-step view; json: one JSON object; npz: an NPZ archive; latex, markdown: "
+                "the worked solution as a document (all on stdout)."),
     option("save", Optional[Path], None, "--save", "-o", rich_help_panel=OUTPUT,
-           help="Also write every step to FILE (.npz or .json), atomically; FILE.npy holds the output alone "
-                "(then the weights are never held: large inputs run in blocks)."),
+           help="Also write every step to FILE (.npz, .json, .tex or .md), atomically; FILE.npy holds the "
+                "output alone (then the weights are never held: large inputs run in blocks)."),
     option("precision", int, 4, "--precision", "-p", min=0, max=17, rich_help_panel=OUTPUT,
            help="Decimals shown in the terminal view (JSON and NPZ keep full precision)."),
     option("steps", Optional[str], None, "--steps", rich_help_panel=OUTPUT,
@@ -127,7 +177,7 @@ OUTPUT_OPTIONS: Group = [
            help="Show every row, column and batch entry of big matrices."),
     option("quiet", bool, False, "--quiet", "-q", rich_help_panel=OUTPUT,
            help="No terminal view and no warnings on stderr (use with --save)."),
-    option("explain", Optional[list[str]], None, "--explain", "-e", rich_help_panel=EXPLAIN,
+    option("explain", Optional[list[str]], None, "--explain", "-x", rich_help_panel=EXPLAIN,
            help="Explain one score and weight cell: QUERY,KEY by labels (it,milk) or indices (2,1); "
                 "batched inputs take a batch prefix, e.g. 0:2,1 (or 0,1:2,1). Repeatable."),
     option("explain_row", Optional[list[str]], None, "--explain-row", rich_help_panel=EXPLAIN,
@@ -135,13 +185,28 @@ OUTPUT_OPTIONS: Group = [
                 "(a label, an index, or BATCH:QUERY). Repeatable."),
     option("similarity", Optional[SimilarityChoice], None, "--similarity", rich_help_panel=EXPLAIN,
            help="Compare the output rows with each other (dot or cosine) and name each one's nearest."),
-    option("svg", Optional[Path], None, "--svg", rich_help_panel=EXPLAIN,
-           help="Also save the terminal view, exactly as shown, as an SVG picture."),
-    option("html", Optional[Path], None, "--html", rich_help_panel=EXPLAIN,
-           help="Also save the terminal view, exactly as shown, as an HTML page."),
-    option("plot", Optional[Path], None, "--plot", rich_help_panel=EXPLAIN,
-           help="Draw the weights as heatmap(s) (one per head/batch entry) to FILE.png, .svg or .pdf "
-                "(needs matplotlib: pip install 'attncli[plot]')."),
+    option("plot", Optional[Path], None, "--plot", rich_help_panel=PICTURES,
+           help="Draw heatmaps (one per head and batch entry) to FILE.png, .svg or .pdf "
+                "(needs matplotlib: pip install 'attncli\\[plot]')."),
+    option("plot_steps", Optional[str], None, "--plot-steps", rich_help_panel=PICTURES,
+           help="Steps --plot draws, e.g. scores,weights (default weights)."),
+    option("vmin", Optional[float], None, "--vmin", rich_help_panel=PICTURES,
+           help="Fix the low end of --plot's colour scale (default: the smallest value drawn)."),
+    option("vmax", Optional[float], None, "--vmax", rich_help_panel=PICTURES,
+           help="Fix the high end of --plot's colour scale (default: the largest value drawn)."),
+    option("dpi", Optional[int], None, "--dpi", min=20, max=1200, rich_help_panel=PICTURES,
+           help="Resolution of --plot's PNG in dots per inch (default 100)."),
+    option("figsize", Optional[str], None, "--figsize", rich_help_panel=PICTURES,
+           help="Size of --plot's figure in inches, WIDTH,HEIGHT (default: 3 per panel)."),
+    option("html", Optional[Path], None, "--html", rich_help_panel=PICTURES,
+           help="Write an interactive page (one self-contained file): every step as a heatmap, "
+                "the arithmetic of a cell on click."),
+    option("svg", Optional[Path], None, "--svg", rich_help_panel=PICTURES,
+           help="Save the terminal view as an SVG picture, --width columns wide."),
+    option("theme", Optional[ThemeChoice], None, "--theme", rich_help_panel=PICTURES,
+           help="Colours of --svg: dark (a terminal, default) or light (for slides)."),
+    option("width", Optional[int], None, "--width", min=40, max=400, rich_help_panel=PICTURES,
+           help="Columns of --svg's view (default 100), whatever the terminal's width."),
 ]
 
 
@@ -175,3 +240,78 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
         return wrapper
 
     return deco
+
+
+class HelpCommand(TyperCommand):
+    """``--help`` laid out to fit any width: option names on their own line when long, the
+    description below them and wrapped at spaces only (never inside a word or an option name),
+    choices listed in the description (aliases left out), one section per help panel, and nothing
+    read as markup (so ``pip install 'attncli[plot]'`` prints as written). Paragraphs of a
+    command's help are re-flowed to the width; indented lines (examples) keep their indentation."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        width = max(40, min(formatter.width or 80, 100))
+        self.format_usage(ctx, formatter)
+        lines: list[str] = []
+        for para in (self.help or "").strip().split("\n\n"):
+            if para.startswith("  "):  # an example: its own lines, continued 6 spaces in
+                for line in para.splitlines():
+                    lines += wrap(line.strip(), width, "    ", "      ")
+            else:
+                lines += wrap(" ".join(para.split()), width, "  ", "  ")
+            lines.append("")
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name = getattr(param, "rich_help_panel", None) or (
+                "Arguments" if getattr(param, "param_type_name", "") == "argument" else "Options")
+            sections.setdefault(name, []).append(help_record(param, record))
+        for name, rows in sections.items():
+            lines.append(f"{name}:")
+            for first, text in rows:
+                if len(first) <= NAMES_WIDTH - 4:
+                    body = wrap(text, width, " " * NAMES_WIDTH, " " * NAMES_WIDTH) or [""]
+                    lines.append(f"  {first.ljust(NAMES_WIDTH - 2)}{body[0][NAMES_WIDTH:]}".rstrip())
+                    lines += body[1:]
+                else:
+                    lines += wrap(first, width, "  ", "      ")
+                    lines += wrap(text, width, " " * NAMES_WIDTH, " " * NAMES_WIDTH)
+            lines.append("")
+        formatter.write("\n" + "\n".join(lines).rstrip() + "\n")
+
+
+NAMES_WIDTH = 30  # columns of option names before their descriptions
+
+
+def wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    """Lines of at most ``width`` columns, broken at spaces only (a word longer than a line stays whole)."""
+    import textwrap
+
+    return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False,
+                         break_long_words=False)
+
+
+def help_record(param: Any, record: tuple[str, str]) -> tuple[str, str]:
+    """An option's (names, description) with its choices listed in the description (aliases left out)."""
+    first, text = record
+    text = text.replace("\\[", "[")  # rich's escape in a help text, for plain output
+    choices = list(getattr(param.type, "choices", None) or [])
+    if choices:
+        shown = [str(getattr(c, "value", c)) for c in choices]
+        shown = [c for c in shown if c not in HIDDEN_CHOICES] or shown
+        cut = min((first.index(ch) for ch in "<[" if ch in first), default=len(first))
+        first = first[:cut].rstrip() + " " + (param.name or "value").upper().replace("_", "-")
+        text = f"{text} One of: {', '.join(shown)}." if text else f"One of: {', '.join(shown)}."
+    return first, text
+
+
+def use_help_layout(app: typer.Typer) -> None:
+    """Give every command of ``app`` (and of its sub-apps) the HelpCommand layout."""
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = HelpCommand
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            use_help_layout(group.typer_instance)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,33 +40,46 @@ def run_command(
     opts: dict[str, Any],
 ) -> None:
     from attncli.cli.inputs import build_problem
-    from attncli.engine import run
     from attncli.io import Reader
 
-    if output_only(opts):
-        opts = {**opts, "keep_weights": False}  # the weights are never held (attncli.fast)
     reader = Reader()
     problem = build_problem(inputs, opts, reader)
-    corners = problem.options.keep_weights and too_big_to_show(problem, opts)
-    if corners:  # the output for every query; the weights for the rows the view shows (below)
-        problem.options = replace(problem.options, keep_weights=False)
+    execute(problem, opts, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
+
+
+def execute(problem: Any, opts: dict[str, Any], protect: list[str]) -> None:
+    """Plan what the options need, run the pipeline, and show or save the trace (``--head``: one head
+    in the terminal view, every head in the files)."""
+    from attncli.engine import run, select_head
+    from attncli.plan import Needs, plan
+
+    needs = Needs(weights=not output_only(opts), view_rows=corner_queries if default_view(opts) else None)
+    how = plan(problem, needs)
     with progress_bar(opts["quiet"]) as progress:
-        trace = run(problem, progress=progress)
-    if corners:
-        from attncli.engine import corner_rows
+        trace = run(problem, how, progress=progress)
+    if how.skipped:
+        weights_skipped_note(how.skipped, opts)
+    head = opts.get("head")
+    if head is None:
+        emit(trace, opts, protect=protect)
+        return
+    view = select_head(trace, head)  # also checks that the head exists
+    if opts["format"].value != "rich":
+        emit(trace, opts, protect=protect)
+        return
+    if opts.get("save") is not None:  # the file keeps every head; the terminal shows one
+        emit(trace, {**opts, "quiet": True, **{k: None for k in ("svg", "html", "plot") if k in opts}}, protect=protect)
+    emit(view, {**opts, "save": None}, protect=protect)
 
-        if not corner_rows(problem, trace, corner_queries(problem.m), VIEW_CELLS):
-            weights_skipped_note(math.prod(problem.batch_shape) * problem.m * problem.n, opts)
-    emit(trace, opts, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
 
-
-OUTPUT_ONLY_STEPS = {"q", "k", "v", "output"}
+OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",
+                     "W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}
 NEEDS_WEIGHTS = ("svg", "html", "plot", "explain", "explain_row", "similarity")
 PROGRESS_AFTER = 1.0  # seconds a run takes before its progress bar appears
 
 
 def output_only(opts: dict[str, Any], allowed: set[str] = OUTPUT_ONLY_STEPS) -> bool:
-    """Nothing but the output is asked for: --steps names only it (and inputs, or the ``allowed``
+    """Nothing but the output is asked for: --steps names only it (and inputs, projections, or other
     steps that need no weights), or --save FILE.npy with the terminal view (JSON and NPZ on stdout
     always carry the weights)."""
     if any(opts.get(k) for k in NEEDS_WEIGHTS):
@@ -77,17 +88,6 @@ def output_only(opts: dict[str, Any], allowed: set[str] = OUTPUT_ONLY_STEPS) -> 
         return {s.strip() for s in opts["steps"].split(",")} <= allowed
     save = opts.get("save")
     return save is not None and save.suffix.lower() == ".npy" and opts["format"].value == "rich"
-
-
-VIEW_CELLS = 1 << 26  # weights (batch × m × n) beyond which the default view computes only the rows it shows
-
-
-def too_big_to_show(problem: Any, opts: dict[str, Any]) -> bool:
-    """The default terminal view (no --steps, nothing saved or drawn from the weights) of a problem
-    whose weight matrix would be larger than VIEW_CELLS: computing it all only to show its corners
-    is waste, so the output comes from the output-only path and the weights of the rows shown
-    from engine.corner_rows."""
-    return default_view(opts) and math.prod(problem.batch_shape) * problem.m * problem.n > VIEW_CELLS
 
 
 def default_view(opts: dict[str, Any]) -> bool:
@@ -149,13 +149,14 @@ def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
     """Diagnostics, explanations and the picture options, all checked before anything is printed."""
     from attncli.diagnostics import attach as diagnose
     from attncli.render.explain import attach as explain
-    from attncli.render.plot import Pictures
+    from attncli.render.pictures import Pictures
 
-    show = Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"))
+    show = Pictures.from_options(opts)
     shown = (opts["format"].value == "rich" and not opts["quiet"]) or opts["format"].value == "json"
     saved = opts.get("save") is not None and opts["save"].suffix.lower() == ".json"
     sim = opts.get("similarity")
-    if shown or saved or show.wanted or sim is not None:  # nobody reads diagnostics of an NPZ-only run
+    document = opts["format"].value in ("latex", "markdown")
+    if shown or saved or show.wanted or sim is not None or document:  # nobody reads diagnostics of an NPZ-only run
         diagnose(trace, sim.value if sim is not None else None)
     explain(trace, ropts)
     show.check(trace)
@@ -192,20 +193,12 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     if fmt == "rich":
         if not opts["quiet"]:
             # labels are text: no markup, no :emoji: codes
-            console = Console(soft_wrap=False, record=show.wanted, markup=False, emoji=False)
+            console = Console(soft_wrap=False, markup=False, emoji=False)
             FORMATS["rich"](trace, ropts, console)
-            show.save(console, protect)
     else:
         FORMATS[fmt](trace, ropts, sys.stdout)
         sys.stdout.flush()
-    if show.wanted and not show.saved:  # --svg/--html with --format json or --quiet: render off screen
-        import io
-
-        console = Console(file=io.StringIO(), record=True, width=100, soft_wrap=False, force_terminal=True,
-                          markup=False, emoji=False)
-        FORMATS["rich"](trace, ropts, console)
-        show.save(console, protect)
-    show.plot(trace, protect)
+    show.write(trace, lambda console: FORMATS["rich"](trace, ropts, console), protect)
     if not opts["quiet"]:
         for w in trace.warnings:
             warn(w)  # one line: a file name or label in it is escaped

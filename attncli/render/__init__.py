@@ -53,4 +53,4 @@ def saver(*exts: str) -> Callable[[Saver], Saver]:
 
 def load_renderers() -> None:
     """Import the modules that fill the registries (kept out of import time for start-up)."""
-    from attncli.render import data, explain, terminal  # noqa: F401
+    from attncli.render import data, explain, latex, terminal  # noqa: F401

@@ -25,29 +25,16 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
+from attncli import stages
 from attncli.errors import InputError
 from attncli.render import RenderOptions
+from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
 from attncli.render.terminal import EXPLAINERS, axis_labels
 from attncli.trace import KEYS, QUERIES, Trace
 
 MAX_TERMS = 8  # products / exponentials / value rows written out before eliding the middle
 MAX_FEATURES = 6  # vector entries written out before eliding the middle
 OVERFLOW_SAFE = 50.0  # above this row max, exp(x) is shown only in its shifted (stable) form
-
-
-def num(x: float, p: int = 4) -> str:
-    """A compact number: 8, 0.0826, -1e+06, -inf (``p`` decimals at most, trailing zeros dropped)."""
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "-inf" if x < 0 else "inf"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e6 or abs(x) < 10.0 ** -p / 2:
-        return f"{x:.{p}g}".replace("e+0", "e+").replace("e-0", "e-")
-    s = f"{x:.{p}f}".rstrip("0").rstrip(".")
-    return "0" if s in ("-0", "") else s
 
 
 def fac(x: float, p: int = 4) -> str:
@@ -107,11 +94,16 @@ class Cell:
         """Multi-head: this head's slice of the projected ``name`` (q, k, v steps of width heads × d_h)."""
         t = self.trace
         axis, widths = t.meta.get("head_axis"), t.meta.get("head_width") or {}
-        if not isinstance(axis, int) or name not in widths or axis >= len(self.batch):
+        if not isinstance(axis, int) or name not in widths:
             return None
-        h, dh = self.batch[axis], int(widths[name])
+        if isinstance(t.meta.get("head"), int):  # a view of one head (--head): the batch has no head axis
+            h, rest = int(t.meta["head"]), self.batch
+        elif axis < len(self.batch):
+            h, rest = self.batch[axis], tuple(b for ax, b in enumerate(self.batch) if ax != axis)
+        else:
+            return None
+        dh = int(widths[name])
         a = np.asarray(t[name], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
-        rest = tuple(b for ax, b in enumerate(self.batch) if ax != axis)
         if a.ndim - 2 != len(rest):
             return None
         return np.asarray(a[rest][row])
@@ -299,17 +291,15 @@ def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float
     t = c.trace
     pre = "masked" if "masked" in t else "scaled" if "scaled" in t else "scores"
     x = c.row(pre)
-    finite = x[np.isfinite(x)]
-    mx = float(np.max(finite)) if finite.size else 0.0
-    e = np.exp(np.where(np.isfinite(x), x - mx, -np.inf))
-    return pre, x, mx, e, float(np.sum(e))
+    mx, e, z = stages.softmax_parts(np, x)  # the engine's own softmax, for one row
+    return pre, x, float(mx[0]), e, float(z[0])
 
 
 def softmax_lines(c: Cell) -> list[str]:
     """weight = exp(x_j) / Σ_k exp(x_k), with the row's exponentials and their sum (stable form too)."""
     t, p = c.trace, c.precision
     pre, x, mx, e, z = row_exponentials(c)
-    w = c.step("weights")
+    w = c.step(_softmax_step(t))
     if not np.isfinite(x).any():
         return [f"weight = 0: every key of query {c.query} is masked, so the row has no weights"]
     xj = x[c.j]
@@ -330,23 +320,22 @@ def softmax_lines(c: Cell) -> list[str]:
 
 
 def _after_weights(t: Trace) -> list[Any]:
-    """Steps over (queries, keys) after the softmax that change the weights (e.g. hard, dropout)."""
-    names = t.names()
-    if "weights" not in names:
-        return []
-    start = names.index("weights") + 1
-    return [s for s in t.steps[start:] if s.axes == (QUERIES, KEYS) and tuple(np.shape(s.values)) == t.weights.shape]
+    """The steps after the softmax that change the weights (hard, dropout), in order."""
+    return [t.step(n) for n in ("hard", "dropout") if n in t.names()]
+
+
+def _softmax_step(t: Trace) -> str:
+    """The softmax's step: ``softmax`` when hard attention or dropout follow it, else ``weights``."""
+    return "softmax" if "softmax" in t.names() else "weights"
 
 
 def _weighted_sum_step(t: Trace) -> Any:
-    """The step that is weights · V for each entry of the weights' leading axes ('output', or a
+    """The step that is weights · V for each entry of the weights' leading axes ('output', or the
     per-head output in multi-head attention), or None."""
-    names = t.names()
-    lead = t.weights.shape[:-1]
-    for s in t.steps[names.index("weights") + 1:]:
-        if s.axes[0] == QUERIES and s.axes != (QUERIES, KEYS) and tuple(np.shape(s.values))[:-1] == lead:
-            return s
-    return t.step("output") if "output" in t else None
+    for name in ("head_output", "output"):
+        if name in t.names():
+            return t.step(name)
+    return None
 
 
 def explain_cell(c: Cell) -> list[str]:
@@ -360,9 +349,7 @@ def explain_row(c: Cell) -> list[str]:
     """One query row: its softmax key by key, and its output as the weighted sum of value rows."""
     t, p = c.trace, c.precision
     pre, x, mx, e, z = row_exponentials(c)
-    used = _after_weights(t)
-    wname = used[-1].name if used else "weights"
-    w = c.row(wname)
+    w = c.row(t.meta.get("weights_step", "weights"))  # the weights that multiplied V
     klab = axis_labels(t, KEYS, len(x))
     lines = [f"softmax of row {c.query} ({pre}; row max {num(mx, p)} subtracted, Σ exp(x − max) = {num(z, p)}):"]
     top = strongest(w)
@@ -382,11 +369,11 @@ def explain_row(c: Cell) -> list[str]:
         return lines
     o = st.numpy()
     out = np.asarray(np.broadcast_to(o, t.weights.shape[:-1] + o.shape[-1:])[c.batch][c.i])
-    v = np.asarray(t.inputs_numpy()["v"], dtype=np.float64) if "v" in t.inputs else None
-    if v is None or v.shape[-2] != len(w) or st.name != "output":
+    rows = [c.input_row("v", j) for j in range(len(w))]
+    if any(r is None for r in rows):
         lines.append(f"{st.name}({c.query}) = Σ_j weight_j · v_j = {vec(out, p)}   [{st.formula}]")
         return lines
-    v = np.broadcast_to(v, t.weights.shape[:-2] + v.shape[-2:])[c.batch]
+    v = np.asarray(rows, dtype=np.float64)  # (n, d_v): this batch entry's (and head's) value rows
     nz = [j for j in range(len(w)) if w[j] != 0]
     zero = len(w) - len(nz)
     more = ""
@@ -398,7 +385,8 @@ def explain_row(c: Cell) -> list[str]:
         nz = shown_terms
     sym = [f"{num(float(w[j]), p)}·v({klab[j]})" for j in nz]
     num_terms = [f"{num(float(w[j]), p)}·{vec(v[j], p)}" for j in nz]
-    lines.append(f"out({c.query}) = {' + '.join(sym) or '0'}" + (f" + … ({len(w) - zero - len(nz)} more)" if more else ""))
+    name = "out" if st.name == "output" else st.name
+    lines.append(f"{name}({c.query}) = {' + '.join(sym) or '0'}" + (f" + … ({len(w) - zero - len(nz)} more)" if more else ""))
     lines.append(f"    = {' + '.join(num_terms) or '0'}{more}")
     lines.append(f"    = {vec(out, p)}")
     if zero:

@@ -8,18 +8,20 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from rich.cells import cell_len
 from rich.color import Color
 from rich.console import Console
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from attncli.diagnostics import query_labels
+from attncli.diagnostics import SATURATION, masked_cells, query_labels
 from attncli.render import RenderOptions, output_format
+from attncli.render.numbers import MASKED, all_whole, column_format, num
 from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
 ELLIPSIS = "…"
@@ -28,23 +30,24 @@ INPUT_TITLES = {"q": ("Q: queries", (QUERIES, FEATURES)), "k": ("K: keys", (KEYS
 
 
 def fmt(x: float, precision: int) -> str:
-    """A number with a fixed number of decimals (scientific beyond 1e8); ±inf spelled out."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "-inf" if x < 0 else "inf"
-    if x != 0 and (abs(x) >= 1e8 or abs(x) < 10.0 ** -precision / 2):
-        return f"{x:.{max(precision - 1, 1)}e}"
-    return f"{x:.{precision}f}"
+    """One number alone, as the tables and --explain write it (attncli.render.numbers.num)."""
+    return num(x, precision)
 
 
-def shown(count: int, limit: int, full: bool) -> list[int | None]:
-    """Indices to show of ``count``: all, or the first and last halves of ``limit`` with None between."""
+def shown(count: int, limit: int, full: bool, keep: Sequence[int] = ()) -> list[int | None]:
+    """Indices to show of ``count``: all, or the first and last halves of ``limit`` with None (an
+    ellipsis) where indices are left out of the middle; the indices in ``keep`` are always shown."""
     if full or count <= limit:
         return list(range(count))
     head = (limit + 1) // 2
     tail = limit - head
-    return [*range(head), None, *range(count - tail, count)]
+    chosen = sorted({*range(head), *range(count - tail, count), *(k for k in keep if 0 <= k < count)})
+    out: list[int | None] = []
+    for p, i in enumerate(chosen):
+        if p and i != chosen[p - 1] + 1:
+            out.append(None)
+        out.append(i)
+    return out
 
 
 def axis_labels(trace: Trace, axis: str, count: int) -> list[str]:
@@ -56,6 +59,7 @@ def axis_labels(trace: Trace, axis: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
+HEAT_LEGEND = "colour: weight 0 dark purple → 1 yellow (viridis); bold: each row's largest"
 HEATMAP_STEPS = ("weights", "hard", "dropout", "avg_weights")  # steps shown as heatmaps (values are weights)
 
 # Heatmap of weights in [0, 1]: viridis stops, as d2l's show_heatmaps draws them.
@@ -105,47 +109,117 @@ def query_count(trace: Trace) -> int:
     return int(trace.step("output").values.shape[-2])
 
 
-def fit_columns(width: int, a: np.ndarray, axes: Sequence[str], trace: Trace, opts: RenderOptions,
-                rows_of: Sequence[int] | None = None) -> RenderOptions:
-    """Options whose ``max_cols`` lets a table of ``a`` fit ``width`` (unless --full): fewer corner
-    columns rather than cells cut to '0.0…'."""
+MASK_STEPS = ("weights", "hard", "dropout")  # steps whose masked cells read MASKED (a weight of exactly 0)
+
+
+@dataclass
+class Layout:
+    """How one step's tables are written: which rows and columns, and each column's notation."""
+
+    rows: list[int | None]
+    cols: list[int | None]
+    formats: dict[int, Callable[[float], str]]
+    marked: np.ndarray | None  # (..., rows, cols) True where the key is masked for the query
+    mark: str | None  # what a masked cell reads (MASKED), or None: its value, dim
+    widths: dict[int, int] = field(default_factory=dict)  # each column's width over every table of the step
+
+
+def cell_text(x: float, j: int, hidden: bool, lay: Layout, p: int) -> str:
+    if hidden:
+        return lay.mark or num(x, p)
+    return lay.formats[j](x)
+
+
+def step_mask(trace: Trace, a: np.ndarray, axes: Sequence[str], name: str | None) -> tuple[np.ndarray | None, str | None]:
+    """Where the cells of ``a`` are masked keys (for query × key steps from the mask on), and their mark."""
+    if name is None or tuple(axes) != (QUERIES, KEYS) or name not in (*MASK_STEPS, "masked", "avg_weights"):
+        return None, None
+    m = masked_cells(trace)
+    if m is None or m.shape != a.shape:
+        return None, None
+    if name == "masked":
+        return m, None
+    return m & (a == 0), MASKED  # a fill such as --mask-value -5 leaves masked keys a weight: shown as it is
+
+
+def layout(a: np.ndarray, axes: Sequence[str], trace: Trace, opts: RenderOptions, width: int | None,
+           name: str | None = None, rows_of: Sequence[int] | None = None) -> Layout:
+    """Rows, columns and notations of the tables of ``a`` (..., rows, cols): every column when the
+    table fits ``width`` (or --full), else the most corner columns that fit, left out from the middle;
+    a key named by --explain is always kept."""
     rows, cols = a.shape[-2:]
-    if opts.full or cols <= 2 or a.size == 0:
-        return opts
-    first = a.reshape(-1, rows, cols)[0]
-    ri = [i for i in shown(rows, opts.max_rows, False) if i is not None]
-    ci = [j for j in shown(cols, opts.max_cols, False) if j is not None]
-    cell = max(len(fmt(float(x), opts.precision)) for x in first[np.ix_(ri, ci)].ravel())
+    flat = a.reshape(-1, rows, cols)[:opts.max_batches if not opts.full else None]
+    marked, mark = step_mask(trace, a, axes, name)
+    mflat = marked.reshape(-1, rows, cols)[:len(flat)] if marked is not None else np.zeros(flat.shape, dtype=bool)
+    ri = (shown(rows, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of))
+    rr = [i for i in ri if i is not None]
+    keep = explained_keys(trace, opts) if tuple(axes) == (QUERIES, KEYS) else []
+    cand = shown(cols, opts.max_cols, opts.full, keep)
+    cc = [j for j in cand if j is not None]
+    sub, hid = flat[:, rr][:, :, cc].astype(np.float64), mflat[:, rr][:, :, cc]
+    integers = all_whole(sub[~hid].ravel())
+    formats = {j: column_format(sub[:, :, c][~hid[:, :, c]].ravel(), opts.precision, integers)
+               for c, j in enumerate(cc)}
+    lay = Layout(ri, cand, formats, marked, mark)
     clab = axis_labels(trace, axes[1], cols)
-    cell = max(cell, *(len(clab[j]) for j in ci))
-    rlab = axis_labels(trace, axes[0], rows) if rows_of is None else axis_labels(trace, axes[0], query_count(trace))
-    label = max(len(f"{axes[0]} ↓ {axes[1]} →"), *(len(rlab[i if rows_of is None else rows_of[i]]) for i in ri))
-    room = width - (label + 4) - 1 - 4  # the label column, the right border, an ellipsis column
-    fit = max(2, room // (cell + 3))
-    if fit >= min(cols, opts.max_cols):
-        return opts
-    return replace(opts, max_cols=fit)
+    cw = {j: max([cell_len(clab[j]),
+                  *(cell_len(cell_text(float(x), j, bool(h), lay, opts.precision))
+                    for x, h in zip(sub[:, :, c].ravel(), hid[:, :, c].ravel()))]) for c, j in enumerate(cc)}
+    lay.widths = cw
+    if opts.full or width is None or not cc:
+        return lay
+    total = rows if rows_of is None else query_count(trace)
+    rlab = axis_labels(trace, axes[0], total)
+    label = max(cell_len(f"{axes[0]} ↓ {axes[1]} →"), *(cell_len(rlab[i if rows_of is None else rows_of[i]]) for i in rr))
+
+    def table_width(chosen: list[int | None]) -> int:  # rich's default box: a border, then 1 + cell + 1 and a border
+        return 1 + (label + 3) + sum((1 if j is None else cw[j]) + 3 for j in chosen)
+
+    k = len(cc)
+    chosen = cand
+    while table_width(chosen) > width and k > 2:
+        k -= 1
+        chosen = shown(cols, k, False, keep)  # a subset of the candidates, all measured
+    lay.cols = chosen
+    return lay
+
+
+def explained_keys(trace: Trace, opts: RenderOptions) -> list[int]:
+    """The key columns --explain talks about (kept in view when a table is too wide)."""
+    out = []
+    for e in trace.extra.get("explanations", []):
+        if e.get("what") == "cell" and isinstance(e.get("key"), int):
+            out.append(int(e["key"]))
+    return out
 
 
 def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, opts: RenderOptions,
                  caption: str | None = None, highlight_max: bool = False, heatmap: bool = False,
-                 rows_of: Sequence[int] | None = None) -> Table:
+                 rows_of: Sequence[int] | None = None, lay: Layout | None = None,
+                 marked: np.ndarray | None = None) -> Table:
     """A rich Table of the 2-D array ``a``: rows labelled by ``axes[0]``, columns by ``axes[1]``;
-    ``rows_of``: the query index of each row of ``a``, when it holds some queries only."""
+    ``rows_of``: the query index of each row of ``a``, when it holds some queries only; ``marked``:
+    this table's masked cells (written as ``lay.mark``)."""
     rows, cols = a.shape
+    lay = lay or layout(a, axes, trace, opts, None, rows_of=rows_of)
     total = rows if rows_of is None else query_count(trace)
     rlab, clab = axis_labels(trace, axes[0], total), axis_labels(trace, axes[1], cols)
     if rows_of is not None:
         rlab = [rlab[i] for i in rows_of]
-    note = truncation_note(total, cols, axes, opts, computed=None if rows_of is None else rows)
+    hidden_cols = len([j for j in lay.cols if j is not None]) < cols
+    note = truncation_note(total, cols, axes, replace(opts, max_cols=cols + 1) if not hidden_cols else
+                           replace(opts, max_cols=len([j for j in lay.cols if j is not None]), full=False),
+                           computed=None if rows_of is None else rows)
+    if marked is not None and marked.any() and lay.mark:
+        note = "\n".join(c for c in (note, f"{lay.mark} masked key (weight exactly 0)") if c)
     caption = "\n".join(c for c in (caption, note) if c) or None
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", show_lines=False,
-                  pad_edge=True)
+    table = Table(caption=caption, caption_justify="left", show_lines=False, pad_edge=True)  # title: show_array
     table.add_column(f"{axes[0]} ↓ {axes[1]} →", style="bold", no_wrap=True)
-    ci = shown(cols, opts.max_cols, opts.full)
+    ci = lay.cols
     for j in ci:
-        table.add_column(ELLIPSIS if j is None else clab[j], justify="right", no_wrap=True)
-    for i in shown(rows, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of):
+        table.add_column(ELLIPSIS if j is None else clab[j], justify="right", no_wrap=True,
+                         min_width=None if j is None else lay.widths.get(j))
+    for i in lay.rows:
         if i is None:
             table.add_row(ELLIPSIS, *[ELLIPSIS for _ in ci])
             continue
@@ -156,27 +230,34 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
                 cells.append(ELLIPSIS)
                 continue
             x = float(a[i, j])
-            if heatmap:
-                style: Style | str = heat_style(x, j == best)
+            hid = bool(marked[i, j]) if marked is not None else False
+            if hid:
+                style: Style | str = "dim"
+            elif heatmap:
+                style = heat_style(x, j == best)
             else:
                 style = "bold" if j == best else ("dim" if math.isinf(x) else "")
-            cells.append(Text(fmt(x, opts.precision), style=style))
+            cells.append(Text(cell_text(x, j, hid, lay, opts.precision), style=style))
         table.add_row(rlab[i], *cells)
     return table
 
 
 def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str], trace: Trace,
                opts: RenderOptions, highlight_max: bool = False, heatmap: bool = False,
-               after: Callable[[tuple[int, ...]], None] | None = None, rows_of: Sequence[int] | None = None) -> None:
+               after: Callable[[tuple[int, ...]], None] | None = None, rows_of: Sequence[int] | None = None,
+               name: str | None = None) -> None:
     """Print ``a`` (..., rows, cols): one table per batch entry, the first few unless --full.
 
     ``after(batch_index)`` prints more under each table (the diagnostics under the weights);
     ``rows_of``: the query index of each row, when ``a`` holds some queries only."""
-    opts = fit_columns(console.width, a, axes, trace, opts, rows_of)
+    lay = layout(a, axes, trace, opts, console.width, name, rows_of)
     batch = a.shape[:-2]
-    table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of)
+    legend = HEAT_LEGEND if heatmap and console.color_system is not None else None  # in colour only
+    table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of, lay=lay,
+                              caption=legend)
     if not batch:
-        console.print(table(a, title, axes, trace, opts))
+        console.print(Text(title, style="table.title"))  # a line of its own, not wrapped to the table's width
+        console.print(table(a, title, axes, trace, opts, marked=lay.marked))
         if after is not None:
             after(())
         console.print()
@@ -185,15 +266,29 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     limit = len(entries) if opts.full else opts.max_batches
     for idx in entries[:limit]:
         names = trace.meta.get("batch_axes") or []  # e.g. ["batch", "head"] for multi-head steps
-        cap = (" · ".join(f"{n} {i}" for n, i in zip(names, idx)) + f" of {tuple(batch)}" if 0 < len(idx) <= len(names)
-               else f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}")
-        console.print(table(a[idx], title, axes, trace, opts, caption=cap))
+        if len(idx) == len(names):  # which head / batch entry, in the title: "head 1 of 2"
+            where = ", ".join(f"{n} {i} of {size}" for n, i, size in zip(names, idx, batch))
+        else:
+            where = f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}"
+        console.print(Text(f"{title} · {where}", style="table.title"))
+        console.print(table(a[idx], title, axes, trace, opts,
+                            marked=lay.marked[idx] if lay.marked is not None else None))
         if after is not None:
             after(idx)
     if len(entries) > limit:
-        console.print(Text(f"{ELLIPSIS} {len(entries) - limit} more batch entries not shown "
+        console.print(Text(f"{ELLIPSIS} {len(entries) - limit} more {entry_noun(trace, len(batch))} not shown "
                            "(use --full to show all, or --save FILE.npz)", style="italic"))
     console.print()
+
+
+def entry_noun(trace: Trace, axes: int) -> str:
+    """What the leading axes of a step count: 'heads', 'batch entries', 'batch × head entries'."""
+    names = trace.meta.get("batch_axes") or []
+    if len(names) != axes or names == ["batch"]:
+        return "batch entries"
+    if names == ["head"]:
+        return "heads"
+    return f"{' × '.join(names)} entries"
 
 
 def _at(values: Any, idx: tuple[int, ...]) -> Any:
@@ -203,38 +298,51 @@ def _at(values: Any, idx: tuple[int, ...]) -> Any:
     return values
 
 
-def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...], opts: RenderOptions) -> Table:
-    """Per query row: the key it attends to most, that weight, the entropy and the effective number of keys."""
+def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
+                      opts: RenderOptions) -> tuple[Table, str]:
+    """Per query row: the key it attends to most, that weight, the entropy and the effective number of
+    keys, out of the keys it sees (a mask hides some); and the note to print under the table."""
     ent, eff = _at(diag["entropy"], idx), _at(diag["effective_keys"], idx)
     top, arg = _at(diag["max_weight"], idx), _at(diag["argmax"], idx)
     m, n = len(ent), diag["keys"]
+    vis = _at(diag["visible_keys"], idx) if "visible_keys" in diag else [n] * m
+    some_hidden = any(v != n for v in vis)
     rows_of = trace.step("weights").rows
     qlab = axis_labels(trace, QUERIES, m) if rows_of is None else query_labels(trace) or []
     klab = axis_labels(trace, KEYS, n)
-    table = Table(title="diagnostics of the weights", title_justify="left", pad_edge=True,
-                  caption=f"entropy in nats; effective keys = exp(entropy), out of {n}"
-                          + ("; for the rows computed only" if rows_of is not None else ""), caption_justify="left")
+    caption = ("entropy in nats; eff. keys = exp(entropy), out of the keys the row sees" if some_hidden
+               else f"entropy in nats; eff. keys = exp(entropy), out of {n}")
+    table = Table(title="diagnostics of the weights", title_justify="left", pad_edge=True)
+    note = caption + ("; for the rows computed only" if rows_of is not None else "")
     table.add_column("query", style="bold", no_wrap=True)
-    for name in ("strongest key", "its weight", "entropy", "effective keys"):
-        table.add_column(name, justify="right", no_wrap=True)
+    heads = ["top key", "weight", "entropy", "eff. keys"] + (["sees"] if some_hidden else [])
+    for name in heads:
+        table.add_column(name, justify="right")
     p = opts.precision
+    rows = [i for i in (shown(m, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of)) if i is not None]
+    fe = column_format([x for i in rows if (x := ent[i]) is not None], p)
+    fw = column_format([x for i in rows if (x := top[i]) is not None], p)
     for i in shown(m, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of):
         if i is None:
-            table.add_row(*[ELLIPSIS] * 5)
-        elif arg[i] < 0:
-            table.add_row(qlab[i], "(all masked)", fmt(top[i], p), "-", "0")
+            table.add_row(*[ELLIPSIS] * len(heads) + [ELLIPSIS])
+            continue
+        seen = [str(vis[i])] if some_hidden else []
+        if arg[i] < 0:
+            table.add_row(qlab[i], "(all masked)", fmt(top[i], p), "-", "0", *seen)
         else:
-            sat = top[i] is not None and top[i] > 0.99
-            table.add_row(qlab[i], klab[arg[i]], Text(fmt(top[i], p), style="bold red" if sat else ""),
-                          fmt(ent[i], p), fmt(eff[i], min(p, 2)))
-    return table
+            sat = top[i] is not None and top[i] > SATURATION and vis[i] > 1
+            table.add_row(qlab[i], klab[arg[i]], Text(fw(top[i]), style="bold red" if sat else ""),
+                          fe(ent[i]), num(eff[i], min(p, 2)), *seen)
+    return table, note
 
 
 def print_diagnostics(console: Console, trace: Trace, idx: tuple[int, ...], opts: RenderOptions) -> None:
     diag = trace.extra.get("diagnostics")
     if not diag or "entropy" not in diag:
         return
-    console.print(diagnostics_table(trace, diag, idx, opts))
+    table, note = diagnostics_table(trace, diag, idx, opts)
+    console.print(table)
+    console.print(Text(note))  # under the table, not wrapped to its width
     last = len(trace.weights.shape[:-2])
     if idx == () or all(i == 0 for i in idx) or last == 0:  # the sentences once, under the first table
         for w in diag.get("warnings", []):
@@ -283,7 +391,24 @@ def header(trace: Trace) -> Text:
     t.append(f"inputs: {shapes}")
     if m.get("score_formula"):
         t.append(f"\nscore: {m['score_formula']}")
+    note = seed_note(m)
+    if note:
+        t.append(f"\n{note}", style="italic")
     return t
+
+
+def seed_note(meta: dict[str, Any]) -> str | None:
+    """Which weights were drawn at random, from which seed (none given in a file)."""
+    init = meta.get("params_initialised")
+    if isinstance(init, dict) and init.get("names"):
+        return (f"note: {', '.join(init['names'])} were not given: drawn from seed {init.get('seed')} "
+                f"({init.get('rule', 'random')}); --weights FILE gives them")
+    if str(meta.get("weights_source", "")).startswith("--seed"):
+        seed = meta.get("seed")
+        where = "--seed (0 unless given)" if seed is None else f"seed {seed}"
+        return (f"note: the projections were not given: drawn from {where} "
+                f"as PyTorch initialises them ({meta.get('weights_format', 'init')}); --weights FILE gives them")
+    return None
 
 
 @output_format("rich")
@@ -303,7 +428,7 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
         weights = step.name == "weights"
         heat = step.axes == (QUERIES, KEYS) and step.name in HEATMAP_STEPS
         show_array(console, step.numpy(), f"{i}. {step.formula}", step.axes, trace, opts,
-                   highlight_max=heat, heatmap=heat, rows_of=step.rows,
+                   highlight_max=heat, heatmap=heat, rows_of=step.rows, name=step.name,
                    after=(lambda idx: print_diagnostics(console, trace, idx, opts)) if weights else None)
         for note in step.notes:
             console.print(Text(f"  {note}", style="italic"))

@@ -1,40 +1,31 @@
-"""Self-attention and multi-head attention: project, split into heads, attend, concatenate.
+"""The projection weights of self- and multi-head attention, read from files or drawn from a seed.
 
     Q = X W_q + b_q      K = Y W_k + b_k      V = Z W_v + b_v      (Y = Z = X for self-attention)
-    Q, K, V split into H heads of width d_k/H (d_v/H for V): (B, T, d_k) -> (B, H, T, d_k/H)
-    head_h = attention(Q_h, K_h, V_h)      the engine, once, over the (B, H) batch axes
-    concat = [head_0 | head_1 | ... | head_{H-1}]                     (B, T, d_v)
-    output = concat W_o + b_o                                          (B, T, d_out)
+    output = concat(head_0, ..., head_{H-1}) W_o + b_o
 
-Weights use the textbook convention ``Q = X @ W_q`` (``W_q`` has shape ``(d_model, d_k)``).
-PyTorch state dicts of ``nn.MultiheadAttention`` and of modules with ``nn.Linear`` layers
-named ``W_q, W_k, W_v, W_o`` (d2l) or ``q, k, v`` (the notes) are recognised and converted
-(transposed); ``WEIGHT_FORMATS`` is the registry of what is recognised.
+The computation itself is the one pipeline (attncli.engine). Weights use the textbook
+convention ``Q = X @ W_q`` (``W_q`` has shape ``(d_model, d_k)``). PyTorch state dicts of
+``nn.MultiheadAttention`` and of modules with ``nn.Linear`` layers named ``W_q, W_k, W_v, W_o``
+(d2l) or ``q, k, v`` (the notes) are recognised and converted (transposed); ``WEIGHT_FORMATS``
+is the registry of what is recognised.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from attncli.backend import Backend, get_backend, to_numpy
+from attncli.arrays import mask_array, numeric_array
 from attncli.errors import InputError, printable
-from attncli.problem import Options, Problem, mask_array, numeric_array
-from attncli.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.weights import linear_init, seeded_rng
 
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 BIASES = ("b_q", "b_k", "b_v", "b_o")
 INITS = ("mha", "linear")
-# steps computed per head, with the head axis third from the end: (B, H, rows, cols)
-PER_HEAD = ("scores", "scaled", "masked", "weights", "hard", "dropout", "head_output")
-WEIGHT_AXES = ("inputs", "projected")  # rows of W are input features, columns projected features
-BIAS_AXES = ("bias", "projected")
 
 
 # ---- projection weights ---------------------------------------------------------------
@@ -320,10 +311,23 @@ def init_projections(d_q: int, d_kv: int, d_vv: int, *, d_k: int | None = None, 
     return Projections(**w, source="--seed", kind=f"init-{init}")
 
 
-# ---- the computation --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Norm:
+    """A layer's pre-attention norm (``--from-residual``): over the features of X,
+    ``layernorm`` (x - mean) / sqrt(var + eps) · w + b, ``rms`` w · x / sqrt(mean(x²) + eps),
+    ``rms1p`` Gemma's (1 + w) · x / sqrt(mean(x²) + eps)."""
+
+    kind: str
+    w: np.ndarray
+    b: np.ndarray | None = None
+    eps: float = 1e-6
+    origin: str = ""
 
 
-def _input(a: Any, title: str, source: str) -> np.ndarray:
+# ---- the inputs they project --------------------------------------------------------------
+
+
+def input_matrix(a: Any, title: str, source: str) -> np.ndarray:
     arr = numeric_array(a, title, source)
     if arr.ndim not in (2, 3):
         raise InputError(f"{title} has shape {arr.shape}; expected (tokens, features) or (batch, tokens, features)", source)
@@ -347,132 +351,7 @@ def head_mask(mask: Any, batch: int, heads: int, source: str) -> np.ndarray:
                      f"(PyTorch's attn_mask) or ({batch}, {heads}, T, S)", source)
 
 
-def combine_masks(mask: np.ndarray | None, convention: str, kpm: np.ndarray | None) -> tuple[np.ndarray | None, str]:
-    """One mask for the engine from an attn_mask (in ``convention``) and a key padding mask
-    (True = ignore, as PyTorch): boolean masks are and-ed in the keep convention; a float
-    mask stays additive, with the boolean parts as -inf (as PyTorch merges them)."""
-    parts = [] if mask is None else [mask if mask.dtype != bool else (mask if convention == "keep" else ~mask)]
-    if kpm is not None:
-        parts.append(~kpm if kpm.dtype == bool else kpm)
-    if not parts:
-        return None, convention
-    if all(p.dtype == bool for p in parts):
-        keep = parts[0]
-        for p in parts[1:]:
-            keep = keep & p
-        return keep, "keep"
-    bias: Any = 0.0
-    for p in parts:
-        bias = bias + (np.where(p, 0.0, -np.inf) if p.dtype == bool else p)
-    return np.asarray(bias, dtype=np.float64), convention
-
-
-def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projections, heads: int = 1,
-              valid_lens: Any = None, key_padding_mask: Any = None, mask: Any = None,
-              query_labels: list[str] | None = None, key_labels: list[str] | None = None,
-              options: Options | None = None, sources: dict[str, str] | None = None,
-              batch_first: bool = True, backend: Backend | None = None,
-              corners: tuple[Callable[[int], list[int]], int] | None = None) -> Trace:
-    """Multi-head attention of X over memory Y (values Z; both default to X), step by step.
-
-    Inputs are (B, T, D) or unbatched (T, D) (``batch_first=False``: (T, B, D), as PyTorch's
-    default layout; the steps are batch-first). The per-head steps have shape (B, H, T, S).
-    ``corners=(rows_of, limit)``: when the per-head weights (B·H·T·S) would be more than ``limit``,
-    the output-only path, and the per-head steps up to the weights for the queries ``rows_of(T)``
-    only (engine.corner_rows: the view of a big problem).
-    """
-    o = options or Options()
-    src = {"x": "X", "memory": "memory", "values": "values", **(sources or {})}
-    self_attention = memory is None and values is None
-    X = _input(x, "X", src["x"])
-    Y = X if memory is None else _input(memory, "memory", src["memory"])
-    Z = Y if values is None else _input(values, "values", src["values"])
-    batched = X.ndim == 3
-    for name, a in (("memory", Y), ("values", Z)):
-        if a.ndim != X.ndim:
-            raise InputError(f"{name} has shape {a.shape} but X has shape {X.shape}: both batched (B, T, D) or both not",
-                             src[name])
-    if batched and not batch_first:
-        X, Y, Z = (np.swapaxes(a, 0, 1) for a in (X, Y, Z))  # (T, B, D) -> (B, T, D)
-    if not batched:
-        X, Y, Z = X[None], Y[None], Z[None]  # (T, D) -> (1, T, D)
-    B, T, S = X.shape[0], X.shape[1], Y.shape[1]
-    for name, a in (("memory", Y), ("values", Z)):
-        if a.shape[0] != B:
-            raise InputError(f"{name} has batch size {a.shape[0]} but X has {B}", src[name])
-    if Z.shape[1] != S:
-        raise InputError(f"values have {Z.shape[1]} rows but memory has {S}: each key needs one value row", src["values"])
-    what = ("X", "X" if memory is None else "memory", "X" if self_attention else ("memory" if values is None else "values"))
-    weights.check(X.shape[2], Y.shape[2], Z.shape[2], heads, what)
-    H, dk, dv = heads, weights.d_k, weights.d_v
-
-    every = [X, Y, Z, *weights.arrays().values()]
-    dt = o.dtype or ("float32" if all(a.dtype == np.float32 for a in every) else "float64")
-    be = backend or get_backend(o.backend, o.device)
-    xp = be.xp
-    w = {n: be.asarray(a, dt) for n, a in weights.arrays().items()}
-    Xb, Yb, Zb = (be.asarray(a, dt) for a in (X, Y, Z))
-
-    # 1) project
-    q = Xb @ w["W_q"]  # (B, T, D) x (D, d_k) -> (B, T, d_k)
-    k = Yb @ w["W_k"]  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
-    v = Zb @ w["W_v"]  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
-    q, k, v = (a + w[b] if b in w else a for a, b in ((q, "b_q"), (k, "b_k"), (v, "b_v")))
-
-    # 2) split into heads: (B, T, d) -> (B, T, H, d/H) -> (B, H, T, d/H)
-    def split(a: Any, n: int, d: int) -> Any:
-        return xp.permute_dims(xp.reshape(a, (B, n, H, d // H)), (0, 2, 1, 3))
-
-    qh, kh, vh = split(q, T, dk), split(k, S, dk), split(v, S, dv)
-
-    # 3) attend: the engine, once, over the batch axes (B, H)
-    vl = valid_lens
-    if vl is not None and not batched:
-        vl_arr = np.asarray(vl)
-        if vl_arr.ndim == 1 and vl_arr.shape[0] == T and T > 1:
-            vl = vl_arr[None]  # one length per query of the single sequence
-    combined, convention = combine_masks(
-        None if mask is None else head_mask(mask_array(mask, "mask", src.get("mask", "mask")), B, H,
-                                            src.get("mask", "mask")),
-        o.mask_convention, None if key_padding_mask is None else _padding(key_padding_mask, B, S, batched,
-                                                                          src.get("key_padding_mask", "key padding mask")))
-    big = corners is not None and o.keep_weights and B * H * T * S > corners[1]
-    inner_opts = replace(o, dtype=dt, mask_convention=convention, keep_weights=o.keep_weights and not big)
-    psrc: dict[str, str] = {"q": src["x"], "k": src["memory" if memory is not None else "x"],
-            "v": src["values" if values is not None else ("memory" if memory is not None else "x")],
-            "valid_lens": src.get("valid_lens", "valid lengths"), "mask": src.get("mask", "mask"),
-            **{n: src[n] for n in ("query_labels", "key_labels") if n in src}}
-    problem = Problem.build(to_numpy(qh), to_numpy(kh), to_numpy(vh), valid_lens=vl, mask=combined,
-                            query_labels=query_labels, key_labels=key_labels, options=inner_opts, sources=psrc)
-    from attncli.engine import run
-
-    inner = run(problem, be)
-    if big:
-        from attncli.engine import corner_rows
-
-        assert corners is not None
-        corner_rows(problem, inner, corners[0](T), corners[1])
-    heads_out = inner.step("output").values  # (B, H, T, d_v/H)
-
-    # 4) concatenate the heads in order: (B, H, T, d_v/H) -> (B, T, H, d_v/H) -> (B, T, d_v)
-    concat = xp.reshape(xp.permute_dims(heads_out, (0, 2, 1, 3)), (B, T, dv))
-
-    # 5) output projection
-    out = concat
-    if "W_o" in w:
-        out = concat @ w["W_o"]  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
-        if "b_o" in w:
-            out = out + w["b_o"]
-    avg = xp.mean(inner.step("weights").values, axis=1) if "weights" in inner else None  # (B, H, T, S) -> (B, T, S)
-    shapes: dict[str, list[int]] = {"x": list(np.shape(x))}
-    shapes.update({n: list(np.shape(a)) for n, a in (("memory", memory), ("values", values)) if a is not None})
-
-    return _trace(inner, weights, w, arrays=dict(X=Xb, Y=Yb, Z=Zb, q=q, k=k, v=v, concat=concat, out=out, avg=avg),
-                  heads=H, batched=batched, self_attention=self_attention, memory=memory is not None,
-                  values=values is not None, shapes=shapes)
-
-
-def _padding(kpm: Any, batch: int, keys: int, batched: bool, source: str) -> np.ndarray:
+def padding_mask(kpm: Any, batch: int, keys: int, batched: bool, source: str) -> np.ndarray:
     """A key padding mask (B, S) (or (S,) unbatched), True = ignore, as (B, 1, 1, S)."""
     m = mask_array(kpm, "key padding mask", source)
     want = (batch, keys) if batched else (keys,)
@@ -480,93 +359,3 @@ def _padding(kpm: Any, batch: int, keys: int, batched: bool, source: str) -> np.
         raise InputError(f"key padding mask has shape {m.shape}; expected {want} (batch, keys), True = ignore that key",
                          source)
     return m.reshape(batch, 1, 1, keys)
-
-
-def _trace(inner: Trace, proj: Projections, w: dict[str, Any], arrays: dict[str, Any], *, heads: int, batched: bool,
-           self_attention: bool, memory: bool, values: bool, shapes: dict[str, list[int]]) -> Trace:
-    """The whole computation as one Trace: inputs, weights, projections, the engine's per-head
-    steps, the concatenation, the output projection and the head-averaged weights."""
-    L = arrays
-
-    def lead(a: Any) -> Any:  # drop the batch axis added to an unbatched input
-        return a if batched else a[0]
-
-    where = r"(batch \1, head \2)" if batched else r"(head \2)"  # the engine's batch axes are (batch, head)
-    warnings = [re.sub(r"\(batch (\d+), (\d+)\)", where, w) for w in inner.warnings]
-    t = Trace(query_labels=inner.query_labels, key_labels=inner.key_labels, warnings=warnings,
-              meta=dict(inner.meta), extra=dict(inner.extra),
-              inputs={f"score_{n}": a for n, a in inner.inputs.items() if n not in ("q", "k", "v")})  # score weights
-    H = heads
-    dk, dv = proj.d_k, proj.d_v
-    t.meta.update(heads=H, head_width={"q": dk // H, "k": dk // H, "v": dv // H}, shapes=shapes,
-                  self_attention=self_attention, batched=batched, weights_format=proj.kind, weights_source=proj.source,
-                  batch_axes=["batch", "head"] if batched else ["head"],  # leading axes of the per-head steps
-                  per_head_steps=[s.name if s.name != "output" else "head_output" for s in inner.steps],
-                  head_axis=1 if batched else 0)
-    y_name = "Y" if memory else "X"
-    z_name = "Z" if values else y_name
-    t.add("x", f"X: the input, {'(B, T, d_model)' if batched else '(T, d_model)'}", lead(L["X"]), (QUERIES, FEATURES))
-    if memory:
-        t.add("memory", "Y: the memory that keys (and values) are projected from", lead(L["Y"]), (KEYS, FEATURES))
-    if values:
-        t.add("values", "Z: the input values are projected from", lead(L["Z"]), (KEYS, FEATURES))
-
-    def weight(n: str) -> None:
-        if n in w:
-            where = f" (from {proj.origin[n]})" if n in proj.origin else ""
-            if n.startswith("W"):
-                t.add(n, f"{n}{where}, textbook convention (in, out)", w[n], WEIGHT_AXES)
-            else:
-                t.add(n, f"{n}{where}, added to every row", w[n][None, :], BIAS_AXES)
-
-    for n in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v"):
-        weight(n)
-
-    def plus(b: str) -> str:
-        return f" + {b}" if b in w else ""
-
-    t.add("q", f"Q = X · W_q{plus('b_q')}", lead(L["q"]), (QUERIES, FEATURES))
-    t.add("k", f"K = {y_name} · W_k{plus('b_k')}", lead(L["k"]), (KEYS, FEATURES))
-    t.add("v", f"V = {z_name} · W_v{plus('b_v')}", lead(L["v"]), (KEYS, FEATURES))
-    split = _split_note(H, dk // H, dv // H)
-    for s in inner.steps:
-        name = "head_output" if s.name == "output" else s.name
-        formula = s.formula.replace("output =", "head_h =", 1) if s.name == "output" else s.formula
-        notes = [*s.notes, split] if s.name == "scores" else list(s.notes)
-        t.steps.append(Step(name, f"{formula}  (each head h)", lead(s.values), s.axes, notes, s.rows))
-    has_o = "W_o" in w
-    t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "
-          "the heads side by side, in order", lead(L["concat"]), (QUERIES, FEATURES))
-    weight("W_o")
-    weight("b_o")
-    if has_o:
-        t.add("output", f"output = concat · W_o{plus('b_o')}", lead(L["out"]), (QUERIES, FEATURES))
-    if L["avg"] is not None:
-        t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
-              lead(L["avg"]), (QUERIES, KEYS))
-        t.steps[-1].rows = inner.step("weights").rows
-    return t
-
-
-def _split_note(H: int, dh: int, dvh: int) -> str:
-    """Which features of Q, K (and V) each head takes, e.g. 'head 0: d0…d3, head 1: d4…d7'."""
-    def span(h: int, d: int) -> str:
-        return f"d{h * d}" if d == 1 else f"d{h * d}…d{(h + 1) * d - 1}"
-
-    shown = ", ".join(f"head {h}: {span(h, dh)}" + (f" (V {span(h, dvh)})" if dvh != dh else "") for h in range(min(H, 8)))
-    return f"each head takes its own {dh} feature(s) of Q and K: {shown}{', …' if H > 8 else ''}"
-
-
-def select_head(trace: Trace, head: int) -> Trace:
-    """A view of ``trace`` with only head ``head`` of the per-head steps (for the terminal)."""
-    H = int(trace.meta.get("heads", 1))
-    if not 0 <= head < H:
-        raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")
-    per_head = set(trace.meta.get("per_head_steps", PER_HEAD))
-    axis = int(trace.meta.get("head_axis", 0))
-    steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
-                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows)
-             if s.name in per_head else s for s in trace.steps]
-    meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else []}
-    return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,
-                 warnings=trace.warnings, meta=meta, inputs=trace.inputs, extra=trace.extra)

@@ -1,0 +1,848 @@
+"""The attention layouts of real checkpoints, recognised from tensor names (and config.json),
+each converted to the textbook convention ``Q = X @ W_q`` with a note of where every matrix
+came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
+
+    layout            names (after the layer's prefix)                       stored as
+    mha               in_proj_weight (3E, E), out_proj                        nn.Linear (out, in)
+    bert              attention.self.{query,key,value}, attention.output.dense nn.Linear
+    gpt2              attn.c_attn (E, 3E) = [Q | K | V] by columns, c_proj    Conv1D (in, out)
+    nanogpt           attn.c_attn (3E, E), c_proj                             nn.Linear
+    gptj              attn.{q,k,v,out}_proj                                   nn.Linear, rotary interleaved
+    neox, bloom       query_key_value (H·3·d, E): rows (H, 3, d)              nn.Linear
+    llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E)
+    t5                layer.0.SelfAttention.{q,k,v,o} + relative_attention_bias (layer 0)
+    transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
+
+A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
+whose marker tensor is present, picks the layer, and reads only that layer's tensors.
+:func:`inspect_checkpoint` reports the same from headers. Two helpers compute what the
+config describes: :func:`rope_frequencies` (RoPE inv_freq and attention factor for default,
+linear, llama3 and yarn scaling) and :func:`t5_position_bias` (T5's bucketed bias).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attncli.checkpoint import Checkpoint, open_checkpoint
+from attncli.errors import InputError
+
+
+@dataclass
+class AttentionFacts:
+    """What the model does around the projections, from config.json and the layout (None: unknown)."""
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    scale: float | None = None  # the score scale when it is not 1/sqrt(head_dim)
+    causal: bool = False  # a decoder's self-attention
+    rope: str | None = None  # "half" (Llama, NeoX, Qwen, Gemma, gpt-oss) | "interleaved" (GPT-J) | None
+    rope_base: float | None = None
+    rotary_dim: int | None = None
+    rope_scaling: dict[str, Any] | None = None
+    window: int | None = None  # the sliding window of THIS layer; None if it does not slide
+    softcap: float | None = None  # attn_logit_softcapping
+    qk_norm: str | None = None  # "rms" | "rms1p" (Gemma's 1 + w) | None
+    qk_norm_eps: float | None = None
+    pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the layer's pre-attention norm
+    norm_eps: float | None = None
+    alibi: bool = False  # Bloom / MPT
+    sinks: bool = False  # gpt-oss
+    relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
+    from_config: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LayerAttention:
+    """One layer's attention weights in textbook form, and where each came from."""
+    arrays: dict[str, np.ndarray]  # W_q (E, H·d), b_q, W_k (E, G·d), b_k, W_v, b_v, W_o (H·d, E), b_o, q_norm (d,), ...
+    origin: dict[str, str]  # name -> where it came from in the checkpoint
+    layout: str
+    layer: int
+    layers: int
+    facts: AttentionFacts
+    source: str
+
+
+# ---- the registry ----------------------------------------------------------------------------
+
+Reader = Callable[["Ctx"], None]
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    marker: re.Pattern[str]  # groups: stack (the prefix before the layer index), n (the layer index)
+    read: Reader
+    description: str
+
+
+LAYOUTS: dict[str, Layout] = {}
+
+
+def layout(name: str, marker: str, description: str) -> Callable[[Reader], Reader]:
+    """Register a checkpoint layout recognised by its ``marker`` (a regex over tensor names)."""
+
+    def deco(fn: Reader) -> Reader:
+        LAYOUTS[name] = Layout(name, re.compile(marker), fn, description)
+        return fn
+
+    return deco
+
+
+# Layouts attncli recognises but does not read: a name pattern -> what it is and why.
+UNSUPPORTED: dict[str, tuple[re.Pattern[str], str]] = {
+    "phi3": (re.compile(r"self_attn\.qkv_proj\.weight$"), "Phi-3 (fused self_attn.qkv_proj)"),
+    "mpt": (re.compile(r"attn\.Wqkv\.weight$"), "MPT / Mosaic (fused attn.Wqkv)"),
+    "mla": (re.compile(r"self_attn\.kv_a_proj_with_mqa\.weight$"), "DeepSeek multi-head latent attention (kv_a_proj_with_mqa)"),
+    "bart": (re.compile(r"self_attn\.out_proj\.weight$"), "BART / OPT / Whisper / Marian (self_attn.q/k/v/out_proj)"),
+    "phi": (re.compile(r"self_attn\.dense\.weight$"), "Phi-1/2 (self_attn.dense)"),
+    "falcon": (re.compile(r"self_attention\.query_key_value\.weight$"), "Falcon (fused multi-query query_key_value)"),
+}
+
+
+# ---- reading one layer -------------------------------------------------------------------------
+
+def _cfg(config: dict[str, Any] | None, *keys: str) -> tuple[Any, str | None]:
+    """The first of ``keys`` present (and not None) in config.json, and its name."""
+    for k in keys:
+        if config and config.get(k) is not None:
+            return config[k], k
+    return None, None
+
+
+@dataclass
+class Ctx:
+    """What a layout reader works with: the checkpoint, the chosen layer's prefixes, the result so far."""
+    ckpt: Checkpoint
+    stack: str  # e.g. "model.layers."
+    layer: int
+    layers: int
+    config: dict[str, Any] | None
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)
+    facts: AttentionFacts = field(default_factory=AttentionFacts)
+    heads_hint: int | None = None
+    name: str | None = None  # a variant's name when the reader decides it (gpt2 / nanogpt)
+
+    @property
+    def block(self) -> str:
+        return f"{self.stack}{self.layer}."
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.ckpt:
+            raise InputError(f"has no tensor {name!r}, which layer {self.layer} of this layout needs", self.ckpt.source)
+        return self.ckpt.tensor(name)
+
+    def put(self, key: str, a: np.ndarray, where: str) -> None:
+        self.arrays[key], self.origin[key] = a, where
+
+    def linear(self, key: str, name: str, bias: str | None = None) -> None:
+        """An nn.Linear (out, in) as the textbook (in, out), and its bias."""
+        w = self.get(name)
+        if w.ndim != 2:
+            raise InputError(f"tensor {name!r} has shape {w.shape}; expected a 2-D nn.Linear weight", self.ckpt.source)
+        self.put(key, w.T, f"{name}ᵀ")  # (out, in) -> (in, out)
+        if bias is not None and self.has(bias):
+            self.put("b_" + key[-1], self.get(bias), bias)
+
+    def conf(self, fact: str, *keys: str, default: Any = None, cast: Callable[[Any], Any] | None = None) -> Any:
+        """Set ``facts.<fact>`` from the first config key present (listed in from_config), else ``default``."""
+        value, key = _cfg(self.config, *keys)
+        if key is None:
+            value = default
+        elif fact not in self.facts.from_config:
+            self.facts.from_config.append(fact)
+        if value is not None and cast is not None:
+            value = cast(value)
+        setattr(self.facts, fact, value)
+        return value
+
+    def fail(self, message: str) -> InputError:
+        return InputError(message, self.ckpt.source)
+
+
+def _heads(c: Ctx, *keys: str, kv_keys: tuple[str, ...] = ("num_key_value_heads",), width: int | None = None) -> None:
+    """heads, kv_heads, head_dim from the config (heads_hint when it has none); head_dim = width / heads by default."""
+    heads = c.conf("heads", *keys, cast=int)
+    if c.heads_hint is not None:
+        c.facts.heads = heads = c.heads_hint
+        if "heads" in c.facts.from_config:
+            c.facts.from_config.remove("heads")
+    c.conf("kv_heads", *kv_keys, default=heads, cast=int)
+    d = c.conf("head_dim", "head_dim", "d_kv", cast=int)
+    if d is None and heads and width is not None:
+        c.facts.head_dim = width // heads if width % heads == 0 else None
+
+
+def _check_shapes(c: Ctx) -> None:
+    """The textbook arrays agree with each other and with the facts (one line naming the tensor)."""
+    a, f = c.arrays, c.facts
+    E = a["W_q"].shape[0]
+    width, key = _cfg(c.config, "hidden_size", "n_embd", "d_model")
+    if key is not None and int(width) != E:
+        raise c.fail(f"{c.origin['W_q']} has {E} inputs but config.json says {key} = {width}")
+    for k in ("W_k", "W_v"):
+        if k in a and a[k].shape[0] != E:
+            raise c.fail(f"{c.origin[k]} has {a[k].shape[0]} inputs but {c.origin['W_q']} has {E}")
+    if f.heads and f.head_dim:
+        kv = f.kv_heads or f.heads
+        want = {"W_q": f.heads * f.head_dim, "W_k": kv * f.head_dim, "W_v": kv * f.head_dim}
+        for k, cols in want.items():
+            if k in a and a[k].shape[1] != cols:
+                src = "config.json" if "heads" in f.from_config else "the layout"
+                raise c.fail(f"{c.origin[k]} gives {a[k].shape[1]} features but {src} says "
+                             f"{f.heads if k == 'W_q' else kv} heads x head_dim {f.head_dim} = {cols}")
+    if "W_o" in a and a["W_o"].shape[0] != a["W_q"].shape[1]:
+        raise c.fail(f"{c.origin['W_o']} takes {a['W_o'].shape[0]} features but {c.origin['W_q']} gives "
+                     f"{a['W_q'].shape[1]} (the heads' outputs, concatenated)")
+    if f.heads and a["W_q"].shape[1] % f.heads:
+        raise c.fail(f"{f.heads} heads do not divide the {a['W_q'].shape[1]} query features of {c.origin['W_q']}")
+    for k, n in (("b_q", "W_q"), ("b_k", "W_k"), ("b_v", "W_v"), ("b_o", "W_o")):
+        if k in a and n in a and a[k].shape != (a[n].shape[1],):
+            raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected ({a[n].shape[1]},) to match {c.origin[n]}")
+    for k in ("q_norm", "k_norm"):
+        if k in a and f.head_dim and a[k].shape != (f.head_dim,):
+            raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected ({f.head_dim},): a norm over each head "
+                         "(a norm over all heads at once, as OLMo 2's, is not supported)")
+    if "sinks" in a and f.heads and a["sinks"].shape != (f.heads,):
+        raise c.fail(f"{c.origin['sinks']} has shape {a['sinks'].shape}; expected ({f.heads},), one per query head")
+    for k in ("norm_w", "norm_b"):
+        if k in a and a[k].shape != (E,):
+            raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected ({E},), the model width")
+
+
+def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, ...] = (), eps: float | None = None) -> None:
+    """The layer's pre-attention norm (weight, bias) and its kind."""
+    if not c.has(w):
+        return
+    c.put("norm_w", c.get(w), w)
+    if b is not None and c.has(b):
+        c.put("norm_b", c.get(b), b)
+    c.facts.pre_norm = kind
+    c.conf("norm_eps", *eps_keys, default=eps, cast=float)
+
+
+def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | None = None) -> None:
+    """RoPE facts: theta and scaling from rope_theta / rope_scaling (transformers 4) or rope_parameters (5),
+    per layer type where the model has several (Gemma 3); partial rotary from partial_rotary_factor/rotary_pct."""
+    f, cfg = c.facts, c.config or {}
+    f.rope = kind
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
+        params = params[layer_type]
+    if isinstance(params, dict) and params.get("rope_theta") is not None:
+        f.rope_base = float(params["rope_theta"])
+        f.from_config.append("rope_base")
+    else:
+        c.conf("rope_base", "rope_theta", "rotary_emb_base", "rope_base", default=default_base, cast=float)
+    if layer_type == "sliding_attention" and cfg.get("rope_local_base_freq") is not None:  # Gemma 3, transformers 4
+        f.rope_base = float(cfg["rope_local_base_freq"])
+    scaling = cfg.get("rope_scaling") or (params if isinstance(params, dict) else None)
+    if isinstance(scaling, dict):
+        kind_ = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind_ not in (None, "default"):
+            f.rope_scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
+            f.from_config.append("rope_scaling")
+    if f.rope_scaling is not None:
+        f.rope_scaling.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
+    d = f.head_dim
+    factor = (params or {}).get("partial_rotary_factor") if isinstance(params, dict) else None
+    if factor is None:
+        factor = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
+    if cfg.get("rotary_dim") is not None:
+        f.rotary_dim = int(cfg["rotary_dim"])
+        f.from_config.append("rotary_dim")
+    elif factor is not None and d:
+        f.rotary_dim = int(d * float(factor))
+        f.from_config.append("rotary_dim")
+    else:
+        f.rotary_dim = d
+
+
+def _layer_type(c: Ctx) -> str | None:
+    types = (c.config or {}).get("layer_types")
+    if isinstance(types, list) and c.layer < len(types):
+        return str(types[c.layer])
+    return None
+
+
+# Which layers slide when config.json has no layer_types: the model's own rule (as its modeling file).
+SLIDING_RULES: dict[str, Callable[[int, dict[str, Any]], bool]] = {
+    "mistral": lambda i, cfg: True,
+    "mixtral": lambda i, cfg: True,
+    "gemma2": lambda i, cfg: i % 2 == 0,
+    "gpt_oss": lambda i, cfg: i % 2 == 0,
+    "gemma3_text": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0,
+    "gemma3": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0,
+    "qwen2": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
+    "qwen3": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
+}
+
+
+def _window(c: Ctx) -> None:
+    cfg = c.config or {}
+    w = cfg.get("sliding_window")
+    if w is None:
+        return
+    kind = _layer_type(c)
+    if kind == "chunked_attention":
+        raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
+    if kind is not None:
+        slides = kind == "sliding_attention"
+    else:
+        rule = SLIDING_RULES.get(str(cfg.get("model_type")))
+        slides = rule(c.layer, cfg) if rule is not None else True
+    if slides:
+        c.facts.window = int(w)
+        c.facts.from_config.append("window")
+
+
+# ---- the layouts -------------------------------------------------------------------------------
+
+@layout("llama", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.q_proj\.weight$",
+        "Llama / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / gpt-oss: self_attn.{q,k,v,o}_proj, q_norm, k_norm, sinks")
+def _llama(c: Ctx) -> None:
+    a = c.block + "self_attn."
+    if not c.has(a + "o_proj.weight"):
+        raise c.fail(f"has {a}q_proj.weight but no {a}o_proj.weight: not a Llama-style layer (see the layouts "
+                     "attncli inspect lists)")
+    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v"), ("W_o", "o")):
+        c.linear(t, f"{a}{n}_proj.weight", f"{a}{n}_proj.bias")
+    mt = str((c.config or {}).get("model_type", ""))
+    gemma = mt.startswith("gemma")
+    for n in ("q_norm", "k_norm"):
+        if c.has(f"{a}{n}.weight"):
+            c.put(n, c.get(f"{a}{n}.weight"), f"{a}{n}.weight")
+    if c.has(a + "sinks"):
+        c.put("sinks", c.get(a + "sinks"), a + "sinks")
+        c.facts.sinks = True
+    f, width, kv_width = c.facts, c.arrays["W_q"].shape[1], c.arrays["W_k"].shape[1]
+    _heads(c, "num_attention_heads", width=None)
+    if f.head_dim is None:  # no head_dim in the config: q_norm's width, else the model width / heads
+        f.head_dim = (c.arrays["q_norm"].shape[0] if "q_norm" in c.arrays
+                      else width // f.heads if f.heads and width % f.heads == 0 else None)
+    if f.heads is None and f.head_dim:
+        f.heads = width // f.head_dim
+    if "kv_heads" not in f.from_config and f.head_dim:  # grouped-query heads follow from k_proj's width
+        f.kv_heads = kv_width // f.head_dim
+    if "q_norm" in c.arrays:
+        c.facts.qk_norm = "rms1p" if gemma else "rms"
+        c.conf("qk_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+    c.facts.causal = True
+    _norm(c, "rms1p" if gemma else "rms", c.block + "input_layernorm.weight", eps_keys=("rms_norm_eps",), eps=1e-6)
+    lt = _layer_type(c)
+    _rope(c, "half", layer_type=lt)
+    _window(c)
+    if mt in ("gemma2", "gemma3", "gemma3_text"):
+        scalar, key = _cfg(c.config, "query_pre_attn_scalar")
+        if key is not None:
+            c.facts.scale = float(scalar) ** -0.5
+            c.facts.from_config.append("scale")
+    c.conf("softcap", "attn_logit_softcapping", cast=float)
+
+
+@layout("gpt2", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.c_attn\.weight$",
+        "GPT-2: attn.c_attn (E, 3E) Conv1D = [Q | K | V] by columns, attn.c_proj (nanoGPT's nn.Linear (3E, E) too)")
+def _gpt2(c: Ctx) -> None:
+    a = c.block + "attn."
+    w, name = c.get(a + "c_attn.weight"), a + "c_attn.weight"
+    if w.ndim != 2:
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E)")
+    mt = (c.config or {}).get("model_type")
+    if w.shape[1] == 3 * w.shape[0]:  # Conv1D (in, out): HF GPT-2
+        E, conv = w.shape[0], True
+    elif w.shape[0] == 3 * w.shape[1]:  # nn.Linear (out, in): nanoGPT
+        E, conv = w.shape[1], False
+        if mt == "gpt2":
+            raise c.fail(f"{name} has shape {w.shape}, an nn.Linear (3E, E), but config.json says model_type gpt2, "
+                         "whose Conv1D stores (E, 3E)")
+    else:
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E) (GPT-2 Conv1D) or (3E, E) (nanoGPT Linear)")
+    b = c.get(a + "c_attn.bias") if c.has(a + "c_attn.bias") else None
+    for i, t in enumerate(("W_q", "W_k", "W_v")):
+        s = slice(i * E, (i + 1) * E)
+        if conv:
+            c.put(t, w[:, s], f"{name}[:, {i * E}:{(i + 1) * E}]")
+        else:
+            c.put(t, w[s].T, f"{name}[{i * E}:{(i + 1) * E}]ᵀ")
+        if b is not None:
+            c.put("b_" + t[-1], b[s], f"{a}c_attn.bias[{i * E}:{(i + 1) * E}]")
+    o = c.get(a + "c_proj.weight")
+    c.put("W_o", o if conv else o.T, f"{a}c_proj.weight" + ("" if conv else "ᵀ"))
+    if c.has(a + "c_proj.bias"):
+        c.put("b_o", c.get(a + "c_proj.bias"), a + "c_proj.bias")
+    _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head", "num_attention_heads"), width=E)
+    c.facts.causal = True
+    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    cfg = c.config or {}
+    by_d = cfg.get("scale_attn_weights", True)
+    by_layer = cfg.get("scale_attn_by_inverse_layer_idx", False)
+    if (not by_d or by_layer) and c.facts.head_dim:
+        c.facts.scale = (c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1)
+        c.facts.from_config.append("scale")
+    c.name = "gpt2" if conv else "nanogpt"
+
+
+@layout("gptj", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.q_proj\.weight$",
+        "GPT-J: attn.{q,k,v,out}_proj (nn.Linear, no biases), rotary interleaved on the first rotary_dim features")
+def _gptj(c: Ctx) -> None:
+    a = c.block + "attn."
+    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=c.arrays["W_q"].shape[1])
+    c.facts.causal = True
+    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    _rope(c, "interleaved")
+
+
+@layout("bert", r"^(?P<stack>(?:.*\.)?encoder\.layer\.)(?P<n>\d+)\.attention\.self\.query\.weight$",
+        "BERT / RoBERTa: attention.self.{query,key,value}, attention.output.dense (nn.Linear); post-norm")
+def _bert(c: Ctx) -> None:
+    a = c.block + "attention."
+    pe = (c.config or {}).get("position_embedding_type", "absolute")
+    if pe not in (None, "absolute") or c.has(a + "self.distance_embedding.weight"):
+        raise c.fail(f"uses BERT's position_embedding_type {pe!r} (relative_key), which is not supported")
+    for t, n in (("W_q", "self.query"), ("W_k", "self.key"), ("W_v", "self.value"), ("W_o", "output.dense")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
+    c.facts.causal = bool((c.config or {}).get("is_decoder", False))
+    c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
+    """query_key_value (H·3·d, E) with rows (H, 3, d): GPT-NeoX and Bloom."""
+    w = c.get(name)
+    H = c.facts.heads
+    if H is None:
+        raise c.fail(f"{name} interleaves q, k, v per head, so the number of heads is needed: put config.json "
+                     "beside the weights or give --heads")
+    if w.ndim != 2 or w.shape[0] % (3 * H):
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({H}·3·d, E) for {H} heads")
+    d, E = w.shape[0] // (3 * H), w.shape[1]
+    if c.facts.head_dim not in (None, d):
+        raise c.fail(f"tensor {name!r} has shape {w.shape}: head_dim {d}, but the config says {c.facts.head_dim}")
+    c.facts.head_dim = d
+    w4 = w.reshape(H, 3, d, E)  # rows (H·3·d) -> (H, 3, d)
+    b3 = c.get(bias).reshape(H, 3, d) if c.has(bias) else None
+    for i, t in enumerate(("W_q", "W_k", "W_v")):
+        c.put(t, w4[:, i].reshape(H * d, E).T, f"{name} rows (H={H}, 3, d={d})[:, {i}]ᵀ")  # (H, d, E) -> (E, H·d)
+        if b3 is not None:
+            c.put("b_" + t[-1], b3[:, i].reshape(H * d), f"{bias} (H, 3, d)[:, {i}]")
+
+
+@layout("neox", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attention\.query_key_value\.weight$",
+        "GPT-NeoX / Pythia: attention.query_key_value fused, rows (H, 3, d); attention.dense; partial rotary")
+def _neox(c: Ctx) -> None:
+    a = c.block + "attention."
+    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=None)
+    _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
+    c.linear("W_o", a + "dense.weight", a + "dense.bias")
+    c.facts.kv_heads = c.facts.heads
+    c.facts.causal = True
+    _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias", ("layer_norm_eps",), 1e-5)
+    _rope(c, "half")
+    if not (c.config or {}).get("use_parallel_residual", True):
+        c.facts.extra["parallel_residual"] = False
+
+
+@layout("bloom", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.self_attention\.query_key_value\.weight$",
+        "Bloom: self_attention.query_key_value fused, rows (H, 3, d); self_attention.dense; ALiBi")
+def _bloom(c: Ctx) -> None:
+    mt = (c.config or {}).get("model_type")
+    if mt == "falcon" or (mt is None and not any(k.endswith("word_embeddings_layernorm.weight") for k in c.ckpt.tensors)):
+        raise c.fail("holds self_attention.query_key_value as Bloom and Falcon both name it; Falcon's multi-query "
+                     "layout is not supported, and without config.json (model_type bloom) this is not read as Bloom")
+    a = c.block + "self_attention."
+    _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=None)
+    _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
+    c.linear("W_o", a + "dense.weight", a + "dense.bias")
+    c.facts.kv_heads = c.facts.heads
+    c.facts.causal = True
+    c.facts.alibi = True
+    c.facts.extra["alibi"] = "added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py)"
+    _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias",
+          ("layer_norm_epsilon",), 1e-5)
+
+
+@layout("t5", r"^(?P<stack>(?:.*\.)?block\.)(?P<n>\d+)\.layer\.0\.SelfAttention\.q\.weight$",
+        "T5: layer.0.SelfAttention.{q,k,v,o}; relative position bias from layer 0; no score scaling")
+def _t5(c: Ctx) -> None:
+    a = c.block + "layer.0.SelfAttention."
+    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v"), ("W_o", "o")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    own = a + "relative_attention_bias.weight"
+    first = f"{c.stack}0.layer.0.SelfAttention.relative_attention_bias.weight"
+    bias = own if c.has(own) else first  # UMT5 has one per layer; T5 only in layer 0, shared by all
+    if not c.has(bias):
+        raise c.fail(f"has no {first}: T5's relative position bias lives in layer 0 and every layer uses it")
+    c.put("rel_bias", c.get(bias), bias)
+    _heads(c, "num_heads", kv_keys=("num_heads",), width=c.arrays["W_q"].shape[1])
+    decoder = "decoder" in c.stack
+    c.facts.causal = decoder
+    c.facts.scale = 1.0  # T5 folds the 1/sqrt(d) into its initialisation
+    c.facts.relative_bias = "t5"
+    cfg = c.config or {}
+    c.facts.extra.update(
+        num_buckets=int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0]),
+        max_distance=int(cfg.get("relative_attention_max_distance") or 128),
+        bidirectional=not decoder)
+    _norm(c, "rms", c.block + "layer.0.layer_norm.weight", eps_keys=("layer_norm_epsilon",), eps=1e-6)
+    c.facts.extra["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
+
+
+@layout("transformer-lens", r"^(?P<stack>(?:.*\.)?blocks\.)(?P<n>\d+)\.attn\.W_Q$",
+        "TransformerLens: attn.W_Q (H, E, d), b_Q (H, d), W_K/W_V (or _W_K/_W_V (G, E, d)), W_O (H, d, E)")
+def _tl(c: Ctx) -> None:
+    a = c.block + "attn."
+
+    def pick(n: str) -> str:
+        for name in (a + n, a + "_" + n):
+            if c.has(name):
+                return name
+        raise c.fail(f"has {a}W_Q but no {a}{n}: a TransformerLens block needs it")
+
+    wq = c.get(a + "W_Q")
+    if wq.ndim != 3:
+        raise c.fail(f"tensor {a + 'W_Q'!r} has shape {wq.shape}; expected (H, E, d)")
+    H, E, d = wq.shape
+    for t, n in (("W_q", "W_Q"), ("W_k", "W_K"), ("W_v", "W_V")):
+        name = pick(n)
+        w = c.get(name)
+        if w.ndim != 3 or w.shape[1:] != (E, d):
+            raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (heads, {E}, {d}) like W_Q")
+        c.put(t, w.transpose(1, 0, 2).reshape(E, w.shape[0] * d), f"{name} (H, E, d) -> (E, H·d)")  # per head -> concat
+        bn = n.replace("W_", "b_")
+        for bname in (a + bn, a + "_" + bn):
+            if c.has(bname):
+                c.put("b_" + t[-1], c.get(bname).reshape(-1), f"{bname} (H, d) -> (H·d,)")
+                break
+    wo = c.get(a + "W_O")
+    if wo.shape != (H, d, E):
+        raise c.fail(f"tensor {a + 'W_O'!r} has shape {wo.shape}; expected ({H}, {d}, {E})")
+    c.put("W_o", wo.reshape(H * d, E), f"{a}W_O (H, d, E) -> (H·d, E)")
+    if c.has(a + "b_O"):
+        c.put("b_o", c.get(a + "b_O"), a + "b_O")
+    f = c.facts
+    f.heads, f.kv_heads, f.head_dim = H, c.arrays["W_k"].shape[1] // d, d
+    f.causal = True
+    f.extra["assumed"] = "causal (attention_dir='causal') and scale 1/sqrt(d_head): the state dict does not say"
+    ln = c.block + "ln1."
+    if c.has(ln + "w"):
+        _norm(c, "layernorm" if c.has(ln + "b") else "rms", ln + "w", ln + "b", eps=1e-5)
+    if c.has(a + "rotary_sin") and c.has(a + "rotary_cos"):
+        _tl_rope(c, c.get(a + "rotary_sin"), c.get(a + "rotary_cos"), a)
+
+
+def _tl_rope(c: Ctx, sin: np.ndarray, cos: np.ndarray, a: str) -> None:
+    """RoPE from TransformerLens' stored tables sin/cos (n_ctx, rotary_dim) = f(pos · freq): the frequencies
+    repeat as [f0..fk, f0..fk] (rotate_half, the default) or [f0, f0, f1, f1, ...] (rotary_adjacent_pairs),
+    and the base follows from freq_1 = base^(-2/rotary_dim)."""
+    f = c.facts
+    if sin.ndim != 2 or sin.shape[0] < 2 or sin.shape[1] < 4 or sin.shape[1] % 2:
+        return
+    rd = sin.shape[1]
+    row_s, row_c = np.asarray(sin[1], np.float64), np.asarray(cos[1], np.float64)  # position 1: the angles are freqs
+    freq = np.arctan2(row_s, row_c)
+    f.rope = "interleaved" if abs(freq[1] - freq[0]) < 1e-6 else "half"
+    f1 = freq[2] if f.rope == "interleaved" else freq[1]
+    f.rotary_dim = rd
+    if f1 > 0:
+        base = float(f1 ** (-rd / 2))
+        f.rope_base = float(round(base)) if abs(base - round(base)) < 1e-3 * base else base
+    f.extra["rope_from"] = f"{a}rotary_sin, {a}rotary_cos (the tables TransformerLens stores)"
+
+
+@layout("mha", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.(?:[^.]+\.)*?self_attn\.in_proj_weight$",
+        "nn.MultiheadAttention in nn.TransformerEncoder/Decoder: layers.N.self_attn.in_proj_weight, out_proj")
+def _mha(c: Ctx) -> None:
+    a = c.block + "self_attn."
+    w = c.get(a + "in_proj_weight")
+    if w.ndim != 2 or w.shape[0] != 3 * w.shape[1]:
+        raise c.fail(f"tensor {a + 'in_proj_weight'!r} has shape {w.shape}; expected (3E, E)")
+    _mha_parts(c, a, w)
+
+
+def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
+    """nn.MultiheadAttention's in_proj_weight (3E, E) = [W_q; W_k; W_v] by rows, each nn.Linear (out, in)."""
+    if a + "bias_k" in c.ckpt:
+        raise c.fail(f"holds {a}bias_k: nn.MultiheadAttention(add_bias_kv=True) is not supported")
+    E = w.shape[1]
+    b = c.get(a + "in_proj_bias") if c.has(a + "in_proj_bias") else None
+    for i, t in enumerate(("W_q", "W_k", "W_v")):
+        c.put(t, w[i * E:(i + 1) * E].T, f"{a}in_proj_weight[{i * E}:{(i + 1) * E}]ᵀ")
+        if b is not None:
+            c.put("b_" + t[-1], b[i * E:(i + 1) * E], f"{a}in_proj_bias[{i * E}:{(i + 1) * E}]")
+    c.linear("W_o", a + "out_proj.weight", a + "out_proj.bias")
+    _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=E)
+    c.facts.extra["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
+
+
+@layout("mha-module", r"^(?P<stack>(?:.*\.)?)in_proj_weight$",
+        "one nn.MultiheadAttention: in_proj_weight (3E, E), in_proj_bias, out_proj (a single layer)")
+def _mha_module(c: Ctx) -> None:
+    a = c.stack  # the module itself: no layer index in its names
+    w = c.get(a + "in_proj_weight")
+    if w.ndim != 2 or w.shape[0] != 3 * w.shape[1]:
+        raise c.fail(f"tensor {a + 'in_proj_weight'!r} has shape {w.shape}; expected (3E, E)")
+    _mha_parts(c, a, w)
+
+
+# ---- finding the layout and the layer ----------------------------------------------------------
+
+@dataclass
+class Found:
+    layout: Layout
+    stack: str
+    layers: list[int]
+
+
+def find_layouts(names: list[str]) -> list[Found]:
+    """Every (layout, stack) whose marker occurs, with the layer indices present."""
+    found: dict[tuple[str, str], set[int]] = {}
+    for name in names:
+        for lay in LAYOUTS.values():
+            m = lay.marker.match(name)
+            if m:
+                n = m.groupdict().get("n")
+                found.setdefault((lay.name, m.group("stack")), set()).add(int(n) if n is not None else 0)
+                break
+    return [Found(LAYOUTS[k], s, sorted(v)) for (k, s), v in found.items()]
+
+
+def _unsupported(names: list[str]) -> str | None:
+    for pattern, what in UNSUPPORTED.values():
+        if any(pattern.search(n) for n in names):
+            return what
+    return None
+
+
+def _choose(ckpt: Checkpoint, prefix: str | None) -> Found:
+    names = list(ckpt.tensors)
+    found = find_layouts(names)
+    if prefix is not None:
+        want = prefix.rstrip(".") + "."
+        found = [f for f in found if f.stack.startswith(want) or want.startswith(f.stack) or f.stack == want]
+        if not found:
+            raise InputError(f"has no attention layers under the prefix {prefix!r}", ckpt.source)
+    # a marker without its companions (e.g. a vision tower's q_proj beside out_proj) is not that layout
+    complete = [f for f in found if f.layout.name != "llama" or f"{f.stack}{f.layers[0]}.self_attn.o_proj.weight" in ckpt]
+    if not complete:
+        what = _unsupported(names)
+        if what is not None:
+            raise InputError(f"holds {what} attention, which attncli recognises but does not read", ckpt.source)
+        if found:
+            complete = found  # the reader names what is missing
+        else:
+            layouts = ", ".join(LAYOUTS)
+            sample = ", ".join(names[:6])
+            raise InputError(f"holds no attention layout attncli knows ({layouts}); its tensors start {sample}",
+                             ckpt.source)
+    if len(complete) > 1:
+        stacks = ", ".join(f"{f.stack.rstrip('.')} ({f.layout.name}, {len(f.layers)} layers)" for f in complete)
+        raise InputError(f"holds several attention stacks: {stacks}; choose one with --prefix", ckpt.source)
+    return complete[0]
+
+
+def _model_type_check(ckpt: Checkpoint, lay: Layout) -> None:
+    mt = str((ckpt.config or {}).get("model_type", ""))
+    unsupported = {"falcon": "Falcon", "olmo2": "OLMo 2 (q_norm over all heads)", "olmo3": "OLMo 3",
+                   "llama4": "Llama 4", "cohere": "Cohere", "deepseek_v3": "DeepSeek V3", "phi": "Phi"}
+    if mt in unsupported:
+        raise InputError(f"is a {unsupported[mt]} model (config.json model_type {mt!r}), whose attention attncli "
+                         f"recognises but does not read", ckpt.source)
+
+
+def _layer_range(layers: list[int]) -> str:
+    return f"{layers[0]}..{layers[-1]}" if len(layers) > 1 else str(layers[0])
+
+
+def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | None = None, *,
+               heads: int | None = None) -> LayerAttention:
+    """The attention weights of one layer of a checkpoint, in textbook form, with the config's facts.
+
+    ``layer`` is required when there are several (the error lists them); ``prefix`` picks a stack
+    when there are several (T5's encoder/decoder); ``heads`` supplies the number of heads when no
+    config.json says it. Only the chosen layer's tensors are read (memory-mapped views, stored dtype).
+    """
+    ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
+    f = _choose(ckpt, prefix)
+    _model_type_check(ckpt, f.layout)
+    layers = f.layers
+    count = layers[-1] + 1
+    if layer is None:
+        if len(layers) > 1:
+            raise InputError(f"holds {len(layers)} attention layers ({_layer_range(layers)}); choose one with --layer",
+                             ckpt.source)
+        layer = layers[0]
+    if layer not in layers:
+        raise InputError(f"has no layer {layer}: its {f.layout.name} layers are {_layer_range(layers)}", "--layer")
+    c = Ctx(ckpt, f.stack, layer, count, ckpt.config, heads_hint=heads)
+    f.layout.read(c)
+    if c.facts.heads is None:
+        c.facts.extra.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
+    _check_shapes(c)
+    return LayerAttention(c.arrays, c.origin, c.name or f.layout.name, layer, count, c.facts, ckpt.source)
+
+
+def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
+    """What a checkpoint holds, from headers only: layers, attention tensors, layout, config facts."""
+    ckpt = open_checkpoint(path)
+    names = list(ckpt.tensors)
+    out: dict[str, Any] = {
+        "source": ckpt.source,
+        "files": [str(p) for p in ckpt.files],
+        "config": ckpt.config_path,
+        "model_type": (ckpt.config or {}).get("model_type"),
+        "tensors": len(names),
+        "bytes": sum(t.nbytes for t in ckpt.tensors.values()),
+        "dtypes": sorted({t.dtype for t in ckpt.tensors.values()}),
+    }
+    found = find_layouts(names)
+    out["stacks"] = []
+    for f in found:
+        entry: dict[str, Any] = {"layout": f.layout.name, "description": f.layout.description,
+                                 "prefix": f.stack.rstrip("."), "layers": len(f.layers),
+                                 "layer_range": _layer_range(f.layers)}
+        used: set[str] = set()
+        try:
+            entry["facts"] = _facts_only(ckpt, f)
+            used = {re.split(r"[ \[ᵀ]", o, maxsplit=1)[0] for o in entry["facts"]["origin"].values()}
+        except InputError as e:
+            entry["error"] = str(e)
+        marker = next(n for n in names if (m := f.layout.marker.match(n)) and m.group("stack") == f.stack
+                      and int(m.groupdict().get("n") or 0) == f.layers[0])
+        module = marker.removesuffix(".weight").removesuffix(".bias").rsplit(".", 1)[0] + "."  # the attention module
+        entry["layer_tensors"] = [{"name": n, "shape": list(ckpt.tensors[n].shape), "dtype": ckpt.tensors[n].dtype}
+                                  for n in names if n in used or n.startswith(module)]
+        out["stacks"].append(entry)
+    if not found:
+        out["unsupported"] = _unsupported(names)
+        out["tensor_names"] = names[:40]
+    return out
+
+
+def _facts_only(ckpt: Checkpoint, f: Found) -> dict[str, Any]:
+    """Layer ``first``'s facts; reading its tensors only to learn shapes would map them, so headers are used."""
+    shadow = _HeaderOnly(ckpt)
+    c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, ckpt.config)  # type: ignore[arg-type]
+    f.layout.read(c)
+    d = dict(c.facts.__dict__)
+    d["first_layer"] = f.layers[0]
+    d["origin"] = dict(c.origin)
+    return d
+
+
+class _HeaderOnly:
+    """A Checkpoint stand-in whose large tensors are zero-stride arrays of the right shape: readers run
+    on headers (and small tensors only), so inspect reports facts and origins without reading weights."""
+
+    SMALL = 64 << 10  # tensors up to this size (norms, biases, rotary tables) are read for real
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self.ckpt, self.source, self.tensors, self.config = ckpt, ckpt.source, ckpt.tensors, ckpt.config
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def tensor(self, name: str) -> np.ndarray:
+        info = self.tensors[name]
+        if info.nbytes <= self.SMALL:
+            return self.ckpt.tensor(name)
+        return np.broadcast_to(np.zeros((), np.float32), info.shape)
+
+
+# ---- RoPE frequencies ---------------------------------------------------------------------------
+
+def rope_frequencies(facts: AttentionFacts) -> tuple[np.ndarray, float]:
+    """RoPE's inverse frequencies (rotary_dim / 2,) and the factor that multiplies cos and sin, for the
+    rope_scaling of config.json: none, linear, llama3 or yarn, as transformers' ``modeling_rope_utils``
+    computes them (``ROPE_INIT_FUNCTIONS``). inv_freq_i = 1 / base^(2i / rotary_dim) before scaling."""
+    base, dim = facts.rope_base or 10000.0, facts.rotary_dim or facts.head_dim
+    if not dim:
+        raise InputError("RoPE needs the rotary dimension (head_dim); give --heads or config.json")
+    inv = 1.0 / base ** (np.arange(0, dim, 2) / dim)  # (dim/2,)
+    rs = facts.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / float(rs["factor"]), 1.0
+    if kind == "llama3":  # wavelengths beyond the old context are divided by factor, short ones kept, a ramp between
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled), 1.0
+    if kind == "yarn":
+        old = float(rs["original_max_position_embeddings"])
+        factor = rs.get("factor") or float(rs["max_position_embeddings"]) / old
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention = rs.get("attention_factor")
+        if attention is None:
+            m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
+            attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def correction_dim(rotations: float) -> float:
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(fast), correction_dim(slow)
+        if rs.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        ramp = np.clip((np.arange(dim // 2) - low) / ((high - low) or 0.001), 0, 1)
+        extrapolate = 1 - ramp  # high frequencies keep their value, low ones are interpolated (divided by factor)
+        return inv / factor * (1 - extrapolate) + inv * extrapolate, float(attention)
+    raise InputError(f"RoPE scaling {kind!r} is not supported (default, linear, llama3 and yarn are)", "config.json")
+
+
+# ---- T5's relative position bias -------------------------------------------------------------
+
+def t5_bucket(relative: np.ndarray, bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bucket of each relative position j - i (``T5Attention._relative_position_bucket``):
+    exact buckets for small distances, logarithmic ones up to max_distance; the log in float32 as torch does."""
+    rel = np.asarray(relative, dtype=np.int64)
+    buckets = np.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (rel > 0).astype(np.int64) * num_buckets
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    max_exact = num_buckets // 2
+    small = rel < max_exact
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = (np.log(rel.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+             * np.float32(num_buckets - max_exact))
+        large = max_exact + np.where(small, 0, x).astype(np.int64)  # small ones are not used: avoid casting -inf
+    large = np.minimum(large, num_buckets - 1)
+    return buckets + np.where(small, rel, large)
+
+
+def t5_position_bias(rel_bias: np.ndarray, m: int, n: int, bidirectional: bool, num_buckets: int,
+                     max_distance: int, q_offset: int = 0) -> np.ndarray:
+    """The bias T5 adds to the scores of query i and key j: rel_bias[bucket(j - i), h]. (H, m, n)
+
+    ``rel_bias`` is ``relative_attention_bias.weight`` (num_buckets, H); queries sit at
+    positions q_offset .. q_offset + m - 1 (``T5Attention.compute_bias``)."""
+    i = np.arange(q_offset, q_offset + m)[:, None]
+    j = np.arange(n)[None, :]
+    b = t5_bucket(j - i, bidirectional, num_buckets, max_distance)  # (m, n)
+    return np.moveaxis(np.asarray(rel_bias)[b], -1, 0)  # (m, n, H) -> (H, m, n)

@@ -1,0 +1,208 @@
+"""Options: how to compute, typed and validated in one place.
+
+Every option reaches the library the same way, whether it was a command-line flag, an entry
+of a problem file's ``options:`` or a keyword of :func:`attncli.attend`: as a field of
+:class:`Options`, checked by :meth:`Options.merged` against the same rules (the flag's
+choices, numbers that are finite and in range), with a message that names where the value
+came from (``--temperature``, ``x.yaml: option temperature``, ``attend()``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, get_args
+
+from attncli.backend import BACKENDS, DEVICES, DTYPES
+from attncli.errors import InputError
+from attncli.scoring import ACTIVATIONS, ALIASES, SCALINGS, SCORES
+
+MaskConvention = Literal["keep", "drop"]
+CausalAlign = Literal["top-left", "bottom-right"]
+MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)
+CAUSAL_ALIGNS: tuple[str, ...] = get_args(CausalAlign)
+MAX_HIDDEN = 1 << 16  # a hidden width beyond this is a typo, not a model (its weights alone would be GBs)
+MAX_SEED = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to compute attention: every field can come from a problem file, a flag or the API."""
+
+    score: str = "scaled-dot"
+    scale: float | None = None  # multiply the scores by this instead of the score's scaling
+    scaling: str | None = None  # a SCALINGS key; None: the score's default
+    temperature: float | None = None  # divide the (scaled) scores by this
+    causal: bool = False
+    causal_align: CausalAlign = "top-left"
+    mask_convention: MaskConvention = "keep"  # a 1/True in a boolean mask means keep (SDPA) or drop
+    mask_value: float | None = None  # None: -inf, masked weights are exactly 0
+    dtype: str | None = None  # a DTYPES entry; None: float32 if every input is float32 (or half), else float64
+    backend: str | None = None  # a BACKENDS entry; None: numpy unless the device needs torch
+    device: str = "cpu"
+    keep_weights: bool = True  # False: the output alone, never holding the (..., m, n) weights
+    activation: str | None = None  # additive/location: an ACTIVATIONS key (default tanh)
+    bandwidth: float | None = None  # gaussian: sigma of -‖q-k‖²/(2σ²) (default 1)
+    hidden: int | None = None  # width h of initialised score weights (default d_q)
+    seed: int | None = None  # numpy default_rng seed for initialised weights and dropout (default 0)
+    hard: bool = False  # one-hot weights at each row's argmax
+    dropout: float = 0.0  # inverted dropout on the weights, as nn.Dropout in training
+
+    def __post_init__(self) -> None:  # Options(...) and replace(...) are checked too, as the API's values
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value != f.default:
+                object.__setattr__(self, f.name, check_option(f.name, value, f"option {f.name}"))
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def merged(self, overrides: dict[str, Any], source: str = "options", flags: bool = False) -> Options:
+        """These options with ``overrides`` (those not None) applied, each checked by :func:`check_option`.
+
+        ``source`` names where they came from (a file, ``attend()``); ``flags``: they are command-line
+        flags, so a message names ``--flag``."""
+        unknown = sorted(set(overrides) - self.field_names())
+        if unknown:
+            shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+            raise InputError(f"unknown option(s) {shown}", source)
+        changes = {}
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            where = f"--{name.replace('_', '-')}" if flags else f"{source}: option {name}"
+            changes[name] = check_option(name, value, where)
+        return replace(self, **changes)
+
+
+# ---- one check per field ----------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """What is wrong with one option's value; check_option names the option and where it came from."""
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _Bad(f"must be a number, got {_short(value)}")
+    try:
+        x = float(value)
+    except (ValueError, OverflowError):
+        raise _Bad(f"must be a number that fits a float, got {_short(value)}") from None
+    return x
+
+
+def _whole(value: Any, where: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _Bad(f"must be a whole number, got {_short(value)}")
+    try:
+        n = int(value) if isinstance(value, int) else int(float(value)) if float(value) == int(float(value)) else None
+    except (ValueError, OverflowError):
+        n = None
+    if n is None:
+        raise _Bad(f"must be a whole number, got {_short(value)}")
+    if n < low:
+        raise _Bad(f"must be {low} or more, got {_short(value)}")
+    if n > high:
+        raise _Bad(f"must be at most {high}, got {_short(value)}")
+    return n
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _Bad(f"must be true or false, got {_short(value)}")
+    return value
+
+
+def _choice(value: Any, where: str, choices: tuple[str, ...] | list[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _Bad(f"must be one of {', '.join(choices)}; got {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _positive(x: float, where: str, what: str = "a positive number") -> float:
+    if not (math.isfinite(x) and x > 0):
+        raise _Bad(f"must be {what}, got {x:g}")
+    return x
+
+
+def _check_bandwidth(value: Any, where: str) -> float:
+    sigma = _positive(_number(value, where), where)
+    if sigma * sigma == 0 or not math.isfinite(1.0 / (2.0 * sigma * sigma)):  # 1e-200: no ZeroDivisionError
+        raise _Bad(f"is too small: 1/(2σ²) overflows for σ = {sigma:g}")
+    return sigma
+
+
+def _check_temperature(value: Any, where: str) -> float:
+    t = _positive(_number(value, where), where)
+    if not math.isfinite(1.0 / t):
+        raise _Bad(f"is too small: dividing by {t:g} overflows")
+    return t
+
+
+def _check_scale(value: Any, where: str) -> float:
+    x = _number(value, where)
+    if not math.isfinite(x):
+        raise _Bad(f"must be a finite number, got {x:g}")
+    return x
+
+
+def _check_mask_value(value: Any, where: str) -> float:
+    x = _number(value, where)
+    if math.isnan(x) or x >= 0:  # 1e308 with --causal let the masked keys win
+        raise _Bad(f"must be a negative number or -inf (masked scores must stay below the others; d2l: -1e6), "
+                   f"got {x:g}")
+    return x
+
+
+def _check_score(value: Any, where: str) -> str:
+    if not isinstance(value, str) or (value not in SCORES and value not in ALIASES):
+        raise InputError(f"unknown score {_short(value)}; choose one of {', '.join(sorted([*SCORES, *ALIASES]))}", where)
+    return value
+
+
+def _check_dropout(value: Any, where: str) -> float:
+    p = _number(value, where)
+    if not 0.0 <= p <= 1.0:  # NaN too
+        raise _Bad(f"must be a probability between 0 and 1, got {p:g}")
+    return p
+
+
+CHECKS: dict[str, Any] = {
+    "score": _check_score,
+    "scale": _check_scale,
+    "scaling": lambda v, w: _choice(v, w, list(SCALINGS)),
+    "temperature": _check_temperature,
+    "causal": _flag,
+    "causal_align": lambda v, w: _choice(v, w, CAUSAL_ALIGNS),
+    "mask_convention": lambda v, w: _choice(v, w, MASK_CONVENTIONS),
+    "mask_value": _check_mask_value,
+    "dtype": lambda v, w: _choice(v, w, DTYPES),
+    "backend": lambda v, w: _choice(v, w, BACKENDS),
+    "device": lambda v, w: _choice(v, w, DEVICES),
+    "keep_weights": _flag,
+    "activation": lambda v, w: _choice(v, w, list(ACTIVATIONS)),
+    "bandwidth": _check_bandwidth,
+    "hidden": lambda v, w: _whole(v, w, 1, MAX_HIDDEN),
+    "seed": lambda v, w: _whole(v, w, 0, MAX_SEED),
+    "hard": _flag,
+    "dropout": _check_dropout,
+}
+
+
+LABELS = {"valid_lens": "valid lengths", "causal_align": "causal alignment", "mask_convention": "mask convention",
+          "mask_value": "mask value", "keep_weights": "keep_weights", "hidden": "hidden width"}
+
+
+def check_option(name: str, value: Any, where: str) -> Any:
+    """``value`` for the option ``name``, checked and converted (one rule per field, whatever its origin)."""
+    try:
+        return CHECKS[name](value, where)
+    except _Bad as e:
+        raise InputError(f"{LABELS.get(name, name)} {e}", where) from None
