@@ -427,3 +427,27 @@ def test_hostile_stdin_for_every_command_is_never_an_internal_error(data: bytes,
     if res.exit_code == 2:
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and len(lines[0]) < 300, res.stderr
+
+
+def test_checkpoint_shards_and_configs_are_inputs_too(tmp_path: Path) -> None:
+    """Files a checkpoint reader opens itself (a .safetensors shard, its index, config.json) are
+    recorded like any input: an output of the run that is one of them (here through a link) is refused."""
+    import safetensors.numpy
+
+    from attncli import session
+    from attncli.checkpoint import open_checkpoint
+    from attncli.io import atomic_write
+
+    shard = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file({"w": np.eye(2, dtype=np.float32)}, str(shard))
+    (tmp_path / "out.npz").symlink_to(shard)
+    session.begin()
+    try:
+        ckpt = open_checkpoint(shard)
+        np.testing.assert_array_equal(ckpt.tensor("w"), np.eye(2))
+        with pytest.raises(InputError, match="is one of the inputs"), atomic_write(tmp_path / "out.npz") as f:
+            f.write(b"x")
+    finally:
+        session.end()
+    assert shard.read_bytes()[:8] != b"x"
+    assert np.array_equal(open_checkpoint(shard).tensor("w"), np.eye(2))
