@@ -124,6 +124,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     kstep = key_chunk(problem, step)
     bound = score_bound(problem, c) if prescale else math.inf  # |every score| <= bound
     check = not bound < float(np.finfo(problem.dtype).max) / 4
+    finite_fill = o.mask_value is not None and math.isfinite(o.mask_value)  # must stay below the kept scores
     # exp(s) itself cannot overflow, underflow to zero or make the products with V overflow: the
     # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6) or a
     # float mask could leave a row with only tiny scores, which the max would rescale: those keep it.
@@ -158,7 +159,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             s = stages.apply_mask(xp, s, keep, bias, fill)
             if keep is not None:
                 kept = xp.any(keep, axis=-1) if kept is None else kept | xp.any(keep, axis=-1)
-            if check:  # the scores may overflow: the same one-line error as the explicit path
+            if check or finite_fill:  # the scores may overflow: the same one-line error as the explicit path
                 stages.check_scores(problem, xp, raw, s, keep, offset=(i0, j0))
             # 6) softmax, folded into the product with V (8), normalised at the end
             acc.add(s, v1[..., cols, :], reuse=s is raw and prescale)

@@ -261,6 +261,7 @@ def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset:
     raw_bad = ~xp.isfinite(raw)
     bad = bad | (raw_bad if keep is None else raw_bad & keep)
     if not bool(xp.any(bad)):
+        _check_fill(problem, xp, s, keep, offset)
         return
     bad_np = to_numpy(bad)
     idx = tuple(int(i) for i in np.argwhere(bad_np)[0])
@@ -275,6 +276,26 @@ def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset:
     raise InputError(f"scores overflow {dtype} at {where}: the score is "
                      f"{float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])} "
                      f"(largest |input| {problem.largest_input():.3g}); {hint}", problem.where("q"))
+
+
+def _check_fill(problem: Problem, xp: Any, s: Any, keep: Any, offset: tuple[int, int]) -> None:
+    """A finite --mask-value must be below every kept score of a row that masks a key, or the masked
+    keys outweigh it (1e308 with --causal made them win). Checked over the scores at hand (on the
+    blocked path: this block of keys)."""
+    fill = problem.options.mask_value
+    if fill is None or math.isinf(fill) or keep is None:
+        return
+    masks_some = xp.any(~keep, axis=-1, keepdims=True)  # (..., m, 1)
+    low = keep & (s <= fill) & masks_some  # (..., m, n)
+    if not bool(xp.any(low)):
+        return
+    low_np = to_numpy(xp.broadcast_to(low, s.shape) if hasattr(xp, "broadcast_to") else low)
+    idx = tuple(int(i) for i in np.argwhere(low_np)[0])
+    *b, i, j = idx
+    where = f"query {i + offset[0]}, key {j + offset[1]}" + (f" (batch {', '.join(map(str, b))})" if b else "")
+    score = float(np.broadcast_to(to_numpy(s), low_np.shape)[idx])
+    raise InputError(f"mask value {fill:g} is not below every score: the kept score at {where} is {score:.6g}, so "
+                     "masked keys would outweigh it; give a lower --mask-value or leave the default -inf", "--mask-value")
 
 
 # ---- 7) select ---------------------------------------------------------------------------------

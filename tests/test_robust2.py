@@ -451,3 +451,18 @@ def test_checkpoint_shards_and_configs_are_inputs_too(tmp_path: Path) -> None:
         session.end()
     assert shard.read_bytes()[:8] != b"x"
     assert np.array_equal(open_checkpoint(shard).tensor("w"), np.eye(2))
+
+
+@pytest.mark.parametrize("steps", [[], ["--steps", "output"]], ids=["explicit", "blocked"])
+def test_a_mask_value_above_a_kept_score_is_refused_on_every_path(work: Path, steps: list[str]) -> None:
+    """Every score here is 1·(-5) + 1·(-5) over sqrt(2) = -7.07: a mask value of -1 would give the
+    masked keys more weight than the kept ones. -1e6 is below: causal rows are then uniform over
+    their kept keys (row i: 1/(i+1) each, by hand), as with the default -inf."""
+    np.save(work / "q.npy", np.ones((3, 2)))
+    np.save(work / "k.npy", -5 * np.ones((3, 2)))
+    line = one_line_error(runner.invoke(app, ["run", "q.npy", "k.npy", "--causal", "--mask-value", "-1", *steps, "-q"]))
+    assert "--mask-value" in line and "-7.07107" in line
+    res = runner.invoke(app, ["run", "q.npy", "k.npy", "--causal", "--mask-value", "-1e6", "--format", "json"])
+    assert res.exit_code == 0, res.stderr
+    np.testing.assert_allclose(json.loads(res.stdout)["weights"], [[1, 0, 0], [0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]],
+                               atol=1e-12)
