@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,7 @@ def test_save_past_the_size_limit_leaves_the_old_file_and_no_temporary(tmp_path:
 # says so) long enough for the test to send a signal.
 SLOW_SAVE = r"""
 import sys, time
+from collections.abc import Iterator
 from pathlib import Path
 from attncli import session
 session.install()
@@ -241,3 +243,28 @@ def test_stdin_redirected_from_a_file_is_an_input_too(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert stderr_line(proc) == "attncli: error: q.npy: is one of the inputs; refusing to overwrite it"
     assert (tmp_path / "q.npy").read_bytes() == before
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (needs root; skipped elsewhere): a disk that really fills up."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_while_saving_and_on_stdout(tmp_path: Path, small_disk: Path) -> None:
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(96, 96)))  # outputs of ~150 KiB and more
+    proc = subprocess.run([ATTNCLI, "run", "x.npy", "--save", str(small_disk / "out.npz"), "-q"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_line(proc).endswith("out.npz: cannot be written (No space left on device)")
+    assert list(small_disk.iterdir()) == []  # neither the file nor its temporary
+    proc = sh(f"{ATTNCLI} run x.npy --format json > {small_disk / 'out.json'}", tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert stderr_line(proc) == "attncli: error: stdout: cannot be written (No space left on device)"
