@@ -84,9 +84,6 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             error("out of memory: the inputs or options ask for more than this machine has; try smaller inputs, "
                   "--steps output, or --dtype float32")
             raise typer.Exit(EXIT_INPUT) from None
-        except RecursionError:
-            error("an input is nested too deeply to read")
-            raise typer.Exit(EXIT_INPUT) from None
         except Exception as e:
             if os.environ.get("ATTNCLI_DEBUG"):
                 raise
