@@ -595,6 +595,8 @@ def read_stdin(stream: IO[bytes]) -> tuple[bytearray, str]:
     head = stream.read(SNIFF_BYTES) or b""
     ext = sniff(head)
     limit = stdin_limit(head, ext)
+    if ext == ".npy":  # its header and the data it declares; what follows is ignored, as in a file
+        return read_exactly(stream, limit, head), ext
     what = TEXT_LIMITS.get(ext, (0, ext.lstrip(".") + " data"))[1]
     try:
         data = read_bounded(stream, limit, head=head)
@@ -602,6 +604,17 @@ def read_stdin(stream: IO[bytes]) -> tuple[bytearray, str]:
         raise InputError(f"sent more than {_size(limit)} of {what}; {what} on stdin is read up to that size "
                          "(save large arrays as .npy and give the file name)", "<stdin>") from None
     return data, ext
+
+
+def read_exactly(stream: IO[bytes], size: int, head: bytes = b"", chunk: int = 1 << 20) -> bytearray:
+    """The first ``size`` bytes of ``head`` + ``stream`` (fewer if it ends first), in one buffer of that size."""
+    buf = bytearray(head[:size])
+    while len(buf) < size:
+        part = stream.read(min(chunk, size - len(buf)))
+        if not part:
+            break
+        buf += part
+    return buf
 
 
 class Reader:

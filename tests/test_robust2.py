@@ -466,3 +466,11 @@ def test_a_mask_value_above_a_kept_score_is_refused_on_every_path(work: Path, st
     assert res.exit_code == 0, res.stderr
     np.testing.assert_allclose(json.loads(res.stdout)["weights"], [[1, 0, 0], [0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]],
                                atol=1e-12)
+
+
+def test_an_npy_with_bytes_after_its_data_reads_the_same_from_a_file_and_stdin(work: Path) -> None:
+    raw = npy_bytes(X) + b"trailing bytes, ignored as numpy ignores them"
+    (work / "t.npy").write_bytes(raw)
+    a = verdict(runner.invoke(app, ["run", "t.npy", "--format", "json"]), "t.npy")
+    b = verdict(runner.invoke(app, ["run", "-", "--format", "json"], input=raw), "<stdin>")
+    assert a == b and a[0] == 0
