@@ -1,7 +1,7 @@
 """What one command has read and written, its temporaries, its signals and its stdout.
 
 Light (no numpy), so that ``attncli.__main__`` installs the signal handlers before anything
-heavy is imported. Four mechanisms live here, one each, so that no command can forget them:
+heavy is imported. The mechanisms live here, one each, so that no command can forget them:
 
 - every file read (by the Reader, a loader, a checkpoint shard) is recorded, and an output
   that is one of them (same inode or same real path) is refused; so is an output named
@@ -11,7 +11,11 @@ heavy is imported. Four mechanisms live here, one each, so that no command can f
   through half-imported modules, no output written after the signal;
 - stdout is wrapped so that a failed write (a full disk, ``/dev/full``, a closed stdout,
   a reader gone away) surfaces as :class:`StdoutError`, which the CLI turns into one line
-  and exit 2, or a quiet exit 0 for a closed pipe (``attncli ... | head -1``).
+  and exit 2, or a quiet exit 0 for a closed pipe (``attncli ... | head -1``); a short
+  write (a file size limit) is retried until it fails, never silently dropped;
+- a memory-mapped input truncated by another program (SIGBUS) is one line and exit 2;
+- the console script leaves through :func:`leave`: signals blocked, streams flushed, no
+  interpreter shutdown for a late signal to land in.
 """
 
 from __future__ import annotations
