@@ -29,6 +29,7 @@ else:
 
 from attncli.backend import Backend, to_numpy
 from attncli.errors import InputError
+from attncli.options import ROPE_MODES, ROPE_TYPES, check_q_offset, check_rope_mode, check_softcap, check_window  # noqa: F401
 from attncli.scoring import SCALINGS, ScoreInput, get_score
 from attncli.trace import Trace
 from attncli.weights import seeded_rng
@@ -67,8 +68,6 @@ def expand_kv(xp: Any, a: Any, n_rep: int) -> Any:
 
 
 # ==== the stages of today's models: grouped-query heads, RoPE, ALiBi, windows, soft-capping, sinks, norms ====
-ROPE_MODES = ("half", "interleaved")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 
 # Scores for which a position stage means something (canonical names of the score registry).
 # RoPE: the rotated q·k (and with it a cosine or a distance ‖q - k‖) depends on i - j only; a score
@@ -246,7 +245,7 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
     tables to the model's dtype, also for a float64 model; ``dtype="float64"`` instead keeps
     θ from the same float32 frequencies in float64 and returns float64 tables.
     """
-    _check_mode(mode)
+    check_rope_mode(mode)
     pos = np.asarray(positions)
     if dtype == "float64":
         th = pos.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]  # (T, 1) x (1, r/2) -> (T, r/2)
@@ -270,7 +269,7 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
     ``sin``: (T, r) tables from :func:`rope_cos_sin` (numpy or xp arrays), cast to x's dtype
     as HF does.
     """
-    _check_mode(mode)
+    check_rope_mode(mode)
     d = int(x.shape[-1])
     r = d if rotary_dim is None else int(rotary_dim)
     dev = _device(x)
@@ -363,9 +362,10 @@ def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
     (its masked keys are at finfo.min, which exp turns into 0 beside a finite sink). A sink of
     -inf is no sink (plain softmax); a row of -inf keys and a -inf sink also gets zero weights.
     """
-    h, n = int(s.shape[-3]), int(s.shape[-1])
+    n = int(s.shape[-1])
     sk = xp.asarray(sinks, dtype=s.dtype, device=_device(s))
-    col = xp.broadcast_to(xp.reshape(sk, (h, 1, 1)), (*(int(x) for x in s.shape[:-1]), 1))  # (H,) -> (..., H, m, 1)
+    sk = xp.reshape(sk, (-1, 1, 1) if s.ndim >= 3 else (1, 1))  # one head: (m, n) scores
+    col = xp.broadcast_to(sk, (*(int(x) for x in s.shape[:-1]), 1))  # (H,) -> (..., H, m, 1)
     c = xp.concat([s, col], axis=-1)  # (..., H, m, n) + (..., H, m, 1) -> (..., H, m, n+1)
     mx = xp.max(c, axis=-1, keepdims=True)
     mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
@@ -419,42 +419,22 @@ def check_kv_heads(q_heads: int, kv_heads: int, source: str = "--kv-heads") -> i
 
 def check_rope(head_dim: int, rotary_dim: int | None, mode: str) -> int:
     """The rotary width (head_dim when not given), or an InputError: odd widths, too wide, unknown mode."""
-    _check_mode(mode)
+    check_rope_mode(mode)
     if rotary_dim is None:
         if head_dim % 2:
             raise InputError(f"RoPE rotates pairs of features but the head width is {head_dim} (odd); "
                              "use an even head width or --rotary-dim with an even part of it", "--rope")
         return head_dim
     if rotary_dim < 2 or rotary_dim % 2:
-        raise InputError(f"--rotary-dim must be even and at least 2 (RoPE rotates pairs), got {rotary_dim}", "--rotary-dim")
+        raise InputError(f"the rotary width must be even and at least 2 (RoPE rotates pairs), got {rotary_dim}", "--rotary-dim")
     if rotary_dim > head_dim:
-        raise InputError(f"--rotary-dim {rotary_dim} is larger than the head width {head_dim}", "--rotary-dim")
+        raise InputError(f"the rotary width {rotary_dim} is larger than the head width {head_dim}", "--rotary-dim")
     return rotary_dim
 
 
 def _check_rope_dim(dim: int, source: str) -> None:
     if dim < 2 or dim % 2:
         raise InputError(f"the rotary width must be even and at least 2, got {dim}", source)
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in ROPE_MODES:
-        raise InputError(f"unknown RoPE convention {mode!r}; choose one of {', '.join(ROPE_MODES)}", "--rope")
-
-
-def check_window(window: int) -> int:
-    """The window, or an InputError when it is below 1 (a query always sees itself)."""
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise InputError(f"the sliding window must be a whole number of keys >= 1 (each query sees W keys, itself "
-                         f"included), got {window!r}", "--window")
-    return int(window)
-
-
-def check_softcap(cap: float) -> float:
-    """The cap, or an InputError when it is not a finite number > 0."""
-    if isinstance(cap, bool) or not isinstance(cap, (int, float, np.floating)) or not math.isfinite(cap) or cap <= 0:
-        raise InputError(f"the soft-cap must be a finite number > 0 (scores become c·tanh(s/c)), got {cap!r}", "--softcap")
-    return float(cap)
 
 
 def check_sinks(sinks: Any, heads: int, source: str = "--sinks") -> np.ndarray:
@@ -469,14 +449,6 @@ def check_sinks(sinks: Any, heads: int, source: str = "--sinks") -> np.ndarray:
     if np.isnan(a).any() or (np.isinf(a) & (a > 0)).any():
         raise InputError("sinks hold NaN or +inf; each must be a finite logit (or -inf for no sink)", source)
     return a
-
-
-def check_q_offset(offset: int) -> int:
-    """The query offset P (query i at position P + i), or an InputError when negative."""
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
-        raise InputError(f"--q-offset must be a whole number >= 0 (query i sits at position P + i), got {offset!r}",
-                         "--q-offset")
-    return int(offset)
 
 
 def check_positional(score: str, variant: str) -> None:
@@ -529,10 +501,9 @@ def keep_mask(problem: Problem, n: int, rows: Rows = None) -> tuple[np.ndarray |
     j = np.arange(n)  # key index
     if problem.query_limit is not None:
         keep = _row_block(problem.query_limit[..., None], rows) > j  # (..., m, 1) vs (n,) -> (..., m, n)
-    if o.causal:
-        i = index[:, None]
-        offset = n - m if o.causal_align == "bottom-right" else 0
-        causal = j <= i + offset  # (m, n)
+    if o.causal or o.window is not None:  # query i at position P + i, key j at j
+        q_pos = problem.query_offset + index
+        causal = causal_keep(q_pos, j) if o.window is None else window_keep(q_pos, j, o.window)  # (rows, n)
         keep = causal if keep is None else keep & causal
     bias = None
     if problem.mask is not None:
@@ -549,6 +520,24 @@ def keep_mask(problem: Problem, n: int, rows: Rows = None) -> tuple[np.ndarray |
         else:
             bias = pad if bias is None else bias + pad  # a float key padding mask is added, as PyTorch merges it
     return keep, bias
+
+
+def alibi_rows(problem: Problem, rows: Rows = None) -> np.ndarray | None:
+    """The ALiBi term slope_h · (j - (P + i)) of the queries ``rows`` on the host, broadcastable to the
+    scores (..., H, rows, n) (or (rows, n) with one head); None without ALiBi."""
+    sl = problem.slopes()
+    if sl is None:
+        return None
+    m, n = problem.m, problem.n
+    index = np.arange(*rows) if isinstance(rows, tuple) else np.arange(m) if rows is None else rows
+    b = alibi_bias(sl, problem.query_offset + index, np.arange(n))  # (H, rows, n)
+    return b if problem.batch_shape else b[0]
+
+
+def sink_column(problem: Problem, xp: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
+    """The sinks as a column beside the scores: (H,) -> ``shape`` = (..., H, rows, 1) (or (rows, 1), one head)."""
+    sk = xp.asarray(problem.sinks, dtype=dtype, device=device)
+    return xp.broadcast_to(xp.reshape(sk, (-1, 1, 1) if len(shape) >= 3 else (1, 1)), shape)
 
 
 def masks(problem: Problem, be: Backend, rows: Rows = None) -> tuple[Any, Any]:
