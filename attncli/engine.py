@@ -1,11 +1,15 @@
 """The one pipeline: the stages of attncli.stages composed, returning a Trace.
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
-    2) split     (B, T, H·d) -> (B, H, T, d)                           (with projections)
+    2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
+       normalise q_norm, k_norm = RMSNorm over each head's features     (--qk-norm)
+       rotate    q_rot, k_rot at positions P + i and j                 (--rope)
     3) score     scores = score(Q, K)                                  (..., m, n)
     4) scale     scaled = scores · factor / temperature
-    5) mask      masked = scaled with masked keys at -inf (or --mask-value), plus any float mask
-    6) softmax   weights = softmax(masked)                             rows sum to 1 (0 where fully masked)
+       cap       capped = c · tanh(scaled / c)                         (--softcap)
+       bias      alibi = capped + slope_h · (j - i)                    (--alibi)
+    5) mask      masked = with masked keys (valid lengths, causal, window, masks) at -inf, plus any float mask
+    6) softmax   weights = softmax(masked) (with sinks: sink, weights)  rows sum to 1 (0 where fully masked)
     7) select    hard, dropout (each its own step; the last is what multiplies V)
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
@@ -107,6 +111,8 @@ def run(problem: Problem, how: Plan | None = None, backend: Backend | None = Non
         core, w = problem, {}
         q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
         trace.meta["shapes"] = {"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)}
+        if "head" in problem.axis_names:  # 4-D (B, H, T, d): the explanations and views name the head axis
+            trace.meta.update(batch_axes=list(problem.axis_names), head_axis=len(problem.axis_names) - 1)
         trace.inputs.update(q=q, k=k, v=v)
     trace.meta["self_attention"] = problem.self_attention
     core, q, k = _normalise_rotate(core, be, q, k, trace)
@@ -332,6 +338,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         sl = problem.slopes()
         assert sl is not None
         shown = ", ".join(f"{x:.6g}" for x in sl[:8]) + (", …" if len(sl) > 8 else "")
+        trace.meta["alibi"] = {"q_offset": P, "slopes": [float(x) for x in sl]}
         trace.add("alibi", f"alibi = {prev} + slope_h · (j - {'(' + str(P) + ' + i)' if P else 'i'}) = {prev} - slope_h · "
                            f"distance (ALiBi{', slopes given' if problem.alibi_slopes is not None else ''})", s,
                   notes=[f"slopes per head: {shown}"])
@@ -359,6 +366,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         formula = f"{name} = softmax({before}, over keys)"
     else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
         w = stages.softmax_with_sinks(xp, s, be.asarray(problem.sinks, problem.dtype))
+        trace.meta["sinks"] = [float(x) for x in problem.sinks]
         trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
                   "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
                   notes=["sinks per head: " + ", ".join(f"{x:.6g}" for x in problem.sinks[:8])

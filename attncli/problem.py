@@ -184,7 +184,7 @@ class Problem:
         if q.ndim < 3 or k.ndim < 3 or k.ndim > q.ndim:
             return k.shape[:-2], v.shape[:-2]
         H, G = int(q.shape[-3]), int(k.shape[-3])
-        if G in (1, H):
+        if G in (1, H) or (q.ndim == 3 and H % G):  # 3-D (B, T, d) that do not group: batch axes that do not match
             return k.shape[:-2], v.shape[:-2]
         from attncli.stages import check_kv_heads
 

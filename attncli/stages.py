@@ -1,18 +1,26 @@
 """The stages of attention, each written once over the array API (``xp``: numpy or torch).
 
     project    Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v        (B, T, D) x (D, e) -> (B, T, e)
-    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv)
+    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv, group_queries)
+    normalise  QK-norm: rms_norm of each head's q and k                 (..., T, d) -> (..., T, d)
+    rotate     RoPE: rope_inv_freq, rope_cos_sin, rotate at positions P + i (queries) and j (keys)
     score      the registered score function (attncli.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
     scale      S · factor / T
-    mask       keep-mask (valid lengths, causal, boolean masks) and additive float masks
-    softmax    stable, rows of -inf give zeros; online (blocks of keys) for the output-only path
+    cap        softcap: c · tanh(s / c)
+    bias       ALiBi (alibi_slopes, alibi_bias, alibi_rows) and additive float masks
+    mask       keep-mask (valid lengths, causal / window at positions, boolean masks)
+    softmax    stable, rows of -inf give zeros; with sinks (softmax_with_sinks, sink_column); online
+               (blocks of keys) for the output-only path
     select     hard attention, dropout
     sum        weights · V                                              (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     merge      (B, H, T, d) -> (B, T, H·d), then W_o + b_o
 
 The explicit path (attncli.engine), the blocked output-only path and PyTorch's fused kernel
 (attncli.fast), ``check``'s variants, the explanations and the diagnostics all call these:
-none keeps a private copy of a softmax, a mask fill or a head merge.
+none keeps a private copy of a softmax, a mask fill or a head merge. The stages of today's
+models follow the references of ``shared/CONVENTIONS.md`` to rounding (tests/test_modern_reference.py
+runs each beside transformers and torch); the tables built from positions (inverse frequencies,
+cos/sin, slopes, keep-masks) are plain numpy that the caller moves onto its backend.
 """
 
 from __future__ import annotations
