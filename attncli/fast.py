@@ -200,9 +200,10 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
         alibi = None if ab is None else be.asarray(ab, problem.dtype)  # (H, b, n)
         acc = stages.OnlineSoftmax(xp, shift)
         kept = None  # any key kept (..., b)
-        for j0 in range(0, n, kstep):
-            j1 = min(n, j0 + kstep)
-            cols = slice(j0, j1) if kstep < n else slice(None)
+        lo, hi = visible_keys(problem, i0, i1)
+        for j0 in range(lo, hi, kstep):
+            j1 = min(hi, j0 + kstep)
+            cols = slice(j0, j1) if (kstep < n or lo > 0 or hi < n) else slice(None)
             keep, bias = _key_chunk(keep_all, cols), _key_chunk(bias_all, cols)
             # 3) score
             s = stages.score(problem, xp, qb, k[..., cols, :], params)  # (..., b, n_c)
@@ -244,6 +245,19 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+def visible_keys(problem: Problem, i0: int, i1: int) -> tuple[int, int]:
+    """The keys [lo, hi) that the queries i0..i1-1 can see under the causal rule or the window (query i at
+    position P + i sees keys j <= P + i, and j > P + i - W): the others are masked, their weights exactly 0,
+    so a block need not score them. Every key where a fill value (--mask-value) gives masked keys a weight."""
+    o, n = problem.options, problem.n
+    if o.mask_value is not None or not (o.causal or o.window is not None):
+        return 0, n
+    P = problem.query_offset
+    hi = min(n, max(0, P + i1))
+    lo = 0 if o.window is None else min(max(0, P + i0 - o.window + 1), n)
+    return (lo, hi) if hi > lo else (0, n)  # no key visible: every row of the block is fully masked
 
 
 def cannot_overflow(problem: Problem, c: Any) -> bool:

@@ -164,12 +164,13 @@ def bench_modern(t: int, repeats: int) -> dict[str, Any]:
     fns = {
         "plain": lambda: attend(q, k, v, keep_weights=False),
         "gqa_rope_window": lambda: attend(q, kg, vg, keep_weights=False, rope="half", window=W),
+        "rope_window": lambda: attend(q, k, v, keep_weights=False, rope="half", window=W),  # the stages alone, no GQA
     }
     times = interleaved(fns, repeats)
     best = {n: min(x) for n, x in times.items()}
     ratio = best["gqa_rope_window"] / best["plain"]
     return {"T": t, "heads": H, "kv_heads": G, "window": W, "seconds_best": best, "seconds_all": times,
-            "ratio": ratio, "ok": ratio <= 1.5}
+            "ratio": ratio, "ratio_without_gqa": best["rope_window"] / best["plain"], "ok": ratio <= 1.5}
 
 
 # ---- 2. start-up -----------------------------------------------------------------------
@@ -321,6 +322,8 @@ def table(res: dict[str, Any]) -> str:
         b = r["seconds_best"]
         row(f"5 modern T={r['T']}: GQA+RoPE+window / plain", f"{r['ratio']:.2f}x ({b['gqa_rope_window']:.2f} s vs "
             f"{b['plain']:.2f} s)", "<= 1.5x", r["ok"])
+        row(f"  T={r['T']}: RoPE+window (4 K/V heads) / plain", f"{r['ratio_without_gqa']:.2f}x "
+            f"({b['rope_window']:.2f} s)", "report", True)
     if "render" in res:
         r = res["render"]
         row(f"4 render T={r['T']}: view - quiet", f"{r['view_over_compute_s']:+.3f} s "

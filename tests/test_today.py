@@ -26,6 +26,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from attncli import attend  # noqa: E402
 from attncli.cli import app  # noqa: E402
+from attncli.problem import Problem  # noqa: E402
 
 runner = CliRunner()
 F = torch.nn.functional
@@ -282,15 +283,15 @@ def test_sink_share_is_one_minus_the_row_sum_and_as_gpt_oss() -> None:
 
 def test_explain_names_each_stage(tmp_path: Path) -> None:
     rng = np.random.default_rng(25)
-    np.save(tmp_path / "q.npy", rng.normal(size=(1, 2, 4, 4)))
-    np.save(tmp_path / "k.npy", rng.normal(size=(1, 1, 4, 4)))
-    np.save(tmp_path / "s.npy", np.array([0.3, -0.2]))
+    np.save(tmp_path / "q.npy", rng.normal(size=(1, 4, 4, 4)))
+    np.save(tmp_path / "k.npy", rng.normal(size=(1, 2, 4, 4)))
+    np.save(tmp_path / "s.npy", np.array([0.3, -0.2, 0.1, 0.0]))
     res = runner.invoke(app, ["run", str(tmp_path / "q.npy"), str(tmp_path / "k.npy"), "--rope", "half", "--alibi",
                               "--softcap", "2", "--window", "2", "--sinks", str(tmp_path / "s.npy"),
-                              "--explain", "0,1:3,2", "--explain-row", "0,1:3", "--format", "json"])
+                              "--explain", "0,3:3,2", "--explain-row", "0,3:3", "--format", "json"])
     assert res.exit_code == 0, res.output
     text = json.dumps(json.loads(res.stdout)["explanations"])
-    for word in ("q_rot", "tanh", "slope", "sink", "K/V head 0"):
+    for word in ("q_rot", "tanh", "slope", "sink", "query head 3 reads K/V head 1"):
         assert word in text, word
 
 
@@ -344,3 +345,24 @@ def test_window_works_with_masks_valid_lengths_and_batches() -> None:
             if keys:
                 w[keys] = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
             assert err(t.weights[b, i], w) < 1e-12
+
+
+@pytest.mark.parametrize("kw", [{"window": 7, "rope": "half"}, {"causal": True, "alibi": True},
+                                {"window": 5, "causal_align": "bottom-right", "sinks": True, "softcap": 4.0},
+                                {"window": 9, "q_offset": 30, "rope": "interleaved"}])
+def test_blocks_and_key_chunks_skip_only_invisible_keys(kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many blocks of queries and chunks of keys (small blocks forced), keys outside the window skipped:
+    the same output as the explicit path, to 1e-12 in float64."""
+    from attncli import fast
+
+    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2048)
+    rng = np.random.default_rng(27)
+    q, k, v = rng.normal(size=(1, 4, 70, 8)), rng.normal(size=(1, 2, 90, 8)), rng.normal(size=(1, 2, 90, 3))
+    kw = dict(kw)
+    if kw.pop("sinks", False):
+        kw["sinks"] = rng.normal(size=4)
+    full = attend(q, k, v, **kw)
+    fast_t = attend(q, k, v, keep_weights=False, **kw)
+    problem = Problem.build(q, k, v)
+    assert fast.block_rows(problem) < 70 and fast.key_chunk(problem, fast.block_rows(problem)) < 90  # blocks, chunks
+    assert err(full.output, fast_t.output) < 1e-12
