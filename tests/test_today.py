@@ -366,3 +366,64 @@ def test_blocks_and_key_chunks_skip_only_invisible_keys(kw: dict[str, Any], monk
     problem = Problem.build(q, k, v)
     assert fast.block_rows(problem) < 70 and fast.key_chunk(problem, fast.block_rows(problem)) < 90  # blocks, chunks
     assert err(full.output, fast_t.output) < 1e-12
+
+
+# ---- check: the classic mistakes of today's models, each computed by its reference ----------------
+
+
+def _sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray, keep: np.ndarray, **kw: Any) -> np.ndarray:
+    t = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), attn_mask=torch.from_numpy(keep), **kw)
+    return t.numpy()
+
+
+@pytest.mark.parametrize("mistake", ["kv-heads-tiled", "window-off-by-one", "window-one-short", "sinks-missing",
+                                     "rope-other-convention", "rope-missing", "softcap-missing", "q-offset-missing"])
+def test_check_names_the_mistake(mistake: str, tmp_path: Path) -> None:
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb, create_sinusoidal_positions
+
+    rng = np.random.default_rng(28)
+    H, G, T, d, W = 4, 2, 6, 8, 3
+    q, k, v = rng.normal(size=(1, H, T, d)), rng.normal(size=(1, G, T, d)), rng.normal(size=(1, G, T, 3))
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    args = ["--window", str(W)]
+    if mistake == "kv-heads-tiled":  # torch .repeat: head h reads h % G
+        kt, vt = (torch.from_numpy(a).repeat(1, H // G, 1, 1).numpy() for a in (k, v))
+        expected = _sdpa(q, kt, vt, (j <= i) & (j > i - W))
+    elif mistake == "window-off-by-one":  # attention-gym's sliding window: i - j <= W keeps W + 1 keys
+        expected = _sdpa(q, k, v, (j <= i) & (i - j <= W), enable_gqa=True)
+    elif mistake == "window-one-short":
+        expected = _sdpa(q, k, v, (j <= i) & (i - j < W - 1), enable_gqa=True)
+    elif mistake in ("rope-missing", "softcap-missing"):  # plain SDPA: the stage the run names was left out
+        args += ["--rope", "half"] if mistake == "rope-missing" else ["--softcap", "0.5"]
+        expected = _sdpa(q, k, v, (j <= i) & (j > i - W), enable_gqa=True)
+    elif mistake == "q-offset-missing":  # the queries at 0..T-1 though the run puts them at 4..4+T-1 over more keys
+        args += ["--q-offset", "4"]
+        k, v = np.concatenate([k, rng.normal(size=(1, G, 4, d))], -2), np.concatenate([v, rng.normal(size=(1, G, 4, 3))], -2)
+        jj = np.arange(T + 4)[None, :]
+        expected = _sdpa(q, k, v, (jj <= i) & (jj > i - W), enable_gqa=True)
+    elif mistake == "sinks-missing":
+        sinks = np.array([1.0, -0.5, 0.3, 2.0])
+        np.save(tmp_path / "sinks.npy", sinks)
+        args += ["--sinks", str(tmp_path / "sinks.npy")]
+        expected = _sdpa(q, k, v, (j <= i) & (j > i - W), enable_gqa=True)
+        stub = type("Stub", (), {"num_key_value_groups": H // G, "head_dim": d, "training": False,
+                                 "sinks": torch.from_numpy(sinks)})()
+        add = torch.from_numpy(np.where((j <= i) & (j > i - W), 0.0, -np.inf))
+        right, _ = eager_attention_forward(stub, *(torch.from_numpy(a) for a in (q, k, v)), add, scaling=d ** -0.5)
+        assert err(right.transpose(1, 2), expected) > 1e-3  # the sinks matter here
+    else:  # GPT-J rotates pairs (2k, 2k+1); the run says half
+        args += ["--rope", "half"]
+        sincos = create_sinusoidal_positions(T, d)[torch.arange(T)][None]  # (1, T, d)
+        sin, cos = torch.split(sincos, d // 2, dim=-1)
+        qr, kr = (apply_rotary_pos_emb(torch.from_numpy(a).transpose(1, 2), sin.double(), cos.double()).transpose(1, 2)
+                  .numpy() for a in (q, k))
+        expected = _sdpa(qr, kr, v, (j <= i) & (j > i - W), enable_gqa=True)
+    for n, a in (("q", q), ("k", k), ("v", v)):
+        np.save(tmp_path / f"{n}.npy", a)
+    np.save(tmp_path / "expected.npy", expected)
+    res = runner.invoke(app, ["check", "-e", str(tmp_path / "expected.npy"), *(str(tmp_path / f"{n}.npy") for n in "qkv"),
+                              *args, "--what", "output", "--format", "json"])
+    assert res.exit_code == 1, res.output
+    verdict = json.loads(res.stdout)
+    assert mistake in [e["name"] for e in verdict["explanations"]], res.stdout[:2000]
