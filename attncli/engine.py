@@ -225,11 +225,12 @@ def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -
             else:
                 k = y
     if o.rope is not None:
-        rd = stages.check_rope(d, o.rotary_dim, o.rope)
+        base, width = problem.rope_settings()
+        rd = stages.check_rope(d, width, o.rope)
         sc = dict(o.rope_scaling) if o.rope_scaling else None
         P, m, n = problem.query_offset, problem.m, problem.n
         q_pos, k_pos = P + np.arange(m), np.arange(n)
-        inv, factor = stages.rope_inv_freq(rd, o.rope_base, sc, (sc or {}).get("max_position_embeddings"),
+        inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
                                            seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
         tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
         rot = "rotate_half" if o.rope == "half" else "rotate_every_two"
@@ -241,14 +242,14 @@ def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -
             c, s_ = stages.rope_cos_sin(pos, inv, factor, o.rope, tables)
             y = stages.rotate(xp, a, c, s_, o.rope, rd)
             formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
-                       f"{o.rope_base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
+                       f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
             t.add(f"{name}_rot", formula, y if name == "q" else shown(y), (QUERIES if name == "q" else KEYS, FEATURES),
                   notes=kv_note if name == "k" else None)
             if name == "q":
                 q = y
             else:
                 k = y
-        t.meta["rope"] = {"mode": o.rope, "base": o.rope_base, "rotary_dim": rd, "q_offset": P, "factor": factor}
+        t.meta["rope"] = {"mode": o.rope, "base": base, "rotary_dim": rd, "q_offset": P, "factor": factor}
     return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
 
 

@@ -97,6 +97,16 @@ class Problem:
             return o.q_offset
         return self.n - self.m if o.causal_align == "bottom-right" else 0
 
+    def rope_settings(self) -> tuple[float, int | None]:
+        """RoPE's (base, rotary width): --rope-base and --rotary-dim, else the rope scaling mapping's
+        rope_theta and partial_rotary_factor (transformers' rope_parameters carry both)."""
+        o = self.options
+        sc = o.rope_scaling or {}
+        base = float(sc["rope_theta"]) if sc.get("rope_theta") is not None else o.rope_base
+        part = sc.get("partial_rotary_factor")
+        width = o.rotary_dim if o.rotary_dim is not None or part is None else int(self.d_qk * part)
+        return base, width
+
     def slopes(self) -> np.ndarray | None:
         """The ALiBi slopes (H,): as given, or the paper's for the head count; None without ALiBi."""
         if self.alibi_slopes is not None:
@@ -203,7 +213,15 @@ class Problem:
         H, d = self.head_count, self.d_qk
         if o.rope is not None:
             stages.check_positional(score, "rope")
-            stages.check_rope(d, o.rotary_dim, o.rope)
+            sc = dict(o.rope_scaling or {})
+            theta, part = sc.get("rope_theta"), sc.get("partial_rotary_factor")
+            if theta is not None and o.rope_base != Options().rope_base and float(theta) != o.rope_base:
+                raise InputError(f"rope_theta {theta:g} in the rope scaling differs from --rope-base {o.rope_base:g}; "
+                                 "give one of the two", "--rope-scaling")
+            if part is not None and o.rotary_dim is not None and int(d * part) != o.rotary_dim:
+                raise InputError(f"partial_rotary_factor {part:g} of head width {d} is {int(d * part)} features, but "
+                                 f"--rotary-dim is {o.rotary_dim}; give one of the two", "--rope-scaling")
+            stages.check_rope(d, self.rope_settings()[1], o.rope)
         elif o.rotary_dim is not None:
             raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved", "--rotary-dim")
         elif o.rope_scaling is not None:

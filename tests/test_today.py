@@ -433,3 +433,24 @@ def test_check_names_the_mistake(mistake: str, tmp_path: Path) -> None:
     assert res.exit_code == 1, res.output
     verdict = json.loads(res.stdout)
     assert mistake in [e["name"] for e in verdict["explanations"]], res.stdout[:2000]
+
+
+@pytest.mark.parametrize("case", ["neox-partial", "llama3-rope", "llama-yarn"])
+def test_rope_from_a_config_json(models: dict[str, Any], case: str, tmp_path: Path) -> None:
+    """--rope-scaling config.json: the model's rope_parameters (rope_theta, partial_rotary_factor, scaling) alone."""
+    model, attn, make = models[case]
+    x = np.random.default_rng(10).normal(size=(2, 7, model.config.hidden_size))
+    hx, out, w, _ = run_hf(model, attn, x, "float32")
+    p = make()
+    np.save(tmp_path / "x.npy", hx.astype(np.float32))
+    cfg = model.config.to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    rest = [f for f in flags(case, model.config, p)]
+    keep = rest[:rest.index("--rope")] + ["--rope", p.rope]  # no --rope-base, --rotary-dim, --rope-scaling
+    res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(textbook(p, tmp_path / "w.npz")), *keep,
+                              "--rope-scaling", str(tmp_path / "config.json"), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert err(np.asarray(json.loads(res.stdout)["weights"]), w) < 1e-5
+    bad = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(tmp_path / "w.npz"), *keep,
+                              "--rope-scaling", str(tmp_path / "config.json"), "--rope-base", "123"])
+    assert bad.exit_code == 2 and "rope_theta" in bad.stderr

@@ -186,15 +186,17 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
 
 
 def _rope_scaling(text: str, reader: Reader) -> Any:
-    """--rope-scaling: JSON text, or a .json/.yaml file holding the mapping (or a config.json with rope_scaling)."""
+    """--rope-scaling: JSON text, or a .json/.yaml file holding the mapping (or a config.json with rope_scaling or
+    rope_parameters, whose rope_theta and partial_rotary_factor count as --rope-base and --rotary-dim)."""
     if text.lstrip().startswith("{"):
         return text  # checked (and parsed) with the other options
     if Path(text).suffix.lower() not in (".json", ".yaml", ".yml"):
         raise InputError(f"{text!r} is neither JSON like '{{\"rope_type\": \"linear\", \"factor\": 4}}' nor a .json/.yaml "
                          "file", "--rope-scaling")
     content = reader.read(text)
-    if isinstance(content, dict) and isinstance(content.get("rope_scaling"), dict):
-        return content["rope_scaling"]
+    for key in ("rope_parameters", "rope_scaling"):  # a whole config.json: transformers 5 names it rope_parameters
+        if isinstance(content, dict) and isinstance(content.get(key), dict):
+            return content[key]
     return content
 
 
