@@ -211,6 +211,9 @@ class Problem:
 
         o, score = self.options, get_score(self.options.score).name
         H, d = self.head_count, self.d_qk
+        if self.projections is None and o.kv_heads is not None and o.kv_heads != (self.kv_heads or H):
+            raise InputError(f"K and V have {self.kv_heads or H} heads on axis -3 (Q has {H}); --kv-heads {o.kv_heads} "
+                             "does not match them", "--kv-heads")
         if o.rope is not None:
             stages.check_positional(score, "rope")
             sc = dict(o.rope_scaling or {})
