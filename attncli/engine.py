@@ -355,7 +355,9 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         fill = stages.fill_value(problem)
         s = stages.apply_mask(xp, s, keep, bias, fill)
         plus = " (+ float mask)" if bias is not None else ""
-        trace.add("masked", f"masked = scores with masked keys set to {fill:g}{plus}", s)
+        prev = trace.steps[-1].name if trace.steps[-1].name in ("capped", "alibi") else "scores"
+        window = f"; the sliding window keeps the {o.window} keys up to each query" if o.window is not None else ""
+        trace.add("masked", f"masked = {prev} with masked keys set to {fill:g}{plus}{window}", s)
 
     # 6) softmax over keys (stable); a row with every key masked gets zero weights
     stages.check_scores(problem, xp, raw, s, keep)
