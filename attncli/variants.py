@@ -153,7 +153,7 @@ class Context:
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
-        for name in ("masked", "scaled", "scores"):
+        for name in ("masked", "alibi", "capped", "scaled", "scores"):
             if name in self.ref:
                 return self.ref[name]
         raise NotApplicable("no scores")  # pragma: no cover
@@ -568,6 +568,84 @@ def output_projection_missing(c: Context) -> Result:
     return {"output": c.ref["concat"]}
 
 
+# ---- today's models: the classic mistakes of grouped heads, RoPE, windows, soft-capping, sinks ----------
+
+@variant("kv-heads-tiled", "the K/V heads were tiled instead of repeated: query head h read K/V head h % {G} "
+                           "(torch .repeat) instead of h // {r} (repeat_interleave, HF repeat_kv, SDPA enable_gqa)")
+def kv_heads_tiled(c: Context) -> Result:
+    """K/V head h % G for query head h"""
+    p = c.single()
+    if p.n_rep == 1:
+        raise NotApplicable("K and V have as many heads as Q")
+    reps = (1,) * (p.k.ndim - 3) + (p.n_rep, 1, 1)
+    return c.rerun(replace(p, k=np.tile(p.k, reps), v=np.tile(p.v, reps), kv_heads=None))
+
+
+def _window_shifted(c: Context, by: int) -> Result:
+    w = c.options.window
+    if w is None or w + by < 1:
+        raise NotApplicable("no sliding window" if w is None else "a window of one key cannot be one smaller")
+    return c.rerun(window=w + by)
+
+
+@variant("window-off-by-one", "the sliding window kept W + 1 = {W1} keys (i - j <= W, as attention-gym's sliding "
+                              "window) instead of W = {W} (i - j < W, HF sliding_window, FlashAttention (W-1, 0))")
+def window_plus_one(c: Context) -> Result:
+    """softmax(S masked outside i - W <= j <= i)·V"""
+    return _window_shifted(c, +1)
+
+
+@variant("window-one-short", "the sliding window kept W - 1 keys instead of W = {W} (each query sees W keys, "
+                             "itself included)")
+def window_minus_one(c: Context) -> Result:
+    """softmax(S masked outside i - W + 1 < j <= i)·V"""
+    return _window_shifted(c, -1)
+
+
+@variant("rope-other-convention", "RoPE rotated the other pairs of features: {rope_other} instead of {rope} (HF's "
+                                  "rotate_half pairs feature k with k + d/2, GPT-J and Meta pair 2k with 2k+1; HF's "
+                                  "converter permutes W_q and W_k to switch)")
+def rope_other_convention(c: Context) -> Result:
+    """softmax(rotate_other(Q)·rotate_other(K)ᵀ / √d)·V"""
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    return c.rerun(rope="interleaved" if c.options.rope == "half" else "half")
+
+
+@variant("rope-missing", "the rotary position embedding was left out: q and k were not rotated")
+def rope_missing(c: Context) -> Result:
+    """softmax(QKᵀ / √d)·V without RoPE"""
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    return c.rerun(rope=None, rotary_dim=None, rope_scaling=None)
+
+
+@variant("q-offset-missing", "the new queries were put at positions 0..m-1 instead of {P}..{P}+m-1 (a KV-cache "
+                             "step without cache_position): causal mask, window and rotations top-left")
+def q_offset_missing(c: Context) -> Result:
+    """query i at position i instead of P + i"""
+    if c.problem.query_offset == 0:
+        raise NotApplicable("the queries start at position 0")
+    return c.rerun(q_offset=0, causal_align="top-left")
+
+
+@variant("softcap-missing", "the soft-capping c·tanh(s / c) with c = {cap} was left out")
+def softcap_missing(c: Context) -> Result:
+    """softmax(QKᵀ / √d)·V without c·tanh(s / c)"""
+    if c.options.softcap is None:
+        raise NotApplicable("no soft-capping")
+    return c.rerun(softcap=None)
+
+
+@variant("sinks-missing", "the attention sinks were left out: each row's weights sum to 1 instead of leaving the "
+                          "sink its share")
+def sinks_missing(c: Context) -> Result:
+    """softmax over the keys alone, without the sink column"""
+    if c.problem.sinks is None:
+        raise NotApplicable("no attention sinks")
+    return c.rerun(replace(c.problem, sinks=None))
+
+
 # ---- diagnosis ------------------------------------------------------------------------
 
 @dataclass
@@ -587,7 +665,9 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
     flipped = f"its 1/True entries were taken as '{other}' (as --mask-convention {other})"
     if c.problem.mask is None and c.problem.padding is not None:
         flipped = "the key padding mask's True entries were kept instead of ignored"
-    facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped)
+    facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped,
+                 G=c.problem.kv_heads or 1, r=c.problem.n_rep, W=o.window, W1=(o.window or 0) + 1, rope=o.rope,
+                 rope_other="interleaved" if o.rope == "half" else "half", P=c.problem.query_offset, cap=o.softcap)
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 
