@@ -708,8 +708,9 @@ TEMP_SUFFIX_BYTES = 16  # what mkstemp adds to a prefix: 8 random characters, ".
 @contextmanager
 def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> Iterator[IO[bytes]]:
     """Write ``path`` through a temporary file in the same folder, renamed into place only
-    when the block succeeds: an error, Ctrl-C or a terminating signal leaves no partial file
-    (attncli.session removes the temporary). Refuses to write over any file this run has read
+    when the block succeeds (inside a command: when the whole command succeeds, with every other
+    output; attncli.session.commit): an error, Ctrl-C or a terminating signal leaves no partial
+    file (attncli.session removes the temporary). Refuses to write over any file this run has read
     (attncli.session records every one; ``protect`` adds more), and a file that another output
     of the run names. A file replaced keeps its permissions."""
     target = Path(path)
@@ -743,6 +744,8 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
         os.chmod(tmp, mode)  # a replaced file keeps its mode (a 0600 secret stays 0600)
         with os.fdopen(fd, "wb") as f:
             yield f
+        if session.defer(tmp, str(target)):  # renamed when the command succeeds: all its outputs, or none
+            return
         with session.blocked():  # a signal now would find the file renamed and the temporary gone
             os.replace(tmp, target)
             session.drop_temp(tmp)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
+from attncli import heads
 from attncli import validate as check
 from attncli.arrays import mask_array, numeric_array, printable
 from attncli.backend import half_type
@@ -115,9 +116,7 @@ class Problem:
             return self.alibi_slopes
         if not self.options.alibi:
             return None
-        from attncli.stages import alibi_slopes
-
-        return alibi_slopes(self.head_count)
+        return heads.alibi_slopes(self.head_count)
 
     @property
     def self_attention(self) -> bool:
@@ -198,9 +197,7 @@ class Problem:
         H, G = int(q.shape[-3]), int(k.shape[-3])
         if G in (1, H) or (q.ndim == 3 and H % G):  # 3-D (B, T, d) that do not group: batch axes that do not match
             return k.shape[:-2], v.shape[:-2]
-        from attncli.stages import check_kv_heads
-
-        check_kv_heads(H, G, self.where("k"))
+        heads.check_kv_heads(H, G, self.where("k"))
         if v.ndim < 3 or int(v.shape[-3]) != G:
             raise self._fail("v", f"V has shape {v.shape} but K has {G} heads (axis -3): K and V need the same heads")
         self.kv_heads = G
@@ -209,15 +206,13 @@ class Problem:
     def _check_today(self) -> None:
         """The options of today's models against the shapes: RoPE widths, positions that mean something,
         one sink per head, the query offset against the causal alignment, QK-norm weights."""
-        from attncli import stages
-
         o, score = self.options, get_score(self.options.score).name
         H, d = self.head_count, self.d_qk
         if self.projections is None and o.kv_heads is not None and o.kv_heads != (self.kv_heads or H):
             raise InputError(f"K and V have {self.kv_heads or H} heads on axis -3 (Q has {H}); --kv-heads {o.kv_heads} "
                              "does not match them", "--kv-heads")
         if o.rope is not None:
-            stages.check_positional(score, "rope")
+            heads.check_positional(score, "rope")
             sc = dict(o.rope_scaling or {})
             theta, part = sc.get("rope_theta"), sc.get("partial_rotary_factor")
             if theta is not None and o.rope_base != Options().rope_base and float(theta) != o.rope_base:
@@ -226,21 +221,21 @@ class Problem:
             if part is not None and o.rotary_dim is not None and int(d * part) != o.rotary_dim:
                 raise InputError(f"partial_rotary_factor {part:g} of head width {d} is {int(d * part)} features, but "
                                  f"--rotary-dim is {o.rotary_dim}; give one of the two", "--rope-scaling")
-            stages.check_rope(d, self.rope_settings()[1], o.rope)
+            heads.check_rope(d, self.rope_settings()[1], o.rope)
         elif o.rotary_dim is not None:
             raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved", "--rotary-dim")
         elif o.rope_scaling is not None:
             raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved",
                              "--rope-scaling")
         if o.alibi or self.alibi_slopes is not None:
-            stages.check_positional(score, "alibi")
+            heads.check_positional(score, "alibi")
         if self.alibi_slopes is not None:
-            a = stages.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"))
+            a = heads.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"))
             if not np.isfinite(a).all():
                 raise InputError("ALiBi slopes must be finite numbers", self.where("alibi_slopes"))
             self.alibi_slopes = a
         if self.sinks is not None:
-            self.sinks = stages.check_sinks(self.sinks, H, self.where("sinks"))
+            self.sinks = heads.check_sinks(self.sinks, H, self.where("sinks"))
         if o.q_offset is not None and o.causal_align == "bottom-right" and (o.causal or o.window is not None) \
                 and o.q_offset != self.n - self.m:
             raise InputError(f"--q-offset {o.q_offset} with --causal-align bottom-right: bottom-right puts the {self.m} "

@@ -21,6 +21,7 @@ import numpy as np
 
 from attncli.arrays import mask_array, numeric_array
 from attncli.errors import InputError, printable
+from attncli.heads import check_kv_heads
 from attncli.weights import linear_init, seeded_rng
 
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
@@ -98,8 +99,6 @@ class Projections:
         dh, kw = self.d_k // heads, int(self.W_k.shape[1])
         if kv_heads is None:  # as many as W_k's width holds heads of Q's width
             kv_heads = kw // dh if kw % dh == 0 and kw // dh >= 1 and heads % (kw // dh) == 0 else heads
-        from attncli.stages import check_kv_heads
-
         rep = check_kv_heads(heads, kv_heads)
         if kw != kv_heads * dh:
             raise self._fail(f"{self._name('W_k')} has shape {self.W_k.shape} but W_q projects to d_k = {self.d_k}: "

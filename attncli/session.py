@@ -34,6 +34,8 @@ _read_ids: set[tuple[int, int]] = set()
 _read_paths: set[str] = set()
 _outputs: set[str] = set()
 _temps: set[str] = set()
+_pending: list[tuple[str, str]] = []  # (temporary, target): outputs written, renamed when the command succeeds
+_installed = False  # the console script's signal handlers are in place (attncli.__main__)
 _active = False  # inside a command: outputs named twice are refused
 
 
@@ -47,8 +49,47 @@ def begin() -> None:
 
 
 def end() -> None:
+    """A command ends: outputs it did not commit (it failed, or was interrupted) are discarded."""
     global _active
     _active = False
+    for tmp, _ in _pending:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        _temps.discard(tmp)
+    _pending.clear()
+
+
+def defer(tmp: str, target: str) -> bool:
+    """Hold a finished output's temporary until the command succeeds (:func:`commit`); False
+    outside a command (the library writes at once)."""
+    if not _active:
+        return False
+    _pending.append((tmp, target))
+    return True
+
+
+def commit() -> None:
+    """The command succeeded: every output it wrote is renamed into place, with the terminating
+    signals held back, and (in the console script) held back until the process exits, so that a
+    signal either finds nothing written or comes after the run is complete."""
+    if not _pending:
+        return
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, _CRITICAL)
+    try:
+        while _pending:
+            tmp, target = _pending[0]
+            try:
+                os.replace(tmp, target)
+            except OSError as e:
+                raise InputError(f"cannot be written ({e.strerror or e})", target) from None
+            _pending.pop(0)
+            _temps.discard(tmp)
+    finally:
+        if not _installed and hasattr(signal, "pthread_sigmask"):  # in-process (tests, the library): as before
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _CRITICAL)
 
 
 def record_read(path: str | os.PathLike[str]) -> None:
@@ -129,6 +170,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 def install() -> None:
     """Handle SIGINT, SIGTERM and SIGHUP from now on (a signal the parent ignores stays ignored:
     ``nohup`` keeps working)."""
+    global _installed
+    _installed = True
     for sig in _CRITICAL:
         try:
             if signal.getsignal(sig) != signal.SIG_IGN:

@@ -37,6 +37,15 @@ else:
 
 from attncli.backend import Backend, to_numpy
 from attncli.errors import InputError
+from attncli.heads import (  # noqa: F401  (re-exported: the checks and the slopes beside the stages)
+    POSITION_SCORES,
+    alibi_slopes,
+    check_kv_heads,
+    check_positional,
+    check_rope,
+    check_rope_dim,
+    check_sinks,
+)
 from attncli.options import ROPE_MODES, ROPE_TYPES, check_q_offset, check_rope_mode, check_softcap, check_window  # noqa: F401
 from attncli.scoring import SCALINGS, ScoreInput, get_score
 from attncli.trace import Trace
@@ -82,10 +91,7 @@ def expand_kv(xp: Any, a: Any, n_rep: int) -> Any:
 # that mixes the features through learned matrices (general, additive) or ignores the query
 # (location) sees rotated features at absolute positions, which no reference does.
 # ALiBi: a bias on any score, except location, whose weights are by definition the same for every query.
-POSITION_SCORES = {
-    "rope": ("dot", "scaled-dot", "cosine", "gaussian"),
-    "alibi": ("dot", "scaled-dot", "general", "additive", "cosine", "gaussian"),
-}
+
 
 
 # ---- grouped-query heads without copies ------------------------------------------------
@@ -147,7 +153,7 @@ def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
     falls back to it, as HF does; dynamic needs it). Returns float32 frequencies and the factor
     that multiplies cos and sin (1.0 except yarn).
     """
-    _check_rope_dim(dim, "--rope-scaling")
+    check_rope_dim(dim, "--rope-scaling")
     p = dict(scaling or {})
     kind = str(p.get("rope_type", p.get("type", "default")))
     if kind not in ROPE_TYPES:
@@ -296,24 +302,6 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
 # ---- ALiBi ----------------------------------------------------------------------------------
 
 
-def alibi_slopes(heads: int) -> np.ndarray:
-    """slope_h = (2^(-8/P))^(h+1) for P = heads a power of two; otherwise P's slopes, then every other
-    slope of 2P. -> (H,) float64
-
-    fairseq ``get_slopes`` (Press et al.), computed in float64. HF Bloom's ``build_alibi_tensor``
-    rounds the base 2^(-8/P) to float32 and raises it to the integer powers in float32: its
-    slopes differ from these by a few float32 units in the last place (relative ~1e-7).
-    """
-    if heads < 1:
-        raise InputError(f"ALiBi needs at least one head, got {heads}", "--alibi")
-    p = 2 ** math.floor(math.log2(heads))
-    slopes = (2.0 ** (-8.0 / p)) ** np.arange(1, p + 1, dtype=np.float64)  # (P,)
-    if p == heads:
-        return slopes
-    extra = (2.0 ** (-8.0 / (2 * p))) ** np.arange(1, 2 * (heads - p), 2, dtype=np.float64)  # odd powers of 2P's base
-    return np.concatenate([slopes, extra])
-
-
 def alibi_bias(slopes: Any, q_pos: Any, k_pos: Any) -> np.ndarray:
     """b_hij = slope_h · (k_pos_j - q_pos_i) = -slope_h · distance. (H,), (m,), (n,) -> (H, m, n)
 
@@ -412,65 +400,6 @@ def layer_norm(xp: Any, x: Any, w: Any, b: Any, eps: float) -> Any:
     dev = _device(x)
     y = y * xp.asarray(w, dtype=x.dtype, device=dev)
     return y if b is None else y + xp.asarray(b, dtype=x.dtype, device=dev)
-
-
-# ---- validation: one-line InputErrors that name the option -----------------------------------
-
-
-def check_kv_heads(q_heads: int, kv_heads: int, source: str = "--kv-heads") -> int:
-    """The group size r = H_q / H_kv, or an InputError when H_kv does not divide H_q."""
-    if kv_heads < 1 or q_heads < 1 or q_heads % kv_heads:
-        raise InputError(f"{kv_heads} K/V heads do not divide {q_heads} query heads; grouped-query attention "
-                         f"needs a divisor of {q_heads} (query head h reads K/V head h // (H_q / H_kv))", source)
-    return q_heads // kv_heads
-
-
-def check_rope(head_dim: int, rotary_dim: int | None, mode: str) -> int:
-    """The rotary width (head_dim when not given), or an InputError: odd widths, too wide, unknown mode."""
-    check_rope_mode(mode)
-    if rotary_dim is None:
-        if head_dim % 2:
-            raise InputError(f"RoPE rotates pairs of features but the head width is {head_dim} (odd); "
-                             "use an even head width or --rotary-dim with an even part of it", "--rope")
-        return head_dim
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise InputError(f"the rotary width must be even and at least 2 (RoPE rotates pairs), got {rotary_dim}", "--rotary-dim")
-    if rotary_dim > head_dim:
-        raise InputError(f"the rotary width {rotary_dim} is larger than the head width {head_dim}", "--rotary-dim")
-    return rotary_dim
-
-
-def _check_rope_dim(dim: int, source: str) -> None:
-    if dim < 2 or dim % 2:
-        raise InputError(f"the rotary width must be even and at least 2, got {dim}", source)
-
-
-def check_sinks(sinks: Any, heads: int, source: str = "--sinks") -> np.ndarray:
-    """The sinks as a float64 (H,) array, or an InputError: wrong count, not a vector, not finite-or--inf."""
-    a = np.asarray(sinks)
-    if a.dtype.kind not in "fiu":
-        raise InputError(f"sinks must be numbers (one logit per head), got dtype {a.dtype}", source)
-    a = a.astype(np.float64).reshape(-1) if a.ndim <= 1 else a
-    if a.ndim != 1 or a.shape[0] != heads:
-        raise InputError(f"sinks have shape {tuple(np.shape(sinks))} but attention has {heads} query heads; "
-                         f"give one logit per head, shape ({heads},)", source)
-    if np.isnan(a).any() or (np.isinf(a) & (a > 0)).any():
-        raise InputError("sinks hold NaN or +inf; each must be a finite logit (or -inf for no sink)", source)
-    return a
-
-
-def check_positional(score: str, variant: str) -> None:
-    """An InputError when the position stage ``variant`` ("rope" or "alibi") means nothing for ``score``."""
-    ok = POSITION_SCORES[variant]
-    if score in ok:
-        return
-    if variant == "rope":
-        why = ("it ignores the query, so rotating it changes nothing" if score == "location" else
-               "its learned matrices mix the rotated features, so scores no longer depend on i - j alone")
-        raise InputError(f"--rope makes q·k depend on the offset i - j; with --score {score} {why}: "
-                         f"use one of {', '.join(ok)}", "--rope")
-    raise InputError(f"--alibi adds -slope·(i - j) per query; --score {score} gives every query the same weights "
-                     f"by definition, which a per-query distance would undo: use one of {', '.join(ok)}", "--alibi")
 
 
 # ---- 3) score, 4) scale ------------------------------------------------------------------------

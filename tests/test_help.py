@@ -42,7 +42,7 @@ def test_help_fits_80_columns_without_cut_words(args: list[str]) -> None:
         for name in (*param.opts, *param.secondary_opts):
             if name.startswith("-"):
                 assert name in words, f"{name} is not shown whole"
-        help_words = re.findall(r"-*[A-Za-z][\w'-]*[A-Za-z]", getattr(param, "help", None) or "")
+        help_words = re.findall(r"(?<![\w.])-*[A-Za-z][\w'-]*[A-Za-z0-9]", getattr(param, "help", None) or "")
         for w in help_words:  # every word of the description, whole (not broken at a hyphen or a column)
             assert re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", text), f"{w!r} of {param.name}'s help is cut"
 

@@ -69,7 +69,9 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 # numpy's RuntimeWarnings (overflow in a cast, ...) are said by the engine's own checks
                 warnings.simplefilter("ignore", RuntimeWarning)
                 warnings.showwarning = _one_line_warning
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+            session.commit()  # the outputs, renamed into place together now that the command succeeded
+            return result
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except session.StdoutError:
