@@ -87,8 +87,12 @@ def cli_options(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_multihead(content: Any, opts: dict[str, Any]) -> bool:
-    """Projections and heads are part of the problem: ``--heads`` given, or a file with x (and no q)."""
-    return opts.get("heads") is not None or (isinstance(content, dict) and "x" in content and "q" not in content)
+    """Projections and heads are part of the problem: ``--heads`` or ``--layer`` given, ``--weights`` a model
+    checkpoint, or a file with x (and no q)."""
+    weights = opts.get("weights")
+    return (opts.get("heads") is not None or opts.get("layer") is not None
+            or (weights is not None and _checkpoint_path(str(weights)))
+            or (isinstance(content, dict) and "x" in content and "q" not in content))
 
 
 def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multihead: bool | None = None) -> Problem:
@@ -188,8 +192,13 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
         raise InputError(f"'heads' must be a whole number, got {given_heads!r}", file_source)
     layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True),
                          given_heads or 1)
+    t5 = layer.facts.pop("_t5", None)
     if layer.facts:  # config.json's facts, under the flags (a flag overrides the config)
         options = options.merged(layer.facts, f"{layer.projections.source} (config.json)")
+    if t5 is not None:  # its relative position bias, as an additive float mask per head (1, H, T, S)
+        if common["mask"] is not None:
+            raise InputError("T5's relative position bias is added as a float mask; give no --mask with it", "--mask")
+        common["mask"] = _t5_bias(t5, arrays, opts)
     options = options.merged(flags, "command line", flags=True)
     heads = given_heads or layer.heads or 1
     if opts.get("from_residual") and not layer.checkpoint:
@@ -258,14 +267,31 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: di
                                   out_proj=opts.get("out_proj", True), heads=heads, kv_heads=options.kv_heads))
 
 
+def _t5_bias(t5: tuple[np.ndarray, dict[str, Any]], arrays: dict[str, Any], opts: dict[str, Any]) -> np.ndarray:
+    """T5's position bias for these inputs' T queries and S keys, (1, H, T, S) (attncli.layouts.t5_position_bias)."""
+    from attncli.layouts import t5_position_bias
+
+    rel, extra = t5
+
+    def rows(a: Any) -> int:
+        shape = np.shape(a)
+        return int(shape[0] if len(shape) == 3 and not opts.get("batch_first", True) else shape[-2])
+
+    m = rows(arrays["q"])
+    n = rows(arrays.get("k", arrays["q"]))
+    bias = t5_position_bias(rel, m, n, extra["bidirectional"], extra["num_buckets"], extra["max_distance"])
+    return np.asarray(bias, dtype=np.float64)[None]
+
+
 def _checkpoint_path(spec: str) -> bool:
     """A model folder, a .safetensors file or a sharded index: read as a checkpoint, layer by layer."""
     p = Path(spec)
     return p.is_dir() or spec.lower().endswith((".safetensors", ".index.json"))
 
 
-# config.json facts -> Options fields (the ones the pipeline has)
-FACT_OPTIONS = ("scale", "causal")
+# config.json facts -> Options fields: every one the pipeline computes with
+FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "softcap",
+                "qk_norm", "alibi")
 
 
 def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None) -> Layer:
@@ -275,7 +301,7 @@ def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: in
 
     la = load_layer(spec, layer, prefix, heads=heads)
     a = la.arrays
-    names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+    names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "sinks")
     proj = Projections(**{n: np.asarray(a[n]) for n in names if n in a},  # type: ignore[arg-type]
                        source=f"{la.source} layer {la.layer}", origin={n: la.origin[n] for n in names if n in la.origin},
                        kind=la.layout)
@@ -284,6 +310,10 @@ def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: in
         value = getattr(la.facts, name)
         if value is not None and value is not False:
             facts[name] = value
+    if la.facts.qk_norm and la.facts.qk_norm_eps is not None:
+        facts["norm_eps"] = la.facts.qk_norm_eps
+    if la.facts.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
+        facts["_t5"] = (np.asarray(a["rel_bias"], dtype=np.float64), dict(la.facts.extra))
     norm = None
     if la.facts.pre_norm is not None and "norm_w" in a:
         norm = Norm(la.facts.pre_norm, np.asarray(a["norm_w"]), None if "norm_b" not in a else np.asarray(a["norm_b"]),
