@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attncli.cli import app  # noqa: E402
-
 from test_layouts import CASES, T, _randomise, build, hooks  # noqa: E402
+
+from attncli.cli import app  # noqa: E402
 
 runner = CliRunner()
 TOL = 1e-5
