@@ -167,7 +167,9 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
     k = stages.project(Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
     v = stages.project(Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
     y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
-    t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES))
+    t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES),
+          [f"{proj.source}, {proj.kind} layout; from config.json: "
+           + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None)
     t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES))
     t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES))
     G = problem.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
@@ -175,6 +177,7 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
     kh, vh = stages.split_heads(xp, k, G), stages.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
     t.meta.update(heads=H, head_width={"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H},
                   self_attention=problem.self_attention, batched=problem.batched, weights_format=proj.kind,
+                  **({"config": proj.config} if proj.config else {}),
                   weights_source=proj.source, batch_axes=["batch", "head"] if problem.batched else ["head"],
                   head_axis=1 if problem.batched else 0)
     core = replace(problem, q=to_numpy(qh), k=to_numpy(kh), v=to_numpy(vh), projections=None)

@@ -51,6 +51,7 @@ class Projections:
     source: str = "weights"
     origin: dict[str, str] = field(default_factory=dict)  # name -> where it came from, e.g. "in_proj_weight[0:8]ᵀ"
     kind: str = "textbook"
+    config: dict[str, Any] = field(default_factory=dict)  # what a checkpoint's config.json said (heads, rope, ...)
 
     @property
     def d_k(self) -> int:

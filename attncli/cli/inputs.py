@@ -312,6 +312,7 @@ def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: in
             facts[name] = value
     if la.facts.qk_norm and la.facts.qk_norm_eps is not None:
         facts["norm_eps"] = la.facts.qk_norm_eps
+    proj.config = {n: getattr(la.facts, n) for n in la.facts.from_config if hasattr(la.facts, n)}
     if la.facts.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
         facts["_t5"] = (np.asarray(a["rel_bias"], dtype=np.float64), dict(la.facts.extra))
     norm = None
