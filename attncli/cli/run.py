@@ -145,13 +145,26 @@ def progress_bar(quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
             bar.stop()
 
 
+def picture_options(opts: dict[str, Any]) -> Any:
+    """The typed picture options (attncli.render.pictures.Pictures) from the flags; options a command
+    lacks take their defaults. Checked on creation."""
+    from attncli.render.pictures import Pictures
+    from attncli.render.plot import DPI, PlotOptions, parse_figsize
+
+    steps = [s.strip() for s in str(opts.get("plot_steps") or "weights").split(",") if s.strip()]
+    theme = opts.get("theme")
+    return Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"),
+                    plot=PlotOptions(steps=steps, vmin=opts.get("vmin"), vmax=opts.get("vmax"),
+                                     dpi=opts.get("dpi") or DPI, figsize=parse_figsize(opts.get("figsize"))),
+                    theme=getattr(theme, "value", theme) or "dark", width=opts.get("width") or 100)
+
+
 def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
     """Diagnostics, explanations and the picture options, all checked before anything is printed."""
     from attncli.diagnostics import attach as diagnose
     from attncli.render.explain import attach as explain
-    from attncli.render.pictures import Pictures
 
-    show = Pictures.from_options(opts)
+    show = picture_options(opts)
     shown = (opts["format"].value == "rich" and not opts["quiet"]) or opts["format"].value == "json"
     saved = opts.get("save") is not None and opts["save"].suffix.lower() == ".json"
     sim = opts.get("similarity")

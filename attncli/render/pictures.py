@@ -13,7 +13,7 @@ from typing import Any
 
 from attncli.errors import InputError
 from attncli.render import plot as heatmaps
-from attncli.render.plot import DPI, PLOT_FORMATS, PLOT_HINT, THEMES, PlotOptions, parse_figsize, plain_help
+from attncli.render.plot import PLOT_FORMATS, PLOT_HINT, THEMES, PlotOptions, plain_help
 from attncli.trace import KEYS, QUERIES, Trace
 
 
@@ -43,16 +43,6 @@ class Pictures:
         p = self.plot
         if p.vmin is not None and p.vmax is not None and not p.vmin < p.vmax:
             raise InputError(f"--vmin {p.vmin:g} must be below --vmax {p.vmax:g}", "--vmin")
-
-    @classmethod
-    def from_options(cls, opts: dict[str, Any]) -> Pictures:
-        """From the CLI's option dict (options a command lacks take their defaults)."""
-        steps = [s.strip() for s in str(opts.get("plot_steps") or "weights").split(",") if s.strip()]
-        theme = opts.get("theme")
-        return cls(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"),
-                   plot=PlotOptions(steps=steps, vmin=opts.get("vmin"), vmax=opts.get("vmax"),
-                                    dpi=opts.get("dpi") or DPI, figsize=parse_figsize(opts.get("figsize"))),
-                   theme=getattr(theme, "value", theme) or "dark", width=opts.get("width") or 100)
 
     def check(self, trace: Trace) -> None:
         """Refuse --plot/--html early when the run kept no weights (an output-only run), or a step is unknown."""
