@@ -59,6 +59,7 @@ class Variant:
     fn: Callable[[Context], Result]
     explanation: str
     possible: bool = False  # reported as a possibility, not a reproduction
+    pairable: bool = True  # tried as the second mistake of a pair (False: a search of its own, too costly)
 
     @property
     def formula(self) -> str:
@@ -71,11 +72,11 @@ VARIANTS: dict[str, Variant] = {}
 VariantFn = Callable[["Context"], Result]
 
 
-def variant(name: str, explanation: str, possible: bool = False) -> Callable[[VariantFn], VariantFn]:
+def variant(name: str, explanation: str, possible: bool = False, pairable: bool = True) -> Callable[[VariantFn], VariantFn]:
     """Register a variant under ``name`` with the sentence that explains it."""
 
     def deco(fn: VariantFn) -> VariantFn:
-        VARIANTS[name] = Variant(name, fn, explanation, possible)
+        VARIANTS[name] = Variant(name, fn, explanation, possible, pairable and not possible)
         return fn
 
     return deco
@@ -91,6 +92,7 @@ class Context:
     what: str
     tol: Tolerance
     _ref: Trace | None = None
+    changed: Problem | None = None  # the problem the last rerun computed (a variant that is only a change)
 
     @classmethod
     def of(cls, subject: Problem, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
@@ -127,7 +129,8 @@ class Context:
     def rerun(self, problem: Problem | None = None, **options: Any) -> Trace:
         """The pipeline on ``problem`` (default: this one) with ``options`` replaced."""
         p = problem or self.problem
-        return run(replace(p, options=replace(p.options, **options)))
+        self.changed = replace(p, options=replace(p.options, **options))
+        return run(self.changed)
 
     @property
     def d(self) -> int:
@@ -360,8 +363,9 @@ def valid_lens_minus_one(c: Context) -> Result:
     return _valid_lens_shifted(c, -1)
 
 
-@variant("mask-value-1e6", "masked scores were set to -1e6 (as d2l) instead of -inf: rows with every key masked "
-                           "got uniform weights instead of zeros")
+@variant("mask-value-1e6", "masked scores were set to a large negative number (-1e6 as d2l, -1e9, or "
+                           "torch.finfo(dtype).min) instead of -inf: rows with every key masked (padding rows) got "
+                           "uniform weights instead of zeros")
 def mask_value_1e6(c: Context) -> Result:
     """softmax(S with masked entries at -1e6)·V"""
     c.requires_keep_mask()
@@ -393,6 +397,135 @@ def nan_rows(c: Context) -> Result:
         raise NotApplicable("no row has every key masked")
     w = np.where(dead, np.nan, c.ref["weights"])
     return c.with_output(w)
+
+
+def _keep_changes(c: Context, problem: Problem) -> bool:
+    """Whether ``problem``'s keep-mask differs from this problem's."""
+    a, _ = stages.keep_mask(c.problem, c.problem.n)
+    b, _ = stages.keep_mask(problem, problem.n)
+    shape = c.problem.batch_shape + (c.problem.m, c.problem.n)
+    a = np.ones(shape, bool) if a is None else np.broadcast_to(a, shape)
+    b = np.ones(shape, bool) if b is None else np.broadcast_to(b, shape)
+    return not np.array_equal(a, b)
+
+
+def _remask(c: Context, problem: Problem) -> Result:
+    if not _keep_changes(c, problem):
+        raise NotApplicable("it masks the same keys here")
+    return c.rerun(problem)
+
+
+def _with(c: Context, **options: Any) -> Problem:
+    return replace(c.problem, options=replace(c.options, **options))
+
+
+@variant("causal-missing", "the causal mask was left out: every query saw the keys after it too")
+def causal_missing(c: Context) -> Result:
+    """softmax(S)·V without the causal mask"""
+    if not c.options.causal:
+        raise NotApplicable("no causal mask here")
+    return _remask(c, _with(c, causal=False))
+
+
+@variant("causal-added", "a causal mask was applied (top-left, as SDPA is_causal) that this attention does not have")
+def causal_added(c: Context) -> Result:
+    """softmax(S masked at keys j > i)·V"""
+    if c.options.causal:
+        raise NotApplicable("the causal mask is already there")
+    return _remask(c, _with(c, causal=True, causal_align="top-left"))
+
+
+@variant("causal-added-bottom-right", "a causal mask was applied (bottom-right, as a KV cache: query i sees keys "
+                                      "j <= i + {n} - {m}) that this attention does not have")
+def causal_added_bottom_right(c: Context) -> Result:
+    """softmax(S masked at keys j > i + n - m)·V"""
+    if c.options.causal:
+        raise NotApplicable("the causal mask is already there")
+    if c.m == c.n:
+        raise NotApplicable("as many queries as keys: the same as causal-added")
+    return _remask(c, _with(c, causal=True, causal_align="bottom-right"))
+
+
+@variant("causal-top-left", "the causal mask was aligned top-left (SDPA is_causal: query i sees keys j <= i) instead "
+                            "of bottom-right: with a KV cache the {m} new queries are the last positions and query i "
+                            "sees keys j <= i + {n} - {m}")
+def causal_top_left(c: Context) -> Result:
+    """softmax(S masked at keys j > i)·V, the queries taken as the first positions"""
+    if not c.options.causal or c.options.causal_align != "bottom-right":
+        raise NotApplicable("no bottom-right causal mask here")
+    return _remask(c, _with(c, causal_align="top-left"))
+
+
+@variant("causal-bottom-right", "the causal mask was aligned bottom-right (as a KV cache: query i sees keys "
+                                "j <= i + {n} - {m}) instead of top-left (SDPA is_causal)")
+def causal_bottom_right(c: Context) -> Result:
+    """softmax(S masked at keys j > i + n - m)·V"""
+    if not c.options.causal or c.options.causal_align == "bottom-right":
+        raise NotApplicable("no top-left causal mask here")
+    return _remask(c, _with(c, causal_align="bottom-right"))
+
+
+@variant("valid-lens-ignored", "the valid lengths were ignored: the padding keys after each valid length took part")
+def valid_lens_ignored(c: Context) -> Result:
+    """softmax(S)·V without the valid lengths"""
+    p = c.problem
+    if p.query_limit is None:
+        raise NotApplicable("no valid lengths")
+    return _remask(c, replace(p, valid_lens=None, query_limit=None))
+
+
+@variant("key-padding-ignored", "the key padding mask was ignored: the padding keys took part")
+def key_padding_ignored(c: Context) -> Result:
+    """softmax(S)·V without the key padding mask"""
+    p = c.problem
+    if p.padding is None:
+        raise NotApplicable("no key padding mask")
+    if p.padding.dtype != bool:
+        return c.rerun(replace(p, padding=None))
+    return _remask(c, replace(p, padding=None))
+
+
+@variant("mask-ignored", "the mask was not applied: every key it masks took part")
+def mask_ignored(c: Context) -> Result:
+    """softmax(S)·V without the mask"""
+    p = c.problem
+    if p.mask is None:
+        raise NotApplicable("no mask")
+    if p.mask.dtype != bool:
+        return c.rerun(replace(p, mask=None))
+    return _remask(c, replace(p, mask=None))
+
+
+@variant("softmax-in-float16", "the softmax was computed in float16: the scores rounded to float16 (and beyond "
+                               "65504 overflowed to inf), the weights too")
+def softmax_in_float16(c: Context) -> Result:
+    """softmax(float16(S))·V"""
+    from attncli.precision import softmax_in
+
+    return c.with_output(softmax_in(stages.softmax, c.before_softmax(), "float16"))
+
+
+@variant("scale-ignored", "the scale given (--scale {scale}, e.g. Gemma's query_pre_attn_scalar^-½) was not used: "
+                          "the scores were divided by √d = {sqrt_d}, the head width")
+def scale_ignored(c: Context) -> Result:
+    """softmax(QKᵀ / √d)·V instead of softmax(QKᵀ · scale)·V"""
+    if c.options.scale is None:
+        raise NotApplicable("no scale given")
+    if abs(c.options.scale * math.sqrt(c.d) - 1) < 1e-12:
+        raise NotApplicable("the scale given is 1/√d")
+    return c.rerun(scale=None, scaling="sqrt-d")
+
+
+@variant("query-pre-attn-scalar", "the scores were scaled by (d_model/H)^-½ = {pre_attn}^-½ (Gemma 2's "
+                                  "query_pre_attn_scalar, the model width per head) instead of the head width's √{d}")
+def query_pre_attn_scalar(c: Context) -> Result:
+    """softmax(QKᵀ / √(d_model/H))·V"""
+    mh = c.multi()
+    c.requires_sqrt_d()
+    width = int(mh.q.shape[-1]) / mh.heads
+    if width == c.d:
+        raise NotApplicable("the model width per head is the head width")
+    return c.rerun(scale=1.0 / math.sqrt(width))
 
 
 # ---- dropout --------------------------------------------------------------------------
@@ -537,7 +670,7 @@ def heads_not_transposed(c: Context) -> Result:
     return c.finish(c.ref["head_output"], transpose=False)
 
 
-@variant("heads-wrong-order", "the heads were concatenated in the wrong order: {detail}")
+@variant("heads-wrong-order", "the heads were concatenated in the wrong order: {detail}", pairable=False)
 def heads_wrong_order(c: Context) -> Result:
     """concat(head_{π(0)}, …, head_{π(H-1)})·W_o for a permutation π of the heads"""
     H = c.multi().heads
@@ -570,6 +703,10 @@ def output_projection_missing(c: Context) -> Result:
 
 # ---- diagnosis ------------------------------------------------------------------------
 
+MAX_PAIR_RUNS = 600  # pairs of mistakes tried at most (each one run of the pipeline, or one variant on it)
+PAIR_CELL_BUDGET = 1 << 25  # ...and at most this many score cells computed over all of them
+
+
 @dataclass
 class Diagnosis:
     """The variants that reproduce the expected numbers, the nearest ones, and what was tried."""
@@ -578,6 +715,8 @@ class Diagnosis:
     nearest: list[Explanation] = field(default_factory=list)
     tried: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    candidates: list[Explanation] = field(default_factory=list)  # every variant (and pair) tried, with its error
+    search: str = ""  # how the pairs were searched
 
 
 def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanation:
@@ -587,48 +726,117 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
     flipped = f"its 1/True entries were taken as '{other}' (as --mask-convention {other})"
     if c.problem.mask is None and c.problem.padding is not None:
         flipped = "the key padding mask's True entries were kept instead of ignored"
-    facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped)
+    pre_attn = f"{int(c.problem.q.shape[-1]) / c.problem.heads:g}" if c.heads else ""
+    facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped,
+                 scale=f"{o.scale:.4g}" if o.scale is not None else "", pre_attn=pre_attn)
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 
-def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3) -> Diagnosis:
-    """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``."""
+@dataclass
+class _Try:
+    """One variant tried on one context: its explanation and whether it reproduces the expected numbers."""
+
+    explanation: Explanation | None = None
+    match: bool = False
+    skipped: str | None = None  # why it was not tried
+    changed: Problem | None = None  # the variant is this change of the problem alone (composable)
+
+
+def _try(v: Variant, c: Context) -> _Try:
+    expected, what, tol = c.expected, c.what, c.tol
+    c.changed = None
+    try:
+        result = v.fn(c)
+    except NotApplicable as e:
+        return _Try(skipped=str(e))
+    except AttnError as e:  # the variant's inputs are invalid (e.g. a shifted mask): it cannot be it
+        return _Try(skipped=f"not computable here ({e})")
+    except Exception as e:  # a bug in one variant must not hide the verdict; say so instead
+        return _Try(skipped=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+    changed = c.changed if isinstance(result, Trace) else None
+    if result is None:
+        return _Try()
+    if isinstance(result, Reproduced):
+        return _Try(_explain(v, c, result.max_abs_error, result.detail), True)
+    arrays = result.arrays() if isinstance(result, Trace) else result
+    if what not in arrays:
+        return _Try(skipped=f"it does not change the {what}")
+    got = np.asarray(arrays[what], dtype=np.float64)
+    if got.shape != expected.shape:
+        return _Try(skipped=f"it gives shape {got.shape}")
+    err = float(errors(expected, got).max())
+    return _Try(_explain(v, c, err), bool(within(expected, got, tol).all()), changed=changed)
+
+
+def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3,
+             pairs: bool = True) -> Diagnosis:
+    """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``.
+
+    When none does (and ``pairs``), two mistakes together: each variant that is a change of the
+    problem alone (its options, masks or inputs: a re-run of the pipeline) is applied, and every other
+    variant is tried on the changed problem; bounded by ``MAX_PAIR_RUNS`` and ``PAIR_CELL_BUDGET``."""
     c = Context.of(problem, expected, what, tol)
     out = Diagnosis()
-    misses: list[tuple[float, Explanation]] = []
+    misses: list[Explanation] = []
+    changes: list[tuple[Variant, Problem]] = []
     for v in VARIANTS.values():
-        try:
-            result = v.fn(c)
-        except NotApplicable as e:
-            out.skipped[v.name] = str(e)
-            continue
-        except AttnError as e:  # the variant's inputs are invalid (e.g. a shifted mask): it cannot be it
-            out.skipped[v.name] = f"not computable here ({e})"
-            continue
-        except Exception as e:  # a bug in one variant must not hide the verdict; say so instead
-            out.skipped[v.name] = f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        t = _try(v, c)
+        if t.skipped is not None:
+            out.skipped[v.name] = t.skipped
             continue
         out.tried.append(v.name)
-        if result is None:
+        if t.changed is not None and t.explanation is not None and \
+                t.explanation.max_abs_error != float(errors(expected, c.ref[what]).max()):
+            changes.append((v, t.changed))  # a change that changes nothing here makes no pair
+        if t.explanation is None:
             continue
-        if isinstance(result, Reproduced):
-            out.matches.append(_explain(v, c, result.max_abs_error, result.detail))
-            continue
-        arrays = result.arrays() if isinstance(result, Trace) else result
-        if what not in arrays:
-            out.tried.pop()
-            out.skipped[v.name] = f"it does not change the {what}"
-            continue
-        got = np.asarray(arrays[what], dtype=np.float64)
-        if got.shape != expected.shape:
-            out.tried.pop()
-            out.skipped[v.name] = f"it gives shape {got.shape}"
-            continue
-        err = float(errors(expected, got).max())
-        if within(expected, got, tol).all():
-            out.matches.append(_explain(v, c, err))
+        out.candidates.append(t.explanation)
+        if t.match:
+            out.matches.append(t.explanation)
         elif not v.possible:
-            misses.append((err, _explain(v, c, err)))
+            misses.append(t.explanation)
+    if not out.matches and pairs:
+        _pairs(c, changes, out, misses)
+    out.candidates.sort(key=lambda e: e.max_abs_error)
     if not out.matches:
-        out.nearest = [e for _, e in sorted(misses, key=lambda t: t[0])[:nearest]]
+        out.nearest = sorted(misses, key=lambda e: e.max_abs_error)[:nearest]
     return out
+
+
+def _pairs(c: Context, changes: list[tuple[Variant, Problem]], out: Diagnosis, misses: list[Explanation]) -> None:
+    """Two mistakes: the change of ``a`` (a re-run) with every other pairable variant ``b`` on top of it."""
+    order = list(VARIANTS)
+    p = c.problem
+    cells = max(1, int(np.prod(p.batch_shape)) * p.m * p.n)
+    budget = min(MAX_PAIR_RUNS, PAIR_CELL_BUDGET // cells)
+    second = [v for v in VARIANTS.values() if v.pairable]
+    composable = {x.name for x, _ in changes}
+
+    def new(a: Variant, b: Variant) -> bool:  # a change with an earlier change: the same pair the other way round
+        return b.name != a.name and not (b.name in composable and order.index(b.name) < order.index(a.name))
+
+    total = sum(1 for a, _ in changes for b in second if new(a, b))
+    runs = 0
+    for a, changed in changes:
+        ca = Context(changed, c.expected, c.what, c.tol)
+        for b in second:
+            if not new(a, b):
+                continue
+            if runs >= budget:
+                break
+            runs += 1
+            t = _try(b, ca)
+            if t.explanation is None:
+                continue
+            e = t.explanation
+            first = _explain(a, c, e.max_abs_error)
+            pair = Explanation(f"{a.name} + {b.name}", f"{a.formula}, and {b.formula}",
+                               f"two mistakes together: {first.explanation}; and {e.explanation}", e.max_abs_error)
+            if t.match:
+                out.matches.append(pair)
+                out.candidates.append(pair)
+            else:
+                misses.append(pair)
+    out.search = (f"pairs of mistakes: {runs} of {total} tried (each of the {len(changes)} variants that only change the "
+                  f"problem, re-run once, with every other variant on top; at most {MAX_PAIR_RUNS} pairs and "
+                  f"{PAIR_CELL_BUDGET:.3g} score cells in all)")

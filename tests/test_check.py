@@ -239,9 +239,9 @@ def test_internal_error_is_told_apart_from_a_mismatch(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(check_module, "check", boom)
     r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT])
-    assert r.exit_code == 1 and r.stdout == "" and "internal error" in r.stderr
+    assert r.exit_code == 70 and r.stdout == "" and "internal error" in r.stderr
     r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "-f", "json"])
-    assert r.exit_code == 1 and json.loads(r.stdout)["verdict"] == "internal-error"
+    assert r.exit_code == 70 and json.loads(r.stdout)["verdict"] == "internal-error"
 
 
 def test_json_has_only_the_verdict_on_stdout() -> None:
