@@ -172,7 +172,8 @@ class Context:
     def with_output(self, weights: np.ndarray) -> dict[str, np.ndarray]:
         """These weights and the output they give: weights @ V (then, for multi-head, concat and W_o)."""
         if not self.heads:
-            return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+            with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
+                return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         v = self.ref["v"]  # (B, S, d_v) or unbatched (S, d_v)
         vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.problem.heads)  # (B, H, S, d_v/H)
         vh = vh if v.ndim == 3 else vh[0]
