@@ -1,11 +1,15 @@
 """The one pipeline: the stages of attncli.stages composed, returning a Trace.
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
-    2) split     (B, T, H·d) -> (B, H, T, d)                           (with projections)
+    2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
+       normalise q_norm, k_norm = RMSNorm over each head's features     (--qk-norm)
+       rotate    q_rot, k_rot at positions P + i and j                 (--rope)
     3) score     scores = score(Q, K)                                  (..., m, n)
     4) scale     scaled = scores · factor / temperature
-    5) mask      masked = scaled with masked keys at -inf (or --mask-value), plus any float mask
-    6) softmax   weights = softmax(masked)                             rows sum to 1 (0 where fully masked)
+       cap       capped = c · tanh(scaled / c)                         (--softcap)
+       bias      alibi = capped + slope_h · (j - i)                    (--alibi)
+    5) mask      masked = with masked keys (valid lengths, causal, window, masks) at -inf, plus any float mask
+    6) softmax   weights = softmax(masked) (with sinks: sink, weights)  rows sum to 1 (0 where fully masked)
     7) select    hard, dropout (each its own step; the last is what multiplies V)
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
@@ -40,7 +44,7 @@ BIAS_AXES = ("bias", "projected")
 
 def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask: Any = None,
            query_labels: list[str] | None = None, key_labels: list[str] | None = None,
-           params: dict[str, Any] | None = None, **options: Any) -> Trace:
+           params: dict[str, Any] | None = None, sinks: Any = None, alibi_slopes: Any = None, **options: Any) -> Trace:
     """Attention of queries ``q`` over keys ``k`` and values ``v``, returned as a :class:`Trace`.
 
     ``k`` and ``v`` default to ``q`` (self-attention). Keyword options are the fields of
@@ -48,13 +52,15 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     ``mask_convention``, ``mask_value``, ``dtype``, ``backend``, ``device``, ...).
     ``keep_weights=False`` returns the output alone, computed in blocks of queries (or by torch's
     fused SDPA) without ever holding the ``(..., m, n)`` weights: for long sequences.
+    Today's models: K/V with fewer heads than Q on axis -3 (grouped-query), ``rope=``, ``alibi=``,
+    ``window=``, ``softcap=``, ``qk_norm=`` (options), ``sinks`` (H,) and ``alibi_slopes`` (H,).
 
     >>> import numpy as np
     >>> attend(np.eye(2), score="dot").weights.sum(axis=-1).tolist()
     [1.0, 1.0]
     """
     problem = Problem.build(q, k, v, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
-                            key_labels=key_labels, params=dict(params or {}),
+                            key_labels=key_labels, params=dict(params or {}), sinks=sinks, alibi_slopes=alibi_slopes,
                             options=Options().merged(options, "attend()"), sources=_api_sources())
     return run(problem)
 
@@ -63,18 +69,19 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
               valid_lens: Any = None, key_padding_mask: Any = None, mask: Any = None,
               query_labels: list[str] | None = None, key_labels: list[str] | None = None,
               options: Options | None = None, sources: dict[str, str] | None = None,
-              batch_first: bool = True) -> Trace:
+              batch_first: bool = True, sinks: Any = None, alibi_slopes: Any = None) -> Trace:
     """Multi-head attention of X over memory Y (values Z; both default to X), step by step: the
     same pipeline as :func:`attend`, with the projections and heads as part of the problem."""
     src = {"q": "X", "k": "memory", "v": "values", **_renamed(sources or {})}
     problem = Problem.build(x, memory, values, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
                             key_labels=key_labels, options=options or Options(), sources=src, projections=weights,
-                            heads=heads, padding=key_padding_mask, batch_first=batch_first)
+                            heads=heads, padding=key_padding_mask, batch_first=batch_first, sinks=sinks,
+                            alibi_slopes=alibi_slopes)
     return run(problem)
 
 
 def _api_sources() -> dict[str, str]:
-    return {n: f"attend({n}=...)" for n in ("q", "k", "v", "valid_lens", "mask", "weights")} | {
+    return {n: f"attend({n}=...)" for n in ("q", "k", "v", "valid_lens", "mask", "weights", "sinks", "alibi_slopes")} | {
         "query_labels": "attend(query_labels=...)", "key_labels": "attend(key_labels=...)"}
 
 
@@ -103,8 +110,13 @@ def run(problem: Problem, how: Plan | None = None, backend: Backend | None = Non
         core, w = problem, {}
         q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
         trace.meta["shapes"] = {"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)}
+        if "head" in problem.axis_names:  # 4-D (B, H, T, d): the explanations and views name the head axis
+            trace.meta.update(batch_axes=list(problem.axis_names), head_axis=len(problem.axis_names) - 1)
         trace.inputs.update(q=q, k=k, v=v)
     trace.meta["self_attention"] = problem.self_attention
+    core, q, k = _normalise_rotate(core, be, q, k, trace)
+    if core.n_rep > 1:
+        trace.meta.update(kv_heads=core.kv_heads, n_rep=core.n_rep)
     params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
     record_params(problem, params, trace)
     out = _attention(core, be, q, k, v, params, trace, how, progress, "head_output" if projected else "output")
@@ -152,7 +164,9 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
     t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES))
     t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES))
     t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES))
-    qh, kh, vh = (stages.split_heads(xp, a, H) for a in (q, k, v))  # (B, T, d) -> (B, H, T, d/H)
+    G = problem.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
+    qh = stages.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
+    kh, vh = stages.split_heads(xp, k, G), stages.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
     t.meta.update(heads=H, head_width={"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H},
                   self_attention=problem.self_attention, batched=problem.batched, weights_format=proj.kind,
                   weights_source=proj.source, batch_axes=["batch", "head"] if problem.batched else ["head"],
@@ -175,6 +189,69 @@ def _plus(w: dict[str, Any], b: str) -> str:
     return f" + {b}" if b in w else ""
 
 
+# ---- normalise, rotate: each head's q and k on their own (once, for every path) ---------------------
+
+
+def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -> tuple[Problem, Any, Any]:
+    """QK-norm (RMSNorm of each head's q and k over its d features) and RoPE (q rotated at its positions
+    P + i, k at j): the steps q_norm, k_norm, q_rot, k_rot; the problem with the transformed q and k.
+    K keeps its own K/V heads; its steps show them per query head (head h: K/V head h // r)."""
+    o, xp, dt = problem.options, be.xp, problem.dtype
+    if o.qk_norm is None and o.rope is None:
+        return problem, q, k
+    d, r = problem.d_qk, problem.n_rep
+    kv_note = [f"grouped-query: query head h reads K/V head h // {r} (the {problem.kv_heads} K/V heads shown per "
+               "query head)"] if r > 1 else []
+
+    def shown(a: Any) -> Any:  # K's steps with one entry per query head, as the scores have them
+        return stages.expand_kv(xp, a, r) if r > 1 else a
+
+    if o.qk_norm is not None:
+        plus = o.qk_norm == "rms1p"
+        w = " · (1 + w_{0})" if plus else " · w_{0}"
+        for name, a in (("q", q), ("k", k)):
+            wt = getattr(problem, f"{name}_norm")
+            given = wt is not None
+            wt = np.full(d, 0.0 if plus else 1.0) if wt is None else wt
+            y = stages.rms_norm(xp, a, be.asarray(wt, dt), o.norm_eps, plus)
+            formula = (f"{name}_norm = {name} / sqrt(mean({name}²) + {o.norm_eps:g}){w.format(name) if given else ''}, "
+                       f"over each head's {d} features (QK-norm, {o.qk_norm})")
+            t.add(f"{name}_norm", formula, y if name == "q" else shown(y), (QUERIES if name == "q" else KEYS, FEATURES),
+                  notes=kv_note if name == "k" else None)
+            t.inputs[f"{name}_norm_weight"] = be.asarray(wt, dt)
+            if name == "q":
+                q = y
+            else:
+                k = y
+    if o.rope is not None:
+        base, width = problem.rope_settings()
+        rd = stages.check_rope(d, width, o.rope)
+        sc = dict(o.rope_scaling) if o.rope_scaling else None
+        P, m, n = problem.query_offset, problem.m, problem.n
+        q_pos, k_pos = P + np.arange(m), np.arange(n)
+        inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
+                                           seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
+        tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
+        rot = "rotate_half" if o.rope == "half" else "rotate_every_two"
+        part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
+        scaled = f", {sc.get('rope_type', sc.get('type'))} scaling" if sc else ""
+        fac = f" · {factor:g}" if factor != 1.0 else ""
+        before = {"q": "q_norm" if o.qk_norm else "q", "k": "k_norm" if o.qk_norm else "k"}
+        for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
+            c, s_ = stages.rope_cos_sin(pos, inv, factor, o.rope, tables)
+            y = stages.rotate(xp, a, c, s_, o.rope, rd)
+            formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
+                       f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
+            t.add(f"{name}_rot", formula, y if name == "q" else shown(y), (QUERIES if name == "q" else KEYS, FEATURES),
+                  notes=kv_note if name == "k" else None)
+            if name == "q":
+                q = y
+            else:
+                k = y
+        t.meta["rope"] = {"mode": o.rope, "base": base, "rotary_dim": rd, "q_offset": P, "factor": factor}
+    return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
+
+
 # ---- 3) - 8) the attention of each (batch, head) --------------------------------------------------
 
 
@@ -182,6 +259,7 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
                how: Plan, progress: Progress | None, out_name: str) -> Any:
     """Scores to output, on the path the plan names: the output (..., m, d_v)."""
     if how.path == "explicit":
+        k, v = _expanded(problem, be, k), _expanded(problem, be, v)
         w = attention_weights(problem, be, q, k, params, trace)
         out = stages.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         if problem.result_dtype:
@@ -191,9 +269,14 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
         return out
     out = fast.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
     if how.rows is not None:
-        _corner_rows(problem, be, q, k, params, trace, list(how.rows))
+        _corner_rows(problem, be, q, _expanded(problem, be, k), params, trace, list(how.rows))
     trace.add(out_name, f"{out_name} = weights · V", out, (QUERIES, FEATURES))
     return out
+
+
+def _expanded(problem: Problem, be: Backend, a: Any) -> Any:
+    """K or V with one head per query head (grouped-query: query head h reads K/V head h // r)."""
+    return stages.expand_kv(be.xp, a, problem.n_rep) if problem.n_rep > 1 else a
 
 
 def _corner_rows(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any], trace: Trace,
@@ -240,6 +323,26 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     if factor is not None or o.temperature is not None:
         trace.add("scaled", f"scaled = {text}", s)
 
+    # cap: soft-capping c·tanh(s / c), after the scale, before the bias and mask (Gemma 2)
+    if o.softcap is not None:
+        prev = trace.steps[-1].name
+        s = trace.add("capped", f"capped = {o.softcap:g} · tanh({prev} / {o.softcap:g}): scores squashed into "
+                                f"(-{o.softcap:g}, {o.softcap:g})", stages.softcap(xp, s, o.softcap))
+
+    # bias: ALiBi, slope_h · (j - i) with query i at position P + i
+    ab = stages.alibi_rows(problem, rows)
+    if ab is not None:
+        prev = trace.steps[-1].name
+        s = s + be.asarray(ab, problem.dtype)
+        P = problem.query_offset
+        sl = problem.slopes()
+        assert sl is not None
+        shown = ", ".join(f"{x:.6g}" for x in sl[:8]) + (", …" if len(sl) > 8 else "")
+        trace.meta["alibi"] = {"q_offset": P, "slopes": [float(x) for x in sl]}
+        trace.add("alibi", f"alibi = {prev} + slope_h · (j - {'(' + str(P) + ' + i)' if P else 'i'}) = {prev} - slope_h · "
+                           f"distance (ALiBi{', slopes given' if problem.alibi_slopes is not None else ''})", s,
+                  notes=[f"slopes per head: {shown}"])
+
     # 5) mask
     raw = s
     keep, bias = stages.masks(problem, be, rows=rows)
@@ -251,18 +354,32 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         fill = stages.fill_value(problem)
         s = stages.apply_mask(xp, s, keep, bias, fill)
         plus = " (+ float mask)" if bias is not None else ""
-        trace.add("masked", f"masked = scores with masked keys set to {fill:g}{plus}", s)
+        prev = trace.steps[-1].name if trace.steps[-1].name in ("capped", "alibi") else "scores"
+        window = f"; the sliding window keeps the {o.window} keys up to each query" if o.window is not None else ""
+        trace.add("masked", f"masked = {prev} with masked keys set to {fill:g}{plus}{window}", s)
 
     # 6) softmax over keys (stable); a row with every key masked gets zero weights
     stages.check_scores(problem, xp, raw, s, keep)
-    w = stages.softmax(xp, s)
+    before = trace.steps[-1].name
+    follows = o.hard or o.dropout > 0
+    name = "softmax" if follows else "weights"
+    if problem.sinks is None:
+        w = stages.softmax(xp, s)
+        formula = f"{name} = softmax({before}, over keys)"
+    else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
+        w = stages.softmax_with_sinks(xp, s, be.asarray(problem.sinks, problem.dtype))
+        trace.meta["sinks"] = [float(x) for x in problem.sinks]
+        trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
+                  "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
+                  notes=["sinks per head: " + ", ".join(f"{x:.6g}" for x in problem.sinks[:8])
+                         + (", …" if len(problem.sinks) > 8 else "")])
+        formula = f"{name} = exp({before}_ij) / (exp(sink_h) + Σ_j exp({before}_ij)): softmax over [{before} | sink_h], " \
+                  "the sink's column dropped"
     dead = stages.dead_rows(xp, s, keep)
     trace.dead = dead if rows is None else None
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
         trace.warnings.extend(stages.dead_row_messages(problem, dead))
-    before = "masked" if "masked" in trace else "scaled" if "scaled" in trace else "scores"
-    follows = o.hard or o.dropout > 0
-    trace.add("softmax" if follows else "weights", f"{'softmax' if follows else 'weights'} = softmax({before}, over keys)", w)
+    trace.add(name, formula, w)
 
     # 7) softmax variants, each its own step: the last one is what the output uses
     if o.hard:
@@ -294,6 +411,11 @@ def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str,
             + "  (each head h)"
         if s.name == "scores":
             s.notes = [*s.notes, split]
+            if problem.kv_heads:
+                r = H // problem.kv_heads
+                s.notes.append(f"grouped-query: K and V have {problem.kv_heads} heads of {proj.d_k // H} and "
+                               f"{proj.d_v // H} features; query head h reads K/V head h // {r} (as SDPA enable_gqa, "
+                               "HF repeat_kv)")
     t.meta["per_head_steps"] = per_head
     has_o = "W_o" in w
     t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,10 @@ MIN_KEYS = 16  # keys per chunk, when there are too many keys (times batch entri
 # Options the fast paths implement; any other option away from its default (hard attention,
 # dropout, ... added by other features) sends the run down the explicit path.
 FAST_OPTIONS = {"score", "scale", "scaling", "temperature", "causal", "causal_align", "mask_convention",
-                "mask_value", "dtype", "backend", "device", "keep_weights", "activation", "bandwidth", "hidden", "seed"}
+                "mask_value", "dtype", "backend", "device", "keep_weights", "activation", "bandwidth", "hidden", "seed",
+                # today's models: q and k are normalised and rotated before either path; the rest is per block
+                "kv_heads", "qk_norm", "norm_eps", "rope", "rope_base", "rotary_dim", "rope_scaling", "q_offset",
+                "alibi", "window", "softcap"}
 # Scores whose raw value is q_i · k_j: the scale can go into q (one pass less) and SDPA applies.
 DOT_SCORES = {"dot", "scaled-dot"}
 # Scaling rules whose factor depends only on d and n, not on the scores themselves.
@@ -82,6 +85,54 @@ def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: d
     and records which path ran in ``trace.meta["path"]``.
     """
     trace.meta["path"] = "sdpa" if sdpa else "blocked"
+    r = problem.n_rep
+    if r == 1:
+        return _output(problem, be, q, k, v, params, trace, progress, sdpa)
+    # grouped-query heads without copies of K/V: query heads t, t + r, t + 2r, ... read K/V heads 0, 1, 2, ...
+    out = be.xp.empty(problem.batch_shape + (problem.m, int(v.shape[-1])), dtype=q.dtype, device=be.device)
+    dead = []
+    for t in range(r):
+        sub = query_heads(problem, t)
+        part = Trace()
+        out[..., t::r, :, :] = _output(sub, be, q[..., t::r, :, :], k, v, params, part, None, sdpa)
+        if progress is not None:
+            progress((t + 1) * problem.m // r, problem.m)
+        dead.append(part.dead)
+        told = set(stages.dead_row_messages(sub, part.dead)) if part.dead is not None else set()
+        trace.warnings.extend(w for w in part.warnings if w not in told and w not in trace.warnings)
+    if any(d is not None for d in dead):
+        full = np.zeros(problem.batch_shape + (problem.m,), dtype=bool)
+        for t, d in enumerate(dead):
+            if d is not None:
+                full[..., t::r, :] = d
+        trace.dead = full
+        trace.warnings.extend(stages.dead_row_messages(problem, full))
+    if trace.meta.get("softmax") is None:
+        trace.meta["softmax"] = part.meta.get("softmax")
+    return out
+
+
+def query_heads(problem: Problem, t: int) -> Problem:
+    """The problem of the query heads t, t + r, t + 2r, ... (r = n_rep): each reads K/V head h // r, so
+    with those heads alone K and V pair with them head for head. Per-head masks, lengths, sinks and
+    slopes are sliced the same way."""
+    r, H = problem.n_rep, problem.head_count
+
+    def heads(a: Any, axis: int) -> Any:  # the head axis of an array broadcast over (..., H, <axis> more)
+        if a is None or a.ndim < -axis or a.shape[axis] != H:
+            return a
+        return a[(Ellipsis, slice(t, None, r)) + (slice(None),) * (-axis - 1)]
+
+    slopes = problem.slopes()
+    return replace(problem, q=problem.q[..., t::r, :, :], mask=heads(problem.mask, -3),
+                   query_limit=heads(problem.query_limit, -2), padding=heads(problem.padding, -3),
+                   sinks=None if problem.sinks is None else problem.sinks[t::r],
+                   alibi_slopes=None if slopes is None else slopes[t::r],
+                   batch_shape=problem.batch_shape[:-1] + (H // r,), kv_heads=None)
+
+
+def _output(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
+            progress: Progress | None, sdpa: bool) -> Any:
     if sdpa:
         return _sdpa(problem, be, q, k, v, trace, progress)
     return _blocked(problem, be, q, k, v, params, trace, progress)
@@ -127,11 +178,16 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     # exp(s) itself cannot overflow, underflow to zero or make the products with V overflow: the
     # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6) or a
     # float mask could leave a row with only tiny scores, which the max would rescale: those keep it.
+    slopes = problem.slopes()
     shift = not (o.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
-                 and (problem.padding is None or problem.padding.dtype == bool) and shift_free(problem, bound))
+                 and (problem.padding is None or problem.padding.dtype == bool) and slopes is None
+                 and problem.sinks is None and shift_free(problem, bound))
     trace.meta["softmax"] = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
+    if problem.sinks is not None:  # the sink: one more key per head, its value 0 (it adds to the row sums only)
+        sink_v1 = xp.concat([xp.zeros((1, dv), dtype=v.dtype, device=be.device),
+                             xp.ones((1, 1), dtype=v.dtype, device=be.device)], axis=-1)  # (1, d_v + 1)
 
     @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
     def block(i0: int) -> int:
@@ -140,11 +196,14 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
         if prescale and scale is not None:
             qb = qb * scale
         keep_all, bias_all = stages.masks(problem, be, rows=(i0, i1))  # (..., b, n) or broadcastable
+        ab = stages.alibi_rows(problem, (i0, i1))
+        alibi = None if ab is None else be.asarray(ab, problem.dtype)  # (H, b, n)
         acc = stages.OnlineSoftmax(xp, shift)
         kept = None  # any key kept (..., b)
-        for j0 in range(0, n, kstep):
-            j1 = min(n, j0 + kstep)
-            cols = slice(j0, j1) if kstep < n else slice(None)
+        lo, hi = visible_keys(problem, i0, i1)
+        for j0 in range(lo, hi, kstep):
+            j1 = min(hi, j0 + kstep)
+            cols = slice(j0, j1) if (kstep < n or lo > 0 or hi < n) else slice(None)
             keep, bias = _key_chunk(keep_all, cols), _key_chunk(bias_all, cols)
             # 3) score
             s = stages.score(problem, xp, qb, k[..., cols, :], params)  # (..., b, n_c)
@@ -153,6 +212,11 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             # 4) scale
             if not prescale and scale is not None:
                 s = s * scale
+            # cap, bias (ALiBi)
+            if o.softcap is not None:
+                s = stages.softcap(xp, s, o.softcap)
+            if alibi is not None:
+                s = s + _key_chunk(alibi, cols)
             # 5) mask (the rows of this block only)
             raw = s
             s = stages.apply_mask(xp, s, keep, bias, fill)
@@ -162,6 +226,8 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
                 stages.check_scores(problem, xp, raw, s, keep, offset=(i0, j0))
             # 6) softmax, folded into the product with V (8), normalised at the end
             acc.add(s, v1[..., cols, :], reuse=s is raw and prescale)
+        if problem.sinks is not None:  # 6) with sinks: exp(sink_h) joins each row's sum
+            acc.add(stages.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device), sink_v1)
         out[..., i0:i1, :] = acc.finish()
         if keep_all is not None or bias_all is not None:
             if shift:
@@ -179,6 +245,19 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+def visible_keys(problem: Problem, i0: int, i1: int) -> tuple[int, int]:
+    """The keys [lo, hi) that the queries i0..i1-1 can see under the causal rule or the window (query i at
+    position P + i sees keys j <= P + i, and j > P + i - W): the others are masked, their weights exactly 0,
+    so a block need not score them. Every key where a fill value (--mask-value) gives masked keys a weight."""
+    o, n = problem.options, problem.n
+    if o.mask_value is not None or not (o.causal or o.window is not None):
+        return 0, n
+    P = problem.query_offset
+    hi = min(n, max(0, P + i1))
+    lo = 0 if o.window is None else min(max(0, P + i0 - o.window + 1), n)
+    return (lo, hi) if hi > lo else (0, n)  # no key visible: every row of the block is fully masked
 
 
 def cannot_overflow(problem: Problem, c: Any) -> bool:
@@ -347,7 +426,12 @@ def _constant_factor(problem: Problem) -> float:
 
 
 def sdpa_applies(problem: Problem) -> bool:
+    """Whether torch's fused kernel computes the same thing: a dot-product score with a constant scale, no
+    fill value, and nothing between the scores and the softmax that SDPA has no place for (soft-capping,
+    ALiBi, sinks); RoPE and QK-norm are applied before, windows are masks, grouped heads go head group by group."""
     o = problem.options
+    if o.softcap is not None or problem.slopes() is not None or problem.sinks is not None:
+        return False
     return (get_score(o.score).name in DOT_SCORES and o.mask_value is None and constant_scale(problem)
             and cannot_overflow(problem, _constant_factor(problem)))  # else the blocked path says where
 
@@ -372,7 +456,7 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
             trace.warnings.append(overflow_message(problem, overflow))
     batch = problem.batch_shape
     q, k, v = (_as_4d(torch, t, batch + tuple(t.shape[-2:])) for t in (q, k, v))  # (B, 1, rows, width): 4-D for the fused kernels
-    top_left = not o.causal or o.causal_align == "top-left" or m == n
+    top_left = o.window is None and (not o.causal or problem.query_offset == 0)  # is_causal: j <= i
     if problem.query_limit is None and problem.mask is None and problem.padding is None and top_left:
         out = sdpa(q, k, v, is_causal=o.causal, scale=c)  # (B, 1, m, d) (B, 1, n, d) (B, 1, n, d_v) -> (B, 1, m, d_v)
         if progress is not None:

@@ -9,7 +9,10 @@ came from (``--temperature``, ``x.yaml: option temperature``, ``attend()``).
 
 from __future__ import annotations
 
+import json
 import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
@@ -19,7 +22,11 @@ from attncli.scoring import ACTIVATIONS, ALIASES, SCALINGS, SCORES
 
 MaskConvention = Literal["keep", "drop"]
 CausalAlign = Literal["top-left", "bottom-right"]
+RopeMode = Literal["half", "interleaved"]  # HF Llama's rotate_half; GPT-J / Meta's pairs
+QkNorm = Literal["rms", "rms1p"]  # RMSNorm · w (Qwen3), · (1 + w) (Gemma)
 MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)
+ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
+QK_NORMS: tuple[str, ...] = get_args(QkNorm)
 CAUSAL_ALIGNS: tuple[str, ...] = get_args(CausalAlign)
 MAX_HIDDEN = 1 << 16  # a hidden width beyond this is a typo, not a model (its weights alone would be GBs)
 MAX_SEED = (1 << 63) - 1
@@ -47,6 +54,18 @@ class Options:
     seed: int | None = None  # numpy default_rng seed for initialised weights and dropout (default 0)
     hard: bool = False  # one-hot weights at each row's argmax
     dropout: float = 0.0  # inverted dropout on the weights, as nn.Dropout in training
+    # today's models (shared/CONVENTIONS.md): every fact a model's config.json gives about its attention
+    kv_heads: int | None = None  # K/V heads of projected attention (grouped-query); None: W_k's width says
+    qk_norm: QkNorm | None = None  # RMSNorm of each head's q and k before RoPE (q_norm / k_norm weights)
+    norm_eps: float = 1e-6  # the eps of that RMSNorm (config rms_norm_eps)
+    rope: RopeMode | None = None  # rotary position embedding of q and k
+    rope_base: float = 10000.0  # theta (config rope_theta)
+    rotary_dim: int | None = None  # rotate the first N features of each head only (GPT-J, GPT-NeoX)
+    rope_scaling: Mapping[str, Any] | None = None  # config rope_scaling: rope_type linear / llama3 / yarn / dynamic
+    q_offset: int | None = None  # query i at position P + i (None: 0, or n - m bottom-right); keys at j
+    alibi: bool = False  # add slope_h·(j - i) (Press et al.; slopes of the paper, or given)
+    window: int | None = None  # sliding window: causal, each query sees W keys, itself included
+    softcap: float | None = None  # scores become c·tanh(s / c) after scaling (Gemma 2)
 
     def __post_init__(self) -> None:  # Options(...) and replace(...) are checked too, as the API's values
         for f in fields(self):
@@ -173,6 +192,87 @@ def _check_dropout(value: Any, where: str) -> float:
     return p
 
 
+def check_rope_mode(mode: Any, where: str = "--rope") -> str:
+    """The RoPE convention, or an InputError naming the choices."""
+    if mode not in ROPE_MODES:
+        raise InputError(f"unknown RoPE convention {_short(mode)}; choose one of {', '.join(ROPE_MODES)}", where)
+    return str(mode)
+
+
+def check_window(window: Any, where: str = "--window") -> int:
+    """The window, or an InputError when it is below 1 (a query always sees itself)."""
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise InputError(f"the sliding window must be a whole number of keys >= 1 (each query sees W keys, itself "
+                         f"included), got {_short(window)}", where)
+    return int(window)
+
+
+def check_softcap(cap: Any, where: str = "--softcap") -> float:
+    """The cap, or an InputError when it is not a finite number > 0."""
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap <= 0:
+        raise InputError(f"the soft-cap must be a finite number > 0 (scores become c·tanh(s/c)), got {_short(cap)}",
+                         where)
+    return float(cap)
+
+
+def check_q_offset(offset: Any, where: str = "--q-offset") -> int:
+    """The query offset P (query i at position P + i), or an InputError when negative."""
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
+        raise InputError(f"the query offset must be a whole number >= 0 (query i sits at position P + i), got "
+                         f"{_short(offset)}", where)
+    return int(offset)
+
+
+def _integral(value: Any) -> Any:
+    """A whole number given as a float or a string (YAML, the command line) as an int; else as it is."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    return value
+
+
+ROPE_SCALING_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "max_position_embeddings",
+                     "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+                     "mscale_all_dim", "truncate", "rope_theta", "partial_rotary_factor"}
+
+
+def _check_rope_scaling(value: Any, where: str) -> Mapping[str, Any]:
+    """A config.json ``rope_scaling`` mapping (or its JSON text): known keys, numbers where numbers go."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _Bad(f"must be a JSON object like {{\"rope_type\": \"linear\", \"factor\": 4}}, got {_short(value)}") from None
+    if not isinstance(value, Mapping):
+        raise _Bad(f"must be a mapping as config.json's rope_scaling, got {_short(value)}")
+    unknown = sorted(set(map(str, value)) - ROPE_SCALING_KEYS)
+    if unknown:
+        raise _Bad(f"has unknown key(s) {', '.join(unknown)}; config.json's rope_scaling has "
+                   f"{', '.join(sorted(ROPE_SCALING_KEYS))}")
+    kind = value.get("rope_type", value.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise _Bad(f"rope_type {_short(kind)} is not supported; choose one of {', '.join(ROPE_TYPES)}")
+    for k, v in value.items():
+        if k not in ("rope_type", "type", "truncate") and v is not None and (
+                isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
+            raise _Bad(f"{k} must be a finite number, got {_short(v)}")
+    return dict(value)
+
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+
+
+def _check_rope_base(value: Any, where: str) -> float:
+    base = _positive(_number(value, where), where)
+    if base <= 1:
+        raise _Bad(f"must be larger than 1 (the frequencies are base^(-2k/d)), got {base:g}")
+    return base
+
+
 CHECKS: dict[str, Any] = {
     "score": _check_score,
     "scale": _check_scale,
@@ -192,11 +292,24 @@ CHECKS: dict[str, Any] = {
     "seed": lambda v, w: _whole(v, w, 0, MAX_SEED),
     "hard": _flag,
     "dropout": _check_dropout,
+    "kv_heads": lambda v, w: _whole(v, w, 1, MAX_HIDDEN),
+    "qk_norm": lambda v, w: _choice(v, w, QK_NORMS),
+    "norm_eps": lambda v, w: _positive(_number(v, w), w, "a positive number (the RMSNorm's eps)"),
+    "rope": lambda v, w: check_rope_mode(v, w),
+    "rope_base": _check_rope_base,
+    "rotary_dim": lambda v, w: _whole(v, w, 1, MAX_HIDDEN),
+    "rope_scaling": _check_rope_scaling,
+    "q_offset": lambda v, w: check_q_offset(_integral(v), w),
+    "alibi": _flag,
+    "window": lambda v, w: check_window(_integral(v), w),
+    "softcap": lambda v, w: check_softcap(_number(v, w), w),
 }
 
 
 LABELS = {"valid_lens": "valid lengths", "causal_align": "causal alignment", "mask_convention": "mask convention",
-          "mask_value": "mask value", "keep_weights": "keep_weights", "hidden": "hidden width"}
+          "mask_value": "mask value", "keep_weights": "keep_weights", "hidden": "hidden width",
+          "kv_heads": "K/V heads", "qk_norm": "QK-norm", "norm_eps": "norm eps", "rope": "RoPE", "rope_base": "RoPE base",
+          "rotary_dim": "rotary dim", "rope_scaling": "rope scaling", "alibi": "ALiBi"}
 
 
 def check_option(name: str, value: Any, where: str) -> Any:

@@ -48,6 +48,10 @@ class Problem:
     heads: int = 1
     padding: np.ndarray | None = None  # key padding mask (B, S) as given, True = ignore (PyTorch)
     batch_first: bool = True  # projected inputs are (B, T, D); False: (T, B, D), PyTorch's default
+    sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss); --sinks, or the weights' sinks
+    alibi_slopes: np.ndarray | None = None  # (H,) ALiBi slopes as given; None: the paper's (options.alibi)
+    q_norm: np.ndarray | None = None  # (d,) QK-norm weights of each head's q (and k); None: 1 (rms), 0 (rms1p)
+    k_norm: np.ndarray | None = None
 
     # ---- derived, set by validate() ----
     batch_shape: tuple[int, ...] = ()  # leading axes of the attention arrays (multi-head: (B, H))
@@ -56,6 +60,7 @@ class Problem:
     query_limit: np.ndarray | None = None  # (..., m): keys j >= limit are masked (valid lens)
     result_dtype: str | None = None  # float16/bfloat16: every input came in it; computed in float32, cast back
     initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
+    kv_heads: int | None = None  # K/V heads when fewer than the query heads (grouped-query), else None
 
     @property
     def m(self) -> int:
@@ -71,6 +76,46 @@ class Problem:
         if self.projections is not None:
             return self.projections.d_k // self.heads
         return int(self.q.shape[-1])
+
+    @property
+    def head_count(self) -> int:
+        """Query heads: --heads with projections; else the axis -3 of Q (4-D (B, H, T, d) or 3-D (H, T, d)), or 1."""
+        if self.projections is not None:
+            return self.heads
+        return int(self.q.shape[-3]) if self.q.ndim >= 3 else 1
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per K/V head (grouped-query attention: query head h reads K/V head h // n_rep)."""
+        return self.head_count // self.kv_heads if self.kv_heads else 1
+
+    @property
+    def query_offset(self) -> int:
+        """The position of query 0 (query i at P + i, key j at j): --q-offset, else n - m bottom-right, else 0."""
+        o = self.options
+        if o.q_offset is not None:
+            return o.q_offset
+        return self.n - self.m if o.causal_align == "bottom-right" else 0
+
+    def rope_settings(self) -> tuple[float, int | None]:
+        """RoPE's (base, rotary width): --rope-base and --rotary-dim, else the rope scaling mapping's
+        rope_theta and partial_rotary_factor (transformers' rope_parameters carry both)."""
+        o = self.options
+        sc = o.rope_scaling or {}
+        base = float(sc["rope_theta"]) if sc.get("rope_theta") is not None else o.rope_base
+        part = sc.get("partial_rotary_factor")
+        width = o.rotary_dim if o.rotary_dim is not None or part is None else int(self.d_qk * part)
+        return base, width
+
+    def slopes(self) -> np.ndarray | None:
+        """The ALiBi slopes (H,): as given, or the paper's for the head count; None without ALiBi."""
+        if self.alibi_slopes is not None:
+            return self.alibi_slopes
+        if not self.options.alibi:
+            return None
+        from attncli.stages import alibi_slopes
+
+        return alibi_slopes(self.head_count)
 
     @property
     def self_attention(self) -> bool:
@@ -125,12 +170,15 @@ class Problem:
                                       "needs equal widths (use --score additive for different widths)")
             if k.shape[-2] != v.shape[-2]:
                 raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
+            kb, vb = self._grouped_heads(q, k, v)
             try:
-                self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+                self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
             except ValueError:
                 raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
                                       "(leading axes must be equal or 1)") from None
             self.axis_names = ("batch",) * len(self.batch_shape)
+            if len(self.batch_shape) >= 2 and (q.ndim >= 4 or self.kv_heads):  # (B, H, T, d): axis -3 holds heads
+                self.axis_names = ("batch",) * (len(self.batch_shape) - 1) + ("head",)
             if self.padding is not None:
                 raise InputError("a key padding mask needs projections (attncli self); use --mask here", "--key-padding-mask")
         self._check_labels()
@@ -138,6 +186,76 @@ class Problem:
         self.mask = self._check_mask()
         d_k = self.d_qk if self.projections is not None else int(self.k.shape[-1])
         self.params, self.initialised = prepare(score, self.params, self.d_qk, d_k, o, self.where("weights"))
+        self._check_today()
+
+    def _grouped_heads(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """K and V with fewer heads than Q on the head axis (-3): grouped-query attention. The batch
+        shapes of K and V as if they had Q's heads (for the broadcast check); sets ``kv_heads``."""
+        if q.ndim < 3 or k.ndim < 3 or k.ndim > q.ndim:
+            return k.shape[:-2], v.shape[:-2]
+        H, G = int(q.shape[-3]), int(k.shape[-3])
+        if G in (1, H) or (q.ndim == 3 and H % G):  # 3-D (B, T, d) that do not group: batch axes that do not match
+            return k.shape[:-2], v.shape[:-2]
+        from attncli.stages import check_kv_heads
+
+        check_kv_heads(H, G, self.where("k"))
+        if v.ndim < 3 or int(v.shape[-3]) != G:
+            raise self._fail("v", f"V has shape {v.shape} but K has {G} heads (axis -3): K and V need the same heads")
+        self.kv_heads = G
+        return k.shape[:-3] + (H,), v.shape[:-3] + (H,)
+
+    def _check_today(self) -> None:
+        """The options of today's models against the shapes: RoPE widths, positions that mean something,
+        one sink per head, the query offset against the causal alignment, QK-norm weights."""
+        from attncli import stages
+
+        o, score = self.options, get_score(self.options.score).name
+        H, d = self.head_count, self.d_qk
+        if self.projections is None and o.kv_heads is not None and o.kv_heads != (self.kv_heads or H):
+            raise InputError(f"K and V have {self.kv_heads or H} heads on axis -3 (Q has {H}); --kv-heads {o.kv_heads} "
+                             "does not match them", "--kv-heads")
+        if o.rope is not None:
+            stages.check_positional(score, "rope")
+            sc = dict(o.rope_scaling or {})
+            theta, part = sc.get("rope_theta"), sc.get("partial_rotary_factor")
+            if theta is not None and o.rope_base != Options().rope_base and float(theta) != o.rope_base:
+                raise InputError(f"rope_theta {theta:g} in the rope scaling differs from --rope-base {o.rope_base:g}; "
+                                 "give one of the two", "--rope-scaling")
+            if part is not None and o.rotary_dim is not None and int(d * part) != o.rotary_dim:
+                raise InputError(f"partial_rotary_factor {part:g} of head width {d} is {int(d * part)} features, but "
+                                 f"--rotary-dim is {o.rotary_dim}; give one of the two", "--rope-scaling")
+            stages.check_rope(d, self.rope_settings()[1], o.rope)
+        elif o.rotary_dim is not None:
+            raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved", "--rotary-dim")
+        elif o.rope_scaling is not None:
+            raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved",
+                             "--rope-scaling")
+        if o.alibi or self.alibi_slopes is not None:
+            stages.check_positional(score, "alibi")
+        if self.alibi_slopes is not None:
+            a = stages.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"))
+            if not np.isfinite(a).all():
+                raise InputError("ALiBi slopes must be finite numbers", self.where("alibi_slopes"))
+            self.alibi_slopes = a
+        if self.sinks is not None:
+            self.sinks = stages.check_sinks(self.sinks, H, self.where("sinks"))
+        if o.q_offset is not None and o.causal_align == "bottom-right" and (o.causal or o.window is not None) \
+                and o.q_offset != self.n - self.m:
+            raise InputError(f"--q-offset {o.q_offset} with --causal-align bottom-right: bottom-right puts the {self.m} "
+                             f"queries last among the {self.n} keys, at offset {self.n - self.m}; give one of the two",
+                             "--q-offset")
+        for name in ("q_norm", "k_norm"):
+            w = getattr(self, name)
+            if w is None:
+                continue
+            if o.qk_norm is None:
+                raise InputError(f"holds {name} weights (QK-norm): say which norm with --qk-norm rms (Qwen3: w·x/rms) "
+                                 "or --qk-norm rms1p (Gemma 3: (1 + w)·x/rms)", self.where("weights"))
+            w = numeric_array(w, name, self.where("weights")).reshape(-1)
+            if w.shape != (d,):
+                raise InputError(f"{name} has shape {np.shape(getattr(self, name))}; QK-norm normalises each head's "
+                                 f"{d} features: expected ({d},)", self.where("weights"))
+            setattr(self, name, w)
 
     def _validate_projected(self, k_is_q: bool, v_is_k: bool) -> None:
         """X, Y, Z as (B, T, D); the projections against their widths and the heads; masks per head."""
@@ -165,7 +283,12 @@ class Problem:
         self.v = self.k if v_is_k else Z
         what = ("X", "X" if k_is_q else "memory", "X" if k_is_q and v_is_k else ("memory" if v_is_k else "values"))
         assert self.projections is not None
-        self.projections.check(X.shape[2], Y.shape[2], Z.shape[2], self.heads, what)
+        G = self.projections.check(X.shape[2], Y.shape[2], Z.shape[2], self.heads, what, self.options.kv_heads)
+        self.kv_heads = G if G != self.heads else None
+        for name, a in self.projections.extras().items():  # QK-norm weights and sinks that came with the weights
+            if getattr(self, name) is None:
+                setattr(self, name, a)
+                self.sources[name] = self.projections.source
         self.batch_shape = (B, self.heads)
         self.axis_names = ("batch", "head") if self.batched else ("", "head")
         if self.valid_lens is not None and not self.batched:

@@ -25,6 +25,7 @@ from attncli.weights import linear_init, seeded_rng
 
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 BIASES = ("b_q", "b_k", "b_v", "b_o")
+EXTRAS = ("q_norm", "k_norm", "sinks")  # QK-norm weights (d_head,) and sinks (H,) beside the projections
 INITS = ("mha", "linear")
 
 
@@ -36,13 +37,16 @@ class Projections:
     """W_q, W_k, W_v (and W_o, biases) in the textbook convention ``Q = X @ W_q``."""
 
     W_q: np.ndarray  # (d_model, d_k)
-    W_k: np.ndarray  # (d_kv, d_k)
-    W_v: np.ndarray  # (d_vv, d_v)
+    W_k: np.ndarray  # (d_kv, d_k), or (d_kv, G·d_k/H) with G K/V heads (grouped-query)
+    W_v: np.ndarray  # (d_vv, d_v), or (d_vv, G·d_v/H)
     W_o: np.ndarray | None = None  # (d_v, d_out)
     b_q: np.ndarray | None = None  # (d_k,)
     b_k: np.ndarray | None = None  # (d_k,)
     b_v: np.ndarray | None = None  # (d_v,)
     b_o: np.ndarray | None = None  # (d_out,)
+    q_norm: np.ndarray | None = None  # (d_head,) QK-norm weights (Qwen3, Gemma 3)
+    k_norm: np.ndarray | None = None  # (d_head,)
+    sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss)
     source: str = "weights"
     origin: dict[str, str] = field(default_factory=dict)  # name -> where it came from, e.g. "in_proj_weight[0:8]ᵀ"
     kind: str = "textbook"
@@ -53,7 +57,14 @@ class Projections:
 
     @property
     def d_v(self) -> int:
-        return int(self.W_v.shape[1])
+        """The width of the heads' outputs side by side: H · (W_v's width per K/V head)."""
+        return int(self.W_v.shape[1]) * self._rep
+
+    _rep: int = field(default=1, repr=False)  # query heads per K/V head, set by check()
+
+    def extras(self) -> dict[str, np.ndarray]:
+        """QK-norm weights and sinks, when the weights hold them."""
+        return {n: a for n in ("q_norm", "k_norm", "sinks") if (a := getattr(self, n)) is not None}
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The weights that are present, by textbook name (what ``--save`` records)."""
@@ -65,8 +76,10 @@ class Projections:
     def _fail(self, message: str) -> InputError:
         return InputError(message, self.source)
 
-    def check(self, d_q: int, d_kv: int, d_vv: int, heads: int, what: tuple[str, str, str] = ("X", "X", "X")) -> None:
-        """Shapes against the inputs' widths and the number of heads; an InputError naming the weight."""
+    def check(self, d_q: int, d_kv: int, d_vv: int, heads: int, what: tuple[str, str, str] = ("X", "X", "X"),
+              kv_heads: int | None = None) -> int:
+        """Shapes against the inputs' widths and the number of heads (``kv_heads`` K/V heads: None, as W_k's
+        width says); an InputError naming the weight. Returns the number of K/V heads."""
         for n in PROJECTIONS:
             a = getattr(self, n)
             if a is not None and a.ndim != 2:
@@ -77,13 +90,29 @@ class Projections:
             if a.shape[0] != d:
                 raise self._fail(f"{self._name(n)} has shape {a.shape} but {x} has width {d}: expected ({d}, ...), "
                                  f"as in {n[-1].upper()} = {x} @ {n} (a PyTorch weight must be transposed)")
-        if self.W_k.shape[1] != self.d_k:
+        if heads < 1:
+            raise InputError(f"the number of heads must be at least 1, got {heads}", "--heads")
+        if self.d_k % heads:
+            raise InputError(f"{heads} heads do not divide d_k = {self.d_k} (W_q has {self.d_k} columns): each head "
+                             f"takes d_k / heads features; choose a number of heads that divides {self.d_k}", "--heads")
+        dh, kw = self.d_k // heads, int(self.W_k.shape[1])
+        if kv_heads is None:  # as many as W_k's width holds heads of Q's width
+            kv_heads = kw // dh if kw % dh == 0 and kw // dh >= 1 and heads % (kw // dh) == 0 else heads
+        from attncli.stages import check_kv_heads
+
+        rep = check_kv_heads(heads, kv_heads)
+        if kw != kv_heads * dh:
             raise self._fail(f"{self._name('W_k')} has shape {self.W_k.shape} but W_q projects to d_k = {self.d_k}: "
-                             f"expected ({d_kv}, {self.d_k}) so that queries and keys have the same width")
+                             f"expected ({d_kv}, {kv_heads * dh}) ({kv_heads} K/V head(s) of width {dh}) so that "
+                             "queries and keys have the same width per head")
+        if int(self.W_v.shape[1]) % kv_heads:
+            raise self._fail(f"{self._name('W_v')} has shape {self.W_v.shape}: its {self.W_v.shape[1]} columns do not "
+                             f"split into {kv_heads} K/V heads")
+        object.__setattr__(self, "_rep", rep)
         if self.W_o is not None and self.W_o.shape[0] != self.d_v:
             raise self._fail(f"{self._name('W_o')} has shape {self.W_o.shape} but the heads concatenate to "
                              f"d_v = {self.d_v} (W_v's width): expected ({self.d_v}, d_out)")
-        widths: dict[str, int | None] = {"b_q": self.d_k, "b_k": self.d_k, "b_v": self.d_v,
+        widths: dict[str, int | None] = {"b_q": self.d_k, "b_k": kw, "b_v": int(self.W_v.shape[1]),
                   "b_o": None if self.W_o is None else int(self.W_o.shape[1])}
         for n, width in widths.items():
             b = getattr(self, n)
@@ -93,13 +122,11 @@ class Projections:
                 raise self._fail(f"{self._name(n)} is given but there is no W_o to add it to")
             if b.shape != (width,):
                 raise self._fail(f"{self._name(n)} has shape {b.shape}; expected ({width},) to match {'W_' + n[-1]}")
-        if heads < 1:
-            raise InputError(f"the number of heads must be at least 1, got {heads}", "--heads")
-        for n, d in (("d_k", self.d_k), ("d_v", self.d_v)):
-            if d % heads:
-                raise InputError(f"{heads} heads do not divide {n} = {d} ({'W_q' if n == 'd_k' else 'W_v'} has "
-                                 f"{d} columns): each head takes {n} / heads features; "
-                                 f"choose a number of heads that divides {d}", "--heads")
+        if self.d_v % heads:
+            raise InputError(f"{heads} heads do not divide d_v = {self.d_v} (W_v has {self.W_v.shape[1]} columns): "
+                             f"each head takes d_v / heads features; choose a number of heads that divides {self.d_v}",
+                             "--heads")
+        return kv_heads
 
 
 Entries = Mapping[str, Any]
@@ -146,7 +173,7 @@ def _t(a: np.ndarray | None) -> np.ndarray | None:
 @weight_format("textbook", "W_q", "W_q, W_k, W_v (and W_o, b_q, b_k, b_v, b_o) with Q = X @ W_q")
 def _textbook(e: Entries, p: str, source: str) -> dict[str, Any]:
     out: dict[str, Any] = {n: _get(e, p + n, source, "W_q") for n in ("W_q", "W_k", "W_v")}
-    out.update({n: _opt(e, p + n, source) for n in ("W_o", *BIASES)})
+    out.update({n: _opt(e, p + n, source) for n in ("W_o", *BIASES, *EXTRAS)})
     return out
 
 
@@ -277,7 +304,7 @@ def xavier_init(rng: np.random.Generator, shape: tuple[int, int], fan: tuple[int
 
 def init_projections(d_q: int, d_kv: int, d_vv: int, *, d_k: int | None = None, d_v: int | None = None,
                      d_out: int | None = None, seed: int | None = None, init: str = "mha", bias: bool = True,
-                     out_proj: bool = True) -> Projections:
+                     out_proj: bool = True, heads: int = 1, kv_heads: int | None = None) -> Projections:
     """Weights drawn from ``numpy.random.default_rng(seed)`` the way PyTorch initialises them.
 
     ``mha`` (nn.MultiheadAttention): W_q, W_k, W_v xavier-uniform (over the stacked
@@ -291,8 +318,11 @@ def init_projections(d_q: int, d_kv: int, d_vv: int, *, d_k: int | None = None, 
     d_v = d_v or d_k
     d_out = d_out or d_q
     rng = seeded_rng(seed)
-    shapes = {"W_q": (d_q, d_k), "W_k": (d_kv, d_k), "W_v": (d_vv, d_v), "W_o": (d_v, d_out)}
-    packed = len({d_q, d_kv, d_vv, d_k, d_v}) == 1
+    # grouped-query (kv_heads G of H heads): K and V project to G heads of the query heads' width
+    g_k, g_v = (d * kv_heads // heads if kv_heads and heads % kv_heads == 0 and d % heads == 0 else d
+                for d in (d_k, d_v))
+    shapes = {"W_q": (d_q, d_k), "W_k": (d_kv, g_k), "W_v": (d_vv, g_v), "W_o": (d_v, d_out)}
+    packed = len({d_q, d_kv, d_vv, d_k, d_v, g_k, g_v}) == 1
     w: dict[str, Any] = {}
     for n in PROJECTIONS:
         if n == "W_o" and not out_proj:
@@ -303,7 +333,7 @@ def init_projections(d_q: int, d_kv: int, d_vv: int, *, d_k: int | None = None, 
         else:
             w[n] = xavier_init(rng, shape, (d_q, 3 * d_q) if packed else shape)
     if bias:
-        for n, (fan_in, width) in {"b_q": (d_q, d_k), "b_k": (d_kv, d_k), "b_v": (d_vv, d_v), "b_o": (d_v, d_out)}.items():
+        for n, (fan_in, width) in {"b_q": (d_q, d_k), "b_k": (d_kv, g_k), "b_v": (d_vv, g_v), "b_o": (d_v, d_out)}.items():
             if n == "b_o" and not out_proj:
                 continue
             w[n] = linear_init(rng, fan_in, (width,)) if init == "linear" else np.zeros(width)

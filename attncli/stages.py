@@ -1,18 +1,26 @@
 """The stages of attention, each written once over the array API (``xp``: numpy or torch).
 
     project    Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v        (B, T, D) x (D, e) -> (B, T, e)
-    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv)
+    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv, group_queries)
+    normalise  QK-norm: rms_norm of each head's q and k                 (..., T, d) -> (..., T, d)
+    rotate     RoPE: rope_inv_freq, rope_cos_sin, rotate at positions P + i (queries) and j (keys)
     score      the registered score function (attncli.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
     scale      S · factor / T
-    mask       keep-mask (valid lengths, causal, boolean masks) and additive float masks
-    softmax    stable, rows of -inf give zeros; online (blocks of keys) for the output-only path
+    cap        softcap: c · tanh(s / c)
+    bias       ALiBi (alibi_slopes, alibi_bias, alibi_rows) and additive float masks
+    mask       keep-mask (valid lengths, causal / window at positions, boolean masks)
+    softmax    stable, rows of -inf give zeros; with sinks (softmax_with_sinks, sink_column); online
+               (blocks of keys) for the output-only path
     select     hard attention, dropout
     sum        weights · V                                              (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     merge      (B, H, T, d) -> (B, T, H·d), then W_o + b_o
 
 The explicit path (attncli.engine), the blocked output-only path and PyTorch's fused kernel
 (attncli.fast), ``check``'s variants, the explanations and the diagnostics all call these:
-none keeps a private copy of a softmax, a mask fill or a head merge.
+none keeps a private copy of a softmax, a mask fill or a head merge. The stages of today's
+models follow the references of ``shared/CONVENTIONS.md`` to rounding (tests/test_modern_reference.py
+runs each beside transformers and torch); the tables built from positions (inverse frequencies,
+cos/sin, slopes, keep-masks) are plain numpy that the caller moves onto its backend.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ else:
 
 from attncli.backend import Backend, to_numpy
 from attncli.errors import InputError
+from attncli.options import ROPE_MODES, ROPE_TYPES, check_q_offset, check_rope_mode, check_softcap, check_window  # noqa: F401
 from attncli.scoring import SCALINGS, ScoreInput, get_score
 from attncli.trace import Trace
 from attncli.weights import seeded_rng
@@ -64,6 +73,404 @@ def expand_kv(xp: Any, a: Any, n_rep: int) -> Any:
     *lead, G, S, d = (int(s) for s in a.shape)
     b = xp.broadcast_to(xp.expand_dims(a, axis=-3), (*lead, G, n_rep, S, d))  # (..., G, 1, S, d) -> (..., G, r, S, d)
     return xp.reshape(b, (*lead, G * n_rep, S, d))
+
+
+# ==== the stages of today's models: grouped-query heads, RoPE, ALiBi, windows, soft-capping, sinks, norms ====
+
+# Scores for which a position stage means something (canonical names of the score registry).
+# RoPE: the rotated q·k (and with it a cosine or a distance ‖q - k‖) depends on i - j only; a score
+# that mixes the features through learned matrices (general, additive) or ignores the query
+# (location) sees rotated features at absolute positions, which no reference does.
+# ALiBi: a bias on any score, except location, whose weights are by definition the same for every query.
+POSITION_SCORES = {
+    "rope": ("dot", "scaled-dot", "cosine", "gaussian"),
+    "alibi": ("dot", "scaled-dot", "general", "additive", "cosine", "gaussian"),
+}
+
+
+# ---- grouped-query heads without copies ------------------------------------------------
+
+
+def group_queries(xp: Any, q: Any, n_rep: int) -> Any:
+    """Grouped-query heads without copying K/V: row t·T + i of group g is head g·r + t. (..., G·r, T, d) -> (..., G, r·T, d)
+
+    Then (..., G, r·T, d) x (..., G, d, S) -> (..., G, r·T, S) scores each group against its own
+    K/V (the same numbers as :func:`expand_kv`, without the r copies: for the output-only path).
+    A (T, S) mask or bias repeats r times down the rows (``np.tile(a, (r, 1))``); a per-head
+    (H, T, S) one reshapes to (G, r·T, S). :func:`ungroup_heads` undoes it.
+    """
+    *lead, h, t, d = (int(x) for x in q.shape)
+    return xp.reshape(q, (*lead, h // n_rep, n_rep * t, d))  # (..., G·r, T, d) -> (..., G, r·T, d): heads are contiguous
+
+
+def ungroup_heads(xp: Any, a: Any, n_rep: int) -> Any:
+    """The inverse of :func:`group_queries`. (..., G, r·T, X) -> (..., G·r, T, X)"""
+    *lead, g, rt, x = (int(n) for n in a.shape)
+    return xp.reshape(a, (*lead, g * n_rep, rt // n_rep, x))  # (..., G, r·T, X) -> (..., G·r, T, X)
+
+
+# ---- rotary position embedding --------------------------------------------------------------
+
+
+def _float32_pow(base: float, x: np.ndarray) -> np.ndarray:
+    """base ** x rounded to float32 (x float32): correctly rounded, as torch's float32 pow gives here."""
+    return np.power(np.float64(base), x.astype(np.float64)).astype(np.float32)
+
+
+def _default_inv_freq(dim: int, base: float) -> np.ndarray:
+    """1 / base^(2k/dim), k = 0..dim/2-1, in float32 as HF (the exponent is float32 arange / dim)."""
+    x = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)  # (dim/2,)
+    return np.float32(1.0) / _float32_pow(base, x)
+
+
+def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
+                  max_positions: int | None = None, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+    """inv_freq_k = 1 / base^(2k/dim) (scaled as ``scaling`` says), and the cos/sin factor. -> ((dim/2,) float32, float)
+
+    ``scaling``: the ``rope_scaling`` (or transformers 5 ``rope_parameters``) of a config.json,
+    ``None`` for plain RoPE; ``rope_type`` (or the older ``type``) is one of default, linear,
+    llama3, yarn, dynamic, computed as ``transformers.modeling_rope_utils`` does:
+
+    - linear: inv_freq / factor.
+    - llama3: frequencies with a wavelength above original/low_freq_factor divided by factor,
+      below original/high_freq_factor kept, smoothly mixed between.
+    - yarn: interpolation (inv_freq / factor) and extrapolation (inv_freq) mixed by a linear
+      ramp between the correction dims of beta_fast / beta_slow; the factor returned is
+      ``attention_factor`` or 0.1·ln(factor) + 1 (mscale / mscale_all_dim as DeepSeek).
+    - dynamic (NTK): plain RoPE while the sequence (``seq_len``, the largest position + 1) is
+      at most ``max_positions``; beyond it the base grows to
+      base·(factor·seq_len/max_positions - (factor - 1))^(dim/(dim-2)), as HF recomputes it
+      for a longer sequence.
+
+    ``dim`` is the rotary width (head_dim · partial_rotary_factor). ``max_positions``: the
+    config's ``max_position_embeddings`` (yarn without ``original_max_position_embeddings``
+    falls back to it, as HF does; dynamic needs it). Returns float32 frequencies and the factor
+    that multiplies cos and sin (1.0 except yarn).
+    """
+    _check_rope_dim(dim, "--rope-scaling")
+    p = dict(scaling or {})
+    kind = str(p.get("rope_type", p.get("type", "default")))
+    if kind not in ROPE_TYPES:
+        raise InputError(f"rope_type {kind!r} is not supported; choose one of {', '.join(ROPE_TYPES)}", "--rope-scaling")
+    if kind == "default":
+        return _default_inv_freq(dim, base), 1.0
+    if kind == "yarn":
+        return _yarn_inv_freq(dim, base, p, max_positions)
+    factor = p.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor <= 0:
+        raise InputError(f"rope_type {kind!r} needs a positive 'factor', got {factor!r}", "--rope-scaling")
+    if kind == "linear":
+        return _default_inv_freq(dim, base) / np.float32(factor), 1.0
+    if kind == "llama3":
+        return _llama3_inv_freq(dim, base, p, float(factor)), 1.0
+    # dynamic
+    if max_positions is None:
+        raise InputError("rope_type 'dynamic' needs max_position_embeddings (the config's)", "--rope-scaling")
+    n = max_positions if seq_len is None else max(seq_len, max_positions)
+    f32 = np.float32  # HF computes the grown base from a tensor sequence length: in float32
+    ratio = f32(f32(factor) * f32(n)) / f32(max_positions) - f32(factor - 1)
+    grown = f32(base) * _float32_pow(float(ratio), np.asarray(dim / (dim - 2), dtype=np.float32))  # = base at n = max
+    return _default_inv_freq(dim, float(grown)), 1.0
+
+
+def _need(p: dict[str, Any], key: str, kind: str, default: Any = None) -> float:
+    v = p.get(key, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise InputError(f"rope_type {kind!r} needs a number {key!r}, got {v!r}", "--rope-scaling")
+    return float(v)
+
+
+def _llama3_inv_freq(dim: int, base: float, p: dict[str, Any], factor: float) -> np.ndarray:
+    """Llama 3.1's frequency-dependent scaling (``_compute_llama3_parameters``), in float32."""
+    low, high = _need(p, "low_freq_factor", "llama3"), _need(p, "high_freq_factor", "llama3")
+    old = _need(p, "original_max_position_embeddings", "llama3")
+    f32 = np.float32
+    inv = _default_inv_freq(dim, base)
+    wavelen = (f32(1) / inv) * f32(2 * math.pi)  # (dim/2,); torch's scalar / tensor is reciprocal(tensor) · scalar
+    low_wavelen, high_wavelen = old / low, old / high
+    scaled = np.where(wavelen > low_wavelen, inv / f32(factor), inv)
+    smooth = ((f32(1) / wavelen) * f32(old) - f32(low)) / f32(high - low)
+    smoothed = (f32(1) - smooth) * scaled / f32(factor) + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _yarn_inv_freq(dim: int, base: float, p: dict[str, Any], max_positions: int | None) -> tuple[np.ndarray, float]:
+    """YaRN (``_compute_yarn_parameters``): ramped mix of interpolated and extrapolated frequencies."""
+    original = p.get("original_max_position_embeddings", max_positions)
+    if original is None:
+        raise InputError("rope_type 'yarn' needs original_max_position_embeddings (or the config's "
+                         "max_position_embeddings)", "--rope-scaling")
+    original = _need({"o": original}, "o", "yarn")
+    if p.get("factor") is None:  # DeepSeek-V3 style: the ratio of the two lengths
+        if max_positions is None:
+            raise InputError("rope_type 'yarn' without 'factor' needs max_position_embeddings", "--rope-scaling")
+        factor = max_positions / original
+    else:
+        factor = _need(p, "factor", "yarn")
+        if factor <= 0:
+            raise InputError(f"rope_type 'yarn' needs a positive 'factor', got {factor!r}", "--rope-scaling")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = p.get("attention_factor")
+    if attn is None:
+        ms, ms_all = p.get("mscale"), p.get("mscale_all_dim")
+        attn = float(mscale(factor, ms) / mscale(factor, ms_all)) if ms and ms_all else mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001  # as HF: no division by zero
+    f32 = np.float32
+    x = np.arange(0, dim, 2, dtype=np.float32) / f32(dim)
+    pos_freqs = _float32_pow(base, x)  # (dim/2,)
+    extrapolation = f32(1) / pos_freqs
+    interpolation = f32(1) / (f32(factor) * pos_freqs)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - f32(lo)) / f32(hi - lo), 0, 1)
+    extra = f32(1) - ramp
+    inv = interpolation * (f32(1) - extra) + extrapolation * extra
+    return inv.astype(np.float32), float(attn)
+
+
+def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
+                 dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+    """θ_pk = position_p · inv_freq_k; cos θ · factor and sin θ · factor. (T,) x (r/2,) -> (T, r), (T, r)
+
+    "half" (HF Llama): emb = cat(θ, θ), frequency k at features k and k + r/2;
+    "interleaved" (GPT-J, Meta): each frequency twice in a row, features 2k and 2k+1.
+
+    As HF: θ = float32(position) · float32 inv_freq, rounded to float32; cos and sin are taken
+    in float64 and rounded to float32 (torch's float32 cos/sin are within one unit in the
+    last place of them), then multiplied by the factor in float32. HF casts these float32
+    tables to the model's dtype, also for a float64 model; ``dtype="float64"`` instead keeps
+    θ from the same float32 frequencies in float64 and returns float64 tables.
+    """
+    check_rope_mode(mode)
+    pos = np.asarray(positions)
+    if dtype == "float64":
+        th = pos.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]  # (T, 1) x (1, r/2) -> (T, r/2)
+    else:
+        th = (pos.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]).astype(np.float64)
+    emb = np.concatenate([th, th], axis=-1) if mode == "half" else np.repeat(th, 2, axis=-1)  # (T, r)
+    cos, sin = np.cos(emb), np.sin(emb)
+    if dtype != "float64":
+        cos, sin = cos.astype(np.float32), sin.astype(np.float32)
+    if factor != 1.0:
+        f = cos.dtype.type(factor)
+        cos, sin = cos * f, sin * f
+    return cos, sin
+
+
+def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | None = None) -> Any:
+    """x' = x·cos + rotate(x)·sin on the first rotary_dim features; the rest pass through. (..., T, d) -> (..., T, d)
+
+    "half": rotate_half(x) = cat(-x[r/2:], x[:r/2]) (HF Llama, GPT-NeoX); "interleaved":
+    rotate_every_two(x) = (-x1, x0, -x3, x2, ...) (GPT-J, Meta's complex pairs). ``cos`` and
+    ``sin``: (T, r) tables from :func:`rope_cos_sin` (numpy or xp arrays), cast to x's dtype
+    as HF does.
+    """
+    check_rope_mode(mode)
+    d = int(x.shape[-1])
+    r = d if rotary_dim is None else int(rotary_dim)
+    dev = _device(x)
+    c = xp.asarray(cos, dtype=x.dtype, device=dev)  # (T, r), broadcast over the heads
+    s = xp.asarray(sin, dtype=x.dtype, device=dev)
+    xr = x[..., :r]  # (..., T, r)
+    if mode == "half":
+        rot = xp.concat([-xr[..., r // 2:], xr[..., :r // 2]], axis=-1)  # (..., T, r)
+    else:
+        pairs = xp.stack([-xr[..., 1::2], xr[..., 0::2]], axis=-1)  # (..., T, r/2, 2)
+        rot = xp.reshape(pairs, tuple(int(n) for n in xr.shape))  # (..., T, r/2, 2) -> (..., T, r)
+    y = xr * c + rot * s
+    return y if r == d else xp.concat([y, x[..., r:]], axis=-1)  # (..., T, r) + (..., T, d - r) -> (..., T, d)
+
+
+# ---- ALiBi ----------------------------------------------------------------------------------
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """slope_h = (2^(-8/P))^(h+1) for P = heads a power of two; otherwise P's slopes, then every other
+    slope of 2P. -> (H,) float64
+
+    fairseq ``get_slopes`` (Press et al.), computed in float64. HF Bloom's ``build_alibi_tensor``
+    rounds the base 2^(-8/P) to float32 and raises it to the integer powers in float32: its
+    slopes differ from these by a few float32 units in the last place (relative ~1e-7).
+    """
+    if heads < 1:
+        raise InputError(f"ALiBi needs at least one head, got {heads}", "--alibi")
+    p = 2 ** math.floor(math.log2(heads))
+    slopes = (2.0 ** (-8.0 / p)) ** np.arange(1, p + 1, dtype=np.float64)  # (P,)
+    if p == heads:
+        return slopes
+    extra = (2.0 ** (-8.0 / (2 * p))) ** np.arange(1, 2 * (heads - p), 2, dtype=np.float64)  # odd powers of 2P's base
+    return np.concatenate([slopes, extra])
+
+
+def alibi_bias(slopes: Any, q_pos: Any, k_pos: Any) -> np.ndarray:
+    """b_hij = slope_h · (k_pos_j - q_pos_i) = -slope_h · distance. (H,), (m,), (n,) -> (H, m, n)
+
+    Bloom adds slope·j (the same per row up to a constant, so the same weights); FlashAttention
+    -slope·|i + n - m - j|, the same on the causal side.
+    """
+    sl = np.asarray(slopes)
+    dt = sl.dtype if sl.dtype.kind == "f" else np.float64
+    rel = np.asarray(k_pos)[None, :].astype(dt) - np.asarray(q_pos)[:, None].astype(dt)  # (1, n) - (m, 1) -> (m, n)
+    return sl.astype(dt)[:, None, None] * rel[None, :, :]  # (H, 1, 1) x (1, m, n) -> (H, m, n)
+
+
+# ---- masks from positions ----------------------------------------------------------------
+
+
+def causal_keep(q_pos: Any, k_pos: Any) -> np.ndarray:
+    """keep_ij = k_pos_j <= q_pos_i. (m,), (n,) -> (m, n) bool
+
+    Top-left: q_pos = arange(m); bottom-right / KV cache: q_pos = (n - m) + arange(m), or any
+    offset P: P + arange(m); keys at arange(n).
+    """
+    return np.asarray(k_pos)[None, :] <= np.asarray(q_pos)[:, None]  # (1, n) vs (m, 1) -> (m, n)
+
+
+def window_keep(q_pos: Any, k_pos: Any, window: int) -> np.ndarray:
+    """keep_ij = q_pos_i - W < k_pos_j <= q_pos_i: each query sees W keys, itself included. (m,), (n,) -> (m, n) bool
+
+    HF ``masking_utils``: causal and ``sliding_window_overlay`` (kv > q - W); FlashAttention
+    ``window_size=(W - 1, 0)``.
+    """
+    check_window(window)
+    k, q = np.asarray(k_pos)[None, :], np.asarray(q_pos)[:, None]
+    return (k <= q) & (k > q - window)  # (1, n) vs (m, 1) -> (m, n)
+
+
+# ---- scores and softmax ---------------------------------------------------------------------
+
+
+def softcap(xp: Any, s: Any, cap: float) -> Any:
+    """s' = c · tanh(s / c): scores squashed into (-c, c), nearly unchanged where |s| << c. (...) -> (...)
+
+    In Gemma 2's order (``eager_attention_forward``): after scaling, before the mask.
+    """
+    return xp.tanh(s / cap) * cap
+
+
+def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
+    """w_ij = exp(s_ij) / (exp(sink_h) + Σ_j' exp(s_ij')): softmax over [s | sink_h], sink column dropped.
+    (..., H, m, n), (H,) -> (..., H, m, n)
+
+    gpt-oss ``sdpa`` and HF ``modeling_gpt_oss.eager_attention_forward``: a row sums to
+    1 - (the sink's share). Stable: the row maximum over keys and sink is subtracted. A row
+    whose keys are all -inf (fully masked) gives the sink everything: zero weights, as HF's
+    (its masked keys are at finfo.min, which exp turns into 0 beside a finite sink). A sink of
+    -inf is no sink (plain softmax); a row of -inf keys and a -inf sink also gets zero weights.
+    """
+    n = int(s.shape[-1])
+    sk = xp.asarray(sinks, dtype=s.dtype, device=_device(s))
+    sk = xp.reshape(sk, (-1, 1, 1) if s.ndim >= 3 else (1, 1))  # one head: (m, n) scores
+    col = xp.broadcast_to(sk, (*(int(x) for x in s.shape[:-1]), 1))  # (H,) -> (..., H, m, 1)
+    c = xp.concat([s, col], axis=-1)  # (..., H, m, n) + (..., H, m, 1) -> (..., H, m, n+1)
+    mx = xp.max(c, axis=-1, keepdims=True)
+    mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+    e = xp.exp(c - mx)
+    z = xp.sum(e, axis=-1, keepdims=True)
+    return (e / xp.where(z > 0, z, xp.ones_like(z)))[..., :n]
+
+
+# ---- norms ----------------------------------------------------------------------------------
+
+
+def rms_norm(xp: Any, x: Any, w: Any, eps: float, plus_one: bool = False) -> Any:
+    """y = x / sqrt(mean(x²) + eps) · w (Qwen3, Llama), or · (1 + w) (Gemma). (..., d), (d,) -> (..., d)
+
+    As HF: half-precision inputs are computed in float32 and returned in their own dtype;
+    Llama/Qwen3 cast the normalised x back before multiplying by w, Gemma multiplies by (1 + w)
+    in float32 and casts after. float32 and float64 inputs are computed in their own dtype
+    (HF computes a float64 model's norm in float32: it agrees with this to ~1e-7).
+    """
+    dt = x.dtype
+    wide = dt if dt in (xp.float32, xp.float64) else xp.float32
+    xf = xp.astype(x, wide)
+    y = xf / xp.sqrt(xp.mean(xf * xf, axis=-1, keepdims=True) + eps)  # (..., d) / (..., 1)
+    wt = xp.asarray(w, device=_device(x))
+    if plus_one:
+        return xp.astype(y * (1.0 + xp.astype(wt, wide)), dt)
+    return xp.astype(y, dt) * xp.astype(wt, dt)
+
+
+def layer_norm(xp: Any, x: Any, w: Any, b: Any, eps: float) -> Any:
+    """y = (x - mean) / sqrt(var + eps) · w + b, biased variance over the last axis (nn.LayerNorm). (..., d) -> (..., d)"""
+    mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
+    c = x - mu
+    var = xp.mean(c * c, axis=-1, keepdims=True)  # (..., 1)
+    y = c / xp.sqrt(var + eps)
+    dev = _device(x)
+    y = y * xp.asarray(w, dtype=x.dtype, device=dev)
+    return y if b is None else y + xp.asarray(b, dtype=x.dtype, device=dev)
+
+
+# ---- validation: one-line InputErrors that name the option -----------------------------------
+
+
+def check_kv_heads(q_heads: int, kv_heads: int, source: str = "--kv-heads") -> int:
+    """The group size r = H_q / H_kv, or an InputError when H_kv does not divide H_q."""
+    if kv_heads < 1 or q_heads < 1 or q_heads % kv_heads:
+        raise InputError(f"{kv_heads} K/V heads do not divide {q_heads} query heads; grouped-query attention "
+                         f"needs a divisor of {q_heads} (query head h reads K/V head h // (H_q / H_kv))", source)
+    return q_heads // kv_heads
+
+
+def check_rope(head_dim: int, rotary_dim: int | None, mode: str) -> int:
+    """The rotary width (head_dim when not given), or an InputError: odd widths, too wide, unknown mode."""
+    check_rope_mode(mode)
+    if rotary_dim is None:
+        if head_dim % 2:
+            raise InputError(f"RoPE rotates pairs of features but the head width is {head_dim} (odd); "
+                             "use an even head width or --rotary-dim with an even part of it", "--rope")
+        return head_dim
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise InputError(f"the rotary width must be even and at least 2 (RoPE rotates pairs), got {rotary_dim}", "--rotary-dim")
+    if rotary_dim > head_dim:
+        raise InputError(f"the rotary width {rotary_dim} is larger than the head width {head_dim}", "--rotary-dim")
+    return rotary_dim
+
+
+def _check_rope_dim(dim: int, source: str) -> None:
+    if dim < 2 or dim % 2:
+        raise InputError(f"the rotary width must be even and at least 2, got {dim}", source)
+
+
+def check_sinks(sinks: Any, heads: int, source: str = "--sinks") -> np.ndarray:
+    """The sinks as a float64 (H,) array, or an InputError: wrong count, not a vector, not finite-or--inf."""
+    a = np.asarray(sinks)
+    if a.dtype.kind not in "fiu":
+        raise InputError(f"sinks must be numbers (one logit per head), got dtype {a.dtype}", source)
+    a = a.astype(np.float64).reshape(-1) if a.ndim <= 1 else a
+    if a.ndim != 1 or a.shape[0] != heads:
+        raise InputError(f"sinks have shape {tuple(np.shape(sinks))} but attention has {heads} query heads; "
+                         f"give one logit per head, shape ({heads},)", source)
+    if np.isnan(a).any() or (np.isinf(a) & (a > 0)).any():
+        raise InputError("sinks hold NaN or +inf; each must be a finite logit (or -inf for no sink)", source)
+    return a
+
+
+def check_positional(score: str, variant: str) -> None:
+    """An InputError when the position stage ``variant`` ("rope" or "alibi") means nothing for ``score``."""
+    ok = POSITION_SCORES[variant]
+    if score in ok:
+        return
+    if variant == "rope":
+        why = ("it ignores the query, so rotating it changes nothing" if score == "location" else
+               "its learned matrices mix the rotated features, so scores no longer depend on i - j alone")
+        raise InputError(f"--rope makes q·k depend on the offset i - j; with --score {score} {why}: "
+                         f"use one of {', '.join(ok)}", "--rope")
+    raise InputError(f"--alibi adds -slope·(i - j) per query; --score {score} gives every query the same weights "
+                     f"by definition, which a per-query distance would undo: use one of {', '.join(ok)}", "--alibi")
 
 
 # ---- 3) score, 4) scale ------------------------------------------------------------------------
@@ -102,10 +509,9 @@ def keep_mask(problem: Problem, n: int, rows: Rows = None) -> tuple[np.ndarray |
     j = np.arange(n)  # key index
     if problem.query_limit is not None:
         keep = _row_block(problem.query_limit[..., None], rows) > j  # (..., m, 1) vs (n,) -> (..., m, n)
-    if o.causal:
-        i = index[:, None]
-        offset = n - m if o.causal_align == "bottom-right" else 0
-        causal = j <= i + offset  # (m, n)
+    if o.causal or o.window is not None:  # query i at position P + i, key j at j
+        q_pos = problem.query_offset + index
+        causal = causal_keep(q_pos, j) if o.window is None else window_keep(q_pos, j, o.window)  # (rows, n)
         keep = causal if keep is None else keep & causal
     bias = None
     if problem.mask is not None:
@@ -122,6 +528,24 @@ def keep_mask(problem: Problem, n: int, rows: Rows = None) -> tuple[np.ndarray |
         else:
             bias = pad if bias is None else bias + pad  # a float key padding mask is added, as PyTorch merges it
     return keep, bias
+
+
+def alibi_rows(problem: Problem, rows: Rows = None) -> np.ndarray | None:
+    """The ALiBi term slope_h · (j - (P + i)) of the queries ``rows`` on the host, broadcastable to the
+    scores (..., H, rows, n) (or (rows, n) with one head); None without ALiBi."""
+    sl = problem.slopes()
+    if sl is None:
+        return None
+    m, n = problem.m, problem.n
+    index = np.arange(*rows) if isinstance(rows, tuple) else np.arange(m) if rows is None else rows
+    b = alibi_bias(sl, problem.query_offset + index, np.arange(n))  # (H, rows, n)
+    return b if problem.batch_shape else b[0]
+
+
+def sink_column(problem: Problem, xp: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
+    """The sinks as a column beside the scores: (H,) -> ``shape`` = (..., H, rows, 1) (or (rows, 1), one head)."""
+    sk = xp.asarray(problem.sinks, dtype=dtype, device=device)
+    return xp.broadcast_to(xp.reshape(sk, (-1, 1, 1) if len(shape) >= 3 else (1, 1)), shape)
 
 
 def masks(problem: Problem, be: Backend, rows: Rows = None) -> tuple[Any, Any]:

@@ -156,7 +156,7 @@ class Context:
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
-        for name in ("masked", "scaled", "scores"):
+        for name in ("masked", "alibi", "capped", "scaled", "scores"):
             if name in self.ref:
                 return self.ref[name]
         raise NotApplicable("no scores")  # pragma: no cover
@@ -447,16 +447,6 @@ def causal_added_bottom_right(c: Context) -> Result:
     return _remask(c, _with(c, causal=True, causal_align="bottom-right"))
 
 
-@variant("causal-top-left", "the causal mask was aligned top-left (SDPA is_causal: query i sees keys j <= i) instead "
-                            "of bottom-right: with a KV cache the {m} new queries are the last positions and query i "
-                            "sees keys j <= i + {n} - {m}")
-def causal_top_left(c: Context) -> Result:
-    """softmax(S masked at keys j > i)·V, the queries taken as the first positions"""
-    if not c.options.causal or c.options.causal_align != "bottom-right":
-        raise NotApplicable("no bottom-right causal mask here")
-    return _remask(c, _with(c, causal_align="top-left"))
-
-
 @variant("causal-bottom-right", "the causal mask was aligned bottom-right (as a KV cache: query i sees keys "
                                 "j <= i + {n} - {m}) instead of top-left (SDPA is_causal)")
 def causal_bottom_right(c: Context) -> Result:
@@ -702,6 +692,193 @@ def output_projection_missing(c: Context) -> Result:
     return {"output": c.ref["concat"]}
 
 
+# ---- today's models: the classic mistakes of grouped heads, RoPE, windows, soft-capping, sinks ----------
+
+@variant("kv-heads-tiled", "the K/V heads were tiled instead of repeated: query head h read K/V head h % {G} "
+                           "(torch .repeat) instead of h // {r} (repeat_interleave, HF repeat_kv, SDPA enable_gqa)")
+def kv_heads_tiled(c: Context) -> Result:
+    """K/V head h % G for query head h"""
+    p = c.problem
+    if p.n_rep == 1:
+        raise NotApplicable("K and V have as many heads as Q")
+    if p.projections is not None:  # W_k's (and W_v's) head blocks side by side r times: block h is h % G
+        r, proj = p.n_rep, p.projections
+        blocks: dict[str, Any] = {n: np.tile(a, (1, r) if a.ndim == 2 else (r,)) for n in ("W_k", "W_v", "b_k", "b_v")
+                                  if (a := getattr(proj, n)) is not None}
+        tiled = replace(proj, **blocks)
+        return c.rerun(replace(p, projections=tiled, kv_heads=None), kv_heads=None)
+    if p.n_rep == 1:
+        raise NotApplicable("K and V have as many heads as Q")
+    reps = (1,) * (p.k.ndim - 3) + (p.n_rep, 1, 1)
+    return c.rerun(replace(p, k=np.tile(p.k, reps), v=np.tile(p.v, reps), kv_heads=None))
+
+
+def _window_shifted(c: Context, by: int) -> Result:
+    w = c.options.window
+    if w is None or w + by < 1:
+        raise NotApplicable("no sliding window" if w is None else "a window of one key cannot be one smaller")
+    return c.rerun(window=w + by)
+
+
+@variant("window-off-by-one", "the sliding window kept W + 1 = {W1} keys (i - j <= W, as attention-gym's sliding "
+                              "window) instead of W = {W} (i - j < W, HF sliding_window, FlashAttention (W-1, 0))")
+def window_plus_one(c: Context) -> Result:
+    """softmax(S masked outside i - W <= j <= i)·V"""
+    return _window_shifted(c, +1)
+
+
+@variant("window-one-short", "the sliding window kept W - 1 keys instead of W = {W} (each query sees W keys, "
+                             "itself included)")
+def window_minus_one(c: Context) -> Result:
+    """softmax(S masked outside i - W + 1 < j <= i)·V"""
+    return _window_shifted(c, -1)
+
+
+@variant("rope-other-convention", "RoPE rotated the other pairs of features: {rope_other} instead of {rope} (HF's "
+                                  "rotate_half pairs feature k with k + d/2, GPT-J and Meta pair 2k with 2k+1; HF's "
+                                  "converter permutes W_q and W_k to switch)")
+def rope_other_convention(c: Context) -> Result:
+    """softmax(rotate_other(Q)·rotate_other(K)ᵀ / √d)·V"""
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    return c.rerun(rope="interleaved" if c.options.rope == "half" else "half")
+
+
+@variant("rope-missing", "the rotary position embedding was left out: q and k were not rotated")
+def rope_missing(c: Context) -> Result:
+    """softmax(QKᵀ / √d)·V without RoPE"""
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    return c.rerun(rope=None, rotary_dim=None, rope_scaling=None)
+
+
+@variant("q-offset-missing", "the new queries were put at positions 0..m-1 instead of {P}..{P}+m-1 (a KV-cache "
+                             "step without cache_position): causal mask, window and rotations top-left")
+def q_offset_missing(c: Context) -> Result:
+    """query i at position i instead of P + i"""
+    if c.problem.query_offset == 0:
+        raise NotApplicable("the queries start at position 0")
+    return c.rerun(q_offset=0, causal_align="top-left")
+
+
+@variant("softcap-missing", "the soft-capping c·tanh(s / c) with c = {cap} was left out")
+def softcap_missing(c: Context) -> Result:
+    """softmax(QKᵀ / √d)·V without c·tanh(s / c)"""
+    if c.options.softcap is None:
+        raise NotApplicable("no soft-capping")
+    return c.rerun(softcap=None)
+
+
+@variant("sinks-missing", "the attention sinks were left out: each row's weights sum to 1 instead of leaving the "
+                          "sink its share")
+def sinks_missing(c: Context) -> Result:
+    """softmax over the keys alone, without the sink column"""
+    if c.problem.sinks is None:
+        raise NotApplicable("no attention sinks")
+    return c.rerun(replace(c.problem, sinks=None))
+
+
+def _rope_tables(p: Problem, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """cos, sin (T, r) at ``positions`` as the engine's rotate stage makes them (float64), and r."""
+    o = p.options
+    base, width = p.rope_settings()
+    rd = stages.check_rope(p.d_qk, width, str(o.rope))
+    sc = dict(o.rope_scaling) if o.rope_scaling else None
+    seq = int(max(p.query_offset + p.m - 1, p.n - 1)) + 1
+    inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
+    cos, sin = stages.rope_cos_sin(positions, inv, factor, str(o.rope), "float64")
+    return cos, sin, rd
+
+
+def _plain_rope(c: Context) -> Problem:
+    p = c.single()
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    if c.options.qk_norm is not None:
+        raise NotApplicable("with QK-norm the rotation comes after the norm")
+    return p
+
+
+@variant("rope-q-only", "RoPE rotated the queries but not the keys: scores q_rot·k instead of q_rot·k_rot")
+def rope_q_only(c: Context) -> Result:
+    """softmax(rotate(Q)·Kᵀ / √d)·V"""
+    p = _plain_rope(c)
+    return c.rerun(replace(p, q=c.ref["q_rot"]), rope=None, rotary_dim=None, rope_scaling=None)
+
+
+@variant("rope-on-v", "RoPE rotated the values too (at their key positions): only q and k are rotated")
+def rope_on_v(c: Context) -> Result:
+    """softmax(rotate(Q)·rotate(K)ᵀ / √d)·rotate(V)"""
+    p = _plain_rope(c)
+    if int(p.v.shape[-1]) != p.d_qk:
+        raise NotApplicable("V's width differs from the rotated width")
+    cos, sin, rd = _rope_tables(p, np.arange(p.n))
+    return c.rerun(replace(p, v=stages.rotate(np, p.v, cos, sin, str(c.options.rope), rd)))
+
+
+@variant("rope-base-default", "RoPE used the default base 10000 instead of the model's {base} (config rope_theta "
+                              "not read)")
+def rope_base_default(c: Context) -> Result:
+    """θ = position · 10000^(-2k/d) instead of base^(-2k/d)"""
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    if c.problem.rope_settings()[0] == 10000.0:
+        raise NotApplicable("the base is 10000 already")
+    sc = dict(c.options.rope_scaling or {})
+    sc.pop("rope_theta", None)
+    return c.rerun(rope_base=10000.0, rope_scaling=sc or None)
+
+
+@variant("window-not-causal", "the sliding window was not combined with the causal mask: each query saw the keys "
+                              "within {W} positions on both sides, the later ones too")
+def window_not_causal(c: Context) -> Result:
+    """softmax(S masked where |i - j| >= W)·V"""
+    p, w = c.problem, c.options.window
+    if w is None:
+        raise NotApplicable("no sliding window")
+    if p.mask is not None and (p.mask.dtype != bool or c.options.mask_convention != "keep"):
+        raise NotApplicable("a mask of another kind is there too")
+    i, j = p.query_offset + np.arange(p.m)[:, None], np.arange(p.n)[None, :]
+    keep = np.abs(i - j) < w  # (m, n): both sides of the query
+    mask = keep if p.mask is None else p.mask & keep
+    return _remask(c, replace(p, mask=mask, options=replace(c.options, window=None, causal=False)))
+
+
+@variant("softcap-after-mask", "the soft-cap c·tanh(s / c) (c = {cap}) was applied after the mask: masked scores "
+                               "became -c instead of -inf, so masked keys kept some weight")
+def softcap_after_mask(c: Context) -> Result:
+    """softmax(c·tanh(masked(S) / c))·V"""
+    cap = c.options.softcap
+    if cap is None:
+        raise NotApplicable("no soft-capping")
+    if c.problem.sinks is not None:
+        raise NotApplicable("with sinks")
+    t = c.rerun(softcap=None)
+    if "masked" not in t:
+        raise NotApplicable("no keys are masked")
+    return c.with_output(stages.softmax(np, stages.softcap(np, t["masked"], cap)))
+
+
+@variant("qk-norm-model-width", "QK-norm took the mean of squares over all the heads' features (the model width) "
+                                "instead of over each head's {d}")
+def qk_norm_model_width(c: Context) -> Result:
+    """q / sqrt(mean over every head of q²) instead of over each head's features"""
+    p = c.single()
+    o = c.options
+    if o.qk_norm is None:
+        raise NotApplicable("no QK-norm")
+    if p.q.ndim < 3 or p.q.shape[-3] == 1:
+        raise NotApplicable("one head: its width is the model width")
+    plus = o.qk_norm == "rms1p"
+
+    def norm(a: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+        ms = np.mean(np.square(a), axis=(-3, -1), keepdims=True)  # (..., 1, T, 1): every head's features of a token
+        wt = (0.0 if plus else 1.0) if w is None else w
+        return a / np.sqrt(ms + o.norm_eps) * ((1.0 + wt) if plus else wt)
+
+    return c.rerun(replace(p, q=norm(p.q, p.q_norm), k=norm(p.k, p.k_norm)), qk_norm=None)
+
+
 # ---- diagnosis ------------------------------------------------------------------------
 
 MAX_PAIR_RUNS = 600  # pairs of mistakes tried at most (each one run of the pipeline, or one variant on it)
@@ -729,7 +906,10 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
         flipped = "the key padding mask's True entries were kept instead of ignored"
     pre_attn = f"{int(c.problem.q.shape[-1]) / c.problem.heads:g}" if c.heads else ""
     facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped,
-                 scale=f"{o.scale:.4g}" if o.scale is not None else "", pre_attn=pre_attn)
+                 scale=f"{o.scale:.4g}" if o.scale is not None else "", pre_attn=pre_attn,
+                 G=c.problem.kv_heads or 1, r=c.problem.n_rep, W=o.window, W1=(o.window or 0) + 1, rope=o.rope,
+                 rope_other="interleaved" if o.rope == "half" else "half", P=c.problem.query_offset, cap=o.softcap,
+                 base=f"{c.problem.rope_settings()[0]:g}")
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 

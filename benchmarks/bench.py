@@ -15,6 +15,9 @@ Targets
   3. memory   T = 32768, d = 64, float32, output only (`attncli run x.npy --save out.npy`):
               peak RSS at most 600 MB; T = 65536 completes.
   4. render   the default view of a T = 4096 run: under 1 s more than the same run with --quiet.
+  5. modern   T = 8192, d = 64, float32, output only, 4 query heads: grouped-query (2 K/V heads) +
+              RoPE + sliding window (4096) within 1.5x of plain scaled-dot on the same Q, K, V
+              sizes (4 K/V heads, no position stage, no mask), measured side by side.
 """
 
 from __future__ import annotations
@@ -145,6 +148,29 @@ def bench_compute(sizes: list[int]) -> dict[str, Any]:
         r["sdpa_flash_vs_floor"] = r["seconds_best"]["torch_sdpa_flash"] / r["matmul_floor_s"]
         r["ok"] = r["ok"] and r["numpy_vs_floor"] <= 3
     return {"rows": rows, "ok": all(r["ok"] for r in rows)}
+
+
+# ---- 5. today's models ---------------------------------------------------------------------
+
+
+def bench_modern(t: int, repeats: int) -> dict[str, Any]:
+    from attncli import attend
+
+    rng = np.random.default_rng(t)
+    H, G, W = 4, 2, t // 2
+    q = rng.standard_normal((1, H, t, D)).astype(np.float32)
+    k, v = (rng.standard_normal((1, H, t, D)).astype(np.float32) for _ in range(2))
+    kg, vg = k[:, :G].copy(), v[:, :G].copy()  # (1, G, T, d): grouped-query heads
+    fns = {
+        "plain": lambda: attend(q, k, v, keep_weights=False),
+        "gqa_rope_window": lambda: attend(q, kg, vg, keep_weights=False, rope="half", window=W),
+        "rope_window": lambda: attend(q, k, v, keep_weights=False, rope="half", window=W),  # the stages alone, no GQA
+    }
+    times = interleaved(fns, repeats)
+    best = {n: min(x) for n, x in times.items()}
+    ratio = best["gqa_rope_window"] / best["plain"]
+    return {"T": t, "heads": H, "kv_heads": G, "window": W, "seconds_best": best, "seconds_all": times,
+            "ratio": ratio, "ratio_without_gqa": best["rope_window"] / best["plain"], "ok": ratio <= 1.5}
 
 
 # ---- 2. start-up -----------------------------------------------------------------------
@@ -291,6 +317,13 @@ def table(res: dict[str, Any]) -> str:
             ok = r["peak_rss_mb"] <= 600 if goal.startswith("<=") else r["completed"]
             row(f"3 memory T={r['T']} output only", f"{r['peak_rss_mb']:.0f} MB peak RSS, {r['seconds']:.1f} s "
                 f"(weights: {r['weights_would_take_mb']:.0f} MB)", goal, ok and r["completed"])
+    if "modern" in res:
+        r = res["modern"]
+        b = r["seconds_best"]
+        row(f"5 modern T={r['T']}: GQA+RoPE+window / plain", f"{r['ratio']:.2f}x ({b['gqa_rope_window']:.2f} s vs "
+            f"{b['plain']:.2f} s)", "<= 1.5x", r["ok"])
+        row(f"  T={r['T']}: RoPE+window (4 K/V heads) / plain", f"{r['ratio_without_gqa']:.2f}x "
+            f"({b['rope_window']:.2f} s)", "report", True)
     if "render" in res:
         r = res["render"]
         row(f"4 render T={r['T']}: view - quiet", f"{r['view_over_compute_s']:+.3f} s "
@@ -301,10 +334,10 @@ def table(res: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes: checks the script, not the targets")
-    ap.add_argument("--only", choices=["compute", "startup", "memory", "render"], action="append")
+    ap.add_argument("--only", choices=["compute", "startup", "memory", "render", "modern"], action="append")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results.json")
     args = ap.parse_args()
-    only = set(args.only or ["compute", "startup", "memory", "render"])
+    only = set(args.only or ["compute", "startup", "memory", "render", "modern"])
     res: dict[str, Any] = {"machine": machine(), "quick": args.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -313,6 +346,8 @@ def main() -> None:
             res["startup"] = bench_startup(3 if args.quick else 15)
         if "compute" in only:
             res["compute"] = bench_compute([256, 1024] if args.quick else [1024, 4096, 8192])
+        if "modern" in only:
+            res["modern"] = bench_modern(1024 if args.quick else 8192, 1 if args.quick else 3)
         if "render" in only:
             res["render"] = bench_render(1024 if args.quick else 4096, folder, 1 if args.quick else 3)
         if "memory" in only:

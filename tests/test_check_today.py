@@ -94,7 +94,7 @@ def case_causal_added_bottom_right() -> tuple[Problem, np.ndarray, np.ndarray]:
     return build(q, k, v), attention(q, k, v, causal_keep(2, 7, 5)), sdpa(q, k, v)
 
 
-def case_causal_top_left() -> tuple[Problem, np.ndarray, np.ndarray]:
+def case_q_offset_missing() -> tuple[Problem, np.ndarray, np.ndarray]:
     # the KV-cache bug: 3 new queries after 4 cached keys, computed with SDPA is_causal (top-left)
     q, k, v = rand(3, 4), rand(7, 4, seed=1), rand(7, 3, seed=2)
     return (build(q, k, v, causal=True, causal_align="bottom-right"), sdpa(q, k, v, is_causal=True),
@@ -189,7 +189,7 @@ CASES = {
     "causal-missing": case_causal_missing,
     "causal-added": case_causal_added,
     "causal-added-bottom-right": case_causal_added_bottom_right,
-    "causal-top-left": case_causal_top_left,
+    "q-offset-missing": case_q_offset_missing,
     "causal-bottom-right": case_causal_bottom_right,
     "valid-lens-ignored": case_valid_lens_ignored,
     "mask-ignored": case_mask_ignored,
@@ -238,7 +238,7 @@ def pair_cases() -> dict[str, tuple[Problem, np.ndarray, set[str]]]:
         "no scaling, no causal mask": (build(q, k, v, causal=True), attention(q, k, v, scale=1.0),
                                        {"no-scaling", "causal-missing"}),
         "KV cache top-left, no scaling": (build(qc, kc, vc, causal=True, causal_align="bottom-right"),
-                                          sdpa(qc, kc, vc, is_causal=True, scale=1.0), {"causal-top-left", "no-scaling"}),
+                                          sdpa(qc, kc, vc, is_causal=True, scale=1.0), {"q-offset-missing", "no-scaling"}),
         "valid lengths ignored, divided by d": (build(qb, kb, vb, valid_lens=lens), attention(qb, kb, vb, scale=1 / 4),
                                                 {"valid-lens-ignored", "scale-by-d"}),
         "mask inverted, no scaling": (build(q, k, v, mask=mask), attention(q, k, v, ~mask, scale=1.0),

@@ -23,9 +23,9 @@ from attncli.weights import weights_mapping
 
 OPTION_FIELDS = Options.field_names()
 PROBLEM_KEYS = {"q", "k", "v", "valid_lens", "mask", "labels", "query_labels", "key_labels", "options",
-                "weights", "expected", "description", "source"}
+                "weights", "expected", "description", "source", "sinks", "alibi_slopes"}
 MULTIHEAD_KEYS = {"x", "memory", "values", "weights", "heads", "labels", "query_labels", "key_labels", "valid_lens",
-                  "key_padding_mask", "mask", "options", "description", "source", "expected"}
+                  "key_padding_mask", "mask", "options", "description", "source", "expected", "sinks", "alibi_slopes"}
 
 
 def split_labels(text: str | None) -> list[str] | None:
@@ -142,6 +142,10 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
 
     mask = entry("mask", "mask")
     padding = entry("key_padding_mask", "key_padding_mask")
+    sinks = entry("sinks", "sinks")
+    slopes = entry("alibi_slopes", "alibi_slopes")
+    if opts.get("rope_scaling") is not None:
+        opts = {**opts, "rope_scaling": _rope_scaling(opts["rope_scaling"], reader)}
     valid_lens = doc.get("valid_lens")
     sources["valid_lens"] = file_source
     if opts.get("valid_lens") is not None:
@@ -168,21 +172,36 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
     options = Options().merged(_file_options(doc.get("options"), file_source), file_source)
     options = options.merged(cli_options(opts), "command line", flags=True)
     common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab, options=options,
-                                  sources=sources, padding=padding)
+                                  sources=sources, padding=padding, sinks=sinks, alibi_slopes=slopes)
     if not heads_mode:
         params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.get("weights"), reader)
         return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, **common)
     heads = opts.get("heads") if opts.get("heads") is not None else doc.get("heads", 1)
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise InputError(f"'heads' must be a whole number, got {heads!r}", file_source)
-    proj = _projections(arrays, doc, file_source, opts, reader, options)
+    proj = _projections(arrays, doc, file_source, opts, reader, options, heads)
     sources["weights"] = proj.source
     return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=proj, heads=heads,
                          batch_first=opts.get("batch_first", True), **common)
 
 
+def _rope_scaling(text: str, reader: Reader) -> Any:
+    """--rope-scaling: JSON text, or a .json/.yaml file holding the mapping (or a config.json with rope_scaling or
+    rope_parameters, whose rope_theta and partial_rotary_factor count as --rope-base and --rotary-dim)."""
+    if text.lstrip().startswith("{"):
+        return text  # checked (and parsed) with the other options
+    if Path(text).suffix.lower() not in (".json", ".yaml", ".yml"):
+        raise InputError(f"{text!r} is neither JSON like '{{\"rope_type\": \"linear\", \"factor\": 4}}' nor a .json/.yaml "
+                         "file", "--rope-scaling")
+    content = reader.read(text)
+    for key in ("rope_parameters", "rope_scaling"):  # a whole config.json: transformers 5 names it rope_parameters
+        if isinstance(content, dict) and isinstance(content.get(key), dict):
+            return content[key]
+    return content
+
+
 def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: dict[str, Any], reader: Reader,
-                 options: Options) -> Projections:
+                 options: Options, heads: int = 1) -> Projections:
     """W_q, W_k, W_v (W_o, biases) from --weights, the file's weights: entry, or drawn from --seed."""
     given = [f for f, v in (("--d-k", opts.get("d_k")), ("--d-v", opts.get("d_v"))) if v is not None]
     weights, prefix = opts.get("weights"), opts.get("prefix")
@@ -201,7 +220,7 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: di
     init = opts.get("init")
     return init_projections(d_q, d_kv, d_vv, d_k=opts.get("d_k"), d_v=opts.get("d_v"), seed=options.seed,
                             init=str(getattr(init, "value", init or "mha")), bias=opts.get("bias", True),
-                            out_proj=opts.get("out_proj", True))
+                            out_proj=opts.get("out_proj", True), heads=heads, kv_heads=options.kv_heads)
 
 
 def _width(a: Any, title: str) -> int | None:

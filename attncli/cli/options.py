@@ -19,7 +19,7 @@ import typer
 
 from attncli.backend import BACKENDS, DEVICES, DTYPES
 from attncli.diagnostics import SIMILARITIES
-from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS
+from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, QK_NORMS, ROPE_MODES
 from attncli.scoring import ACTIVATIONS, SCALINGS, score_names
 
 Group = list[inspect.Parameter]
@@ -39,6 +39,8 @@ Dtype = choices("Dtype", DTYPES)
 BackendChoice = choices("BackendChoice", BACKENDS)
 DeviceChoice = choices("DeviceChoice", DEVICES)
 SimilarityChoice = choices("SimilarityChoice", list(SIMILARITIES))
+RopeChoice = choices("RopeChoice", ROPE_MODES)
+QkNormChoice = choices("QkNormChoice", QK_NORMS)
 
 
 def option(name: str, annotation: Any, default: Any, *flags: str, help: str, **kw: Any) -> inspect.Parameter:
@@ -52,6 +54,7 @@ LABELS = "Labels"
 PARAMS = "Score parameters"
 OUTPUT = "Output"
 EXPLAIN = "Explanations and pictures"
+TODAY = "Today's models"
 
 PROBLEM_OPTIONS: Group = [
     option("score", Optional[ScoreChoice], None, "--score", "-s", rich_help_panel=COMPUTE,
@@ -110,6 +113,37 @@ PROBLEM_OPTIONS: Group = [
            help="Hard attention: one-hot weights at each row's largest weight (ties: the first key)."),
     option("dropout", Optional[float], None, "--dropout", min=0.0, max=1.0, rich_help_panel=COMPUTE,
            help="Inverted dropout on the weights as nn.Dropout(P) in training (default 0), seeded by --seed."),
+    option("rope", Optional[RopeChoice], None, "--rope", rich_help_panel=TODAY,
+           help="Rotary position embedding of q and k: half (HF Llama rotate_half) or interleaved (GPT-J, Meta's "
+                "pairs). Query i at position P + i (--q-offset), key j at j."),
+    option("rope_base", Optional[float], None, "--rope-base", rich_help_panel=TODAY,
+           help="RoPE theta: frequencies base^(-2k/d) (default 10000; config rope_theta)."),
+    option("rotary_dim", Optional[int], None, "--rotary-dim", rich_help_panel=TODAY,
+           help="Rotate only the first N features of each head (even; GPT-J rotary_dim, GPT-NeoX rotary_pct·d)."),
+    option("rope_scaling", Optional[str], None, "--rope-scaling", rich_help_panel=TODAY,
+           help="config.json's rope_scaling as JSON or a .json/.yaml file: {\"rope_type\": \"linear\"|\"llama3\"|"
+                "\"yarn\"|\"dynamic\", \"factor\": 8, ...}."),
+    option("q_offset", Optional[int], None, "--q-offset", rich_help_panel=TODAY,
+           help="Query i sits at position P + i (default 0; n - m with --causal-align bottom-right): a KV-cache step "
+                "of m new queries over n keys."),
+    option("alibi", Optional[bool], None, "--alibi/--no-alibi", rich_help_panel=TODAY,
+           help="ALiBi: add slope_h·(j - i) to the scores, slopes of the paper for the head count (heads: axis -3 "
+                "of Q for run, --heads for self)."),
+    option("alibi_slopes", Optional[str], None, "--alibi-slopes", rich_help_panel=TODAY,
+           help="ALiBi with these slopes (a file, one per head); implies --alibi."),
+    option("window", Optional[int], None, "--window", rich_help_panel=TODAY,
+           help="Sliding window: causal, each query sees the W keys up to itself (HF sliding_window, FlashAttention "
+                "window_size=(W-1, 0))."),
+    option("softcap", Optional[float], None, "--softcap", rich_help_panel=TODAY,
+           help="Logit soft-capping: scores become C·tanh(s/C) after scaling, before the mask (Gemma 2)."),
+    option("sinks", Optional[str], None, "--sinks", rich_help_panel=TODAY,
+           help="Attention sinks (a file, one logit per head, gpt-oss): an extra softmax column, dropped, so rows "
+                "sum to less than 1. With self, also read from --weights (sinks)."),
+    option("qk_norm", Optional[QkNormChoice], None, "--qk-norm", rich_help_panel=TODAY,
+           help="RMSNorm of each head's q and k before RoPE: rms (Qwen3, w·x/rms) or rms1p (Gemma 3, (1+w)·x/rms); "
+                "q_norm/k_norm weights from --weights (default none: w = 1)."),
+    option("norm_eps", Optional[float], None, "--norm-eps", rich_help_panel=TODAY,
+           help="eps of the QK-norm (default 1e-6; config rms_norm_eps)."),
 ]
 
 MH = "Multi-head"
@@ -127,6 +161,9 @@ MULTIHEAD_OPTIONS: Group = [
                 "inputs)."),
     option("key_padding_mask", Optional[str], None, "--key-padding-mask", rich_help_panel=MH,
            help="(B, S) file: True/1 = ignore that key (PyTorch key_padding_mask)."),
+    option("kv_heads", Optional[int], None, "--kv-heads", min=1, rich_help_panel=MH,
+           help="Grouped-query / multi-query attention: G K/V heads (a divisor of --heads); query head h reads K/V head "
+                "h // (H/G). Default: as many as W_k's width holds."),
     option("d_k", Optional[int], None, "--d-k", min=1, rich_help_panel=MH,
            help="Without --weights: width of Q and K (default d_model)."),
     option("d_v", Optional[int], None, "--d-v", min=1, rich_help_panel=MH,

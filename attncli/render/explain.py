@@ -99,6 +99,9 @@ class Cell:
         if name not in t.inputs:
             return None
         a = np.asarray(t.inputs_numpy()[name], dtype=np.float64)
+        r = int(t.meta.get("n_rep", 1))
+        if r > 1 and name in ("k", "v") and a.ndim >= 3 and not isinstance(t.meta.get("head"), int):
+            a = np.repeat(a, r, axis=-3)  # grouped-query: query head h reads K/V head h // r
         w = self.trace.weights
         lead = w.shape[:-2]
         a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
@@ -117,6 +120,8 @@ class Cell:
         else:
             return None
         dh = int(widths[name])
+        if name in ("k", "v"):
+            h //= int(t.meta.get("n_rep", 1))  # grouped-query: query head h reads K/V head h // r
         a = np.asarray(t[name], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
         if a.ndim - 2 != len(rest):
             return None
@@ -136,6 +141,23 @@ class Cell:
             return np.asarray(a[self.batch][idx])
         except (ValueError, IndexError):
             return None
+
+    def head(self) -> int:
+        """The (query) head of this cell: --head's, else the last leading axis when there are heads, else 0."""
+        t = self.trace
+        if isinstance(t.meta.get("head"), int):
+            return int(t.meta["head"])
+        axis = t.meta.get("head_axis")
+        if isinstance(axis, int) and axis < len(self.batch):
+            return self.batch[axis]
+        return self.batch[-1] if self.batch and t.weights.ndim >= 3 else 0
+
+    def scored(self, name: str, row: int) -> tuple[str, np.ndarray | None]:
+        """The q (or k) row that the score read: rotated (q_rot), normalised (q_norm) or as projected."""
+        for step in (f"{name}_rot", f"{name}_norm"):
+            if step in self.trace:
+                return step, self.vector(step, row)
+        return name, self.input_row(name, row)
 
     def step(self, name: str) -> float:
         a = self.trace[name]
@@ -167,17 +189,41 @@ def explains(*names: str) -> Callable[[ScoreExplainer], ScoreExplainer]:
 @explains("dot", "scaled-dot")
 def explain_dot(c: Cell) -> list[str]:
     """sim(q, k) = Σ_t q_t × k_t, written term by term (terms with a zero factor left out, as the notes do)."""
-    q, k, p = c.input_row("q", c.i), c.input_row("k", c.j), c.precision
+    (qn, q), (kn, k), p = c.scored("q", c.i), c.scored("k", c.j), c.precision
     s = c.step("scores")
+    pre = position_lines(c)
     if q is None or k is None:
-        return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}"]
+        return [*pre, f"sim({c.query}, {c.key}) = {qn}({c.query}) · {kn}({c.key}) = {num(s, p)}"]
     terms = [f"{fac(a, p)}×{fac(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
     skipped = len(q) - len(terms)
     if not terms:
-        return [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {num(s, p)}   (every product has a zero factor)"]
-    lines = [f"sim({c.query}, {c.key}) = q({c.query}) · k({c.key}) = {elide(terms, len(terms))} = {num(s, p)}"]
+        return [*pre, f"sim({c.query}, {c.key}) = {qn}({c.query}) · {kn}({c.key}) = {num(s, p)}   "
+                      "(every product has a zero factor)"]
+    lines = [*pre, f"sim({c.query}, {c.key}) = {qn}({c.query}) · {kn}({c.key}) = {elide(terms, len(terms))} = {num(s, p)}"]
     if skipped:
         lines.append(f"    ({skipped} of the {len(q)} products have a zero factor and are left out)")
+    return lines
+
+
+def position_lines(c: Cell) -> list[str]:
+    """Grouped-query heads, QK-norm and RoPE before the score: which K/V head, the normalised and rotated rows."""
+    t, p = c.trace, c.precision
+    lines = []
+    r = int(t.meta.get("n_rep", 1))
+    if r > 1:
+        h = c.head()
+        lines.append(f"grouped-query: query head {h} reads K/V head {h // r} (= {h} // {r})")
+    for name, row, label in (("q", c.i, c.query), ("k", c.j, c.key)):
+        for step in (f"{name}_norm", f"{name}_rot"):
+            if step in t:
+                v = c.vector(step, row)
+                if v is not None:
+                    lines.append(f"{step}({label}) = {vec(v, p)}   [{t.step(step).formula}]")
+    rope = t.meta.get("rope")
+    if isinstance(rope, dict) and "q_rot" in t:
+        pq = int(rope.get("q_offset", 0)) + c.i
+        lines.append(f"    query {c.query} is at position {pq}, key {c.key} at {c.j}: the rotated score depends on "
+                     f"{pq} - {c.j} = {pq - c.j} only")
     return lines
 
 
@@ -286,11 +332,42 @@ def scaling_lines(c: Cell) -> list[str]:
     return [f"scaled: {expr} = {num(x, p)}"]
 
 
+SCORE_CHAIN = ("scores", "scaled", "capped", "alibi", "masked")  # the steps from the score to the softmax's input
+
+
+def _before(t: Trace, name: str) -> str:
+    """The step of the chain just before ``name`` in this run."""
+    chain = [n for n in SCORE_CHAIN if n in t.names()]
+    return chain[chain.index(name) - 1] if name in chain and chain.index(name) > 0 else "scores"
+
+
+def cap_lines(c: Cell) -> list[str]:
+    """Soft-capping: c·tanh(s / c) of this cell."""
+    if "capped" not in c.trace:
+        return []
+    p, cap = c.precision, c.trace.step("capped").formula.split(" · ")[0].split("= ")[-1]
+    s = c.step(_before(c.trace, "capped"))
+    return [f"capped: {cap} · tanh({num(s, p)} / {cap}) = {num(c.step('capped'), p)}   (soft-capping, after the scale)"]
+
+
+def alibi_lines(c: Cell) -> list[str]:
+    """ALiBi: the cell's slope·(j - i) added."""
+    if "alibi" not in c.trace:
+        return []
+    p = c.precision
+    s, a = c.step(_before(c.trace, "alibi")), c.step("alibi")
+    rope = c.trace.meta.get("alibi") or {}
+    pq = int(rope.get("q_offset", 0)) + c.i
+    slope = (a - s) / (c.j - pq) if c.j != pq else None
+    term = f"slope {num(slope, 6)} · ({c.j} - {pq})" if slope is not None else f"slope · ({c.j} - {pq}) = 0"
+    return [f"alibi: {num(s, p)} + {term} = {num(a, p)}   (key {c.key} is {pq - c.j} position(s) before query {c.query})"]
+
+
 def mask_lines(c: Cell) -> list[str]:
     if "masked" not in c.trace:
         return []
     p = c.precision
-    before = c.step("scaled") if "scaled" in c.trace else c.step("scores")
+    before = c.step(_before(c.trace, "masked"))
     after = c.step("masked")
     if after == before:
         return [f"mask: key {c.key} takes part for query {c.query} (unchanged: {num(after, p)})"]
@@ -303,7 +380,7 @@ def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float
     """The softmax's input row (the step it read: masked, scaled or scores), its finite max,
     exp(x - max) (each <= 1; masked keys 0) and their sum, as the explanations write them."""
     t = c.trace
-    pre = "masked" if "masked" in t else "scaled" if "scaled" in t else "scores"
+    pre = [n for n in SCORE_CHAIN if n in t.names()][-1]
     x = c.row(pre)
     mx, e, z = stages.softmax_parts(np, x)  # the engine's own softmax, for one row
     return pre, x, float(mx[0]), e, float(z[0])
@@ -316,6 +393,15 @@ def softmax_lines(c: Cell) -> list[str]:
     w = c.step(_softmax_step(t))
     if not np.isfinite(x).any():
         return [f"weight = 0: every key of query {c.query} is masked, so the row has no weights"]
+    sink = sink_logit(c)
+    if sink is not None:
+        top = max(mx, sink)
+        es, ex = math.exp(sink - top), np.exp(np.where(np.isfinite(x), x, -np.inf) - top)
+        zz = es + float(np.sum(ex))
+        return [f"weight = exp({num(x[c.j], p)}) / (exp(sink) + Σ exp(row)) with this head's sink logit {num(sink, p)}",
+                f"    stable form (the max {num(top, p)} of the row and the sink subtracted): "
+                f"{num(float(ex[c.j]), p)} / ({num(es, p)} + {num(float(np.sum(ex)), p)}) = {num(w, p)}",
+                f"    the sink takes {num(es / zz, p)} of the row: its weights sum to {num(1 - es / zz, p)}"]
     xj = x[c.j]
     terms_x = elide([f"exp({num(v, p)})" for v in x], len(x))
     lines = [f"weight = exp({num(xj, p)}) / Σ exp(row) over the {len(x)} keys of {c.query}"]
@@ -331,6 +417,14 @@ def softmax_lines(c: Cell) -> list[str]:
         v = float(np.broadcast_to(st.numpy(), t.weights.shape)[c.batch][c.i, c.j])
         lines.append(f"then {st.formula}: {num(v, p)}")
     return lines
+
+
+def sink_logit(c: Cell) -> float | None:
+    """This cell's head's sink logit, or None without sinks."""
+    sinks = c.trace.meta.get("sinks")
+    if not sinks:
+        return None
+    return float(sinks[c.head() if len(sinks) > 1 else 0])
 
 
 def _after_weights(t: Trace) -> list[Any]:
@@ -356,7 +450,10 @@ def explain_cell(c: Cell) -> list[str]:
     """Every line of one cell's explanation: score arithmetic, scaling, mask, softmax."""
     score = str(c.trace.meta.get("score"))
     fn = SCORE_EXPLAINERS.get(score, explain_generic)
-    return [*fn(c), *scaling_lines(c), *mask_lines(c), *softmax_lines(c)]
+    lines = fn(c)
+    if fn is not explain_dot:
+        lines = [*position_lines(c), *lines]
+    return [*lines, *scaling_lines(c), *cap_lines(c), *alibi_lines(c), *mask_lines(c), *softmax_lines(c)]
 
 
 def explain_row(c: Cell) -> list[str]:
@@ -366,6 +463,11 @@ def explain_row(c: Cell) -> list[str]:
     w = c.row(t.meta.get("weights_step", "weights"))  # the weights that multiplied V
     klab = axis_labels(t, KEYS, len(x))
     lines = [f"softmax of row {c.query} ({pre}; row max {num(mx, p)} subtracted, Σ exp(x − max) = {num(z, p)}):"]
+    sink = sink_logit(c)
+    if sink is not None:
+        share = 1.0 - float(np.sum(w))
+        lines[0] = (f"softmax of row {c.query} with this head's sink logit {num(sink, p)} in the denominator ({pre}; "
+                    f"the sink takes {num(share, p)} of the row):")
     top = strongest(w)
     for j in top:
         lines.append(f"    {klab[j]:>12}: {pre} {num(x[j], p):>10}   exp(x − max) {num(float(e[j]), p):>10}   "
