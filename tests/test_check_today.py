@@ -394,3 +394,119 @@ def test_expected_of_a_shape_no_step_has_names_the_steps(tmp_path: Path) -> None
     assert r.exit_code == 2 and "they fit the steps scores, scaled, weights: use --what scores" in r.stderr
     r = runner.invoke(app, ["check", *save(tmp_path / "e", x=np.zeros((7, 7))), *files])
     assert r.exit_code == 2 and "no step has that shape (steps: scores (3, 5)" in r.stderr, r.stderr
+
+
+# ---- today's models: GQA, RoPE, windows, soft-capping, QK-norm (references: transformers' own functions) ----
+
+def hf_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
+    """transformers' apply_rotary_pos_emb (Llama, "half"), cos/sin from LlamaRotaryEmbedding's float32
+    inverse frequencies, taken in float64."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    d = x.shape[-1]
+    inv = (1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))).double()  # as HF, float32
+    freqs = torch.from_numpy(positions).double()[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    t = torch.from_numpy(x)[None]  # (1, H, T, d)
+    out, _ = apply_rotary_pos_emb(t, t, emb.cos()[None], emb.sin()[None])
+    return out[0].numpy()
+
+
+def gqa_case(tiled: bool) -> tuple[Problem, np.ndarray]:
+    """Multi-head GQA (4 query heads, 2 K/V heads of width 2) as HF's eager attention, with ``repeat_kv`` or,
+    the mistake, torch's ``.repeat`` (tiling)."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    rng = np.random.default_rng(21)
+    x = rng.normal(size=(2, 5, 8))
+    w = {"W_q": rng.normal(size=(8, 8)) / 3, "W_k": rng.normal(size=(8, 4)) / 3, "W_v": rng.normal(size=(8, 4)) / 3,
+         "W_o": rng.normal(size=(8, 8)) / 3}
+    q = torch.from_numpy(x @ w["W_q"]).view(2, 5, 4, 2).transpose(1, 2)  # (B, H, T, d)
+    k, v = (torch.from_numpy(x @ w[n]).view(2, 5, 2, 2).transpose(1, 2) for n in ("W_k", "W_v"))  # (B, G, T, d)
+    k, v = (a.repeat(1, 2, 1, 1) if tiled else repeat_kv(a, 2) for a in (k, v))
+    o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 5, 8).numpy()
+    return Problem.build(x, projections=Projections(**w), heads=4), o @ w["W_o"]
+
+
+def test_gqa_by_tiling_is_named() -> None:
+    problem, correct = gqa_case(tiled=False)
+    assert check(problem, correct, tolerance=TOL).match
+    assert names(problem, gqa_case(tiled=True)[1]) == one("kv-heads-tiled")
+
+
+def rope_case() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(22)
+    return rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 6, 8)), rng.normal(size=(2, 6, 8))
+
+
+def test_rope_applied_to_q_only_is_named() -> None:
+    q, k, v = rope_case()
+    qr, kr = hf_rope(q, np.arange(5)), hf_rope(k, np.arange(6))
+    problem = build(q, k, v, rope="half")
+    assert check(problem, attention(qr, kr, v), tolerance=TOL).match
+    assert names(problem, attention(qr, k, v)) == one("rope-q-only")
+
+
+def test_rope_applied_to_v_is_named() -> None:
+    q, k, v = rope_case()
+    qr, kr, vr = hf_rope(q, np.arange(5)), hf_rope(k, np.arange(6)), hf_rope(v, np.arange(6))
+    assert names(build(q, k, v, rope="half"), attention(qr, kr, vr)) == one("rope-on-v")
+
+
+def test_rope_with_the_default_base_instead_of_the_models_is_named() -> None:
+    q, k, v = rope_case()
+    problem = build(q, k, v, rope="half", rope_base=500000.0)  # Llama 3's rope_theta
+    good = attention(hf_rope(q, np.arange(5), 500000.0), hf_rope(k, np.arange(6), 500000.0), v)
+    assert check(problem, good, tolerance=TOL).match
+    assert names(problem, attention(hf_rope(q, np.arange(5)), hf_rope(k, np.arange(6)), v)) == one("rope-base-default")
+
+
+def test_window_not_combined_with_causal_is_named() -> None:
+    q, k, v = rand(7, 4, seed=23), rand(7, 4, seed=24), rand(7, 3, seed=25)
+    i, j = np.arange(7)[:, None], np.arange(7)[None, :]
+    problem = build(q, k, v, window=3)
+    assert check(problem, attention(q, k, v, (j <= i) & (i - j < 3)), tolerance=TOL).match  # HF sliding_window_overlay
+    assert names(problem, attention(q, k, v, np.abs(i - j) < 3)) == one("window-not-causal")
+
+
+def test_softcap_after_the_mask_is_named() -> None:
+    q, k, v = rand(6, 4, seed=26), rand(6, 4, seed=27), rand(6, 3, seed=28)
+    keep = causal_keep(6, 6, 0)
+    s = q @ k.T / 2.0
+
+    def weights(a: np.ndarray) -> np.ndarray:
+        return softmax(a) @ v
+
+    cap = 1.5
+    problem = build(q, k, v, causal=True, softcap=cap)
+    assert check(problem, weights(np.where(keep, cap * np.tanh(s / cap), -np.inf)), tolerance=TOL).match  # Gemma 2
+    assert names(problem, weights(cap * np.tanh(np.where(keep, s, -np.inf) / cap))) == one("softcap-after-mask")
+
+
+def test_qk_norm_over_the_model_width_is_named() -> None:
+    q, k, v = rand(3, 5, 4, seed=29), rand(3, 6, 4, seed=30), rand(3, 6, 2, seed=31)
+
+    def rms(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        return a / np.sqrt(np.mean(a * a, axis=axes, keepdims=True) + 1e-6)  # Qwen3 RMSNorm, weight 1
+
+    problem = build(q, k, v, qk_norm="rms")
+    assert check(problem, attention(rms(q, (-1,)), rms(k, (-1,)), v), tolerance=TOL).match
+    assert names(problem, attention(rms(q, (0, 2)), rms(k, (0, 2)), v)) == one("qk-norm-model-width")
+
+
+def test_modern_pairs_are_named_together() -> None:
+    # GQA tiled and the causal mask missing, in one model
+    problem, _ = gqa_case(tiled=False)
+    causal = Problem.build(problem.q, projections=problem.projections, heads=4, options=Options(causal=True))
+    assert frozenset({"causal-missing", "kv-heads-tiled"}) in names(causal, gqa_case(tiled=True)[1])
+
+
+def test_the_rounding_to_half_types_is_ml_dtypes_and_numpy_own() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from attncli.precision import rounded
+
+    x = np.random.default_rng(40).normal(size=1000) * 10.0 ** np.random.default_rng(41).integers(-6, 4, size=1000)
+    assert np.array_equal(np.asarray(rounded(x, "bfloat16"), np.float64),
+                          x.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64))
+    half = x.astype(np.float32).astype(np.float16).astype(np.float64)
+    assert np.array_equal(np.asarray(rounded(x, "float16"), np.float64), half)
