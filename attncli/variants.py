@@ -341,6 +341,18 @@ def mask_inverted(c: Context) -> Result:
     return c.rerun(mask_convention="drop" if c.options.mask_convention == "keep" else "keep")
 
 
+@variant("key-padding-inverted", "the key padding mask's meaning was inverted: its True entries (ignore, as PyTorch) "
+                                 "were kept and the others ignored")
+def key_padding_inverted(c: Context) -> Result:
+    """softmax(S with the padding keys kept and the others masked)·V"""
+    p = c.problem
+    if p.padding is None or p.padding.dtype != bool:
+        raise NotApplicable("no boolean key padding mask")
+    if p.mask is None or p.mask.dtype != bool:
+        raise NotApplicable("the only mask: mask-inverted covers it")
+    return c.rerun(replace(p, padding=~p.padding))
+
+
 def _valid_lens_shifted(c: Context, by: int) -> Result:
     p = c.problem
     if p.query_limit is None:

@@ -510,3 +510,21 @@ def test_the_rounding_to_half_types_is_ml_dtypes_and_numpy_own() -> None:
                           x.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64))
     half = x.astype(np.float32).astype(np.float16).astype(np.float64)
     assert np.array_equal(np.asarray(rounded(x, "float16"), np.float64), half)
+
+
+def test_key_padding_inverted_beside_a_mask_is_named() -> None:
+    x, w = rand(2, 5, 8, seed=8), mh_weights(8, 8, seed=9)
+    pad = np.zeros((2, 5), bool)
+    pad[0, 3:] = pad[1, :2] = True
+    causal = np.tril(np.ones((5, 5), bool))  # a boolean mask beside it, True = keep
+
+    def by_hand(ignore: np.ndarray) -> np.ndarray:
+        q, k, v = x @ w["W_q"], x @ w["W_k"], x @ w["W_v"]
+        keep = causal[None] & ~ignore[:, None, :]  # (B, T, S)
+        outs = [attention(q[..., h * 4:(h + 1) * 4], k[..., h * 4:(h + 1) * 4], v[..., h * 4:(h + 1) * 4], keep)
+                for h in range(2)]
+        return np.concatenate(outs, axis=-1) @ w["W_o"]
+
+    problem = Problem.build(x, projections=Projections(**w), heads=2, padding=pad, mask=causal)
+    assert check(problem, by_hand(pad), tolerance=TOL).match
+    assert names(problem, by_hand(~pad)) == one("key-padding-inverted")
