@@ -23,6 +23,7 @@ from attncli.errors import BackendError
 BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda", "mps", "auto")
 DTYPES = ("float32", "float64")  # computation; float16/bfloat16 inputs are computed in float32
+PRECISIONS = ("bfloat16", "float16", "float32", "float64")  # what `check --precision-of` judges against
 
 TORCH_HINT = "install it with: pip install 'attncli[torch]' (or pip install torch)"
 

@@ -41,6 +41,11 @@ class Tolerance:
     atol: float
     rtol: float
     origin: str
+    cells: Any = field(default=None, compare=False)  # per-cell absolute bounds (broadcast), instead of atol
+
+    def bound(self, computed: np.ndarray) -> Any:
+        """The largest |expected - computed| allowed in each cell."""
+        return (self.atol if self.cells is None else self.cells) + self.rtol * np.abs(computed)
 
     def to_dict(self) -> dict[str, Any]:
         return {"atol": self.atol, "rtol": self.rtol, "origin": self.origin}
@@ -70,12 +75,39 @@ def infer_tolerance(written: list[str] | None, dtype: str = "float64", source: s
     top = max(places)
     if top == 0:
         return float_default(dtype, f"{source} holds whole numbers only, taken as exact")
-    atol = 0.5 * 10.0 ** -top
-    f32 = dtype == "float32"  # computed in float32: allow its rounding too
+    return decimal_tolerance(top, dtype, f"inferred: {source} is written with {top} decimal{'s' if top > 1 else ''} "
+                                         "(half a unit of the last)")
+
+
+MAX_BINARY_DECIMALS = 6
+ROUNDING_MARGIN = 100  # a decimal unit must be this many float spacings wide to be told from rounding
+
+
+def binary_decimals(a: np.ndarray) -> int | None:
+    """The fewest decimals k <= 6 that every value of a float array (.npy, .pt) equals itself rounded to,
+    e.g. numbers saved after ``np.round(x, 3)``; None if there is none, or if 10^-k is too close to the
+    dtype's own spacing to tell (float32 values near 1 round to 6 decimals by chance)."""
+    if a.dtype.kind != "f" or a.dtype.itemsize < 4 or a.size == 0:
+        return None
+    finite = a[np.isfinite(a)]
+    if finite.size == 0:
+        return None
+    spacing = float(np.spacing(np.max(np.abs(finite)).astype(a.dtype)))
+    for k in range(1, MAX_BINARY_DECIMALS + 1):
+        if 10.0 ** -k < ROUNDING_MARGIN * spacing:
+            return None
+        back = np.round(finite.astype(np.float64), k).astype(a.dtype)
+        if np.array_equal(back, finite):
+            return k
+    return None
+
+
+def decimal_tolerance(places: int, dtype: str, origin: str) -> Tolerance:
+    """Half a unit of the ``places``-th decimal (and float32 rounding when computed in float32)."""
+    atol = 0.5 * 10.0 ** -places
+    f32 = dtype == "float32"
     rtol = FLOAT_DEFAULTS["float32"][0] if f32 else HAIR
-    return Tolerance(atol * (1 + 1e-6) + HAIR * 1e-3, rtol,
-                     f"inferred: {source} is written with {top} decimal{'s' if top > 1 else ''} "
-                     f"(half a unit of the last){'; float32 rounding as torch.testing' if f32 else ''}")
+    return Tolerance(atol * (1 + 1e-6) + HAIR * 1e-3, rtol, origin + ("; float32 rounding as torch.testing" if f32 else ""))
 
 
 # ---- the raw text of expected numbers, for their written precision --------------------
@@ -172,11 +204,14 @@ class Comparison:
     mismatched: int
     cells: int
     first: list[Cell] = field(default_factory=list)
+    worst_rel: Cell | None = None  # the cell of the greatest relative difference
 
     def to_dict(self) -> dict[str, Any]:
         return {"match": self.match, "max_abs_error": _num(self.max_abs_error),
                 "max_rel_error": _num(self.max_rel_error), "mismatched_cells": self.mismatched,
+                "mismatched_percent": 100.0 * self.mismatched / self.cells if self.cells else 0.0,
                 "cells": self.cells, "worst_cell": self.worst.to_dict() if self.worst else None,
+                "worst_relative_cell": self.worst_rel.to_dict() if self.worst_rel else None,
                 "first_mismatches": [c.to_dict() for c in self.first]}
 
 
@@ -192,7 +227,7 @@ def _num(x: float) -> float | str | None:
 def within(expected: np.ndarray, computed: np.ndarray, tol: Tolerance) -> np.ndarray:
     """Cell-wise: close within the tolerance; NaN equals NaN, an infinity equals itself."""
     with np.errstate(invalid="ignore", over="ignore"):
-        close = np.abs(expected - computed) <= tol.atol + tol.rtol * np.abs(computed)
+        close = np.abs(expected - computed) <= tol.bound(computed)
     same = (expected == computed) | (np.isnan(expected) & np.isnan(computed))
     return np.asarray(close | same)
 
@@ -213,16 +248,18 @@ def compare(expected: np.ndarray, computed: np.ndarray, tol: Tolerance, namer: C
         rel = np.where(computed != 0, err / np.abs(computed), np.where(err == 0, 0.0, np.inf))
     bad = np.argwhere(~ok)
     first = [namer.cell(tuple(int(i) for i in idx), expected, computed, err) for idx in bad[:SHOWN_CELLS]]
-    worst = None
+    worst = worst_rel = None
     if err.size:
         widx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))
         worst = namer.cell(widx, expected, computed, err)
+        ridx = tuple(int(i) for i in np.unravel_index(int(np.argmax(np.nan_to_num(rel, nan=np.inf))), rel.shape))
+        worst_rel = namer.cell(ridx, expected, computed, err)
     finite_rel = rel[np.isfinite(rel)]
     max_rel = float(np.max(rel)) if rel.size else 0.0
     if not np.isfinite(max_rel) and finite_rel.size:
         max_rel = math.inf
     return Comparison(bool(ok.all()), float(err.max()) if err.size else 0.0, max_rel, worst,
-                      int(bad.shape[0]), int(ok.size), first)
+                      int(bad.shape[0]), int(ok.size), first, worst_rel)
 
 
 @dataclass
@@ -266,10 +303,12 @@ class Divergence:
     rows: list[tuple[str, float]]
     columns: list[tuple[str, float]]
     ratio: float | None = None  # expected = computed × ratio in every cell, if so
+    heads: list[tuple[str, float]] = field(default_factory=list)  # per head, where the step has a head axis
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [{"label": k, "max_abs_error": _num(v)} for k, v in self.rows],
                 "columns": [{"label": k, "max_abs_error": _num(v)} for k, v in self.columns],
+                "heads": [{"label": k, "max_abs_error": _num(v)} for k, v in self.heads],
                 "constant_ratio": self.ratio}
 
 
@@ -280,13 +319,19 @@ def divergence(expected: np.ndarray, computed: np.ndarray, tol: Tolerance, namer
     by_col = e2.max(axis=(0, 1))
     rows = [(namer.axis_label(namer.axes[0], int(i)), float(by_row[i])) for i in np.argsort(-by_row)[:top] if by_row[i] > 0]
     cols = [(namer.axis_label(namer.axes[1], int(j)), float(by_col[j])) for j in np.argsort(-by_col)[:top] if by_col[j] > 0]
+    heads = []
+    names = namer.batch_axes or []
+    if "head" in names and len(names) == err.ndim - 2:
+        axis = names.index("head")
+        by_head = np.moveaxis(err, axis, 0).reshape(err.shape[axis], -1).max(axis=1)
+        heads = [(f"head {h}", float(by_head[h])) for h in np.argsort(-by_head) if by_head[h] > 0]
     ratio = None
     nz = np.abs(computed) > tol.atol * 10
     if nz.any() and np.all(np.isfinite(expected)):
         r = float(np.median(expected[nz] / computed[nz]))
         if abs(r - 1) > 1e-6 and within(expected, computed * r, tol).all():
             ratio = r
-    return Divergence(rows, cols, ratio)
+    return Divergence(rows, cols, ratio, heads)
 
 
 # ---- explanations of a mismatch -------------------------------------------------------

@@ -59,6 +59,7 @@ class Variant:
     fn: Callable[[Context], Result]
     explanation: str
     possible: bool = False  # reported as a possibility, not a reproduction
+    pairable: bool = True  # tried as the second mistake of a pair (False: a search of its own, too costly)
 
     @property
     def formula(self) -> str:
@@ -71,11 +72,11 @@ VARIANTS: dict[str, Variant] = {}
 VariantFn = Callable[["Context"], Result]
 
 
-def variant(name: str, explanation: str, possible: bool = False) -> Callable[[VariantFn], VariantFn]:
+def variant(name: str, explanation: str, possible: bool = False, pairable: bool = True) -> Callable[[VariantFn], VariantFn]:
     """Register a variant under ``name`` with the sentence that explains it."""
 
     def deco(fn: VariantFn) -> VariantFn:
-        VARIANTS[name] = Variant(name, fn, explanation, possible)
+        VARIANTS[name] = Variant(name, fn, explanation, possible, pairable and not possible)
         return fn
 
     return deco
@@ -91,6 +92,7 @@ class Context:
     what: str
     tol: Tolerance
     _ref: Trace | None = None
+    changed: Problem | None = None  # the problem the last rerun computed (a variant that is only a change)
 
     @classmethod
     def of(cls, subject: Problem, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
@@ -127,7 +129,8 @@ class Context:
     def rerun(self, problem: Problem | None = None, **options: Any) -> Trace:
         """The pipeline on ``problem`` (default: this one) with ``options`` replaced."""
         p = problem or self.problem
-        return run(replace(p, options=replace(p.options, **options)))
+        self.changed = replace(p, options=replace(p.options, **options))
+        return run(self.changed)
 
     @property
     def d(self) -> int:
@@ -169,7 +172,8 @@ class Context:
     def with_output(self, weights: np.ndarray) -> dict[str, np.ndarray]:
         """These weights and the output they give: weights @ V (then, for multi-head, concat and W_o)."""
         if not self.heads:
-            return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+            with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
+                return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         v = self.ref["v"]  # (B, S, d_v) or unbatched (S, d_v)
         vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.problem.heads)  # (B, H, S, d_v/H)
         vh = vh if v.ndim == 3 else vh[0]
@@ -337,6 +341,18 @@ def mask_inverted(c: Context) -> Result:
     return c.rerun(mask_convention="drop" if c.options.mask_convention == "keep" else "keep")
 
 
+@variant("key-padding-inverted", "the key padding mask's meaning was inverted: its True entries (ignore, as PyTorch) "
+                                 "were kept and the others ignored")
+def key_padding_inverted(c: Context) -> Result:
+    """softmax(S with the padding keys kept and the others masked)·V"""
+    p = c.problem
+    if p.padding is None or p.padding.dtype != bool:
+        raise NotApplicable("no boolean key padding mask")
+    if p.mask is None or p.mask.dtype != bool:
+        raise NotApplicable("the only mask: mask-inverted covers it")
+    return c.rerun(replace(p, padding=~p.padding))
+
+
 def _valid_lens_shifted(c: Context, by: int) -> Result:
     p = c.problem
     if p.query_limit is None:
@@ -360,8 +376,9 @@ def valid_lens_minus_one(c: Context) -> Result:
     return _valid_lens_shifted(c, -1)
 
 
-@variant("mask-value-1e6", "masked scores were set to -1e6 (as d2l) instead of -inf: rows with every key masked "
-                           "got uniform weights instead of zeros")
+@variant("mask-value-1e6", "masked scores were set to a large negative number (-1e6 as d2l, -1e9, or "
+                           "torch.finfo(dtype).min) instead of -inf: rows with every key masked (padding rows) got "
+                           "uniform weights instead of zeros")
 def mask_value_1e6(c: Context) -> Result:
     """softmax(S with masked entries at -1e6)·V"""
     c.requires_keep_mask()
@@ -393,6 +410,125 @@ def nan_rows(c: Context) -> Result:
         raise NotApplicable("no row has every key masked")
     w = np.where(dead, np.nan, c.ref["weights"])
     return c.with_output(w)
+
+
+def _keep_changes(c: Context, problem: Problem) -> bool:
+    """Whether ``problem``'s keep-mask differs from this problem's."""
+    a, _ = stages.keep_mask(c.problem, c.problem.n)
+    b, _ = stages.keep_mask(problem, problem.n)
+    shape = c.problem.batch_shape + (c.problem.m, c.problem.n)
+    a = np.ones(shape, bool) if a is None else np.broadcast_to(a, shape)
+    b = np.ones(shape, bool) if b is None else np.broadcast_to(b, shape)
+    return not np.array_equal(a, b)
+
+
+def _remask(c: Context, problem: Problem) -> Result:
+    if not _keep_changes(c, problem):
+        raise NotApplicable("it masks the same keys here")
+    return c.rerun(problem)
+
+
+def _with(c: Context, **options: Any) -> Problem:
+    return replace(c.problem, options=replace(c.options, **options))
+
+
+@variant("causal-missing", "the causal mask was left out: every query saw the keys after it too")
+def causal_missing(c: Context) -> Result:
+    """softmax(S)·V without the causal mask"""
+    if not c.options.causal:
+        raise NotApplicable("no causal mask here")
+    return _remask(c, _with(c, causal=False))
+
+
+@variant("causal-added", "a causal mask was applied (top-left, as SDPA is_causal) that this attention does not have")
+def causal_added(c: Context) -> Result:
+    """softmax(S masked at keys j > i)·V"""
+    if c.options.causal:
+        raise NotApplicable("the causal mask is already there")
+    return _remask(c, _with(c, causal=True, causal_align="top-left"))
+
+
+@variant("causal-added-bottom-right", "a causal mask was applied (bottom-right, as a KV cache: query i sees keys "
+                                      "j <= i + {n} - {m}) that this attention does not have")
+def causal_added_bottom_right(c: Context) -> Result:
+    """softmax(S masked at keys j > i + n - m)·V"""
+    if c.options.causal:
+        raise NotApplicable("the causal mask is already there")
+    if c.m == c.n:
+        raise NotApplicable("as many queries as keys: the same as causal-added")
+    return _remask(c, _with(c, causal=True, causal_align="bottom-right"))
+
+
+@variant("causal-bottom-right", "the causal mask was aligned bottom-right (as a KV cache: query i sees keys "
+                                "j <= i + {n} - {m}) instead of top-left (SDPA is_causal)")
+def causal_bottom_right(c: Context) -> Result:
+    """softmax(S masked at keys j > i + n - m)·V"""
+    if not c.options.causal or c.options.causal_align == "bottom-right":
+        raise NotApplicable("no top-left causal mask here")
+    return _remask(c, _with(c, causal_align="bottom-right"))
+
+
+@variant("valid-lens-ignored", "the valid lengths were ignored: the padding keys after each valid length took part")
+def valid_lens_ignored(c: Context) -> Result:
+    """softmax(S)·V without the valid lengths"""
+    p = c.problem
+    if p.query_limit is None:
+        raise NotApplicable("no valid lengths")
+    return _remask(c, replace(p, valid_lens=None, query_limit=None))
+
+
+@variant("key-padding-ignored", "the key padding mask was ignored: the padding keys took part")
+def key_padding_ignored(c: Context) -> Result:
+    """softmax(S)·V without the key padding mask"""
+    p = c.problem
+    if p.padding is None:
+        raise NotApplicable("no key padding mask")
+    if p.padding.dtype != bool:
+        return c.rerun(replace(p, padding=None))
+    return _remask(c, replace(p, padding=None))
+
+
+@variant("mask-ignored", "the mask was not applied: every key it masks took part")
+def mask_ignored(c: Context) -> Result:
+    """softmax(S)·V without the mask"""
+    p = c.problem
+    if p.mask is None:
+        raise NotApplicable("no mask")
+    if p.mask.dtype != bool:
+        return c.rerun(replace(p, mask=None))
+    return _remask(c, replace(p, mask=None))
+
+
+@variant("softmax-in-float16", "the softmax was computed in float16: the scores rounded to float16 (and beyond "
+                               "65504 overflowed to inf), the weights too")
+def softmax_in_float16(c: Context) -> Result:
+    """softmax(float16(S))·V"""
+    from attncli.precision import softmax_in
+
+    return c.with_output(softmax_in(stages.softmax, c.before_softmax(), "float16"))
+
+
+@variant("scale-ignored", "the scale given (--scale {scale}, e.g. Gemma's query_pre_attn_scalar^-½) was not used: "
+                          "the scores were divided by √d = {sqrt_d}, the head width")
+def scale_ignored(c: Context) -> Result:
+    """softmax(QKᵀ / √d)·V instead of softmax(QKᵀ · scale)·V"""
+    if c.options.scale is None:
+        raise NotApplicable("no scale given")
+    if abs(c.options.scale * math.sqrt(c.d) - 1) < 1e-12:
+        raise NotApplicable("the scale given is 1/√d")
+    return c.rerun(scale=None, scaling="sqrt-d")
+
+
+@variant("query-pre-attn-scalar", "the scores were scaled by (d_model/H)^-½ = {pre_attn}^-½ (Gemma 2's "
+                                  "query_pre_attn_scalar, the model width per head) instead of the head width's √{d}")
+def query_pre_attn_scalar(c: Context) -> Result:
+    """softmax(QKᵀ / √(d_model/H))·V"""
+    mh = c.multi()
+    c.requires_sqrt_d()
+    width = int(mh.q.shape[-1]) / mh.heads
+    if width == c.d:
+        raise NotApplicable("the model width per head is the head width")
+    return c.rerun(scale=1.0 / math.sqrt(width))
 
 
 # ---- dropout --------------------------------------------------------------------------
@@ -537,7 +673,7 @@ def heads_not_transposed(c: Context) -> Result:
     return c.finish(c.ref["head_output"], transpose=False)
 
 
-@variant("heads-wrong-order", "the heads were concatenated in the wrong order: {detail}")
+@variant("heads-wrong-order", "the heads were concatenated in the wrong order: {detail}", pairable=False)
 def heads_wrong_order(c: Context) -> Result:
     """concat(head_{π(0)}, …, head_{π(H-1)})·W_o for a permutation π of the heads"""
     H = c.multi().heads
@@ -574,7 +710,15 @@ def output_projection_missing(c: Context) -> Result:
                            "(torch .repeat) instead of h // {r} (repeat_interleave, HF repeat_kv, SDPA enable_gqa)")
 def kv_heads_tiled(c: Context) -> Result:
     """K/V head h % G for query head h"""
-    p = c.single()
+    p = c.problem
+    if p.n_rep == 1:
+        raise NotApplicable("K and V have as many heads as Q")
+    if p.projections is not None:  # W_k's (and W_v's) head blocks side by side r times: block h is h % G
+        r, proj = p.n_rep, p.projections
+        blocks: dict[str, Any] = {n: np.tile(a, (1, r) if a.ndim == 2 else (r,)) for n in ("W_k", "W_v", "b_k", "b_v")
+                                  if (a := getattr(proj, n)) is not None}
+        tiled = replace(proj, **blocks)
+        return c.rerun(replace(p, projections=tiled, kv_heads=None), kv_heads=None)
     if p.n_rep == 1:
         raise NotApplicable("K and V have as many heads as Q")
     reps = (1,) * (p.k.ndim - 3) + (p.n_rep, 1, 1)
@@ -646,7 +790,112 @@ def sinks_missing(c: Context) -> Result:
     return c.rerun(replace(c.problem, sinks=None))
 
 
+def _rope_tables(p: Problem, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """cos, sin (T, r) at ``positions`` as the engine's rotate stage makes them (float64), and r."""
+    o = p.options
+    base, width = p.rope_settings()
+    rd = stages.check_rope(p.d_qk, width, str(o.rope))
+    sc = dict(o.rope_scaling) if o.rope_scaling else None
+    seq = int(max(p.query_offset + p.m - 1, p.n - 1)) + 1
+    inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
+    cos, sin = stages.rope_cos_sin(positions, inv, factor, str(o.rope), "float64")
+    return cos, sin, rd
+
+
+def _plain_rope(c: Context) -> Problem:
+    p = c.single()
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    if c.options.qk_norm is not None:
+        raise NotApplicable("with QK-norm the rotation comes after the norm")
+    return p
+
+
+@variant("rope-q-only", "RoPE rotated the queries but not the keys: scores q_rot·k instead of q_rot·k_rot")
+def rope_q_only(c: Context) -> Result:
+    """softmax(rotate(Q)·Kᵀ / √d)·V"""
+    p = _plain_rope(c)
+    return c.rerun(replace(p, q=c.ref["q_rot"]), rope=None, rotary_dim=None, rope_scaling=None)
+
+
+@variant("rope-on-v", "RoPE rotated the values too (at their key positions): only q and k are rotated")
+def rope_on_v(c: Context) -> Result:
+    """softmax(rotate(Q)·rotate(K)ᵀ / √d)·rotate(V)"""
+    p = _plain_rope(c)
+    if int(p.v.shape[-1]) != p.d_qk:
+        raise NotApplicable("V's width differs from the rotated width")
+    cos, sin, rd = _rope_tables(p, np.arange(p.n))
+    return c.rerun(replace(p, v=stages.rotate(np, p.v, cos, sin, str(c.options.rope), rd)))
+
+
+@variant("rope-base-default", "RoPE used the default base 10000 instead of the model's {base} (config rope_theta "
+                              "not read)")
+def rope_base_default(c: Context) -> Result:
+    """θ = position · 10000^(-2k/d) instead of base^(-2k/d)"""
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    if c.problem.rope_settings()[0] == 10000.0:
+        raise NotApplicable("the base is 10000 already")
+    sc = dict(c.options.rope_scaling or {})
+    sc.pop("rope_theta", None)
+    return c.rerun(rope_base=10000.0, rope_scaling=sc or None)
+
+
+@variant("window-not-causal", "the sliding window was not combined with the causal mask: each query saw the keys "
+                              "within {W} positions on both sides, the later ones too")
+def window_not_causal(c: Context) -> Result:
+    """softmax(S masked where |i - j| >= W)·V"""
+    p, w = c.problem, c.options.window
+    if w is None:
+        raise NotApplicable("no sliding window")
+    if p.mask is not None and (p.mask.dtype != bool or c.options.mask_convention != "keep"):
+        raise NotApplicable("a mask of another kind is there too")
+    i, j = p.query_offset + np.arange(p.m)[:, None], np.arange(p.n)[None, :]
+    keep = np.abs(i - j) < w  # (m, n): both sides of the query
+    mask = keep if p.mask is None else p.mask & keep
+    return _remask(c, replace(p, mask=mask, options=replace(c.options, window=None, causal=False)))
+
+
+@variant("softcap-after-mask", "the soft-cap c·tanh(s / c) (c = {cap}) was applied after the mask: masked scores "
+                               "became -c instead of -inf, so masked keys kept some weight")
+def softcap_after_mask(c: Context) -> Result:
+    """softmax(c·tanh(masked(S) / c))·V"""
+    cap = c.options.softcap
+    if cap is None:
+        raise NotApplicable("no soft-capping")
+    if c.problem.sinks is not None:
+        raise NotApplicable("with sinks")
+    t = c.rerun(softcap=None)
+    if "masked" not in t:
+        raise NotApplicable("no keys are masked")
+    return c.with_output(stages.softmax(np, stages.softcap(np, t["masked"], cap)))
+
+
+@variant("qk-norm-model-width", "QK-norm took the mean of squares over all the heads' features (the model width) "
+                                "instead of over each head's {d}")
+def qk_norm_model_width(c: Context) -> Result:
+    """q / sqrt(mean over every head of q²) instead of over each head's features"""
+    p = c.single()
+    o = c.options
+    if o.qk_norm is None:
+        raise NotApplicable("no QK-norm")
+    if p.q.ndim < 3 or p.q.shape[-3] == 1:
+        raise NotApplicable("one head: its width is the model width")
+    plus = o.qk_norm == "rms1p"
+
+    def norm(a: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+        ms = np.mean(np.square(a), axis=(-3, -1), keepdims=True)  # (..., 1, T, 1): every head's features of a token
+        wt = (0.0 if plus else 1.0) if w is None else w
+        return a / np.sqrt(ms + o.norm_eps) * ((1.0 + wt) if plus else wt)
+
+    return c.rerun(replace(p, q=norm(p.q, p.q_norm), k=norm(p.k, p.k_norm)), qk_norm=None)
+
+
 # ---- diagnosis ------------------------------------------------------------------------
+
+MAX_PAIR_RUNS = 600  # pairs of mistakes tried at most (each one run of the pipeline, or one variant on it)
+PAIR_CELL_BUDGET = 1 << 25  # ...and at most this many score cells computed over all of them
+
 
 @dataclass
 class Diagnosis:
@@ -656,6 +905,8 @@ class Diagnosis:
     nearest: list[Explanation] = field(default_factory=list)
     tried: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    candidates: list[Explanation] = field(default_factory=list)  # every variant (and pair) tried, with its error
+    search: str = ""  # how the pairs were searched
 
 
 def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanation:
@@ -665,50 +916,120 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
     flipped = f"its 1/True entries were taken as '{other}' (as --mask-convention {other})"
     if c.problem.mask is None and c.problem.padding is not None:
         flipped = "the key padding mask's True entries were kept instead of ignored"
+    pre_attn = f"{int(c.problem.q.shape[-1]) / c.problem.heads:g}" if c.heads else ""
     facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped,
+                 scale=f"{o.scale:.4g}" if o.scale is not None else "", pre_attn=pre_attn,
                  G=c.problem.kv_heads or 1, r=c.problem.n_rep, W=o.window, W1=(o.window or 0) + 1, rope=o.rope,
-                 rope_other="interleaved" if o.rope == "half" else "half", P=c.problem.query_offset, cap=o.softcap)
+                 rope_other="interleaved" if o.rope == "half" else "half", P=c.problem.query_offset, cap=o.softcap,
+                 base=f"{c.problem.rope_settings()[0]:g}")
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 
-def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3) -> Diagnosis:
-    """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``."""
+@dataclass
+class _Try:
+    """One variant tried on one context: its explanation and whether it reproduces the expected numbers."""
+
+    explanation: Explanation | None = None
+    match: bool = False
+    skipped: str | None = None  # why it was not tried
+    changed: Problem | None = None  # the variant is this change of the problem alone (composable)
+
+
+def _try(v: Variant, c: Context) -> _Try:
+    expected, what, tol = c.expected, c.what, c.tol
+    c.changed = None
+    try:
+        result = v.fn(c)
+    except NotApplicable as e:
+        return _Try(skipped=str(e))
+    except AttnError as e:  # the variant's inputs are invalid (e.g. a shifted mask): it cannot be it
+        return _Try(skipped=f"not computable here ({e})")
+    except Exception as e:  # a bug in one variant must not hide the verdict; say so instead
+        return _Try(skipped=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+    changed = c.changed if isinstance(result, Trace) else None
+    if result is None:
+        return _Try()
+    if isinstance(result, Reproduced):
+        return _Try(_explain(v, c, result.max_abs_error, result.detail), True)
+    arrays = result.arrays() if isinstance(result, Trace) else result
+    if what not in arrays:
+        return _Try(skipped=f"it does not change the {what}")
+    got = np.asarray(arrays[what], dtype=np.float64)
+    if got.shape != expected.shape:
+        return _Try(skipped=f"it gives shape {got.shape}")
+    err = float(errors(expected, got).max())
+    return _Try(_explain(v, c, err), bool(within(expected, got, tol).all()), changed=changed)
+
+
+def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3,
+             pairs: bool = True) -> Diagnosis:
+    """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``.
+
+    When none does (and ``pairs``), two mistakes together: each variant that is a change of the
+    problem alone (its options, masks or inputs: a re-run of the pipeline) is applied, and every other
+    variant is tried on the changed problem; bounded by ``MAX_PAIR_RUNS`` and ``PAIR_CELL_BUDGET``."""
     c = Context.of(problem, expected, what, tol)
     out = Diagnosis()
-    misses: list[tuple[float, Explanation]] = []
+    misses: list[Explanation] = []
+    changes: list[tuple[Variant, Problem]] = []
     for v in VARIANTS.values():
-        try:
-            result = v.fn(c)
-        except NotApplicable as e:
-            out.skipped[v.name] = str(e)
-            continue
-        except AttnError as e:  # the variant's inputs are invalid (e.g. a shifted mask): it cannot be it
-            out.skipped[v.name] = f"not computable here ({e})"
-            continue
-        except Exception as e:  # a bug in one variant must not hide the verdict; say so instead
-            out.skipped[v.name] = f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        t = _try(v, c)
+        if t.skipped is not None:
+            out.skipped[v.name] = t.skipped
             continue
         out.tried.append(v.name)
-        if result is None:
+        if t.changed is not None and t.explanation is not None and \
+                t.explanation.max_abs_error != float(errors(expected, c.ref[what]).max()):
+            changes.append((v, t.changed))  # a change that changes nothing here makes no pair
+        if t.explanation is None:
             continue
-        if isinstance(result, Reproduced):
-            out.matches.append(_explain(v, c, result.max_abs_error, result.detail))
-            continue
-        arrays = result.arrays() if isinstance(result, Trace) else result
-        if what not in arrays:
-            out.tried.pop()
-            out.skipped[v.name] = f"it does not change the {what}"
-            continue
-        got = np.asarray(arrays[what], dtype=np.float64)
-        if got.shape != expected.shape:
-            out.tried.pop()
-            out.skipped[v.name] = f"it gives shape {got.shape}"
-            continue
-        err = float(errors(expected, got).max())
-        if within(expected, got, tol).all():
-            out.matches.append(_explain(v, c, err))
+        out.candidates.append(t.explanation)
+        if t.match:
+            out.matches.append(t.explanation)
         elif not v.possible:
-            misses.append((err, _explain(v, c, err)))
+            misses.append(t.explanation)
+    if not out.matches and pairs:
+        _pairs(c, changes, out, misses)
+    out.candidates.sort(key=lambda e: e.max_abs_error)
     if not out.matches:
-        out.nearest = [e for _, e in sorted(misses, key=lambda t: t[0])[:nearest]]
+        out.nearest = sorted(misses, key=lambda e: e.max_abs_error)[:nearest]
     return out
+
+
+def _pairs(c: Context, changes: list[tuple[Variant, Problem]], out: Diagnosis, misses: list[Explanation]) -> None:
+    """Two mistakes: the change of ``a`` (a re-run) with every other pairable variant ``b`` on top of it."""
+    order = list(VARIANTS)
+    p = c.problem
+    cells = max(1, int(np.prod(p.batch_shape)) * p.m * p.n)
+    budget = min(MAX_PAIR_RUNS, PAIR_CELL_BUDGET // cells)
+    second = [v for v in VARIANTS.values() if v.pairable]
+    composable = {x.name for x, _ in changes}
+
+    def new(a: Variant, b: Variant) -> bool:  # a change with an earlier change: the same pair the other way round
+        return b.name != a.name and not (b.name in composable and order.index(b.name) < order.index(a.name))
+
+    total = sum(1 for a, _ in changes for b in second if new(a, b))
+    runs = 0
+    for a, changed in changes:
+        ca = Context(changed, c.expected, c.what, c.tol)
+        for b in second:
+            if not new(a, b):
+                continue
+            if runs >= budget:
+                break
+            runs += 1
+            t = _try(b, ca)
+            if t.explanation is None:
+                continue
+            e = t.explanation
+            first = _explain(a, c, e.max_abs_error)
+            pair = Explanation(f"{a.name} + {b.name}", f"{a.formula}, and {b.formula}",
+                               f"two mistakes together: {first.explanation}; and {e.explanation}", e.max_abs_error)
+            if t.match:
+                out.matches.append(pair)
+                out.candidates.append(pair)
+            else:
+                misses.append(pair)
+    out.search = (f"pairs of mistakes: {runs} of {total} tried (each of the {len(changes)} variants that only change the "
+                  f"problem, re-run once, with every other variant on top; at most {MAX_PAIR_RUNS} pairs and "
+                  f"{PAIR_CELL_BUDGET:.3g} score cells in all)")

@@ -7,15 +7,17 @@ Arguments: ``[EXPECTED] Q [K [V]]``.
 - Without it, the first argument is the EXPECTED file and the rest are the inputs; a single
   argument is a problem file with an ``expected:`` entry (expected numbers beside q, k, v).
 
-Exit codes, like cmp/diff: 0 match, 1 mismatch, 2 bad input or usage. An unexpected internal
-error exits 70 (as every command does): it prints nothing on stdout ('attncli: error:
-internal error ...' on stderr), while a mismatch prints its verdict (first line 'MISMATCH',
+Exit codes, like cmp/diff: 0 match (or consistent with the precision), 1 mismatch (whether
+or not a mistake is named), 2 bad input or usage, 70 an internal error (one line on stderr,
+'attncli: error: internal error ...'). A mismatch prints its verdict (first line 'MISMATCH',
 or ``"verdict": "mismatch"`` in JSON); with ``--format json`` an error prints
 ``{"verdict": "error" | "internal-error", "errors": [...]}``.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -27,13 +29,16 @@ else:
 
 import typer
 
-from attncli.cli import EXIT_OK, app, handles_errors
+from attncli.backend import PRECISIONS
+from attncli.cli import EXIT_OK, app, error, handles_errors
 from attncli.cli.options import MULTIHEAD_OPTIONS, PROBLEM_OPTIONS, choices, option, with_options
 from attncli.errors import AttnError, InputError
 
 EXIT_MISMATCH = 1
+EXIT_INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h)
 CHECK = "Check"
 CheckFormat = choices("CheckFormat", ("rich", "json"))
+PrecisionChoice = choices("PrecisionChoice", PRECISIONS)
 
 CHECK_OPTIONS = [
     option("expected", str | None, None, "--expected", "-e", rich_help_panel=CHECK,
@@ -46,6 +51,13 @@ CHECK_OPTIONS = [
                 "for binary files and whole numbers, torch.testing's float default)."),
     option("rtol", float | None, None, "--rtol", min=0.0, rich_help_panel=CHECK,
            help="Relative tolerance: cells match when |expected - computed| <= atol + rtol·|computed|."),
+    option("precision_of", PrecisionChoice | None, None, "--precision-of", rich_help_panel=CHECK,
+           help="The expected numbers come from an implementation in this precision (e.g. a bfloat16 kernel): compare "
+                "them with the float64 reference and judge the error against what plain arithmetic in that precision "
+                "gives (at most 2×, as FlashAttention's tests). Default: the expected file's own dtype when it is "
+                "float16 or bfloat16."),
+    option("pairs", bool, True, "--pairs/--no-pairs", rich_help_panel=CHECK,
+           help="When no single mistake of the catalogue reproduces the numbers, try two together (default on)."),
     option("explain", bool, True, "--explain/--no-explain", rich_help_panel=CHECK,
            help="On a mismatch, try the catalogue of known variants and mistakes (default on)."),
     option("format", CheckFormat, CheckFormat("rich"), "--format", "-f", rich_help_panel=CHECK,
@@ -67,7 +79,8 @@ CHECK_HELP = (
     "Examples:\n\n"
     "  attncli check examples/cat_milk_sweet.yaml --what weights\n\n"
     "  attncli check -e \"[[0.5, 0.5], [0.25, 0.75]]\" q.npy k.npy --what weights\n\n"
-    "  attncli check expected.npy q.npy k.npy v.npy --valid-lens 2,3 --format json\n"
+    "  attncli check expected.npy q.npy k.npy v.npy --valid-lens 2,3 --format json\n\n"
+    "  attncli check kernel_out.pt q.pt k.pt v.pt --causal --precision-of bfloat16\n"
 )
 
 INLINE = "--expected"
@@ -88,10 +101,14 @@ def check_command(
         if fmt == "json" and not opts["quiet"]:
             _print_error("error", str(e))
         raise
-    except Exception as e:
+    except Exception as e:  # also MemoryError: exit 70, one line
+        if os.environ.get("ATTNCLI_DEBUG"):
+            raise
         if fmt == "json" and not opts["quiet"]:
             _print_error("internal-error", f"{type(e).__name__}: {e}")
-        raise
+        error(f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+              "(set ATTNCLI_DEBUG=1 for the traceback, and please report it)")
+        raise typer.Exit(EXIT_INTERNAL_ERROR) from None
     if not opts["quiet"]:
         from attncli.render.check import CHECK_FORMATS
 
@@ -116,22 +133,41 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
     """Split the arguments, read the expected numbers and the problem, and check."""
     from attncli.check import Tolerance, check, infer_tolerance
     from attncli.cli.inputs import build_problem
+    from attncli.compare import binary_decimals, decimal_tolerance
     from attncli.engine import run
     from attncli.io import Reader
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
+    given: dict[str, float] = {f: float(opts[f]) for f in ("atol", "rtol") if opts.get(f) is not None}
+    for name, x in given.items():
+        if not (math.isfinite(x) and x >= 0):
+            raise InputError(f"must be a finite number >= 0, got {x:g}", f"--{name}")
+    choice = opts.get("precision_of")
+    precision = getattr(choice, "value", choice)
+    if precision is not None and given:
+        raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
+                         "not both", "--precision-of")
     spec, inputs = split_arguments(args, opts.get("expected"), reader)
     what = opts["what"]
-    expected, written, source = read_expected(spec, opts.get("expected"), reader, what)
+    expected, written, source, half = read_expected(spec, opts.get("expected"), reader, what)
     subject = build_problem(inputs, opts, reader)
     trace = run(subject)
-    if opts.get("atol") is not None or opts.get("rtol") is not None:
-        atol, rtol = opts.get("atol") or 0.0, opts.get("rtol") or 0.0
+    precision_source = "--precision-of"
+    if precision is None and half is not None and not given:
+        precision, precision_source = half, f"{source} holds {half} numbers"
+    if given:
+        atol, rtol = given.get("atol", 0.0), given.get("rtol", 0.0)
         tol = Tolerance(atol, rtol, f"given: --atol {atol:g} --rtol {rtol:g}")
     else:
         dtype = "float32" if "float32" in (str(expected.dtype), str(trace.meta.get("dtype"))) else "float64"
-        tol = infer_tolerance(written, dtype, source)
-    return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source, explain=opts["explain"])
+        places = binary_decimals(expected) if written is None else None
+        if places is not None:
+            tol = decimal_tolerance(places, dtype, f"inferred: every number of {source} is a float rounded to {places} "
+                                                   f"decimal{'s' if places > 1 else ''} (half a unit of the last)")
+        else:
+            tol = infer_tolerance(written, dtype, source)
+    return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
+                 explain=opts["explain"], precision=precision, precision_source=precision_source, pairs=opts["pairs"])
 
 
 def split_arguments(args: list[str], inline: str | None, reader: Any) -> tuple[str | None, list[str]]:
@@ -157,15 +193,18 @@ def _is_file_spec(text: str) -> bool:
     return text == STDIN or (Path(text).suffix.lower() in LOADERS and not text.lstrip().startswith("["))
 
 
-def read_expected(spec: str | None, inline: str | None, reader: Any, what: str) -> tuple[np.ndarray, list[str] | None, str]:
-    """(expected array, the numbers as written or None for binary, where they came from).
+def read_expected(spec: str | None, inline: str | None, reader: Any,
+                  what: str) -> tuple[np.ndarray, list[str] | None, str, str | None]:
+    """(expected array, the numbers as written or None for binary, where they came from, 'float16' or
+    'bfloat16' when the file held them in that type).
 
     ``spec`` None: the inline ``--expected`` text. In a mapping (problem file, .npz), the entry
     ``expected``, else the entry named like the compared step, else its only array."""
+    from attncli.backend import half_type
     from attncli.check import written_numbers
 
     if spec is None:
-        return _inline(inline or "")
+        return (*_inline(inline or ""), None)
     source = reader.source(spec)
     content = reader.read(spec)
     path: tuple[str, ...] = ("expected",)
@@ -181,7 +220,7 @@ def read_expected(spec: str | None, inline: str | None, reader: Any, what: str) 
         written = written_numbers(bytes(data).decode("utf-8-sig"), ext, path) if data is not None else None
     except Exception:  # the loader already read it: a text we cannot re-scan only costs the inferred precision
         written = None
-    return array, written, source
+    return array, written, source, half_type(value)
 
 
 def _entry(content: dict[str, Any], what: str, source: str) -> tuple[Any, tuple[str, ...]]:

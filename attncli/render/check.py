@@ -51,21 +51,37 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
         return fmt(x, precision)
 
     head = Text()
+    pr = verdict.precision
+    share = f"{100 * c.mismatched / c.cells:.3g}%" if c.cells else "0%"
     if verdict.match:
         head.append("MATCH", style="bold green")
-        head.append(f": the {verdict.what} agrees with the expected numbers ({c.cells} cells)")
+        head.append(f": the {verdict.what} agrees with the expected numbers ({c.cells} cells)" if pr is None else
+                    f": the {verdict.what} is consistent with {pr.dtype} arithmetic ({c.cells} cells)")
     else:
         head.append("MISMATCH", style="bold red")
-        head.append(f": the {verdict.what} differs from the expected numbers in {c.mismatched} of {c.cells} cells")
+        head.append(f": the {verdict.what} differs from the expected numbers in {c.mismatched} of {c.cells} cells ({share})")
     console.print(head)
-    say(f"  computed as    {verdict.formula}, shape {tuple(verdict.shape)}")
+    say(f"  computed as    {verdict.formula}, shape {tuple(verdict.shape)}" +
+        (" (the float64 reference)" if pr is not None else ""))
+    if pr is not None:
+        say(f"  precision      {pr.sentence()}")
+        say(f"                 ({pr.source}; plain {pr.dtype}: the same stages with every operation rounded to {pr.dtype})")
     bound = f"{tol.atol:.3g}" + (f" + {tol.rtol:.3g}·|computed|" if tol.rtol > SHOWN_RTOL else "")
     say(f"  tolerance      |expected - computed| <= {bound}")
     say(f"                 {tol.origin}")
     if c.worst is not None:
         w = c.worst
-        say(f"  largest error  {f(c.max_abs_error)} at {w.label} (expected {f(w.expected)}, computed {f(w.computed)}); "
-            f"relative {f(c.max_rel_error)}")
+        say(f"  largest error  {f(c.max_abs_error)} at {w.label} (expected {f(w.expected)}, computed {f(w.computed)})")
+    if c.worst_rel is not None and c.max_rel_error > 0:
+        say(f"  largest relative error  {c.max_rel_error:.3g} at {c.worst_rel.label}")
+    d = verdict.distribution
+    if d is not None and (pr is not None or not verdict.match):
+        if d.rows:
+            say("  errors by row    " + ", ".join(f"{k} {v:.2g}" for k, v in d.rows))
+        if d.columns:
+            say("  errors by column " + ", ".join(f"{k} {v:.2g}" for k, v in d.columns))
+        if d.heads:
+            say("  errors by head   " + ", ".join(f"{k} {v:.2g}" for k, v in d.heads[:8]))
     if c.first:
         table = Table(title=f"First mismatching cells ({len(c.first)} of {c.mismatched})", title_justify="left")
         for col in ("cell", "expected", "computed", "|error|"):
@@ -88,18 +104,18 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
             line.append(f"  {'possibly ' if e.possible else ''}matches {e.formula}  (largest error {f(e.max_abs_error)})")
             console.print(line)
             say(f"    {e.explanation[:1].upper()}{e.explanation[1:]}.")
+        if verdict.search and any(" + " in e.name for e in verdict.explanations):
+            say(f"  ({verdict.search})")
         return
     console.print(Text(f"No variant of the catalogue reproduces the expected numbers ({len(verdict.tried)} tried: "
                        f"{', '.join(verdict.tried) or 'none'}).", style="bold"))
+    if verdict.search:
+        say(f"  {verdict.search}")
     if verdict.nearest:
         near = ", ".join(f"{e.name} (largest error {f(e.max_abs_error)})" for e in verdict.nearest)
         say(f"  nearest: {near}")
     d = verdict.divergence
     if d is not None:
-        if d.rows:
-            say("  largest errors by row: " + ", ".join(f"{k} {f(v)}" for k, v in d.rows))
-        if d.columns:
-            say("  largest errors by column: " + ", ".join(f"{k} {f(v)}" for k, v in d.columns))
         if d.ratio is not None:
             say(f"  every expected number is the computed one times {d.ratio:.6g}: "
                           "a constant factor (a scaling applied to the output?)")

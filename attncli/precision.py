@@ -1,0 +1,157 @@
+"""Attention as a plain implementation in a low precision computes it: the error rounding alone explains.
+
+    naive = naive_run(problem, "bfloat16")     # the SAME pipeline (attncli.engine.run), on arrays
+                                               # whose every operation is rounded to bfloat16
+
+A kernel or a port in bfloat16 cannot match a float64 reference to float64 precision, and a
+tolerance loosened by hand until it passes lets real bugs through too. FlashAttention's
+authors judge a kernel's error against a float32/64 reference *relative to* the error of a
+standard implementation in the same precision (their tests: ``max |out - ref| <= 2 · max
+|out_plain - ref|``). ``check --precision-of`` does the same; this module computes
+``out_plain``.
+
+The plain implementation is PyTorch eager on the CPU in that dtype, emulated on numpy: the
+inputs are rounded to the dtype, and every operation of the pipeline's stages (each
+product, sum, max, exp, division, projection) is computed in float32 and its result
+rounded back to the dtype, as torch does for ``bfloat16``/``float16`` tensors (float32
+accumulation inside matmuls, one rounding per operation); a sum (the softmax's denominator)
+stays in its float32 accumulator, as inside torch's fused softmax. Measured on random causal
+problems, this gives the same largest error as PyTorch's own eager and SDPA bfloat16 attention
+on the CPU, within a factor of about 1.6 either way. No second
+attention is written: :class:`Rounded` is an ndarray whose ufuncs round their results, and
+the engine runs its stages on it. float32 and float64 run as plain numpy arrays of that type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from attncli.backend import PRECISIONS, Backend, numpy_namespace, round_bfloat16
+from attncli.engine import run
+from attncli.errors import InputError
+from attncli.plan import Plan
+from attncli.problem import Problem
+from attncli.trace import Trace
+
+HALF = ("bfloat16", "float16")
+# the bound FlashAttention's tests use: a kernel's largest error at most twice the plain one's
+FACTOR = 2.0
+# torch.testing.assert_close's atol by dtype: the least tolerance allowed when the plain error is ~0
+FLOOR = {"bfloat16": 1e-5, "float16": 1e-5, "float32": 1e-5, "float64": 1e-7}
+
+
+def _round_float16(a: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # beyond 65504: inf, as float16 arithmetic gives
+        return np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+ROUNDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"bfloat16": round_bfloat16, "float16": _round_float16}
+
+
+def check_precision(name: str, source: str = "--precision-of") -> str:
+    if name not in PRECISIONS:
+        raise InputError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}", source)
+    return name
+
+
+class Rounded(np.ndarray):
+    """float32 values of a lower precision: every ufunc (arithmetic, ``@``, reductions) is computed
+    in float32 and its result rounded to ``dtype_name``; functions such as ``where`` keep the class."""
+
+    dtype_name = "bfloat16"
+
+    @classmethod
+    def of(cls, a: Any) -> Rounded:
+        return _wrap(cls, np.asarray(a, dtype=np.float32))
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        cls = type(self)
+        args = [x.view(np.ndarray) if isinstance(x, Rounded) else x for x in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, Rounded) else x for x in kwargs["out"])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            result = getattr(ufunc, method)(*args, **kwargs)
+        if method == "reduce" and ufunc is np.add:
+            return result  # a sum stays in its float32 accumulator, as inside torch's fused softmax
+        return _rewrap(cls, result)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        plain = tuple(t for t in types if not issubclass(t, Rounded)) + (np.ndarray,)
+        result = super().__array_function__(func, plain, _unwrap(args), _unwrap(kwargs))
+        if func is np.sum:
+            return result  # the float32 accumulator, unrounded (see __array_ufunc__)
+        return _rewrap(type(self), result)
+
+
+def _unwrap(x: Any) -> Any:
+    if isinstance(x, Rounded):
+        return x.view(np.ndarray)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
+
+
+def _wrap(cls: type[Rounded], a: np.ndarray) -> Rounded:
+    return ROUNDERS[cls.dtype_name](a).view(cls)
+
+
+def _rewrap(cls: type[Rounded], result: Any) -> Any:
+    if isinstance(result, tuple):
+        return tuple(_rewrap(cls, r) for r in result)
+    if isinstance(result, np.ndarray) and result.dtype.kind == "f":
+        return _wrap(cls, result.astype(np.float32, copy=False))
+    if isinstance(result, np.floating):
+        return _wrap(cls, np.asarray(result, dtype=np.float32))
+    return result
+
+
+ROUNDED: dict[str, type[Rounded]] = {
+    name: type(f"Rounded_{name}", (Rounded,), {"dtype_name": name, "__module__": __name__}) for name in HALF}
+
+
+def rounded(a: Any, dtype: str) -> Any:
+    """``a`` as the plain computation in ``dtype`` holds it: a :class:`Rounded` array for a half type,
+    else a numpy array of ``dtype``."""
+    if dtype in ROUNDED:
+        return ROUNDED[dtype].of(a)
+    return np.asarray(a, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class NaiveBackend(Backend):
+    """numpy whose float arrays are held in ``precision`` (see the module docstring)."""
+
+    precision: str = "float64"
+
+    def asarray(self, a: Any, dtype: str) -> Any:
+        if np.dtype(dtype).kind != "f":
+            return np.asarray(a, dtype=dtype)
+        return rounded(a, self.precision)
+
+
+def naive_backend(precision: str) -> NaiveBackend:
+    return NaiveBackend("numpy", numpy_namespace(), None, precision)
+
+
+def naive_run(problem: Problem, precision: str) -> Trace:
+    """Every stage of ``problem`` (numpy, the explicit path) as a plain implementation in ``precision``:
+    a Trace whose steps are float64 arrays holding that precision's numbers."""
+    o = replace(problem.options, backend="numpy", device="cpu", dtype="float32" if precision != "float64" else "float64",
+                keep_weights=True)
+    p = replace(problem, options=o, result_dtype=None)
+    trace = run(p, Plan("explicit"), naive_backend(precision))
+    for step in trace.steps:
+        step.values = np.asarray(step.values, dtype=np.float64)
+    return trace
+
+
+def softmax_in(xp_softmax: Callable[[Any, Any], Any], s: np.ndarray, precision: str) -> np.ndarray:
+    """``xp_softmax(numpy, s)`` computed in ``precision`` (its inputs rounded, every operation too), as float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(xp_softmax(numpy_namespace(), rounded(s, precision)), dtype=np.float64)
