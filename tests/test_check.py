@@ -283,10 +283,11 @@ def test_cat_milk_report_golden() -> None:
     from attncli.check import check as run_check
     from attncli.check import infer_tolerance
     from attncli.cli.inputs import build_problem
+    from attncli.cli.options import Args
     from attncli.io import Reader
     from attncli.render.check import CHECK_FORMATS
 
-    problem = build_problem([CAT], {}, Reader())
+    problem = build_problem([CAT], Args(), Reader())
     written = [f"{x:.3f}" if x else "0" for row in CAT_PUBLISHED for x in row]
     verdict = run_check(problem, np.array(CAT_PUBLISHED), tolerance=infer_tolerance(written, source="published.yaml"))
     buf = io.StringIO()

@@ -31,7 +31,7 @@ import typer
 
 from attncli.backend import PRECISIONS
 from attncli.cli import EXIT_OK, app, error, handles_errors
-from attncli.cli.options import MULTIHEAD_OPTIONS, PROBLEM_OPTIONS, choices, option, with_options
+from attncli.cli.options import MULTIHEAD_OPTIONS, PROBLEM_OPTIONS, Args, choices, option, with_options
 from attncli.errors import AttnError, InputError
 
 EXIT_MISMATCH = 1
@@ -58,7 +58,7 @@ CHECK_OPTIONS = [
                 "float16 or bfloat16."),
     option("pairs", bool, True, "--pairs/--no-pairs", rich_help_panel=CHECK,
            help="When no single mistake of the catalogue reproduces the numbers, try two together (default on)."),
-    option("explain", bool, True, "--explain/--no-explain", rich_help_panel=CHECK,
+    option("search", bool, True, "--explain/--no-explain", rich_help_panel=CHECK,
            help="On a mismatch, try the catalogue of known variants and mistakes (default on)."),
     option("format", CheckFormat, CheckFormat("rich"), "--format", "-f", rich_help_panel=CHECK,
            help="rich: a report; json: one JSON object on stdout (verdict, errors, explanations)."),
@@ -92,32 +92,32 @@ INLINE = "--expected"
 def check_command(
     args: Annotated[list[str], typer.Argument(metavar="[EXPECTED] Q [K [V]]", show_default=False,
                                               help="Expected numbers (unless --expected), then the input files.")],
-    opts: dict[str, Any],
+    opts: Args,
 ) -> None:
-    fmt = opts["format"].value
+    fmt = opts.format
     try:
         verdict = compute_verdict(args, opts)
     except AttnError as e:
-        if fmt == "json" and not opts["quiet"]:
+        if fmt == "json" and not opts.quiet:
             _print_error("error", str(e))
         raise
     except Exception as e:  # also MemoryError: exit 70, one line
         if os.environ.get("ATTNCLI_DEBUG"):
             raise
-        if fmt == "json" and not opts["quiet"]:
+        if fmt == "json" and not opts.quiet:
             _print_error("internal-error", f"{type(e).__name__}: {e}")
         error(f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:300]} "
               "(set ATTNCLI_DEBUG=1 for the traceback, and please report it)")
         raise typer.Exit(EXIT_INTERNAL_ERROR) from None
-    if not opts["quiet"]:
+    if not opts.quiet:
         from attncli.render.check import CHECK_FORMATS
 
         if fmt == "rich":
             from rich.console import Console
 
-            CHECK_FORMATS[fmt](verdict, opts["precision"], Console(soft_wrap=False, markup=False, emoji=False))
+            CHECK_FORMATS[fmt](verdict, opts.precision, Console(soft_wrap=False, markup=False, emoji=False))
         else:
-            CHECK_FORMATS[fmt](verdict, opts["precision"], sys.stdout)
+            CHECK_FORMATS[fmt](verdict, opts.precision, sys.stdout)
             sys.stdout.flush()
     raise typer.Exit(EXIT_OK if verdict.match else EXIT_MISMATCH)
 
@@ -129,7 +129,7 @@ def _print_error(kind: str, message: str) -> None:
     sys.stdout.flush()
 
 
-def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
+def compute_verdict(args: list[str], opts: Args) -> Any:
     """Split the arguments, read the expected numbers and the problem, and check."""
     from attncli.check import Tolerance, check, infer_tolerance
     from attncli.cli.inputs import build_problem
@@ -138,18 +138,17 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
     from attncli.io import Reader
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
-    given: dict[str, float] = {f: float(opts[f]) for f in ("atol", "rtol") if opts.get(f) is not None}
+    given: dict[str, float] = {f: float(v) for f in ("atol", "rtol") if (v := opts.given(f)) is not None}
     for name, x in given.items():
         if not (math.isfinite(x) and x >= 0):
             raise InputError(f"must be a finite number >= 0, got {x:g}", f"--{name}")
-    choice = opts.get("precision_of")
-    precision = getattr(choice, "value", choice)
+    precision = opts.precision_of
     if precision is not None and given:
         raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
                          "not both", "--precision-of")
-    spec, inputs = split_arguments(args, opts.get("expected"), reader)
-    what = opts["what"]
-    expected, written, source, half = read_expected(spec, opts.get("expected"), reader, what)
+    spec, inputs = split_arguments(args, opts.expected, reader)
+    what = opts.what
+    expected, written, source, half = read_expected(spec, opts.expected, reader, what)
     subject = build_problem(inputs, opts, reader)
     trace = run(subject)
     precision_source = "--precision-of"
@@ -167,7 +166,7 @@ def compute_verdict(args: list[str], opts: dict[str, Any]) -> Any:
         else:
             tol = infer_tolerance(written, dtype, source)
     return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
-                 explain=opts["explain"], precision=precision, precision_source=precision_source, pairs=opts["pairs"])
+                 explain=opts.search, precision=precision, precision_source=precision_source, pairs=opts.pairs)
 
 
 def split_arguments(args: list[str], inline: str | None, reader: Any) -> tuple[str | None, list[str]]:

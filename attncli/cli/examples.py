@@ -11,12 +11,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from attncli.cli import app, handles_errors
-from attncli.cli.options import HEAD_OPTION, MULTIHEAD_OPTIONS, OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
+from attncli.cli.options import HEAD_OPTION, MULTIHEAD_OPTIONS, OUTPUT_OPTIONS, PROBLEM_OPTIONS, Args, with_options
 from attncli.errors import InputError
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def examples_show(name: Annotated[str, typer.Argument(help="Example name, as lis
 @with_options(PROBLEM_OPTIONS, MULTIHEAD_OPTIONS, HEAD_OPTION, OUTPUT_OPTIONS)
 def examples_run(
     name: Annotated[str, typer.Argument(help="Example name, as listed by `attncli examples`.")],
-    opts: dict[str, Any],
+    opts: Args,
 ) -> None:
     """Run an example step by step; every option of `attncli run` and `attncli self` works (e.g. --explain it,milk).
 

@@ -8,13 +8,13 @@ X [MEMORY [VALUES]] of self-, cross- and multi-head attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attncli.cli.options import Args
 from attncli.errors import InputError
 from attncli.io import LOADERS, STDIN, Reader
 from attncli.options import Options
@@ -77,25 +77,26 @@ def _file_options(raw: Any, source: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in raw.items()}
 
 
-def cli_options(opts: dict[str, Any]) -> dict[str, Any]:
+def cli_options(opts: Args) -> dict[str, Any]:
     """The computation options given on the command line (enums to their values)."""
     out = {}
-    for k, v in opts.items():
-        if k in OPTION_FIELDS and v is not None:
-            out[k] = v.value if isinstance(v, Enum) else v
+    for k in OPTION_FIELDS:
+        v = opts.given(k)
+        if v is not None:
+            out[k] = v
     return out
 
 
-def is_multihead(content: Any, opts: dict[str, Any]) -> bool:
+def is_multihead(content: Any, opts: Args) -> bool:
     """Projections and heads are part of the problem: ``--heads`` or ``--layer`` given, ``--weights`` a model
     checkpoint, or a file with x (and no q)."""
-    weights = opts.get("weights")
-    return (opts.get("heads") is not None or opts.get("layer") is not None
+    weights = opts.weights
+    return (opts.heads is not None or opts.layer is not None
             or (weights is not None and _checkpoint_path(str(weights)))
             or (isinstance(content, dict) and "x" in content and "q" not in content))
 
 
-def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multihead: bool | None = None) -> Problem:
+def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool | None = None) -> Problem:
     """The Problem described by 1–3 input files (or ``-``) and the options (a flag wins over the file).
 
     Single-head: one input is a problem file (q, k, v, ...) or one matrix used as Q, K and V; two
@@ -122,8 +123,8 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
     arrays: dict[str, Any] = {}
     if heads_mode:  # X [MEMORY [VALUES]], or --memory / --values, or the file's entries
         arrays["q"], sources["q"] = reader.array(inputs[0], "x"), file_source
-        for slot, name, spec in (("k", "memory", inputs[1] if len(inputs) > 1 else opts.get("memory")),
-                                 ("v", "values", inputs[2] if len(inputs) > 2 else opts.get("values"))):
+        for slot, name, spec in (("k", "memory", inputs[1] if len(inputs) > 1 else opts.memory),
+                                 ("v", "values", inputs[2] if len(inputs) > 2 else opts.values)):
             if spec is not None:
                 arrays[slot], sources[slot] = reader.array(spec, name), reader.source(spec)
             elif doc.get(name) is not None:
@@ -139,7 +140,7 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
                     arrays[slot], sources[slot] = doc[slot], file_source
 
     def entry(name: str, flag: str | None) -> Any:
-        spec = opts.get(flag) if flag else None
+        spec = opts.given(flag) if flag else None
         if spec is not None:
             sources[name] = reader.source(spec)
             return reader.array(spec, name)
@@ -150,17 +151,17 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
     padding = entry("key_padding_mask", "key_padding_mask")
     sinks = entry("sinks", "sinks")
     slopes = entry("alibi_slopes", "alibi_slopes")
-    if opts.get("rope_scaling") is not None:
-        opts = {**opts, "rope_scaling": _rope_scaling(opts["rope_scaling"], reader)}
+    if opts.rope_scaling is not None:
+        opts = replace(opts, rope_scaling=_rope_scaling(opts.rope_scaling, reader))
     valid_lens = doc.get("valid_lens")
     sources["valid_lens"] = file_source
-    if opts.get("valid_lens") is not None:
-        valid_lens, sources["valid_lens"] = parse_valid_lens(opts["valid_lens"], reader)
+    if opts.valid_lens is not None:
+        valid_lens, sources["valid_lens"] = parse_valid_lens(opts.valid_lens, reader)
 
     # `labels` name the queries, and the keys too when there are as many (self-attention)
     both = _labels(doc.get("labels"), file_source)
-    if opts.get("labels"):
-        both = split_labels(opts["labels"])
+    if opts.labels:
+        both = split_labels(opts.labels)
         sources["query_labels"] = sources["key_labels"] = "--labels"
     qlab = _labels(doc.get("query_labels"), file_source) or both
     if heads_mode:
@@ -168,10 +169,10 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
     else:
         klab = _labels(doc.get("key_labels"), file_source) or (
             both if both and len(both) == _rows(arrays.get("k", arrays["q"])) else None)
-    if opts.get("query_labels"):
-        qlab, sources["query_labels"] = split_labels(opts["query_labels"]), "--query-labels"
-    if opts.get("key_labels"):
-        klab, sources["key_labels"] = split_labels(opts["key_labels"]), "--key-labels"
+    if opts.query_labels:
+        qlab, sources["query_labels"] = split_labels(opts.query_labels), "--query-labels"
+    if opts.key_labels:
+        klab, sources["key_labels"] = split_labels(opts.key_labels), "--key-labels"
     sources.setdefault("query_labels", file_source)
     sources.setdefault("key_labels", file_source)
 
@@ -181,13 +182,13 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
                                   sources=sources, padding=padding, sinks=sinks, alibi_slopes=slopes)
     if not heads_mode:
         for flag in ("layer", "from_residual"):
-            if opts.get(flag):
+            if opts.given(flag):
                 raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)",
                                  f"--{flag.replace('_', '-')}")
-        params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.get("weights"), reader)
+        params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
         options = options.merged(flags, "command line", flags=True)
         return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
-    given_heads = opts.get("heads") if opts.get("heads") is not None else doc.get("heads")
+    given_heads = opts.heads if opts.heads is not None else doc.get("heads")
     if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)):
         raise InputError(f"'heads' must be a whole number, got {given_heads!r}", file_source)
     layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True),
@@ -201,13 +202,13 @@ def build_problem(inputs: list[str], opts: dict[str, Any], reader: Reader, multi
         common["mask"] = _t5_bias(t5, arrays, opts)
     options = options.merged(flags, "command line", flags=True)
     heads = given_heads or layer.heads or 1
-    if opts.get("from_residual") and not layer.checkpoint:
+    if opts.from_residual and not layer.checkpoint:
         raise InputError("needs a checkpoint read with --weights MODEL --layer N (its pre-attention norm)",
                          "--from-residual")  # a post-norm layer (BERT) takes the residual as it is
     sources["weights"] = layer.projections.source
     return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
-                         batch_first=opts.get("batch_first", True), options=options,
-                         pre_norm=layer.norm if opts.get("from_residual") else None, **common)
+                         batch_first=opts.batch_first, options=options,
+                         pre_norm=layer.norm if opts.from_residual else None, **common)
 
 
 @dataclass
@@ -236,24 +237,24 @@ def _rope_scaling(text: str, reader: Reader) -> Any:
     return content
 
 
-def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: dict[str, Any], reader: Reader,
+def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Args, reader: Reader,
                  options: Options, heads: int = 1) -> Layer:
     """W_q, W_k, W_v (W_o, biases) from --weights (textbook arrays, a state dict, or one layer of a
     checkpoint), the file's weights: entry, or drawn from --seed."""
-    given = [f for f, v in (("--d-k", opts.get("d_k")), ("--d-v", opts.get("d_v"))) if v is not None]
-    for f, v in (("--d-k", opts.get("d_k")), ("--d-v", opts.get("d_v"))):
+    given = [f for f, v in (("--d-k", opts.d_k), ("--d-v", opts.d_v)) if v is not None]
+    for f, v in (("--d-k", opts.d_k), ("--d-v", opts.d_v)):
         if v is not None:
             check_width(v, f)  # before allocating a (d, heads·d_k) matrix: 10**12 is one line, not out of memory
-    weights, prefix = opts.get("weights"), opts.get("prefix")
+    weights, prefix = opts.weights, opts.prefix
     if given and (weights is not None or "weights" in doc):
         raise InputError("applies only when the weights are initialised (no --weights); "
                          "the widths come from the weights", given[0])
-    if opts.get("layer") is not None and weights is None:
+    if opts.layer is not None and weights is None:
         raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
     if weights is not None:
         spec = str(weights)
-        if opts.get("layer") is not None or _checkpoint_path(spec):
-            return checkpoint_layer(spec, opts.get("layer"), prefix, opts.get("heads"))
+        if opts.layer is not None or _checkpoint_path(spec):
+            return checkpoint_layer(spec, opts.layer, prefix, opts.heads)
         return Layer(projections_from(reader.read(spec), reader.source(spec), prefix))
     if "weights" in doc:
         return Layer(projections_from(doc, src, prefix))
@@ -261,13 +262,12 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: di
     d_q = widths[0] or 1
     d_kv = widths[1] or d_q
     d_vv = widths[2] or d_kv
-    init = opts.get("init")
-    return Layer(init_projections(d_q, d_kv, d_vv, d_k=opts.get("d_k"), d_v=opts.get("d_v"), seed=options.seed,
-                                  init=str(getattr(init, "value", init or "mha")), bias=opts.get("bias", True),
-                                  out_proj=opts.get("out_proj", True), heads=heads, kv_heads=options.kv_heads))
+    return Layer(init_projections(d_q, d_kv, d_vv, d_k=opts.d_k, d_v=opts.d_v, seed=options.seed,
+                                  init=opts.init, bias=opts.bias,
+                                  out_proj=opts.out_proj, heads=heads, kv_heads=options.kv_heads))
 
 
-def _t5_bias(t5: tuple[np.ndarray, dict[str, Any]], arrays: dict[str, Any], opts: dict[str, Any]) -> np.ndarray:
+def _t5_bias(t5: tuple[np.ndarray, dict[str, Any]], arrays: dict[str, Any], opts: Args) -> np.ndarray:
     """T5's position bias for these inputs' T queries and S keys, (1, H, T, S) (attncli.layouts.t5_position_bias)."""
     from attncli.layouts import t5_position_bias
 
@@ -275,7 +275,7 @@ def _t5_bias(t5: tuple[np.ndarray, dict[str, Any]], arrays: dict[str, Any], opts
 
     def rows(a: Any) -> int:
         shape = np.shape(a)
-        return int(shape[0] if len(shape) == 3 and not opts.get("batch_first", True) else shape[-2])
+        return int(shape[0] if len(shape) == 3 and not opts.batch_first else shape[-2])
 
     m = rows(arrays["q"])
     n = rows(arrays.get("k", arrays["q"]))

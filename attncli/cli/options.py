@@ -2,8 +2,8 @@
 
 Each group is a list of ``inspect.Parameter`` with a Typer ``Annotated`` type; the
 decorator appends them to a command's signature and hands their values to the command
-as one ``opts`` dict, so ``run``, ``check`` and ``examples run`` take the same options
-without repeating them.
+as one typed :class:`Args`, so ``run``, ``self``, ``check`` and ``examples run`` take the
+same options without repeating them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -247,8 +248,110 @@ OUTPUT_OPTIONS: Group = [
 ]
 
 
+@dataclass
+class Args:
+    """Every option of the commands, typed, built once at the CLI edge by :func:`with_options` from
+    the flags (a str Enum becomes its value); an option a command lacks keeps its default here.
+    The computation's own options go on to :class:`attncli.options.Options` (cli/inputs.py)."""
+
+    # the problem (PROBLEM_OPTIONS): None = not given, the file's or the default applies
+    score: str | None = None
+    scale: float | None = None
+    scaling: str | None = None
+    temperature: float | None = None
+    valid_lens: str | None = None
+    mask: str | None = None
+    mask_convention: str | None = None
+    mask_value: float | None = None
+    causal: bool | None = None
+    causal_align: str | None = None
+    labels: str | None = None
+    query_labels: str | None = None
+    key_labels: str | None = None
+    dtype: str | None = None
+    backend: str | None = None
+    device: str | None = None
+    threads: int | None = None
+    weights: Path | None = None
+    hidden: int | None = None
+    seed: int | None = None
+    activation: str | None = None
+    bandwidth: float | None = None
+    hard: bool | None = None
+    dropout: float | None = None
+    rope: str | None = None
+    rope_base: float | None = None
+    rotary_dim: int | None = None
+    rope_scaling: Any = None  # JSON text, then the mapping it holds (cli/inputs.py)
+    q_offset: int | None = None
+    alibi: bool | None = None
+    alibi_slopes: str | None = None
+    window: int | None = None
+    softcap: float | None = None
+    sinks: str | None = None
+    qk_norm: str | None = None
+    norm_eps: float | None = None
+    # projections and heads (MULTIHEAD_OPTIONS, HEAD_OPTION)
+    heads: int | None = None
+    memory: str | None = None
+    values: str | None = None
+    key_padding_mask: str | None = None
+    kv_heads: int | None = None
+    d_k: int | None = None
+    d_v: int | None = None
+    init: str = "mha"
+    bias: bool = True
+    out_proj: bool = True
+    prefix: str | None = None
+    layer: int | None = None
+    from_residual: bool = False
+    batch_first: bool = True
+    head: int | None = None
+    # output (OUTPUT_OPTIONS)
+    format: str = "rich"
+    save: Path | None = None
+    precision: int = 4
+    steps: str | None = None
+    full: bool = False
+    quiet: bool = False
+    explain: list[str] = field(default_factory=list)
+    explain_row: list[str] = field(default_factory=list)
+    similarity: str | None = None
+    plot: Path | None = None
+    plot_steps: str | None = None
+    vmin: float | None = None
+    vmax: float | None = None
+    dpi: int | None = None
+    figsize: str | None = None
+    html: Path | None = None
+    svg: Path | None = None
+    theme: str | None = None
+    width: int | None = None
+    # check (cli/check.py CHECK_OPTIONS)
+    expected: str | None = None
+    what: str = "output"
+    atol: float | None = None
+    rtol: float | None = None
+    precision_of: str | None = None
+    pairs: bool = True
+    search: bool = True  # --explain/--no-explain of check: try the catalogue of mistakes
+
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> Args:
+        """From the parsed flags: Enums to their values, repeatable options to lists."""
+        plain = {k: (v.value if isinstance(v, Enum) else v) for k, v in values.items()}
+        for k in ("explain", "explain_row"):
+            if k in plain and not isinstance(plain[k], bool):
+                plain[k] = list(plain[k] or [])
+        return cls(**plain)
+
+    def given(self, name: str) -> Any:
+        """The value of option ``name`` (None where the command has no such option)."""
+        return getattr(self, name, None)
+
+
 def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Append option groups to a command; their values reach it as ``opts: dict``."""
+    """Append option groups to a command; their values reach it as one typed ``opts: Args``."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn, eval_str=True)
@@ -259,16 +362,17 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
 
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
-            opts = {n: kwargs.pop(n) for n in names if n in kwargs}
-            nan = next((n for n, v in opts.items() if isinstance(v, float) and v != v and n not in validated), None)
+            given = {n: kwargs.pop(n) for n in names if n in kwargs}
+            nan = next((n for n, v in given.items() if isinstance(v, float) and v != v and n not in validated), None)
             if nan is not None:  # NaN passes every min=/max= check; problem options say it in their own words
                 from attncli.errors import InputError
 
                 raise InputError("must be a finite number, got nan", "--" + nan.replace("_", "-"))
-            if opts.get("threads"):  # --threads, for every command that takes it
+            opts = Args.of(given)
+            if opts.threads:  # --threads, for every command that takes it
                 from attncli.backend import set_threads
 
-                set_threads(opts["threads"])
+                set_threads(opts.threads)
             return fn(**kwargs, opts=opts)
 
         del wrapper.__wrapped__  # Typer must see the new signature, not fn's

@@ -6,13 +6,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from attncli.cli import app, handles_errors, warn
-from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
+from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, Args, with_options
 from attncli.errors import InputError
 
 RUN_HELP = """Compute attention on Q, K, V and show every step.
@@ -37,7 +38,7 @@ Examples:
 def run_command(
     inputs: Annotated[list[str], typer.Argument(metavar="Q [K [V]]", help="Input files, or - for stdin.",
                                                 show_default=False)],
-    opts: dict[str, Any],
+    opts: Args,
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.io import Reader
@@ -47,7 +48,7 @@ def run_command(
     execute(problem, opts, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
 
 
-def execute(problem: Any, opts: dict[str, Any], protect: list[str]) -> None:
+def execute(problem: Any, opts: Args, protect: list[str]) -> None:
     """Plan what the options need, run the pipeline, and show or save the trace (``--head``: one head
     in the terminal view, every head in the files)."""
     from attncli.engine import run, select_head
@@ -55,21 +56,21 @@ def execute(problem: Any, opts: dict[str, Any], protect: list[str]) -> None:
 
     needs = Needs(weights=not output_only(opts), view_rows=corner_queries if default_view(opts) else None)
     how = plan(problem, needs)
-    with progress_bar(opts["quiet"]) as progress:
+    with progress_bar(opts.quiet) as progress:
         trace = run(problem, how, progress=progress)
     if how.skipped:
         weights_skipped_note(how.skipped, opts)
-    head = opts.get("head")
+    head = opts.head
     if head is None:
         emit(trace, opts, protect=protect)
         return
     view = select_head(trace, head)  # also checks that the head exists
-    if opts["format"].value != "rich":
+    if opts.format != "rich":
         emit(trace, opts, protect=protect)
         return
-    if opts.get("save") is not None:  # the file keeps every head; the terminal shows one
-        emit(trace, {**opts, "quiet": True, **{k: None for k in ("svg", "html", "plot") if k in opts}}, protect=protect)
-    emit(view, {**opts, "save": None}, protect=protect)
+    if opts.save is not None:  # the file keeps every head; the terminal shows one
+        emit(trace, replace(opts, quiet=True, svg=None, html=None, plot=None), protect=protect)
+    emit(view, replace(opts, save=None), protect=protect)
 
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",
@@ -78,24 +79,24 @@ NEEDS_WEIGHTS = ("svg", "html", "plot", "explain", "explain_row", "similarity")
 PROGRESS_AFTER = 1.0  # seconds a run takes before its progress bar appears
 
 
-def output_only(opts: dict[str, Any], allowed: set[str] = OUTPUT_ONLY_STEPS) -> bool:
+def output_only(opts: Args, allowed: set[str] = OUTPUT_ONLY_STEPS) -> bool:
     """Nothing but the output is asked for: --steps names only it (and inputs, projections, or other
     steps that need no weights), or --save FILE.npy with the terminal view (JSON and NPZ on stdout
     always carry the weights)."""
-    if any(opts.get(k) for k in NEEDS_WEIGHTS):
+    if any(opts.given(k) for k in NEEDS_WEIGHTS):
         return False
-    if opts.get("steps"):
-        return {s.strip() for s in opts["steps"].split(",")} <= allowed
-    save = opts.get("save")
-    return save is not None and save.suffix.lower() == ".npy" and opts["format"].value == "rich"
+    if opts.steps:
+        return {s.strip() for s in opts.steps.split(",")} <= allowed
+    save = opts.save
+    return save is not None and save.suffix.lower() == ".npy" and opts.format == "rich"
 
 
-def default_view(opts: dict[str, Any]) -> bool:
+def default_view(opts: Args) -> bool:
     """Whether ``opts`` ask for the default terminal view only: no --steps, nothing saved or drawn
     from the weights."""
-    if opts.get("steps") or opts["format"].value != "rich" or any(opts.get(k) for k in NEEDS_WEIGHTS):
+    if opts.steps or opts.format != "rich" or any(opts.given(k) for k in NEEDS_WEIGHTS):
         return False
-    save = opts.get("save")
+    save = opts.save
     return save is None or save.suffix.lower() == ".npy"
 
 
@@ -107,9 +108,9 @@ def corner_queries(m: int) -> list[int]:
     return [i for i in shown(m, RenderOptions().max_rows, False) if i is not None]
 
 
-def weights_skipped_note(cells: int, opts: dict[str, Any]) -> None:
+def weights_skipped_note(cells: int, opts: Args) -> None:
     """Say on stderr that a big view shows no weights (its corner rows could not be computed alone)."""
-    if not opts["quiet"]:
+    if not opts.quiet:
         sys.stderr.write(f"attncli: note: the {cells:,} attention weights are not computed for the step-by-step "
                          "view (only their corners would show); it shows the inputs and the output. Ask for them "
                          "with --steps weights,output or --save FILE.npz\n")
@@ -145,38 +146,37 @@ def progress_bar(quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
             bar.stop()
 
 
-def picture_options(opts: dict[str, Any]) -> Any:
+def picture_options(opts: Args) -> Any:
     """The typed picture options (attncli.render.pictures.Pictures) from the flags; options a command
     lacks take their defaults. Checked on creation."""
     from attncli.render.pictures import Pictures
     from attncli.render.plot import DPI, PlotOptions, parse_figsize
 
-    steps = [s.strip() for s in str(opts.get("plot_steps") or "weights").split(",") if s.strip()]
-    theme = opts.get("theme")
-    return Pictures(svg=opts.get("svg"), html=opts.get("html"), plot_path=opts.get("plot"),
-                    plot=PlotOptions(steps=steps, vmin=opts.get("vmin"), vmax=opts.get("vmax"),
-                                     dpi=opts.get("dpi") or DPI, figsize=parse_figsize(opts.get("figsize"))),
-                    theme=getattr(theme, "value", theme) or "dark", width=opts.get("width") or 100)
+    steps = [s.strip() for s in str(opts.plot_steps or "weights").split(",") if s.strip()]
+    return Pictures(svg=opts.svg, html=opts.html, plot_path=opts.plot,
+                    plot=PlotOptions(steps=steps, vmin=opts.vmin, vmax=opts.vmax,
+                                     dpi=opts.dpi or DPI, figsize=parse_figsize(opts.figsize)),
+                    theme=opts.theme or "dark", width=opts.width or 100)
 
 
-def pictures(trace: Any, opts: dict[str, Any], ropts: Any) -> Any:
+def pictures(trace: Any, opts: Args, ropts: Any) -> Any:
     """Diagnostics, explanations and the picture options, all checked before anything is printed."""
     from attncli.diagnostics import attach as diagnose
     from attncli.render.explain import attach as explain
 
     show = picture_options(opts)
-    shown = (opts["format"].value == "rich" and not opts["quiet"]) or opts["format"].value == "json"
-    saved = opts.get("save") is not None and opts["save"].suffix.lower() == ".json"
-    sim = opts.get("similarity")
-    document = opts["format"].value in ("latex", "markdown")
+    shown = (opts.format == "rich" and not opts.quiet) or opts.format == "json"
+    saved = opts.save is not None and opts.save.suffix.lower() == ".json"
+    sim = opts.similarity
+    document = opts.format in ("latex", "markdown")
     if shown or saved or show.wanted or sim is not None or document:  # nobody reads diagnostics of an NPZ-only run
-        diagnose(trace, sim.value if sim is not None else None)
+        diagnose(trace, sim)
     explain(trace, ropts)
     show.check(trace)
     return show
 
 
-def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
+def emit(trace: Any, opts: Args, protect: list[str]) -> None:
     """Print the trace in the chosen format, save it if asked, and report warnings on stderr."""
     from rich.console import Console
 
@@ -184,17 +184,17 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
     from attncli.render import FORMATS, SAVERS, RenderOptions, load_renderers
 
     load_renderers()
-    steps = [s.strip() for s in opts["steps"].split(",")] if opts.get("steps") else None
+    steps = [s.strip() for s in opts.steps.split(",")] if opts.steps else None
     if steps is not None:
         known = {*trace.names(), *trace.inputs}
         unknown = [s for s in steps if s not in known]
         if unknown:
             raise InputError(f"unknown step(s) {', '.join(unknown)}; this run has {', '.join([*trace.inputs, *trace.names()])}",
                              "--steps")
-    ropts = RenderOptions(precision=opts["precision"], steps=steps, full=opts["full"],
-                          explain=list(opts.get("explain") or []), explain_rows=list(opts.get("explain_row") or []))
+    ropts = RenderOptions(precision=opts.precision, steps=steps, full=opts.full,
+                          explain=list(opts.explain or []), explain_rows=list(opts.explain_row or []))
     show = pictures(trace, opts, ropts)
-    save: Path | None = opts.get("save")
+    save: Path | None = opts.save
     if save is not None:
         ext = save.suffix.lower()
         if ext not in SAVERS:
@@ -202,9 +202,9 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
                              str(save))
         with atomic_write(save, protect=protect) as f:
             SAVERS[ext](trace, ropts, f)
-    fmt = opts["format"].value
+    fmt = opts.format
     if fmt == "rich":
-        if not opts["quiet"]:
+        if not opts.quiet:
             # labels are text: no markup, no :emoji: codes
             console = Console(soft_wrap=False, markup=False, emoji=False)
             FORMATS["rich"](trace, ropts, console)
@@ -212,6 +212,6 @@ def emit(trace: Any, opts: dict[str, Any], protect: list[str]) -> None:
         FORMATS[fmt](trace, ropts, sys.stdout)
         sys.stdout.flush()
     show.write(trace, lambda console: FORMATS["rich"](trace, ropts, console), protect)
-    if not opts["quiet"]:
+    if not opts.quiet:
         for w in trace.warnings:
             warn(w)  # one line: a file name or label in it is escaped

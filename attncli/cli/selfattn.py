@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from attncli.cli import app, handles_errors
-from attncli.cli.options import HEAD_OPTION, MULTIHEAD_OPTIONS, OUTPUT_OPTIONS, PROBLEM_OPTIONS, with_options
+from attncli.cli.options import HEAD_OPTION, MULTIHEAD_OPTIONS, OUTPUT_OPTIONS, PROBLEM_OPTIONS, Args, with_options
 
 SELF_HELP = """Self-attention and multi-head attention: project X, split into heads, attend, concatenate.
 
@@ -44,7 +44,7 @@ def self_command(
     x: Annotated[str, typer.Argument(metavar="X", show_default=False,
                                      help="Input (T, D) or (B, T, D): a file, - for stdin, or a file with x, weights, "
                                           "heads, labels, ... entries.")],
-    opts: dict[str, Any],
+    opts: Args,
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.cli.run import execute
