@@ -5,15 +5,8 @@
 compares ``expected`` with the step ``what`` of the correct computation (cell by cell,
 ``|e - c| <= atol + rtol·|c|``, NaN equal to NaN), and on a mismatch tries every variant of
 the catalogue in :mod:`attncli.variants` on the same inputs: each one that reproduces the
-expected numbers within the tolerance is an explanation. Nothing here prints.
-
-Tolerance, unless given: inferred from how the expected numbers are written. Numbers
-written with D decimals (the most any of them has; ``1.5e-3`` counts as 4) match within
-half a unit of the D-th decimal, ``atol = 0.5·10^-D`` (plus a hair for float rounding).
-When the computation runs in float32, its rounding is allowed too (``rtol 1.3e-6``).
-Numbers that are all whole, and binary files (.npy/.npz/.pt), carry no written precision
-and get the defaults of ``torch.testing.assert_close`` for their float type: float32
-``rtol 1.3e-6, atol 1e-5``; float64 ``rtol 1e-7, atol 1e-7``.
+expected numbers within the tolerance is an explanation. Nothing here prints. The
+tolerance, unless given, is inferred from how the numbers are written (attncli.compare).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -199,23 +200,31 @@ def test_nanogpt_linear_c_attn_is_gpt2_transposed(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
-def test_transformer_lens_hooked_transformer(tmp_path: Path) -> None:
-    """A HookedTransformer (GQA, rotary) from a config: W_Q/_W_K layouts vs hook_pattern and hook_attn_out."""
+def hooked_transformer(path: Path) -> tuple[Any, Any]:
+    """A tiny HookedTransformer (GQA, rotary) from a config, randomised, its state dict saved to ``path``;
+    the model and its activation cache on 9 tokens."""
     tl = pytest.importorskip("transformer_lens")
-    from test_layouts import MAX_ERR, pre_norm, reference
-
     cfg = tl.HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=16, d_head=8, n_heads=4, n_key_value_heads=2,
                                      d_vocab=50, act_fn="gelu", normalization_type="LN",
                                      positional_embedding_type="rotary", rotary_dim=8, rotary_base=500, seed=0)
-    model = tl.HookedTransformer(cfg).eval()
+    with warnings.catch_warnings():  # "HookedTransformer is deprecated": 3.9 is the version that has it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model = tl.HookedTransformer(cfg).eval()
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.35)
-    torch.save(model.state_dict(), tmp_path / "tl.pt")
-    ids = torch.arange(9)[None] * 5 % 50
+    torch.save(model.state_dict(), path)
     with torch.no_grad():
-        _, cache = model.run_with_cache(ids)
+        _, cache = model.run_with_cache(torch.arange(9)[None] * 5 % 50)
+    return model, cache
+
+
+def test_transformer_lens_hooked_transformer(tmp_path: Path) -> None:
+    """A HookedTransformer (GQA, rotary) from a config: W_Q/_W_K layouts vs hook_pattern and hook_attn_out."""
+    from test_layouts import MAX_ERR, pre_norm, reference
+
+    model, cache = hooked_transformer(tmp_path / "tl.pt")
     la = load_layer(tmp_path / "tl.pt", 1)
     assert la.layout == "transformer-lens"
     f = la.facts

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_layouts import CASES, T, _randomise, build, hooks  # noqa: E402
+from test_layouts import CASES, T, build, hooks, tiny_t5  # noqa: E402
 
 from attncli.cli import app  # noqa: E402
 
@@ -97,13 +97,7 @@ def test_check_takes_a_checkpoint_layer(tmp_path: Path) -> None:
 
 
 def test_t5_encoder_layer_with_its_position_bias(tmp_path: Path) -> None:
-    config = transformers.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=24, num_layers=2, num_heads=4,
-                                   relative_attention_num_buckets=8, relative_attention_max_distance=12,
-                                   attn_implementation="eager")
-    model = transformers.T5Model(config)
-    model.eval()
-    _randomise(model, 5)
-    model.save_pretrained(tmp_path / "t5")
+    model = tiny_t5(tmp_path / "t5")
     attn = model.encoder.block[1].layer[0].SelfAttention
     got: dict[str, Any] = {}
     h1, h2 = hooks(attn, attn.o, got)
@@ -121,18 +115,9 @@ def test_t5_encoder_layer_with_its_position_bias(tmp_path: Path) -> None:
 def test_transformer_lens_state_dict(tmp_path: Path) -> None:
     """A HookedTransformer (GQA, rotary) saved as its state dict: self vs hook_pattern and hook_attn_out,
     from the residual stream hook_resid_pre with --from-residual."""
-    tl = pytest.importorskip("transformer_lens")
-    cfg = tl.HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=16, d_head=8, n_heads=4, n_key_value_heads=2,
-                                     d_vocab=50, act_fn="gelu", normalization_type="LN",
-                                     positional_embedding_type="rotary", rotary_dim=8, rotary_base=500, seed=0)
-    model = tl.HookedTransformer(cfg).eval()
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.35)
-    torch.save(model.state_dict(), tmp_path / "tl.pt")
-    with torch.no_grad():
-        _, cache = model.run_with_cache(torch.arange(9)[None] * 5 % 50)
+    from test_checkpoint import hooked_transformer
+
+    _, cache = hooked_transformer(tmp_path / "tl.pt")
     np.save(tmp_path / "h.npy", cache["blocks.1.hook_resid_pre"][0].float().numpy())
     doc = _self([str(tmp_path / "h.npy"), "--weights", str(tmp_path / "tl.pt"), "--layer", "1", "--from-residual"])
     got = {"weights": cache["blocks.1.attn.hook_pattern"][0].double().numpy(),

@@ -304,14 +304,20 @@ def test_sharded_bfloat16_and_pytorch_bin(tmp_path: Path) -> None:
     np.testing.assert_array_equal(la.arrays["W_q"].astype(np.float32), ref)
 
 
-def test_t5_encoder_and_decoder_use_layer_0s_bias(tmp_path: Path) -> None:
+def tiny_t5(folder: Path) -> Any:
+    """A tiny T5 (encoder and decoder, 8 relative-position buckets), randomised and saved to ``folder``."""
     config = transformers.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=24, num_layers=2, num_heads=4,
                                    relative_attention_num_buckets=8, relative_attention_max_distance=12,
                                    attn_implementation="eager")
     model = transformers.T5Model(config)
     model.eval()
     _randomise(model, 5)
-    model.save_pretrained(tmp_path)
+    model.save_pretrained(folder)
+    return model
+
+
+def test_t5_encoder_and_decoder_use_layer_0s_bias(tmp_path: Path) -> None:
+    model = tiny_t5(tmp_path)
     with pytest.raises(InputError, match="--prefix"):
         load_layer(tmp_path, 1)
     for stack in ("encoder", "decoder"):
