@@ -178,6 +178,8 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
     t.meta.update(heads=H, head_width={"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H},
                   self_attention=problem.self_attention, batched=problem.batched, weights_format=proj.kind,
                   **({"config": proj.config} if proj.config else {}),
+                  **({"seed": DEFAULT_SEED if problem.options.seed is None else problem.options.seed}
+                     if proj.kind.startswith("init") else {}),
                   weights_source=proj.source, batch_axes=["batch", "head"] if problem.batched else ["head"],
                   head_axis=1 if problem.batched else 0)
     core = replace(problem, q=to_numpy(qh), k=to_numpy(kh), v=to_numpy(vh), projections=None)
