@@ -195,7 +195,9 @@ class Problem:
         if q.ndim < 3 or k.ndim < 3 or k.ndim > q.ndim:
             return k.shape[:-2], v.shape[:-2]
         H, G = int(q.shape[-3]), int(k.shape[-3])
-        if G in (1, H) or (q.ndim == 3 and H % G):  # 3-D (B, T, d) that do not group: batch axes that do not match
+        if G == H or (G == 1 and q.ndim < 4) or (q.ndim == 3 and H % G):  # 3-D (B, T, d): batch axes, no heads
+            return k.shape[:-2], v.shape[:-2]
+        if G == 1 and (v.ndim < 3 or int(v.shape[-3]) != 1):  # a 4-D K with one head: multi-query, if V has one too
             return k.shape[:-2], v.shape[:-2]
         heads.check_kv_heads(H, G, self.where("k"))
         if v.ndim < 3 or int(v.shape[-3]) != G:

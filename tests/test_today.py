@@ -454,3 +454,20 @@ def test_rope_from_a_config_json(models: dict[str, Any], case: str, tmp_path: Pa
     bad = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(tmp_path / "w.npz"), *keep,
                               "--rope-scaling", str(tmp_path / "config.json"), "--rope-base", "123"])
     assert bad.exit_code == 2 and "rope_theta" in bad.stderr
+
+
+def test_run_multi_query_one_kv_head_is_sdpa_enable_gqa() -> None:
+    """Multi-query attention in `run`: 4-D K/V with one head serve every query head (SDPA enable_gqa), on the
+    explicit and the output-only path, and the problem knows it is grouped (kv_heads 1)."""
+    from attncli.engine import attend as attend_
+
+    r = np.random.default_rng(21)
+    q, k, v = r.standard_normal((2, 4, 5, 8)), r.standard_normal((2, 1, 5, 8)), r.standard_normal((2, 1, 5, 8))
+    ref = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=True,
+                                                           enable_gqa=True).numpy()
+    for keep in (True, False):
+        t = attend_(q, k, v, causal=True, keep_weights=keep, rope="half")
+        assert t.meta["kv_heads"] == 1
+    t = attend_(q, k, v, causal=True)
+    np.testing.assert_allclose(t.output, ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(attend_(q, k, v, causal=True, keep_weights=False).output, ref, rtol=0, atol=1e-12)
