@@ -55,6 +55,8 @@ def axis_labels(trace: Trace, axis: str, count: int) -> list[str]:
         return trace.query_labels
     if axis == KEYS and trace.key_labels:
         return trace.key_labels
+    if count == 1 and axis not in (QUERIES, KEYS, FEATURES, ""):
+        return [axis]  # a one-column step over its own axis (e.g. the sink's share): the axis names the column
     prefix = {QUERIES: "q", KEYS: "k", FEATURES: "d"}.get(axis, "")
     return [f"{prefix}{i}" for i in range(count)]
 
