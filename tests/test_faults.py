@@ -120,6 +120,7 @@ main()
 CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated"), signal.SIGHUP: (129, "hung up")}
 
 
+@pytest.mark.slow
 def test_signals_at_random_moments(tmp_path: Path) -> None:
     """SIGINT, SIGTERM or SIGHUP at a random moment in the first 0.6 s (start-up, reading, writing):
     either the run finished first (exit 0, the file written) or it exits 128 + signal with one line

@@ -76,6 +76,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="the guide's commands are POSIX shell")
+@pytest.mark.slow
 def test_readme_commands_run_as_documented(workdir: Path) -> None:
     """All in one test, in order: later commands use the files earlier ones made."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1",
