@@ -1,4 +1,4 @@
-"""Heads and positions checked against the problem's shapes, and ALiBi's table of slopes.
+"""Heads and positions checked against the problem's shapes, ALiBi's slopes and T5's position bias.
 
 One-line InputErrors that name the option: K/V heads that do not divide the query heads, RoPE
 widths, sinks of the wrong length, a positional variant with a score for which positions mean
@@ -97,3 +97,38 @@ def check_positional(score: str, variant: str) -> None:
                          f"use one of {', '.join(ok)}", "--rope")
     raise InputError(f"--alibi adds -slope·(i - j) per query; --score {score} gives every query the same weights "
                      f"by definition, which a per-query distance would undo: use one of {', '.join(ok)}", "--alibi")
+
+
+# ---- T5's relative position bias -------------------------------------------------------------
+
+def t5_bucket(relative: np.ndarray, bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bucket of each relative position j - i (``T5Attention._relative_position_bucket``):
+    exact buckets for small distances, logarithmic ones up to max_distance; the log in float32 as torch does."""
+    rel = np.asarray(relative, dtype=np.int64)
+    buckets = np.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (rel > 0).astype(np.int64) * num_buckets
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    max_exact = num_buckets // 2
+    small = rel < max_exact
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = (np.log(rel.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+             * np.float32(num_buckets - max_exact))
+        large = max_exact + np.where(small, 0, x).astype(np.int64)  # small ones are not used: avoid casting -inf
+    large = np.minimum(large, num_buckets - 1)
+    return buckets + np.where(small, rel, large)
+
+
+def t5_position_bias(rel_bias: np.ndarray, m: int, n: int, bidirectional: bool, num_buckets: int,
+                     max_distance: int, q_offset: int = 0) -> np.ndarray:
+    """The bias T5 adds to the scores of query i and key j: rel_bias[bucket(j - i), h]. (H, m, n)
+
+    ``rel_bias`` is ``relative_attention_bias.weight`` (num_buckets, H); queries sit at
+    positions q_offset .. q_offset + m - 1 (``T5Attention.compute_bias``)."""
+    i = np.arange(q_offset, q_offset + m)[:, None]
+    j = np.arange(n)[None, :]
+    b = t5_bucket(j - i, bidirectional, num_buckets, max_distance)  # (m, n)
+    return np.moveaxis(np.asarray(rel_bias)[b], -1, 0)  # (m, n, H) -> (H, m, n)

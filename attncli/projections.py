@@ -354,6 +354,18 @@ class Norm:
     origin: str = ""
 
 
+@dataclass(frozen=True)
+class RelativeBias:
+    """T5's relative position bias: ``table[bucket(j - i), h]`` added to the scores of head h
+    (``relative_attention_bias.weight``, (num_buckets, H); attncli.heads.t5_position_bias)."""
+
+    table: np.ndarray
+    bidirectional: bool
+    num_buckets: int
+    max_distance: int
+    origin: str = ""
+
+
 # ---- the inputs they project --------------------------------------------------------------
 
 

@@ -480,23 +480,24 @@ def valid_lens_ignored(c: Context) -> Result:
 @variant("key-padding-ignored", "the key padding mask was ignored: the padding keys took part")
 def key_padding_ignored(c: Context) -> Result:
     """softmax(S)·V without the key padding mask"""
-    p = c.problem
-    if p.padding is None:
-        raise NotApplicable("no key padding mask")
-    if p.padding.dtype != bool:
-        return c.rerun(replace(p, padding=None))
-    return _remask(c, replace(p, padding=None))
+    return _without(c, "padding", "no key padding mask")
 
 
 @variant("mask-ignored", "the mask was not applied: every key it masks took part")
 def mask_ignored(c: Context) -> Result:
     """softmax(S)·V without the mask"""
+    return _without(c, "mask", "no mask")
+
+
+def _without(c: Context, name: str, why: str) -> Result:
+    """The problem run without its mask ``name`` (mask or padding): a float one is simply not added,
+    a boolean one leaves the other masks to say which keys are dropped."""
     p = c.problem
-    if p.mask is None:
-        raise NotApplicable("no mask")
-    if p.mask.dtype != bool:
-        return c.rerun(replace(p, mask=None))
-    return _remask(c, replace(p, mask=None))
+    given = getattr(p, name)
+    if given is None:
+        raise NotApplicable(why)
+    without = replace(p, mask=None) if name == "mask" else replace(p, padding=None)
+    return c.rerun(without) if given.dtype != bool else _remask(c, without)
 
 
 @variant("softmax-in-float16", "the softmax was computed in float16: the scores rounded to float16 (and beyond "

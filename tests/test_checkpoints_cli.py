@@ -136,6 +136,9 @@ def test_layer_errors_are_one_line(tmp_path: Path, args: list[str], message: str
     assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
 
 
-def test_zz_report() -> None:
+@pytest.fixture(scope="module", autouse=True)
+def _report_errors() -> Any:
+    """After this file's tests, the largest error per case (shown with pytest -s); not a test."""
+    yield
     for name, err in sorted(ERRORS.items()):
         print(f"{name:32} {err:.2e}")

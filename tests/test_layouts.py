@@ -426,7 +426,9 @@ def test_shape_disagreeing_with_config(tmp_path: Path) -> None:
         load_layer(tmp_path, 0)
 
 
-def test_zz_report_errors() -> None:
-    """Prints the largest error measured per layout (pytest -s)."""
+@pytest.fixture(scope="module", autouse=True)
+def _report_errors() -> Any:
+    """After this file's tests, the largest error measured per layout (shown with pytest -s); not a test."""
+    yield
     for k, v in sorted(MAX_ERR.items()):
         print(f"max error {k:16s} {v:.2e}")

@@ -19,7 +19,7 @@ from attncli.errors import InputError
 from attncli.io import LOADERS, STDIN, Reader
 from attncli.options import Options
 from attncli.problem import Problem, numeric_array
-from attncli.projections import Norm, Projections, init_projections, projections_from
+from attncli.projections import Norm, Projections, RelativeBias, init_projections, projections_from
 from attncli.validate import width as check_width
 from attncli.weights import weights_mapping
 
@@ -193,13 +193,8 @@ def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool
         raise InputError(f"'heads' must be a whole number, got {given_heads!r}", file_source)
     layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True),
                          given_heads or 1)
-    t5 = layer.facts.pop("_t5", None)
     if layer.facts:  # config.json's facts, under the flags (a flag overrides the config)
         options = options.merged(layer.facts, f"{layer.projections.source} (config.json)")
-    if t5 is not None:  # its relative position bias, as an additive float mask per head (1, H, T, S)
-        if common["mask"] is not None:
-            raise InputError("T5's relative position bias is added as a float mask; give no --mask with it", "--mask")
-        common["mask"] = _t5_bias(t5, arrays, opts)
     options = options.merged(flags, "command line", flags=True)
     heads = given_heads or layer.heads or 1
     if opts.from_residual and not layer.checkpoint:
@@ -208,7 +203,8 @@ def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool
     sources["weights"] = layer.projections.source
     return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
                          batch_first=opts.batch_first, options=options,
-                         pre_norm=layer.norm if opts.from_residual else None, **common)
+                         pre_norm=layer.norm if opts.from_residual else None, relative_bias=layer.relative_bias,
+                         **common)
 
 
 @dataclass
@@ -220,6 +216,7 @@ class Layer:
     heads: int | None = None
     norm: Norm | None = None  # the layer's pre-attention norm (for --from-residual)
     checkpoint: bool = False
+    relative_bias: RelativeBias | None = None  # T5's position bias
 
 
 def _rope_scaling(text: str, reader: Reader) -> Any:
@@ -267,22 +264,6 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Ar
                                   out_proj=opts.out_proj, heads=heads, kv_heads=options.kv_heads))
 
 
-def _t5_bias(t5: tuple[np.ndarray, dict[str, Any]], arrays: dict[str, Any], opts: Args) -> np.ndarray:
-    """T5's position bias for these inputs' T queries and S keys, (1, H, T, S) (attncli.layouts.t5_position_bias)."""
-    from attncli.layouts import t5_position_bias
-
-    rel, extra = t5
-
-    def rows(a: Any) -> int:
-        shape = np.shape(a)
-        return int(shape[0] if len(shape) == 3 and not opts.batch_first else shape[-2])
-
-    m = rows(arrays["q"])
-    n = rows(arrays.get("k", arrays["q"]))
-    bias = t5_position_bias(rel, m, n, extra["bidirectional"], extra["num_buckets"], extra["max_distance"])
-    return np.asarray(bias, dtype=np.float64)[None]
-
-
 def _checkpoint_path(spec: str) -> bool:
     """A model folder, a .safetensors file or a sharded index: read as a checkpoint, layer by layer."""
     p = Path(spec)
@@ -313,13 +294,16 @@ def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: in
     if la.facts.qk_norm and la.facts.qk_norm_eps is not None:
         facts["norm_eps"] = la.facts.qk_norm_eps
     proj.config = {n: getattr(la.facts, n) for n in la.facts.from_config if hasattr(la.facts, n)}
+    rb = None
     if la.facts.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
-        facts["_t5"] = (np.asarray(a["rel_bias"], dtype=np.float64), dict(la.facts.extra))
+        e = la.facts.extra
+        rb = RelativeBias(np.asarray(a["rel_bias"]), bool(e["bidirectional"]), int(e["num_buckets"]),
+                          int(e["max_distance"]), la.origin.get("rel_bias", ""))
     norm = None
     if la.facts.pre_norm is not None and "norm_w" in a:
         norm = Norm(la.facts.pre_norm, np.asarray(a["norm_w"]), None if "norm_b" not in a else np.asarray(a["norm_b"]),
                     la.facts.norm_eps if la.facts.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
-    return Layer(proj, facts, la.facts.heads, norm, checkpoint=True)
+    return Layer(proj, facts, la.facts.heads, norm, checkpoint=True, relative_bias=rb)
 
 
 def _width(a: Any, title: str, source: str) -> int | None:
