@@ -8,17 +8,17 @@ __version__ = "0.1.0"
 __all__ = ["attend", "Trace", "__version__"]
 
 if TYPE_CHECKING:
-    from attncli.engine import attend
-    from attncli.trace import Trace
+    from attncli.core.engine import attend
+    from attncli.core.trace import Trace
 
 
 def __getattr__(name: str) -> Any:  # lazy: `attncli --help` need not import the engine
     if name == "attend":
-        from attncli.engine import attend
+        from attncli.core.engine import attend
 
         return attend
     if name == "Trace":
-        from attncli.trace import Trace
+        from attncli.core.trace import Trace
 
         return Trace
     raise AttributeError(name)

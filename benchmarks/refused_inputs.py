@@ -110,14 +110,14 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", BOMB, str(d / "bomb.npz"), npy_header(f"({(2 << 30) >> 3},)").hex()],
                        check=True)  # in a child: the zip writer's buffers stay out of this process
         size = (d / "bomb.npz").stat().st_size
-        bomb = ("import sys, attncli.io as a; a.memory_limit = lambda: 1 << 30; "
+        bomb = ("import sys, attncli.io.files as a; a.memory_limit = lambda: 1 << 30; "
                 "sys.argv = ['attncli', 'run', 'bomb.npz']; from attncli.__main__ import main; main()")
         case(f".npz of {size / MB:.1f} MiB inflating to 2 GiB (free memory pretended 1 GiB)", "1 GiB", [], code=bomb)
         if not quick:
             rows.append(("-- accepted at the limits (parse + tiny compute) --", "", 0, 0.0, 0.0))
             line = b"[" + b", ".join([b"0.123456"] * 64) + b"]"
             (d / "ok.yaml").write_bytes(b"q: [" + b", ".join([line] * ((4 * MB - 100) // (len(line) + 2))) + b"]\n")
-            reader = "import sys; from attncli.io import Reader; Reader().read(sys.argv[1])"
+            reader = "import sys; from attncli.io.files import Reader; Reader().read(sys.argv[1])"
             for name, make in (("ok.yaml", None),
                                ("ok.json", lambda: b"[" + b",".join([line] * ((64 * MB - 100) // (len(line) + 1))) + b"]"),
                                ("ok.csv", lambda: (b",".join([b"0.123456"] * 64) + b"\n") * ((64 * MB - 100) // 576))):
@@ -125,7 +125,7 @@ def main() -> None:
                     (d / name).write_bytes(make())
                 code, peak, secs = attncli([], d, code=reader.replace("sys.argv[1]", repr(name)))
                 rows.append((f"read {name} ({(d / name).stat().st_size / MB:.1f} MiB)", "limit", code, peak, secs))
-            code, peak, secs = attncli([], d, code="from attncli.io import Reader; Reader().read('bomb.npz')")
+            code, peak, secs = attncli([], d, code="from attncli.io.files import Reader; Reader().read('bomb.npz')")
             rows.append(("read bomb.npz: 2 GiB inflated, streamed", "free", code, peak, secs))
     print(f"{'case':<72} {'limit':>11} {'exit':>4} {'peak MiB':>9} {'+base':>7} {'s':>6}")
     for what, limit, code, peak, secs in rows:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from attncli import backend as backend_mod
-from attncli.backend import get_backend
 from attncli.cli import app
+from attncli.core import backend as backend_mod
+from attncli.core.backend import get_backend
 from attncli.errors import BackendError
 
 ROOT = Path(__file__).resolve().parent.parent

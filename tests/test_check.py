@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from attncli.check import decimals, infer_tolerance, written_numbers
+from attncli.check.verdict import decimals, infer_tolerance, written_numbers
 from attncli.cli import app
 
 runner = CliRunner()
@@ -232,7 +232,7 @@ def test_quiet_prints_nothing(tmp_path: Path) -> None:
 
 
 def test_internal_error_is_told_apart_from_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import attncli.check as check_module
+    import attncli.check.verdict as check_module
 
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("boom")
@@ -280,11 +280,11 @@ def test_cat_milk_report_golden() -> None:
 
     from rich.console import Console
 
-    from attncli.check import check as run_check
-    from attncli.check import infer_tolerance
+    from attncli.check.verdict import check as run_check
+    from attncli.check.verdict import infer_tolerance
     from attncli.cli.inputs import build_problem
     from attncli.cli.options import Args
-    from attncli.io import Reader
+    from attncli.io.files import Reader
     from attncli.render.check import CHECK_FORMATS
 
     problem = build_problem([CAT], Args(), Reader())
@@ -308,8 +308,8 @@ from hypothesis import strategies as st  # noqa: E402
 @given(seed=st.integers(0, 2**32 - 1), places=st.integers(2, 4), m=st.integers(1, 4), n=st.integers(1, 5),
        cell=st.integers(0, 100))
 def test_rounding_property(seed: int, places: int, m: int, n: int, cell: int) -> None:
-    from attncli.check import check as run_check
-    from attncli.problem import Problem
+    from attncli.check.verdict import check as run_check
+    from attncli.core.problem import Problem
 
     rng = np.random.default_rng(seed)
     q, k, v = rng.normal(size=(m, 3)), rng.normal(size=(n, 3)), rng.normal(size=(n, 2)) * 3

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from attncli.check import Tolerance, check
+from attncli.check.verdict import Tolerance, check
 from attncli.cli import app
-from attncli.problem import Options, Problem
-from attncli.projections import Projections
+from attncli.core.problem import Options, Problem
+from attncli.core.projections import Projections
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -299,7 +299,7 @@ def test_sdpa_in_half_precision_is_consistent_and_a_row_shifted_by_2_percent_is_
 def test_plain_bfloat16_is_as_far_from_the_truth_as_torch_eager_bfloat16() -> None:
     # the emulated plain implementation and PyTorch's eager attention in bfloat16 (matmul, softmax, matmul)
     # land at the same distance from float64, within a factor 2 either way
-    from attncli.precision import naive_run
+    from attncli.check.precision import naive_run
 
     for seed in range(3):
         rng = np.random.default_rng(seed)
@@ -503,7 +503,7 @@ def test_modern_pairs_are_named_together() -> None:
 
 def test_the_rounding_to_half_types_is_ml_dtypes_and_numpy_own() -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    from attncli.precision import rounded
+    from attncli.check.precision import rounded
 
     x = np.random.default_rng(40).normal(size=1000) * 10.0 ** np.random.default_rng(41).integers(-6, 4, size=1000)
     assert np.array_equal(np.asarray(rounded(x, "bfloat16"), np.float64),

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attncli.checkpoint import open_checkpoint
 from attncli.errors import InputError
-from attncli.layouts import load_layer
+from attncli.io.checkpoint import open_checkpoint
+from attncli.io.layouts import load_layer
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -242,8 +242,8 @@ def test_transformer_lens_hooked_transformer(tmp_path: Path) -> None:
 PEAK = textwrap.dedent("""
     import resource, sys
     import numpy as np
-    from attncli.layouts import load_layer, inspect_checkpoint
-    from attncli.checkpoint import open_checkpoint
+    from attncli.io.layouts import load_layer, inspect_checkpoint
+    from attncli.io.checkpoint import open_checkpoint
 
     def rss():  # resident now, in bytes (file-backed mapped pages included)
         with open("/proc/self/statm") as f:

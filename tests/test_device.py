@@ -13,9 +13,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attncli import backend
-from attncli.backend import get_backend
 from attncli.cli import app
+from attncli.core import backend
+from attncli.core.backend import get_backend
 from attncli.errors import BackendError
 
 runner = CliRunner()

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from attncli import attend
 from attncli.cli import app
-from attncli.diagnostics import attach as diagnose
+from attncli.core.diagnostics import attach as diagnose
 from attncli.render import RenderOptions
 from attncli.render.explain import attach as explain
 from attncli.render.explain import num, print_explanations

@@ -101,7 +101,7 @@ SLOW_SAVE = r"""
 import sys, time
 from collections.abc import Iterator
 from pathlib import Path
-from attncli import session
+from attncli.io import session
 session.install()
 from attncli.render import SAVERS, load_renderers
 load_renderers()

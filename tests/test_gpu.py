@@ -72,9 +72,9 @@ def test_cuda_half_precision(half: torch.dtype) -> None:
 
 def test_cuda_corner_rows() -> None:
     """The corners of a big view, computed on the GPU, are the full computation's rows."""
-    from attncli.engine import run
-    from attncli.plan import Needs, plan
-    from attncli.problem import Options, Problem
+    from attncli.core.engine import run
+    from attncli.core.plan import Needs, plan
+    from attncli.core.problem import Options, Problem
 
     full = attend(Q, K, V, dtype="float64", causal=True)
     problem = Problem.build(Q, K, V, options=Options().merged(

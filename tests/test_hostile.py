@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from attncli.cli import app
 from attncli.errors import InputError
-from attncli.io import LOADERS, MAX_TEXT_BYTES, MAX_TEXT_ITEMS, MAX_YAML_BYTES, check_text_size
+from attncli.io.files import LOADERS, MAX_TEXT_BYTES, MAX_TEXT_ITEMS, MAX_YAML_BYTES, check_text_size
 
 runner = CliRunner()
 
@@ -316,7 +316,7 @@ def test_hostile_option_values(tmp_path: Path, args: list[str], words: str) -> N
 def test_npz_member_larger_than_free_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """An .npz member is decompressed into memory: one declaring more than the free memory (here
     pretended to be 1000 bytes) is refused before numpy allocates or inflates it."""
-    import attncli.io as aio
+    import attncli.io.files as aio
 
     monkeypatch.setattr(aio, "memory_limit", lambda: 1000)
     small = LOADERS[".npz"](npz(q=np.ones((10, 10))), "small.npz")  # 800 bytes: read
@@ -389,7 +389,7 @@ def test_state_dict_tensors(tmp_path: Path, kind: str, code: int, words: str) ->
 def test_huge_files_are_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file larger than its format's bound (or than half the free memory) is refused from
     its size alone: a sparse 1 TiB .yaml/.npz takes no time and no memory."""
-    import attncli.io as aio
+    import attncli.io.files as aio
 
     for name in ("huge.yaml", "huge.json", "huge.npz"):
         path = tmp_path / name

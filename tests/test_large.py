@@ -19,13 +19,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attncli import fast
-from attncli import plan as plan_mod
-from attncli.backend import blas_threads, set_threads
 from attncli.cli import app
-from attncli.engine import attend
-from attncli.io import Reader
-from attncli.scoring import SCORES
+from attncli.core import blocked
+from attncli.core import plan as plan_mod
+from attncli.core.backend import blas_threads, set_threads
+from attncli.core.engine import attend
+from attncli.core.scoring import SCORES
+from attncli.io.files import Reader
 
 runner = CliRunner()
 rng = np.random.default_rng(7)
@@ -35,7 +35,7 @@ rng = np.random.default_rng(7)
 def small_blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """query-blocks: 16 query rows against all 23 keys of both batch entries (m = 37 splits raggedly
     into 16 + 16 + 5); key-chunks: also chunks of MIN_KEYS (16) keys with the online softmax (23 = 16 + 7)."""
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 16 * 23 * 2 if request.param == "query-blocks" else 1)
+    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", 16 * 23 * 2 if request.param == "query-blocks" else 1)
     return str(request.param)
 
 
@@ -341,9 +341,9 @@ CORNER_CASES = {
 def test_corner_rows_are_the_full_computations_rows(case: str, backend: str) -> None:
     """The view of a big problem computes its first and last rows only (engine.corner_rows): every
     step up to the weights equals those rows of the full computation, masks and all."""
-    from attncli.engine import run
-    from attncli.plan import Needs, plan
-    from attncli.problem import Options, Problem
+    from attncli.core.engine import run
+    from attncli.core.plan import Needs, plan
+    from attncli.core.problem import Options, Problem
 
     q, k = rng.standard_normal((2, 37, 8)), rng.standard_normal((1, 23, 8))  # batch 2, 37 queries, 23 keys
     v = rng.standard_normal((2, 23, 5))
@@ -369,9 +369,9 @@ def test_corner_rows_are_the_full_computations_rows(case: str, backend: str) -> 
 
 def test_corner_rows_refused_when_not_the_same_computation() -> None:
     """A scaling over the whole score matrix (norm) or too many scores: nothing is added."""
-    from attncli.engine import run
-    from attncli.plan import Needs, plan
-    from attncli.problem import Options, Problem
+    from attncli.core.engine import run
+    from attncli.core.plan import Needs, plan
+    from attncli.core.problem import Options, Problem
 
     x = rng.standard_normal((37, 8))
     for opts, limit in (({"scaling": "norm"}, 1000), ({}, 6 * 37 - 1)):

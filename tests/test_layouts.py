@@ -3,7 +3,7 @@
 Each case builds a tiny transformers model from a random config (no downloads), randomises
 every parameter, saves it with ``save_pretrained`` and runs it once (eager attention) with
 hooks on the attention module's input and its output projection, and ``output_attentions``.
-Then :func:`attncli.layouts.load_layer` reads one layer back, and the attention is recomputed
+Then :func:`attncli.io.layouts.load_layer` reads one layer back, and the attention is recomputed
 here in plain numpy float64 from the loaded arrays, following each model's own modeling file
 (projections, per-head QK-norm, RoPE, scale, soft-cap, biases, masks, sinks, the output
 projection). Per-head weights and the output must match the module within 1e-5 (float32).
@@ -22,7 +22,7 @@ from attncli.errors import InputError
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attncli.layouts import (  # noqa: E402
+from attncli.io.layouts import (  # noqa: E402
     LayerAttention,
     inspect_checkpoint,
     load_layer,

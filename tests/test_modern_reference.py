@@ -1,11 +1,11 @@
-"""attncli.stages (the stages of today's models) against the implementations users compare with (shared/CONVENTIONS.md).
+"""attncli.core.stages (the stages of today's models) against the implementations users compare with (shared/CONVENTIONS.md).
 
 Every expected value here comes from the reference itself, run beside ours: transformers'
 functions and tiny random modules (``attn_implementation="eager"``, ``output_attentions``),
 torch SDPA and FlexAttention. Nothing is copied from attncli.
 
 ``compose_layer`` below is THE COMPOSITION THE PIPELINE MUST EQUAL: the stages of
-attncli.stages put together in the order of DESIGN.md (project, split, normalise, rotate,
+attncli.core.stages put together in the order of DESIGN.md (project, split, normalise, rotate,
 expand K/V, score, scale, cap, bias, mask, softmax with sinks, sum, merge). The whole-layer
 cases (``LAYER_CASES``) give it the weights and inputs captured from each HF module; the
 same cases can later be pointed at ``attncli self``.
@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from attncli import stages as M  # noqa: E402
+from attncli.core import stages as M  # noqa: E402
 from attncli.errors import InputError  # noqa: E402
 
 F = torch.nn.functional
@@ -518,7 +518,7 @@ class Layer:
 
 def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0, past_kv: tuple[Any, Any] | None = None,
                   tables: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[Any, Any]:
-    """(output, weights) of one layer built from attncli.stages: THE COMPOSITION THE PIPELINE MUST EQUAL.
+    """(output, weights) of one layer built from attncli.core.stages: THE COMPOSITION THE PIPELINE MUST EQUAL.
 
     x (B, T, E): T new tokens at positions q_offset..q_offset+T-1; past_kv: the cache's (K, V),
     (B, G, P, d), already rotated (as HF caches them). Causal masking always. ``tables``: (cos, sin)

@@ -22,13 +22,13 @@ from d2l_reference import masked_softmax as d2l_masked_softmax
 from torch import nn
 from typer.testing import CliRunner
 
-from attncli import plan as plan_mod
 from attncli.cli import app
-from attncli.engine import multihead
+from attncli.core import plan as plan_mod
+from attncli.core.engine import multihead
+from attncli.core.problem import Options
+from attncli.core.projections import init_projections, projections_from
 from attncli.errors import InputError
-from attncli.io import Reader
-from attncli.problem import Options
-from attncli.projections import init_projections, projections_from
+from attncli.io.files import Reader
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parent.parent / "attncli" / "examples"

@@ -21,10 +21,10 @@ import torch
 from typer.testing import CliRunner
 
 from attncli.cli import app
-from attncli.engine import run
-from attncli.plan import Needs, Plan, plan
-from attncli.problem import Options, Problem
-from attncli.projections import Projections
+from attncli.core.engine import run
+from attncli.core.plan import Needs, Plan, plan
+from attncli.core.problem import Options, Problem
+from attncli.core.projections import Projections
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,7 +228,7 @@ def test_every_path_gives_the_same_answer(tmp_path: Path, causal: bool) -> None:
     np.testing.assert_allclose(heads.weights[0], w_ref, rtol=0, atol=1e-12)  # (heads, T, S): head 0
     np.testing.assert_allclose(corner.weights, w_ref[[0, m - 1]], rtol=0, atol=1e-12)
 
-    from attncli.check import check
+    from attncli.check.verdict import check
 
     verdict = check(base, out_ref, what="output")
     assert verdict.match and verdict.comparison.max_abs_error < 1e-12
@@ -277,7 +277,7 @@ def _import_graph() -> dict[str, set[str]]:
 
 def test_import_graph_has_no_cycle() -> None:
     edges = _import_graph()
-    assert "attncli.engine" in edges and "attncli.stages" in edges["attncli.engine"]
+    assert "attncli.core.engine" in edges and "attncli.core.stages" in edges["attncli.core.engine"]
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -300,12 +300,12 @@ def test_import_graph_has_no_cycle() -> None:
 
 def test_the_import_check_finds_a_planted_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The graph above sees imports inside functions: a planted one from stages back up to engine shows."""
-    src = (ROOT / "attncli" / "stages.py").read_text()
-    planted = src + "\n\ndef _planted() -> None:\n    from attncli.engine import run  # noqa: F401\n"
+    src = (ROOT / "attncli" / "core" / "stages.py").read_text()
+    planted = src + "\n\ndef _planted() -> None:\n    from attncli.core.engine import run  # noqa: F401\n"
     real = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: planted if self.name == "stages.py" and
-                        self.parent.name == "attncli" else real(self, *a, **k))
-    assert "attncli.engine" in _import_graph()["attncli.stages"]
+                        self.parent.name == "core" else real(self, *a, **k))
+    assert "attncli.core.engine" in _import_graph()["attncli.core.stages"]
 
 
 def _functions(path: Path) -> set[str]:
@@ -321,9 +321,9 @@ STAGE_NAMES = {"softmax", "masks", "keep_mask", "apply_mask", "merge_heads", "sp
 
 
 def test_each_stage_is_defined_once() -> None:
-    """No module of the package defines a function named like a stage of attncli/stages.py (a private
+    """No module of the package defines a function named like a stage of attncli/core/stages.py (a private
     softmax, mask fill, head merge, ...), and none computes a shifted exp(s - max) itself."""
-    stages = {n.name for n in ast.parse((ROOT / "attncli" / "stages.py").read_text()).body
+    stages = {n.name for n in ast.parse((ROOT / "attncli" / "core" / "stages.py").read_text()).body
               if isinstance(n, ast.FunctionDef)} - {"_device", "_row_block", "_exp"}
     stages |= {"_" + name for name in stages}
     shifted = re.compile(r"exp \( \w+ - \w*(max|mx)\w* \)")
@@ -339,3 +339,20 @@ def test_each_stage_is_defined_once() -> None:
     planted = "def f(xp, s, mx):\n    return xp.exp(s - mx)\n"
     code = " ".join(tok.string for tok in tokenize.generate_tokens(io.StringIO(planted).readline))
     assert shifted.search(code)  # the pattern does see a copy
+
+
+LAYERS = ["attncli.errors", "attncli.lazy", "attncli.core", "attncli.io", "attncli.check", "attncli.render", "attncli.cli",
+          "attncli.__main__"]  # low to high (DESIGN.md, "Layers"): a module imports only from its own layer or below
+
+
+def _layer(module: str) -> int:
+    return max(i for i, p in enumerate(LAYERS) if module == p or module.startswith(p + "."))
+
+
+def test_folders_import_downward_only() -> None:
+    """core < io < check < render < cli: no module imports from a folder above its own (inside a function too)."""
+    edges = _import_graph()
+    assert {"attncli.core.engine", "attncli.io.files", "attncli.check.variants", "attncli.render.explain"} <= set(edges)
+    upward = [f"{m} -> {t}" for m, ts in edges.items() if m != "attncli" for t in ts
+              if t != "attncli" and _layer(t) > _layer(m)]
+    assert not upward, upward

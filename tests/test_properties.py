@@ -26,11 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attncli.engine import attend
+from attncli.core.engine import attend
+from attncli.core.scoring import SCORES
+from attncli.core.stages import softmax
+from attncli.core.trace import Trace
 from attncli.errors import InputError
-from attncli.scoring import SCORES
-from attncli.stages import softmax
-from attncli.trace import Trace
 
 # A modest, fixed budget keeps this file to a few seconds on a shared 2-core machine;
 # ATTNCLI_PROPERTY_EXAMPLES=500 for a longer, random local run.

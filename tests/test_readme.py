@@ -22,8 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from attncli.cli import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, app
-from attncli.io import LOADERS
-from attncli.scoring import ALIASES, SCORES
+from attncli.core.scoring import ALIASES, SCORES
+from attncli.io.files import LOADERS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

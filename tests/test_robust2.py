@@ -2,7 +2,7 @@
 from bad input. Each test covers a class of defects through its mechanism:
 
 - every file a run reads is protected from every file it writes, whatever the command
-  (attncli.session records reads; atomic_write refuses), and two outputs never name one file;
+  (attncli.io.session records reads; atomic_write refuses), and two outputs never name one file;
 - a replaced file keeps its mode; names too long for the system are said, legal ones work;
 - every bad input or option is one line under 300 characters, exit 2 (a table);
 - YAML is read with the 1.2 core schema, duplicate keys are refused in YAML, JSON and .npz;
@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 import attncli
 from attncli.cli import app
 from attncli.errors import InputError
-from attncli.io import load_json, load_yaml, sniff
+from attncli.io.files import load_json, load_yaml, sniff
 
 runner = CliRunner()
 
@@ -242,7 +242,7 @@ def test_a_mapped_npy_truncated_while_read_is_one_line(work: Path) -> None:
     import sys
 
     np.save(work / "big.npy", np.ones((2048, 2048)))
-    code = ("import os; from attncli.io import Reader\n"
+    code = ("import os; from attncli.io.files import Reader\n"
             "a = Reader().read('big.npy')\n"
             "os.truncate('big.npy', 4096)\n"
             "print(float(a.sum()))\n")
@@ -434,9 +434,8 @@ def test_checkpoint_shards_and_configs_are_inputs_too(tmp_path: Path) -> None:
     recorded like any input: an output of the run that is one of them (here through a link) is refused."""
     import safetensors.numpy
 
-    from attncli import session
-    from attncli.checkpoint import open_checkpoint
-    from attncli.io import atomic_write
+    from attncli.io.checkpoint import open_checkpoint
+    from attncli.io.files import atomic_write, session
 
     shard = tmp_path / "model.safetensors"
     safetensors.numpy.save_file({"w": np.eye(2, dtype=np.float32)}, str(shard))

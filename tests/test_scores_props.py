@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attncli import attend
-from attncli.scoring import SCORES
+from attncli.core.scoring import SCORES
 
 BACKENDS = ["numpy", "torch"]
 

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from attncli import attend
 from attncli.cli import app
+from attncli.core.weights import linear_init
 from attncli.errors import InputError
-from attncli.weights import linear_init
 
 runner = CliRunner()
 BACKENDS = ["numpy", "torch"]

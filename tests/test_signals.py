@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attncli.cli import app
-from attncli.io import atomic_write
+from attncli.io.files import atomic_write
 
 BIN = Path(sys.executable).parent
 ATTNCLI = shutil.which("attncli", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}") or "attncli"
@@ -217,7 +217,7 @@ def test_exit_codes(work: Path, args: list[str], code: int, words: str) -> None:
 @posix_only
 def test_exit_code_70_for_an_internal_error(work: Path) -> None:
     """An unexpected exception is exit 70 (EX_SOFTWARE) with one line (the traceback only with ATTNCLI_DEBUG=1)."""
-    boom = ("import sys; import attncli.engine as e\n"
+    boom = ("import sys; import attncli.core.engine as e\n"
             "def bad(*a, **k): raise ZeroDivisionError('boom')\n"
             "e.run = bad\n"
             "from attncli.cli import main; sys.argv = ['attncli', 'run', 'k.npy']; main()\n")
@@ -257,7 +257,7 @@ def test_endless_stdin_stops_at_a_bound(monkeypatch: pytest.MonkeyPatch) -> None
     pretended to be 8 MiB), with one line and exit 2, instead of filling the memory."""
     import io
 
-    import attncli.io as aio
+    import attncli.io.files as aio
 
     class Zeros(io.RawIOBase):
         def readable(self) -> bool:

@@ -26,7 +26,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from attncli import attend  # noqa: E402
 from attncli.cli import app  # noqa: E402
-from attncli.problem import Problem  # noqa: E402
+from attncli.core.problem import Problem  # noqa: E402
 
 runner = CliRunner()
 F = torch.nn.functional
@@ -359,9 +359,9 @@ def test_window_works_with_masks_valid_lengths_and_batches() -> None:
 def test_blocks_and_key_chunks_skip_only_invisible_keys(kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Many blocks of queries and chunks of keys (small blocks forced), keys outside the window skipped:
     the same output as the explicit path, to 1e-12 in float64."""
-    from attncli import fast
+    from attncli.core import blocked
 
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2048)
+    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", 2048)
     rng = np.random.default_rng(27)
     q, k, v = rng.normal(size=(1, 4, 70, 8)), rng.normal(size=(1, 2, 90, 8)), rng.normal(size=(1, 2, 90, 3))
     kw = dict(kw)
@@ -370,7 +370,7 @@ def test_blocks_and_key_chunks_skip_only_invisible_keys(kw: dict[str, Any], monk
     full = attend(q, k, v, **kw)
     fast_t = attend(q, k, v, keep_weights=False, **kw)
     problem = Problem.build(q, k, v)
-    assert fast.block_rows(problem) < 70 and fast.key_chunk(problem, fast.block_rows(problem)) < 90  # blocks, chunks
+    assert blocked.block_rows(problem) < 70 and blocked.key_chunk(problem, blocked.block_rows(problem)) < 90  # blocks, chunks
     assert err(full.output, fast_t.output) < 1e-12
 
 
@@ -459,7 +459,7 @@ def test_rope_from_a_config_json(models: dict[str, Any], case: str, tmp_path: Pa
 def test_run_multi_query_one_kv_head_is_sdpa_enable_gqa() -> None:
     """Multi-query attention in `run`: 4-D K/V with one head serve every query head (SDPA enable_gqa), on the
     explicit and the output-only path, and the problem knows it is grouped (kv_heads 1)."""
-    from attncli.engine import attend as attend_
+    from attncli.core.engine import attend as attend_
 
     r = np.random.default_rng(21)
     q, k, v = r.standard_normal((2, 4, 5, 8)), r.standard_normal((2, 1, 5, 8)), r.standard_normal((2, 1, 5, 8))

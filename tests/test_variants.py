@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from attncli.check import Tolerance, check
-from attncli.problem import Options, Problem
-from attncli.variants import VARIANTS
+from attncli.check.variants import VARIANTS
+from attncli.check.verdict import Tolerance, check
+from attncli.core.problem import Options, Problem
 
 M = N = 5  # queries, keys (equal, so Q/K swaps and transposes fit)
 D, DV = 3, 2  # query/key width, value width (all different from N, from each other)
@@ -216,7 +216,7 @@ def test_dropout_left_on_is_found_in_the_output() -> None:
 
 @pytest.mark.parametrize("what", ["weights", "output"])
 def test_dropout_is_found_in_numbers_rounded_to_4_decimals(what: str) -> None:
-    from attncli.check import infer_tolerance
+    from attncli.check.verdict import infer_tolerance
 
     q, k, v = inputs(22)
     w = softmax(q @ T(k) / math.sqrt(D))
@@ -286,8 +286,8 @@ def mha_by_hand(x: np.ndarray, w: dict[str, np.ndarray], heads: int, *, scale_wi
 
 
 def mh_named(expected: np.ndarray, w: dict[str, np.ndarray], x: np.ndarray, heads: int) -> set[str]:
-    from attncli.problem import Problem
-    from attncli.projections import Projections
+    from attncli.core.problem import Problem
+    from attncli.core.projections import Projections
 
     setup = Problem.build(x, projections=Projections(**w), heads=heads)
     verdict = check(setup, expected, tolerance=TOL)
@@ -304,8 +304,8 @@ def mh_inputs(seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
 
 def test_multihead_reference_matches_the_module() -> None:
     # sanity: the hand-written reference is what attncli computes (else the cases below prove nothing)
-    from attncli.problem import Problem
-    from attncli.projections import Projections
+    from attncli.core.problem import Problem
+    from attncli.core.projections import Projections
 
     x, w = mh_inputs(30)
     assert check(Problem.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2), tolerance=TOL).match
@@ -331,8 +331,8 @@ def test_multihead_q_k_swapped() -> None:
 
 
 def test_multihead_key_padding_mask_inverted() -> None:
-    from attncli.problem import Problem
-    from attncli.projections import Projections
+    from attncli.core.problem import Problem
+    from attncli.core.projections import Projections
 
     x, w = mh_inputs(46)
     pad = np.zeros((B, TOK), dtype=bool)
@@ -350,8 +350,8 @@ def test_multihead_key_padding_mask_inverted() -> None:
 
 
 def test_wrong_head_order_is_spelled_out() -> None:
-    from attncli.problem import Problem
-    from attncli.projections import Projections
+    from attncli.core.problem import Problem
+    from attncli.core.projections import Projections
 
     x, w = mh_inputs(40)
     verdict = check(Problem.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2, order=(1, 0)), tolerance=TOL)
@@ -361,7 +361,7 @@ def test_wrong_head_order_is_spelled_out() -> None:
 # ---- additive: activation missing -----------------------------------------------------------------
 
 def test_additive_activation_missing() -> None:
-    from attncli.scoring import SCORES
+    from attncli.core.scoring import SCORES
 
     if "additive" not in SCORES:
         pytest.skip("the additive score (issue 3) is not registered")

@@ -2,7 +2,7 @@
 
 Errors from the core (AttnError) become one line on stderr and exit code 2; anything
 unexpected is exit code 70 (EX_SOFTWARE; the traceback only with ATTNCLI_DEBUG=1); Ctrl-C is
-130, SIGTERM 143, SIGHUP 129 (attncli.session); a failed stdout is 2, a closed pipe a quiet 0.
+130, SIGTERM 143, SIGHUP 129 (attncli.io.session); a failed stdout is 2, a closed pipe a quiet 0.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 
 import typer
 
-from attncli import __version__, session
+from attncli import __version__
 from attncli.errors import MESSAGE_LIMIT, AttnError, printable
+from attncli.io import session
 
 app = typer.Typer(
     name="attncli",
@@ -57,7 +58,7 @@ def _one_line_warning(message: Any, category: type[Warning], filename: str, line
 
 def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Map domain errors to exit 2, Ctrl-C to 130 and surprises to 70, each with one line. A
-    command starts a new session (attncli.session: the files it reads, the outputs it names)."""
+    command starts a new session (attncli.io.session: the files it reads, the outputs it names)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -29,9 +29,9 @@ else:
 
 import typer
 
-from attncli.backend import PRECISIONS
 from attncli.cli import EXIT_OK, app, error, handles_errors
 from attncli.cli.options import MULTIHEAD_OPTIONS, PROBLEM_OPTIONS, Args, choices, option, with_options
+from attncli.core.backend import PRECISIONS
 from attncli.errors import AttnError, InputError
 
 EXIT_MISMATCH = 1
@@ -131,11 +131,11 @@ def _print_error(kind: str, message: str) -> None:
 
 def compute_verdict(args: list[str], opts: Args) -> Any:
     """Split the arguments, read the expected numbers and the problem, and check."""
-    from attncli.check import Tolerance, check, infer_tolerance
+    from attncli.check.compare import binary_decimals, decimal_tolerance
+    from attncli.check.verdict import Tolerance, check, infer_tolerance
     from attncli.cli.inputs import build_problem
-    from attncli.compare import binary_decimals, decimal_tolerance
-    from attncli.engine import run
-    from attncli.io import Reader
+    from attncli.core.engine import run
+    from attncli.io.files import Reader
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
     given: dict[str, float] = {f: float(v) for f in ("atol", "rtol") if (v := opts.given(f)) is not None}
@@ -187,7 +187,7 @@ def split_arguments(args: list[str], inline: str | None, reader: Any) -> tuple[s
 
 
 def _is_file_spec(text: str) -> bool:
-    from attncli.io import LOADERS, STDIN
+    from attncli.io.files import LOADERS, STDIN
 
     return text == STDIN or (Path(text).suffix.lower() in LOADERS and not text.lstrip().startswith("["))
 
@@ -199,8 +199,8 @@ def read_expected(spec: str | None, inline: str | None, reader: Any,
 
     ``spec`` None: the inline ``--expected`` text. In a mapping (problem file, .npz), the entry
     ``expected``, else the entry named like the compared step, else its only array."""
-    from attncli.backend import half_type
-    from attncli.check import written_numbers
+    from attncli.check.verdict import written_numbers
+    from attncli.core.backend import half_type
 
     if spec is None:
         return (*_inline(inline or ""), None)
@@ -240,8 +240,8 @@ def _entry(content: dict[str, Any], what: str, source: str) -> tuple[Any, tuple[
 
 
 def _inline(text: str) -> tuple[np.ndarray, list[str] | None, str]:
-    from attncli.check import written_numbers
-    from attncli.io import load_yaml
+    from attncli.check.verdict import written_numbers
+    from attncli.io.files import load_yaml
 
     try:  # the YAML loader every file goes through: its limits, and 1e3 read as a number
         doc = load_yaml(text.encode(), INLINE)

@@ -135,7 +135,7 @@ def examples_run(
     """
     from attncli.cli.inputs import build_problem
     from attncli.cli.run import execute
-    from attncli.io import Reader
+    from attncli.io.files import Reader
 
     with on_disk(find(name)) as path:
         reader = Reader()

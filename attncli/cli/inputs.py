@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from attncli.cli.options import Args
+from attncli.core.options import Options
+from attncli.core.problem import Problem, numeric_array
+from attncli.core.projections import Norm, Projections, RelativeBias, init_projections, projections_from
+from attncli.core.validate import width as check_width
+from attncli.core.weights import weights_mapping
 from attncli.errors import InputError
-from attncli.io import LOADERS, STDIN, Reader
-from attncli.options import Options
-from attncli.problem import Problem, numeric_array
-from attncli.projections import Norm, Projections, RelativeBias, init_projections, projections_from
-from attncli.validate import width as check_width
-from attncli.weights import weights_mapping
+from attncli.io.files import LOADERS, STDIN, Reader
 
 OPTION_FIELDS = Options.field_names()
 PROBLEM_KEYS = {"q", "k", "v", "valid_lens", "mask", "labels", "query_labels", "key_labels", "options",
@@ -276,9 +276,9 @@ FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim"
 
 
 def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None) -> Layer:
-    """One layer of a checkpoint (attncli.layouts): its projections in textbook form, with where each
+    """One layer of a checkpoint (attncli.io.layouts): its projections in textbook form, with where each
     came from, and the config's facts as options."""
-    from attncli.layouts import load_layer
+    from attncli.io.layouts import load_layer
 
     la = load_layer(spec, layer, prefix, heads=heads)
     a = la.arrays

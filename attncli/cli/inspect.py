@@ -27,7 +27,7 @@ def inspect_command(
                                                   help="rich: tables; json: one JSON object on stdout.")]
         = InspectFormat("rich"),
 ) -> None:
-    from attncli.layouts import inspect_checkpoint
+    from attncli.io.layouts import inspect_checkpoint
 
     info = inspect_checkpoint(path)
     if str(getattr(format, "value", format)) == "json":

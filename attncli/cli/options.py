@@ -19,10 +19,10 @@ from typing import Annotated, Any, Optional
 import typer
 from typer.core import TyperCommand
 
-from attncli.backend import BACKENDS, DEVICES, DTYPES
-from attncli.diagnostics import SIMILARITIES
-from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, QK_NORMS, ROPE_MODES
-from attncli.scoring import ACTIVATIONS, ALIASES, SCALINGS, score_names
+from attncli.core.backend import BACKENDS, DEVICES, DTYPES
+from attncli.core.diagnostics import SIMILARITIES
+from attncli.core.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, QK_NORMS, ROPE_MODES
+from attncli.core.scoring import ACTIVATIONS, ALIASES, SCALINGS, score_names
 
 Group = list[inspect.Parameter]
 HIDDEN_CHOICES = set(ALIASES)  # accepted, but not listed in --help
@@ -252,7 +252,7 @@ OUTPUT_OPTIONS: Group = [
 class Args:
     """Every option of the commands, typed, built once at the CLI edge by :func:`with_options` from
     the flags (a str Enum becomes its value); an option a command lacks keeps its default here.
-    The computation's own options go on to :class:`attncli.options.Options` (cli/inputs.py)."""
+    The computation's own options go on to :class:`attncli.core.options.Options` (cli/inputs.py)."""
 
     # the problem (PROBLEM_OPTIONS): None = not given, the file's or the default applies
     score: str | None = None
@@ -358,7 +358,7 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
         own = [p for p in sig.parameters.values() if p.name != "opts"]
         extra = [p for g in groups for p in g]
         names = [p.name for p in extra]
-        validated = {p.name for p in PROBLEM_OPTIONS}  # checked by attncli.problem / attncli.validate
+        validated = {p.name for p in PROBLEM_OPTIONS}  # checked by attncli.core.problem / attncli.core.validate
 
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
@@ -370,7 +370,7 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
                 raise InputError("must be a finite number, got nan", "--" + nan.replace("_", "-"))
             opts = Args.of(given)
             if opts.threads:  # --threads, for every command that takes it
-                from attncli.backend import set_threads
+                from attncli.core.backend import set_threads
 
                 set_threads(opts.threads)
             return fn(**kwargs, opts=opts)

@@ -41,7 +41,7 @@ def run_command(
     opts: Args,
 ) -> None:
     from attncli.cli.inputs import build_problem
-    from attncli.io import Reader
+    from attncli.io.files import Reader
 
     reader = Reader()
     problem = build_problem(inputs, opts, reader)
@@ -51,8 +51,8 @@ def run_command(
 def execute(problem: Any, opts: Args, protect: list[str]) -> None:
     """Plan what the options need, run the pipeline, and show or save the trace (``--head``: one head
     in the terminal view, every head in the files)."""
-    from attncli.engine import run, select_head
-    from attncli.plan import Needs, plan
+    from attncli.core.engine import run, select_head
+    from attncli.core.plan import Needs, plan
 
     needs = Needs(weights=not output_only(opts), view_rows=corner_queries if default_view(opts) else None)
     how = plan(problem, needs)
@@ -161,7 +161,7 @@ def picture_options(opts: Args) -> Any:
 
 def pictures(trace: Any, opts: Args, ropts: Any) -> Any:
     """Diagnostics, explanations and the picture options, all checked before anything is printed."""
-    from attncli.diagnostics import attach as diagnose
+    from attncli.core.diagnostics import attach as diagnose
     from attncli.render.explain import attach as explain
 
     show = picture_options(opts)
@@ -180,7 +180,7 @@ def emit(trace: Any, opts: Args, protect: list[str]) -> None:
     """Print the trace in the chosen format, save it if asked, and report warnings on stderr."""
     from rich.console import Console
 
-    from attncli.io import atomic_write
+    from attncli.io.files import atomic_write
     from attncli.render import FORMATS, SAVERS, RenderOptions, load_renderers
 
     load_renderers()

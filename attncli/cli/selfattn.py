@@ -48,7 +48,7 @@ def self_command(
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.cli.run import execute
-    from attncli.io import Reader
+    from attncli.io.files import Reader
 
     reader = Reader()
     problem = build_problem([x], opts, reader, multihead=True)

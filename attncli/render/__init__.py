@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from attncli.trace import Trace
+from attncli.core.trace import Trace
 
 
 @dataclass

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from attncli.check import Verdict
+from attncli.check.verdict import Verdict
 
 CheckFormatter = Callable[[Verdict, int, Any], None]
 CHECK_FORMATS: dict[str, CheckFormatter] = {}

@@ -10,9 +10,9 @@ from typing import IO, Any
 import numpy as np
 
 from attncli import __version__
+from attncli.core.trace import Trace
 from attncli.errors import InputError
 from attncli.render import RenderOptions, output_format, saver
-from attncli.trace import Trace
 
 
 def _plain(a: Any) -> Any:

@@ -25,12 +25,12 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from attncli import stages
+from attncli.core import stages
+from attncli.core.trace import KEYS, QUERIES, Trace
 from attncli.errors import InputError
 from attncli.render import RenderOptions
 from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
 from attncli.render.terminal import EXPLAINERS, axis_labels
-from attncli.trace import KEYS, QUERIES, Trace
 
 MAX_TERMS = 8  # products / exponentials / value rows written out before eliding the middle
 MAX_FEATURES = 6  # vector entries written out before eliding the middle

@@ -19,13 +19,13 @@ from typing import IO, Any
 
 import numpy as np
 
-from attncli.diagnostics import masked_cells
+from attncli.core.diagnostics import masked_cells
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.render import RenderOptions, output_format, saver
 from attncli.render.explain import explanations
 from attncli.render.numbers import all_whole, column_format
 from attncli.render.plot import panel_title
 from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note, shown
-from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
 MAX_SIDE = 8  # rows / columns written before eliding the middle (\cdots, \vdots)
 MAX_ENTRIES = 4  # batch entries / heads written

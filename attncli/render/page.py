@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from attncli import __version__
-from attncli.diagnostics import masked_cells
+from attncli.core.diagnostics import masked_cells
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.render.explain import Cell, explain_cell, explain_row, heading
 from attncli.render.numbers import MASKED, all_whole, column_format, num
 from attncli.render.plot import panel_title
 from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note
-from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
 MAX_CELLS = 10_000  # cells explained one by one (beyond: rows only, and the page says so)
 MAX_ENTRIES = 16  # heads / batch entries in the selector (the first ones)

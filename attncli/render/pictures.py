@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attncli.core.trace import KEYS, QUERIES, Trace
 from attncli.errors import InputError
 from attncli.render import plot as heatmaps
 from attncli.render.plot import PLOT_FORMATS, PLOT_HINT, THEMES, PlotOptions, plain_help
-from attncli.trace import KEYS, QUERIES, Trace
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Pictures:
 
     def write(self, trace: Trace, render: Any, protect: Iterable[str] = ()) -> None:
         """Write every picture asked for, atomically; ``render(console)`` prints the terminal view (for --svg)."""
-        from attncli.io import atomic_write
+        from attncli.io.files import atomic_write
 
         if self.svg is not None:
             with atomic_write(self.svg, protect=protect) as f:

@@ -24,9 +24,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from attncli.diagnostics import masked_cells
+from attncli.core.diagnostics import masked_cells
+from attncli.core.trace import Trace
 from attncli.errors import InputError
-from attncli.trace import Trace
 
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 PLOT_HINT = r"matplotlib is not installed; install it with: pip install 'attncli\[plot]' (or pip install matplotlib)"

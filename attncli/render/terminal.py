@@ -19,10 +19,10 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from attncli.diagnostics import SATURATION, masked_cells, query_labels
+from attncli.core.diagnostics import SATURATION, masked_cells, query_labels
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.render import RenderOptions, output_format
 from attncli.render.numbers import MASKED, all_whole, column_format, num
-from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
 ELLIPSIS = "…"
 INPUT_TITLES = {"q": ("Q: queries", (QUERIES, FEATURES)), "k": ("K: keys", (KEYS, FEATURES)),

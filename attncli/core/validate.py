@@ -1,8 +1,8 @@
 """Checks of arrays and arguments that every way in (a file, stdin, the ``attend()`` API) goes
-through, called from attncli.arrays, attncli.problem and the CLI: an array numpy would misread
+through, called from attncli.core.arrays, attncli.core.problem and the CLI: an array numpy would misread
 (33 dimensions, float128 beyond float64, an integer mask of 2s, +inf in a float mask) or an
 argument of the wrong kind is refused here, naming it, instead of failing deep inside numpy.
-Light: no numpy at import time. (Option values: attncli.options.check_option.)"""
+Light: no numpy at import time. (Option values: attncli.core.options.check_option.)"""
 
 from __future__ import annotations
 

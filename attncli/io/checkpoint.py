@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from attncli import session
 from attncli.errors import InputError
+from attncli.io import session
 
 # safetensors dtype -> (numpy dtype name or ml_dtypes name, item size in bytes)
 DTYPES: dict[str, tuple[str, int]] = {
@@ -207,7 +207,7 @@ def _entry(name: str, entry: Any, path: Path, base: int, data: int) -> TensorInf
 
 def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
     """``torch.load(weights_only=True, mmap=True)``: the state dict (unnested) and where it was found."""
-    from attncli.backend import TORCH_HINT, torch_available
+    from attncli.core.backend import TORCH_HINT, torch_available
 
     source = str(path)
     if not torch_available():

@@ -4,7 +4,7 @@
     split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv, group_queries)
     normalise  QK-norm: rms_norm of each head's q and k                 (..., T, d) -> (..., T, d)
     rotate     RoPE: rope_inv_freq, rope_cos_sin, rotate at positions P + i (queries) and j (keys)
-    score      the registered score function (attncli.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
+    score      the registered score function (attncli.core.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
     scale      S · factor / T
     cap        softcap: c · tanh(s / c)
     bias       ALiBi (alibi_slopes, alibi_bias, alibi_rows) and additive float masks
@@ -15,8 +15,8 @@
     sum        weights · V                                              (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     merge      (B, H, T, d) -> (B, T, H·d), then W_o + b_o
 
-The explicit path (attncli.engine), the blocked output-only path and PyTorch's fused kernel
-(attncli.fast), ``check``'s variants, the explanations and the diagnostics all call these:
+The explicit path (attncli.core.engine), the blocked output-only path and PyTorch's fused kernel
+(attncli.core.blocked), ``check``'s variants, the explanations and the diagnostics all call these:
 none keeps a private copy of a softmax, a mask fill or a head merge. The stages of today's
 models follow the references of ``shared/CONVENTIONS.md`` to rounding (tests/test_modern_reference.py
 runs each beside transformers and torch); the tables built from positions (inverse frequencies,
@@ -31,13 +31,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from attncli.problem import Problem
+    from attncli.core.problem import Problem
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
-from attncli.backend import Backend, to_numpy
-from attncli.errors import InputError
-from attncli.heads import (  # noqa: F401  (re-exported: the checks and the slopes beside the stages)
+from attncli.core.backend import Backend, to_numpy
+from attncli.core.heads import (  # noqa: F401  (re-exported: the checks and the slopes beside the stages)
     POSITION_SCORES,
     alibi_slopes,
     check_kv_heads,
@@ -46,10 +45,11 @@ from attncli.heads import (  # noqa: F401  (re-exported: the checks and the slop
     check_rope_dim,
     check_sinks,
 )
-from attncli.options import ROPE_MODES, ROPE_TYPES, check_q_offset, check_rope_mode, check_softcap, check_window  # noqa: F401
-from attncli.scoring import SCALINGS, ScoreInput, get_score
-from attncli.trace import Trace
-from attncli.weights import seeded_rng
+from attncli.core.options import ROPE_MODES, ROPE_TYPES, check_q_offset, check_rope_mode, check_softcap, check_window  # noqa: F401
+from attncli.core.scoring import SCALINGS, ScoreInput, get_score
+from attncli.core.trace import Trace
+from attncli.core.weights import seeded_rng
+from attncli.errors import InputError
 
 # ---- 1) project, 2) split, 11) merge ------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The one pipeline: the stages of attncli.stages composed, returning a Trace.
+"""The one pipeline: the stages of attncli.core.stages composed, returning a Trace.
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
     2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
@@ -14,9 +14,9 @@
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
 
-Single-head ``run`` and multi-head ``self`` are this one function; :func:`attncli.plan.plan`
+Single-head ``run`` and multi-head ``self`` are this one function; :func:`attncli.core.plan.plan`
 says whether steps 3-7 run on the whole score matrix (explicit), in blocks of queries, or in
-PyTorch's fused kernel (attncli.fast), and which rows a big view computes.
+PyTorch's fused kernel (attncli.core.blocked), and which rows a big view computes.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from attncli import fast, stages
-from attncli.backend import Backend, get_backend, to_numpy
-from attncli.options import Options
-from attncli.plan import Plan, plan
-from attncli.problem import Problem
-from attncli.projections import Norm, Projections
-from attncli.scoring import get_score
-from attncli.trace import FEATURES, KEYS, QUERIES, Step, Trace
-from attncli.validate import mapping
-from attncli.weights import DEFAULT_SEED
+from attncli.core import blocked, stages
+from attncli.core.backend import Backend, get_backend, to_numpy
+from attncli.core.options import Options
+from attncli.core.plan import Plan, plan
+from attncli.core.problem import Problem
+from attncli.core.projections import Norm, Projections
+from attncli.core.scoring import get_score
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
+from attncli.core.validate import mapping
+from attncli.core.weights import DEFAULT_SEED
 
 Progress = Callable[[int, int], None]
 WEIGHT_AXES = ("inputs", "projected")  # rows of W are input features, columns projected features
@@ -49,7 +49,7 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     """Attention of queries ``q`` over keys ``k`` and values ``v``, returned as a :class:`Trace`.
 
     ``k`` and ``v`` default to ``q`` (self-attention). Keyword options are the fields of
-    :class:`attncli.options.Options` (``score``, ``scale``, ``temperature``, ``causal``,
+    :class:`attncli.core.options.Options` (``score``, ``scale``, ``temperature``, ``causal``,
     ``mask_convention``, ``mask_value``, ``dtype``, ``backend``, ``device``, ...).
     ``keep_weights=False`` returns the output alone, computed in blocks of queries (or by torch's
     fused SDPA) without ever holding the ``(..., m, n)`` weights: for long sequences.
@@ -95,7 +95,7 @@ def _renamed(sources: dict[str, str]) -> dict[str, str]:
 
 def run(problem: Problem, how: Plan | None = None, backend: Backend | None = None,
         progress: Progress | None = None) -> Trace:
-    """Every stage of ``problem`` on its backend, as the plan says (default :func:`attncli.plan.plan`
+    """Every stage of ``problem`` on its backend, as the plan says (default :func:`attncli.core.plan.plan`
     of what the problem's options ask for), and the Trace (``progress(done, total)`` hears about
     blocks of queries on the output-only path)."""
     o = problem.options
@@ -291,11 +291,11 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
         w = attention_weights(problem, be, q, k, params, trace)
         out = stages.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         if problem.result_dtype:
-            trace.warnings.extend(m for m in [fast.score_overflow(problem, trace.step("scores").values)] if m)
+            trace.warnings.extend(m for m in [blocked.score_overflow(problem, trace.step("scores").values)] if m)
         trace.meta["path"] = "explicit"
         trace.add(out_name, f"{out_name} = {trace.meta['weights_step']} · V", out, (QUERIES, FEATURES))
         return out
-    out = fast.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
+    out = blocked.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
     if how.rows is not None:
         _corner_rows(problem, be, q, _expanded(problem, be, k), params, trace, list(how.rows))
     trace.add(out_name, f"{out_name} = weights · V", out, (QUERIES, FEATURES))

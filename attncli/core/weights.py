@@ -1,7 +1,7 @@
 """Learned parameters of the scoring functions: loading, converting, checking, initialising.
 
 Weights are kept in the textbook convention ``q @ W_q`` (``W_q`` of shape ``(d_q, h)``),
-as each score declares them in the registry (:class:`attncli.scoring.Param`). PyTorch
+as each score declares them in the registry (:class:`attncli.core.scoring.Param`). PyTorch
 names (``W_q.weight`` of an ``nn.Linear``, shape ``(h, d_q)``) are recognised and
 converted. Missing weights are initialised as ``nn.Linear`` initialises its own (uniform
 on ±1/sqrt(fan_in)) from ``numpy.random.default_rng(seed)``, so numpy and torch get
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attncli.arrays import numeric_array
+from attncli.core.arrays import numeric_array
+from attncli.core.scoring import SCORE_OPTIONS, SCORES, Score
 from attncli.errors import InputError
-from attncli.scoring import SCORE_OPTIONS, SCORES, Score
 
 if TYPE_CHECKING:
-    from attncli.options import Options
+    from attncli.core.options import Options
 
 DEFAULT_SEED = 0
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from attncli.checkpoint import Checkpoint, open_checkpoint
+from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
 from attncli.errors import InputError
-from attncli.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
+from attncli.io.checkpoint import Checkpoint, open_checkpoint
 
 
 @dataclass

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
-from attncli.backend import BACKENDS, DEVICES, DTYPES
+from attncli.core.backend import BACKENDS, DEVICES, DTYPES
+from attncli.core.scoring import ACTIVATIONS, ALIASES, SCALINGS, SCORES
 from attncli.errors import InputError
-from attncli.scoring import ACTIVATIONS, ALIASES, SCALINGS, SCORES
 
 MaskConvention = Literal["keep", "drop"]
 CausalAlign = Literal["top-left", "bottom-right"]

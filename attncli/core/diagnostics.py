@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
-from attncli.trace import Trace
+from attncli.core.trace import Trace
 
 SATURATION = 0.99  # a row whose largest weight exceeds this is (nearly) one-hot
 SPREAD_FACTOR = 2.0  # unscaled dot scores spreading over more than this many √d are flagged

@@ -4,9 +4,9 @@
 
 compares ``expected`` with the step ``what`` of the correct computation (cell by cell,
 ``|e - c| <= atol + rtol·|c|``, NaN equal to NaN), and on a mismatch tries every variant of
-the catalogue in :mod:`attncli.variants` on the same inputs: each one that reproduces the
+the catalogue in :mod:`attncli.check.variants` on the same inputs: each one that reproduces the
 expected numbers within the tolerance is an explanation. Nothing here prints. The
-tolerance, unless given, is inferred from how the numbers are written (attncli.compare).
+tolerance, unless given, is inferred from how the numbers are written (attncli.check.compare).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from attncli.compare import (
+from attncli.check.compare import (
     CellNamer,
     Comparison,
     Divergence,
@@ -31,12 +31,12 @@ from attncli.compare import (
     infer_tolerance,
     written_numbers,
 )
-from attncli.engine import run
+from attncli.check.precision import FACTOR, FLOOR, naive_run
+from attncli.check.variants import Context, diagnose
+from attncli.core.engine import run
+from attncli.core.problem import Problem
+from attncli.core.trace import Trace
 from attncli.errors import InputError
-from attncli.precision import FACTOR, FLOOR, naive_run
-from attncli.problem import Problem
-from attncli.trace import Trace
-from attncli.variants import Context, diagnose
 
 __all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Tolerance", "Verdict", "check", "decimals",
            "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
@@ -45,7 +45,7 @@ __all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", 
 @dataclass
 class Precision:
     """The user's error against the float64 reference, judged against the error of a plain
-    implementation in ``dtype`` (attncli.precision), as FlashAttention's authors judge kernels:
+    implementation in ``dtype`` (attncli.check.precision), as FlashAttention's authors judge kernels:
 
     - overall: the largest error at most ``FACTOR`` (2) times the plain implementation's largest error;
     - row by row: each row's RMS error at most ``FACTOR`` times the plain implementation's RMS error in

@@ -25,8 +25,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from attncli import session
 from attncli.errors import InputError, printable
+from attncli.io import session
 
 STDIN = "-"
 Content = Any  # np.ndarray | dict[str, Any] | list
@@ -261,7 +261,7 @@ def load_yaml(data: bytes, source: str) -> Content:
     check_text_bytes(data, source, MAX_YAML_BYTES, "YAML")
     text = _text(data, source)
     try:
-        if _yaml_depth(text) > MAX_NESTING:  # before composing, which recurses (in C) on nesting
+        if _yaml_depth(text) > MAX_YAML_NESTING:  # before composing, which recurses (in C) on nesting
             raise InputError("is nested too deeply to read", source)
         doc = yaml.load(text, Loader=_yaml_loader())
     except InputError:
@@ -288,6 +288,8 @@ def load_yaml(data: bytes, source: str) -> Content:
 
 
 MAX_NESTING = 1000  # brackets deep: far beyond any array (at most MAX_DIMS), well within every parser's stack
+# YAML's own depth limit is ours, below libyaml's (1000 since PyYAML 6.0.4): our check, and our words, come first.
+MAX_YAML_NESTING = 256
 
 
 def _yaml_depth(text: str) -> int:
@@ -300,12 +302,16 @@ def _yaml_depth(text: str) -> int:
     loader = _yaml_loader()
     if not getattr(loader, "C_PARSER", False):
         return 0  # the pure-Python composer raises RecursionError, which load_yaml says
+    codes = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    brackets = np.cumsum((codes == 0x5B).astype(np.int64) + (codes == 0x7B) - (codes == 0x5D) - (codes == 0x7D))
+    if brackets.size and int(brackets.max()) > MAX_YAML_NESTING:  # flow style: libyaml's scanner reads ahead of events
+        return int(brackets.max())
     opens, closes = (yaml.SequenceStartEvent, yaml.MappingStartEvent), (yaml.SequenceEndEvent, yaml.MappingEndEvent)
     depth = 0
     for event in yaml.parse(text, Loader=loader):
         if isinstance(event, opens):
             depth += 1
-            if depth > MAX_NESTING:
+            if depth > MAX_YAML_NESTING:
                 return depth
         elif isinstance(event, closes):
             depth -= 1
@@ -494,7 +500,7 @@ def _one_line(e: object) -> str:
 @loader(".pt", ".pth")
 def load_torch(data: bytes, source: str) -> dict[str, Any]:
     """A PyTorch state dict (or a dict of tensors), loaded with ``weights_only=True``."""
-    from attncli.backend import TORCH_HINT, torch_available
+    from attncli.core.backend import TORCH_HINT, torch_available
 
     if not torch_available():
         raise InputError(f"is a PyTorch file, and reading it needs PyTorch; {TORCH_HINT}", source)
@@ -525,7 +531,7 @@ def load_torch(data: bytes, source: str) -> dict[str, Any]:
 def _tensor_array(t: Any, name: str, source: str) -> Any:
     """One tensor of a state dict on the host as numpy: sparse made dense, quantized dequantized
     (bfloat16 arrives as float32 marked BFloat16Values, computed in float32)."""
-    from attncli.backend import host_array
+    from attncli.core.backend import host_array
 
     try:
         if str(t.layout) != "torch.strided":  # sparse COO/CSR...
@@ -619,7 +625,7 @@ def read_exactly(stream: IO[bytes], size: int, head: bytes = b"", chunk: int = 1
 
 class Reader:
     """Reads files (and stdin, at most once: later reads of ``-`` reuse it), caching contents.
-    Every file read is recorded in attncli.session, so that no output of the run replaces it."""
+    Every file read is recorded in attncli.io.session, so that no output of the run replaces it."""
 
     def __init__(self, stdin: IO[bytes] | None = None) -> None:
         self._stdin = stdin
@@ -709,9 +715,9 @@ TEMP_SUFFIX_BYTES = 16  # what mkstemp adds to a prefix: 8 random characters, ".
 def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> Iterator[IO[bytes]]:
     """Write ``path`` through a temporary file in the same folder, renamed into place only
     when the block succeeds (inside a command: when the whole command succeeds, with every other
-    output; attncli.session.commit): an error, Ctrl-C or a terminating signal leaves no partial
-    file (attncli.session removes the temporary). Refuses to write over any file this run has read
-    (attncli.session records every one; ``protect`` adds more), and a file that another output
+    output; attncli.io.session.commit): an error, Ctrl-C or a terminating signal leaves no partial
+    file (attncli.io.session removes the temporary). Refuses to write over any file this run has read
+    (attncli.io.session records every one; ``protect`` adds more), and a file that another output
     of the run names. A file replaced keeps its permissions."""
     target = Path(path)
     name = str(path)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
-from attncli.backend import to_numpy
+from attncli.core.backend import to_numpy
 
 # Names of the axes a step's last two dimensions run over; renderers map them to labels.
 QUERIES, KEYS, FEATURES = "queries", "keys", "features"

@@ -1,6 +1,6 @@
 """Attention as a plain implementation in a low precision computes it: the error rounding alone explains.
 
-    naive = naive_run(problem, "bfloat16")     # the SAME pipeline (attncli.engine.run), on arrays
+    naive = naive_run(problem, "bfloat16")     # the SAME pipeline (attncli.core.engine.run), on arrays
                                                # whose every operation is rounded to bfloat16
 
 A kernel or a port in bfloat16 cannot match a float64 reference to float64 precision, and a
@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from attncli.backend import PRECISIONS, Backend, numpy_namespace, round_bfloat16
-from attncli.engine import run
+from attncli.core.backend import PRECISIONS, Backend, numpy_namespace, round_bfloat16
+from attncli.core.engine import run
+from attncli.core.plan import Plan
+from attncli.core.problem import Problem
+from attncli.core.trace import Trace
 from attncli.errors import InputError
-from attncli.plan import Plan
-from attncli.problem import Problem
-from attncli.trace import Trace
 
 HALF = ("bfloat16", "float16")
 # the bound FlashAttention's tests use: a kernel's largest error at most twice the plain one's

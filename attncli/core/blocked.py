@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from attncli import stages
-from attncli.backend import Backend, blas_threads, set_blas_threads, threads, to_numpy
-from attncli.options import Options
-from attncli.problem import Problem
-from attncli.scoring import SCALINGS, get_score
-from attncli.trace import Trace
+from attncli.core import stages
+from attncli.core.backend import Backend, blas_threads, set_blas_threads, threads, to_numpy
+from attncli.core.options import Options
+from attncli.core.problem import Problem
+from attncli.core.scoring import SCALINGS, get_score
+from attncli.core.trace import Trace
 
 Progress = Callable[[int, int], None]  # (queries done, queries in all)
 

@@ -5,7 +5,7 @@ A scoring function maps queries ``q (..., m, d_q)`` and keys ``k (..., n, d_k)``
 choices are the registry's keys, so a new score needs no CLI edit. A score's learned
 parameters are declared in the registry (:class:`Param`: name, shape in ``d_q``, ``d_k``,
 ``h``, PyTorch names), so loading, checking and initialising them is generic
-(``attncli.weights``). Each score records its own intermediates with
+(``attncli.core.weights``). Each score records its own intermediates with
 :meth:`ScoreInput.add_step` (``q_proj``, ``features``, ``sq_dist``, ...).
 """
 
@@ -16,14 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.errors import InputError
-from attncli.trace import FEATURES, KEYS, QUERIES, Trace
 
 HIDDEN = "hidden"  # axis name of the hidden width h of projected queries and keys
 
 
 class ScoreOptions(Protocol):
-    """The options a score may read (:class:`attncli.options.Options` has them)."""
+    """The options a score may read (:class:`attncli.core.options.Options` has them)."""
 
     @property
     def activation(self) -> str | None: ...
@@ -64,7 +64,7 @@ class Param:
     (hidden width). ``fan_in`` names the symbol that bounds its ``nn.Linear``-style
     initialisation; an optional parameter is never initialised (it is absent unless given).
     ``torch`` lists the PyTorch state-dict names it may come from instead, and ``convert``
-    how they become this parameter (a key of ``attncli.weights.CONVERSIONS``).
+    how they become this parameter (a key of ``attncli.core.weights.CONVERSIONS``).
     """
 
     name: str

@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from attncli import stages
-from attncli.compare import Explanation, Tolerance, errors, within
-from attncli.engine import run
+from attncli.check.compare import Explanation, Tolerance, errors, within
+from attncli.core import stages
+from attncli.core.engine import run
+from attncli.core.options import Options
+from attncli.core.problem import Problem
+from attncli.core.scoring import get_score
+from attncli.core.trace import Trace
 from attncli.errors import AttnError
-from attncli.options import Options
-from attncli.problem import Problem
-from attncli.scoring import get_score
-from attncli.trace import Trace
 
 Result = Any  # dict[str, np.ndarray] | Trace | Reproduced | None (tried, no fit)
 SUBSET_BUDGET = 2 ** 22  # rows × 2^n × d_v cells the dropout search may visit on the output
@@ -504,7 +504,7 @@ def _without(c: Context, name: str, why: str) -> Result:
                                "65504 overflowed to inf), the weights too")
 def softmax_in_float16(c: Context) -> Result:
     """softmax(float16(S))·V"""
-    from attncli.precision import softmax_in
+    from attncli.check.precision import softmax_in
 
     return c.with_output(softmax_in(stages.softmax, c.before_softmax(), "float16"))
 

@@ -3,7 +3,7 @@
     Q = X W_q + b_q      K = Y W_k + b_k      V = Z W_v + b_v      (Y = Z = X for self-attention)
     output = concat(head_0, ..., head_{H-1}) W_o + b_o
 
-The computation itself is the one pipeline (attncli.engine). Weights use the textbook
+The computation itself is the one pipeline (attncli.core.engine). Weights use the textbook
 convention ``Q = X @ W_q`` (``W_q`` has shape ``(d_model, d_k)``). PyTorch state dicts of
 ``nn.MultiheadAttention`` and of modules with ``nn.Linear`` layers named ``W_q, W_k, W_v, W_o``
 (d2l) or ``q, k, v`` (the notes) are recognised and converted (transposed); ``WEIGHT_FORMATS``
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from attncli.arrays import mask_array, numeric_array
+from attncli.core.arrays import mask_array, numeric_array
+from attncli.core.heads import check_kv_heads
+from attncli.core.weights import linear_init, seeded_rng
 from attncli.errors import InputError, printable
-from attncli.heads import check_kv_heads
-from attncli.weights import linear_init, seeded_rng
 
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 BIASES = ("b_q", "b_k", "b_v", "b_o")
@@ -357,7 +357,7 @@ class Norm:
 @dataclass(frozen=True)
 class RelativeBias:
     """T5's relative position bias: ``table[bucket(j - i), h]`` added to the scores of head h
-    (``relative_attention_bias.weight``, (num_buckets, H); attncli.heads.t5_position_bias)."""
+    (``relative_attention_bias.weight``, (num_buckets, H); attncli.core.heads.t5_position_bias)."""
 
     table: np.ndarray
     bidirectional: bool

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
+from attncli.core.options import check_rope_mode
 from attncli.errors import InputError
-from attncli.options import check_rope_mode
 
 POSITION_SCORES = {
     "rope": ("dot", "scaled-dot", "cosine", "gaussian"),

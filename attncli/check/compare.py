@@ -1,7 +1,7 @@
 """Comparing numbers someone expects with computed ones: tolerances, cells, divergence.
 
 Cell by cell, ``|e - c| <= atol + rtol·|c|``, NaN equal to NaN. Below the catalogue of
-variants (attncli.variants), which uses these comparisons, and the verdict (attncli.check),
+variants (attncli.check.variants), which uses these comparisons, and the verdict (attncli.check.verdict),
 which uses both. Nothing here prints.
 
 Tolerance, unless given: inferred from how the expected numbers are written. Numbers
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from attncli.trace import FEATURES, KEYS, QUERIES, Trace
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 
 # torch.testing.assert_close defaults, by dtype: (rtol, atol)
 FLOAT_DEFAULTS = {"float32": (1.3e-6, 1e-5), "float64": (1e-7, 1e-7)}

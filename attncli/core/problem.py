@@ -10,15 +10,15 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
-from attncli import heads
-from attncli import validate as check
-from attncli.arrays import mask_array, numeric_array, printable
-from attncli.backend import half_type
+from attncli.core import heads
+from attncli.core import validate as check
+from attncli.core.arrays import mask_array, numeric_array, printable
+from attncli.core.backend import half_type
+from attncli.core.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
+from attncli.core.projections import Norm, Projections, RelativeBias, head_mask, input_matrix, padding_mask
+from attncli.core.scoring import get_score
+from attncli.core.weights import prepare
 from attncli.errors import InputError
-from attncli.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
-from attncli.projections import Norm, Projections, RelativeBias, head_mask, input_matrix, padding_mask
-from attncli.scoring import get_score
-from attncli.weights import prepare
 
 __all__ = ["ARRAY_TITLES", "CAUSAL_ALIGNS", "MASK_CONVENTIONS", "Options", "Problem", "mask_array", "numeric_array",
            "printable"]

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from attncli import fast
-from attncli.backend import get_backend
-from attncli.problem import Problem
+from attncli.core import blocked
+from attncli.core.backend import get_backend
+from attncli.core.problem import Problem
 
 Path = Literal["explicit", "blocked", "sdpa"]
 VIEW_CELLS = 1 << 26  # weights (batch × m × n) beyond which a view computes only the rows it shows
@@ -52,14 +52,14 @@ def plan(problem: Problem, needs: Needs | None = None) -> Plan:
     limit = VIEW_CELLS if needs.limit is None else needs.limit
     cells = math.prod(problem.batch_shape) * problem.m * problem.n
     big = needs.weights and needs.view_rows is not None and cells > limit
-    if (needs.weights and not big) or not fast.supported(problem):
+    if (needs.weights and not big) or not blocked.supported(problem):
         return Plan("explicit")  # hard attention, dropout, ...: the explicit path computes them
     o = problem.options
-    path: Path = "sdpa" if get_backend(o.backend, o.device).name == "torch" and fast.sdpa_applies(problem) else "blocked"
+    path: Path = "sdpa" if get_backend(o.backend, o.device).name == "torch" and blocked.sdpa_applies(problem) else "blocked"
     if not big:
         return Plan(path)
     assert needs.view_rows is not None
     rows = tuple(needs.view_rows(problem.m))
-    if fast.constant_scale(problem) and len(rows) * problem.n * math.prod(problem.batch_shape) <= limit:
+    if blocked.constant_scale(problem) and len(rows) * problem.n * math.prod(problem.batch_shape) <= limit:
         return Plan(path, rows)
     return Plan(path, skipped=cells)

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
-from attncli import validate as check
-from attncli.backend import host_array
+from attncli.core import validate as check
+from attncli.core.backend import host_array
 from attncli.errors import InputError
 
 
