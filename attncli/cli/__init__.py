@@ -17,8 +17,8 @@ from typing import Any
 import typer
 
 from attncli import __version__
-from attncli.errors import MESSAGE_LIMIT, AttnError, printable
 from attncli.cli import process
+from attncli.errors import MESSAGE_LIMIT, AttnError, printable
 from attncli.io import session
 
 app = typer.Typer(

@@ -16,7 +16,6 @@ import sys
 from typing import Any
 
 
-
 class StdoutError(Exception):
     """Writing to stdout failed: a full disk, /dev/full, a closed descriptor, a closed pipe.
     Not an OSError: Typer turns an EPIPE OSError into exit 1 on its own."""
