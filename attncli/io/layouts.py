@@ -575,17 +575,18 @@ def _mha(c: Ctx) -> None:
 
 
 def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
-    """nn.MultiheadAttention's in_proj_weight (3E, E) = [W_q; W_k; W_v] by rows, each nn.Linear (out, in)."""
-    if a + "bias_k" in c.ckpt:
-        raise c.fail(f"holds {a}bias_k: nn.MultiheadAttention(add_bias_kv=True) is not supported")
-    E = w.shape[1]
-    b = c.get(a + "in_proj_bias") if c.has(a + "in_proj_bias") else None
-    for i, t in enumerate(("W_q", "W_k", "W_v")):
-        c.put(t, w[i * E:(i + 1) * E].T, f"{a}in_proj_weight[{i * E}:{(i + 1) * E}]ᵀ")
-        if b is not None:
-            c.put("b_" + t[-1], b[i * E:(i + 1) * E], f"{a}in_proj_bias[{i * E}:{(i + 1) * E}]")
-    c.linear("W_o", a + "out_proj.weight", a + "out_proj.bias")
-    _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=E)
+    """nn.MultiheadAttention's in_proj_weight (3E, E) = [W_q; W_k; W_v] by rows, each nn.Linear (out, in):
+    parsed by the one reader of that module (attncli.core.projections' "mha" weight format)."""
+    from attncli.core.projections import WEIGHT_FORMATS
+
+    names = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias", "bias_k", "bias_v")
+    entries = {a + n: c.get(a + n) for n in names if c.has(a + n)}
+    parts = WEIGHT_FORMATS["mha"].convert(entries, a, c.ckpt.source)
+    origin = parts.pop("origin", {})
+    for k, v in parts.items():
+        if v is not None:
+            c.put(k, v, origin.get(k, a + k))
+    _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=w.shape[1])
     c.facts.extra["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
 
 
