@@ -31,12 +31,12 @@ def test_numpy_path_never_imports_torch() -> None:
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["self", "--help"], ["check", "--help"], ["examples"]])
 def test_help_never_imports_numpy(args: list[str]) -> None:
     """The options are built from registries whose modules compute with numpy; help and the list of
-    examples must not pay for importing it (attncli.lazy). Checked in a fresh interpreter."""
+    examples must not pay for importing it (attncli.lazy), nor safetensors. Checked in a fresh interpreter."""
     code = ("import sys, io, contextlib; sys.argv = ['attncli', *sys.argv[1:]]; from attncli.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
             "    try: main()\n"
             "    except SystemExit as e: code = e.code\n"
-            "print(code, len(out.getvalue()) > 100, 'numpy._core' in sys.modules)")
+            "print(code, len(out.getvalue()) > 100, 'numpy._core' in sys.modules or 'safetensors' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "True", "False"]
 

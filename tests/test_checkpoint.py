@@ -46,7 +46,34 @@ def test_reads_what_safetensors_writes(tmp_path: Path) -> None:
         got = ck.tensor(k)
         assert got.dtype == v.dtype and got.shape == v.shape
         np.testing.assert_array_equal(got.astype(np.float64), v.astype(np.float64))
-    assert not ck.tensor("a").flags.writeable  # a view of the mapped file, never a copy to write into
+    assert not ck.tensor("a").flags.writeable  # the checkpoint's numbers are read-only
+
+
+def test_float8_and_bfloat16_as_torch_writes_them(tmp_path: Path) -> None:
+    """float8 (which safetensors' numpy path cannot return) and bfloat16 tensors written by safetensors.torch,
+    read back with the values torch itself holds (its own float32 conversion is the reference)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    x = torch.linspace(-3, 3, 12).reshape(3, 4)
+    tensors = {"e4m3": x.to(torch.float8_e4m3fn), "e5m2": x.to(torch.float8_e5m2), "bf16": x.to(torch.bfloat16),
+               "f32": x}
+    f = tmp_path / "m.safetensors"
+    save_file(tensors, str(f))
+    ck = open_checkpoint(f)
+    for name, t in tensors.items():
+        got = ck.tensor(name)
+        assert got.shape == (3, 4) and not got.flags.writeable
+        np.testing.assert_array_equal(got.astype(np.float32), t.float().numpy())
+    assert {ck.tensors[n].dtype for n in tensors} == {"float8_e4m3fn", "float8_e5m2", "bfloat16", "float32"}
+
+
+def test_a_file_safetensors_refuses_beyond_our_checks_is_one_line(tmp_path: Path) -> None:
+    """Bytes after the last tensor (a file not fully covered by its header): one line naming the file."""
+    f = write_raw(tmp_path / "gap.safetensors", {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8)
+    with pytest.raises(InputError) as e:
+        open_checkpoint(f)
+    assert _one_line(e).startswith(str(f))
 
 
 def _one_line(e: pytest.ExceptionInfo[InputError]) -> str:

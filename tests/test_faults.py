@@ -101,8 +101,8 @@ SLOW_SAVE = r"""
 import sys, time
 from collections.abc import Iterator
 from pathlib import Path
-from attncli.io import session
-session.install()
+from attncli.__main__ import install
+install()  # what the console script does first
 from attncli.render import SAVERS, load_renderers
 load_renderers()
 marker = Path(sys.argv[1])

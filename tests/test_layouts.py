@@ -11,6 +11,7 @@ projection). Per-head weights and the output must match the module within 1e-5 (
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attncli.io.layouts import (  # noqa: E402
+    AttentionFacts,
     LayerAttention,
     inspect_checkpoint,
     load_layer,
-    rope_frequencies,
     t5_position_bias,
 )
 
@@ -121,6 +122,56 @@ def reference(la: LayerAttention, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
         out[:, h * d:(h + 1) * d] = p @ vh  # (T, T) x (T, d) -> (T, d)
     y = out @ a["W_o"] + a.get("b_o", 0.0)  # (T, H·d) x (H·d, E) -> (T, E)
     return weights, y
+
+
+def rope_frequencies(facts: AttentionFacts) -> tuple[np.ndarray, float]:
+    """RoPE's inverse frequencies (rotary_dim / 2,) and the factor that multiplies cos and sin, for the
+    rope_scaling of config.json: none, linear, llama3 or yarn, as transformers' ``modeling_rope_utils``
+    computes them (``ROPE_INIT_FUNCTIONS``). inv_freq_i = 1 / base^(2i / rotary_dim) before scaling.
+    The test's reference (checked against ROPE_INIT_FUNCTIONS below); the package computes these in
+    attncli.core.stages."""
+    base, dim = facts.rope_base or 10000.0, facts.rotary_dim or facts.head_dim
+    if not dim:
+        raise InputError("RoPE needs the rotary dimension (head_dim); give --heads or config.json")
+    inv = 1.0 / base ** (np.arange(0, dim, 2) / dim)  # (dim/2,)
+    rs = facts.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / float(rs["factor"]), 1.0
+    if kind == "llama3":  # wavelengths beyond the old context are divided by factor, short ones kept, a ramp between
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled), 1.0
+    if kind == "yarn":
+        old = float(rs["original_max_position_embeddings"])
+        factor = rs.get("factor") or float(rs["max_position_embeddings"]) / old
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention = rs.get("attention_factor")
+        if attention is None:
+            m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
+            attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def correction_dim(rotations: float) -> float:
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(fast), correction_dim(slow)
+        if rs.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        ramp = np.clip((np.arange(dim // 2) - low) / ((high - low) or 0.001), 0, 1)
+        extrapolate = 1 - ramp  # high frequencies keep their value, low ones are interpolated (divided by factor)
+        return inv / factor * (1 - extrapolate) + inv * extrapolate, float(attention)
+    raise InputError(f"RoPE scaling {kind!r} is not supported (default, linear, llama3 and yarn are)", "config.json")
 
 
 def pre_norm(la: LayerAttention, h: np.ndarray) -> np.ndarray:

@@ -242,7 +242,8 @@ def test_a_mapped_npy_truncated_while_read_is_one_line(work: Path) -> None:
     import sys
 
     np.save(work / "big.npy", np.ones((2048, 2048)))
-    code = ("import os; from attncli.io.files import Reader\n"
+    code = ("import os; from attncli.__main__ import install; install()\n"  # the console script's SIGBUS handler
+            "from attncli.io.files import Reader\n"
             "a = Reader().read('big.npy')\n"
             "os.truncate('big.npy', 4096)\n"
             "print(float(a.sum()))\n")

@@ -111,6 +111,8 @@ def test_sigint_while_reading_stdin_exits_130_and_saves_nothing(work: Path) -> N
 SLOW_SAVE = r"""
 import sys, time
 from pathlib import Path
+from attncli.__main__ import install
+install()  # what the console script does first: the library and attncli.cli.main install no handler
 from attncli.render import SAVERS, load_renderers
 load_renderers()
 real = SAVERS[".npz"]

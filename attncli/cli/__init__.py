@@ -2,7 +2,8 @@
 
 Errors from the core (AttnError) become one line on stderr and exit code 2; anything
 unexpected is exit code 70 (EX_SOFTWARE; the traceback only with ATTNCLI_DEBUG=1); Ctrl-C is
-130, SIGTERM 143, SIGHUP 129 (attncli.io.session); a failed stdout is 2, a closed pipe a quiet 0.
+130, SIGTERM 143, SIGHUP 129 (the console script, attncli.__main__); a failed stdout is 2, a closed pipe a
+quiet 0 (attncli.cli.process).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import typer
 
 from attncli import __version__
+from attncli.cli import process
 from attncli.errors import MESSAGE_LIMIT, AttnError, printable
 from attncli.io import session
 
@@ -75,7 +77,7 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return result
         except (typer.Exit, typer.Abort, SystemExit):
             raise
-        except session.StdoutError:
+        except process.StdoutError:
             raise
         except AttnError as e:
             error(str(e))
@@ -151,8 +153,7 @@ def main() -> None:
     except ImportError:
         from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef,assignment]
 
-    session.install()  # SIGINT, SIGTERM, SIGHUP: one line, temporaries removed, 128 + signal
-    session.guard_stdout()
+    process.guard_stdout()  # the terminating signals are the console script's (attncli.__main__)
     try:
         code = invoked(sys.argv[1:])(standalone_mode=False)  # usage errors come here, to be said in one line
         sys.stdout.flush()  # here, not at exit: a full disk or a closed pipe is said, not ignored
@@ -166,8 +167,8 @@ def main() -> None:
     except ClickException as e:
         error(" ".join(e.format_message().split()))
         sys.exit(e.exit_code)
-    except session.StdoutError as e:
-        sys.exit(session.stdout_failed(e))
+    except process.StdoutError as e:
+        sys.exit(process.stdout_failed(e))
     except KeyboardInterrupt:
         error("interrupted")
         sys.exit(EXIT_INTERRUPTED)

@@ -8,20 +8,23 @@ X [MEMORY [VALUES]] of self-, cross- and multi-head attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attncli.cli.options import Args
 from attncli.core.options import Options
 from attncli.core.problem import Problem, numeric_array
-from attncli.core.projections import Norm, Projections, RelativeBias, init_projections, projections_from
+from attncli.core.projections import Projections, init_projections, projections_from
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
 from attncli.errors import InputError
 from attncli.io.files import LOADERS, STDIN, Reader
+
+if TYPE_CHECKING:
+    from attncli.io.model import CheckpointLayer
 
 OPTION_FIELDS = Options.field_names()
 PROBLEM_KEYS = {"q", "k", "v", "valid_lens", "mask", "labels", "query_labels", "key_labels", "options",
@@ -193,30 +196,26 @@ def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool
         raise InputError(f"'heads' must be a whole number, got {given_heads!r}", file_source)
     layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True),
                          given_heads or 1)
-    if layer.facts:  # config.json's facts, under the flags (a flag overrides the config)
-        options = options.merged(layer.facts, f"{layer.projections.source} (config.json)")
-    options = options.merged(flags, "command line", flags=True)
-    heads = given_heads or layer.heads or 1
-    if opts.from_residual and not layer.checkpoint:
+    if opts.from_residual and layer.model is None:
         raise InputError("needs a checkpoint read with --weights MODEL --layer N (its pre-attention norm)",
                          "--from-residual")  # a post-norm layer (BERT) takes the residual as it is
     sources["weights"] = layer.projections.source
+    if layer.model is not None:  # config.json's facts over the file's options, under the flags
+        options = layer.model.config_options(options).merged(flags, "command line", flags=True)
+        return layer.model.problem(arrays["q"], arrays.get("k"), arrays.get("v"), options=options, heads=given_heads,
+                                   from_residual=bool(opts.from_residual), batch_first=opts.batch_first, **common)
+    options = options.merged(flags, "command line", flags=True)
+    heads = given_heads or 1
     return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
-                         batch_first=opts.batch_first, options=options,
-                         pre_norm=layer.norm if opts.from_residual else None, relative_bias=layer.relative_bias,
-                         **common)
+                         batch_first=opts.batch_first, options=options, **common)
 
 
 @dataclass
 class Layer:
-    """The projections of a problem, and what a checkpoint's config.json says around them."""
+    """The projections of a problem: given, drawn from a seed, or one layer of a checkpoint (``model``)."""
 
     projections: Projections
-    facts: dict[str, Any] = field(default_factory=dict)  # Options fields from config.json
-    heads: int | None = None
-    norm: Norm | None = None  # the layer's pre-attention norm (for --from-residual)
-    checkpoint: bool = False
-    relative_bias: RelativeBias | None = None  # T5's position bias
+    model: CheckpointLayer | None = None  # a checkpoint's layer (attncli.io.model): config facts, pre-norm, bias
 
 
 def _rope_scaling(text: str, reader: Reader) -> Any:
@@ -270,40 +269,12 @@ def _checkpoint_path(spec: str) -> bool:
     return p.is_dir() or spec.lower().endswith((".safetensors", ".index.json"))
 
 
-# config.json facts -> Options fields: every one the pipeline computes with
-FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "softcap",
-                "qk_norm", "alibi")
-
-
 def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None) -> Layer:
-    """One layer of a checkpoint (attncli.io.layouts): its projections in textbook form, with where each
-    came from, and the config's facts as options."""
-    from attncli.io.layouts import load_layer
+    """One layer of a checkpoint (attncli.io.model.load_layer): its projections, config facts, pre-norm, bias."""
+    from attncli.io.model import load_layer
 
-    la = load_layer(spec, layer, prefix, heads=heads)
-    a = la.arrays
-    names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "sinks")
-    proj = Projections(**{n: np.asarray(a[n]) for n in names if n in a},  # type: ignore[arg-type]
-                       source=f"{la.source} layer {la.layer}", origin={n: la.origin[n] for n in names if n in la.origin},
-                       kind=la.layout)
-    facts: dict[str, Any] = {}
-    for name in FACT_OPTIONS:
-        value = getattr(la.facts, name)
-        if value is not None and value is not False:
-            facts[name] = value
-    if la.facts.qk_norm and la.facts.qk_norm_eps is not None:
-        facts["norm_eps"] = la.facts.qk_norm_eps
-    proj.config = {n: getattr(la.facts, n) for n in la.facts.from_config if hasattr(la.facts, n)}
-    rb = None
-    if la.facts.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
-        e = la.facts.extra
-        rb = RelativeBias(np.asarray(a["rel_bias"]), bool(e["bidirectional"]), int(e["num_buckets"]),
-                          int(e["max_distance"]), la.origin.get("rel_bias", ""))
-    norm = None
-    if la.facts.pre_norm is not None and "norm_w" in a:
-        norm = Norm(la.facts.pre_norm, np.asarray(a["norm_w"]), None if "norm_b" not in a else np.asarray(a["norm_b"]),
-                    la.facts.norm_eps if la.facts.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
-    return Layer(proj, facts, la.facts.heads, norm, checkpoint=True, relative_bias=rb)
+    model = load_layer(spec, layer, prefix, heads=heads)
+    return Layer(model.projections, model)
 
 
 def _width(a: Any, title: str, source: str) -> int | None:

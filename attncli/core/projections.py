@@ -220,6 +220,8 @@ def _mha_rest(e: Entries, p: str, source: str, out: dict[str, Any], origin: dict
     out["W_o"] = _t(_get(e, p + "out_proj.weight", source, "nn.MultiheadAttention weights"))
     origin["W_o"] = f"{p}out_proj.weightᵀ"
     out["b_o"] = _opt(e, p + "out_proj.bias", source)
+    if out["b_o"] is not None:
+        origin["b_o"] = f"{p}out_proj.bias"
     out["origin"] = origin
     return out
 

@@ -7,19 +7,21 @@
     a ``.pt`` / ``.pth`` / ``.bin``    a PyTorch state dict (also nested under ``state_dict`` /
                                        ``model``), read with ``torch.load(weights_only=True, mmap=True)``
 
-Opening a checkpoint reads headers only; :meth:`Checkpoint.tensor` maps one tensor's bytes
-(``mmap``), so reading one layer of a multi-GB file pages in that layer and nothing else.
-Tensors come back in their stored dtype as read-only views (bfloat16 and float8 through
-``ml_dtypes``); the caller converts to its compute dtype. Headers are checked strictly:
-a header or offsets beyond the file, overlapping tensors, an unknown dtype or a size that
-disagrees with shape x dtype is a one-line :class:`InputError` naming the file and tensor.
+Opening a checkpoint reads headers only; :meth:`Checkpoint.tensor` reads one tensor (the
+``safetensors`` package's ``safe_open(framework="numpy")``, or ``torch.load(mmap=True)``), so
+reading one layer of a multi-GB file pages in that layer and nothing else. Tensors come back
+in their stored dtype, read-only (bfloat16 and float8 through ``ml_dtypes``); the caller
+converts to its compute dtype. Headers are checked strictly before the package sees them, so
+that each lie has its own line: a header or offsets beyond the file, overlapping tensors, an
+unknown dtype or a size that disagrees with shape x dtype is a one-line :class:`InputError`
+naming the file and tensor; what the package refuses beyond that (gaps, bytes after the last
+tensor) is one line too.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ DTYPES: dict[str, tuple[str, int]] = {
     "U64": ("uint64", 8), "U32": ("uint32", 4), "U16": ("uint16", 2), "U8": ("uint8", 1), "BOOL": ("bool", 1),
 }
 ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
 MAX_HEADER = 100 << 20  # the safetensors library's own limit on a header (100 MB)
 MAX_INDEX = 64 << 20
 CONFIG = "config.json"
@@ -86,7 +89,6 @@ class Checkpoint:
     config: dict[str, Any] | None = None
     config_path: str | None = None
     files: list[Path] = field(default_factory=list)
-    _maps: dict[Path, Any] = field(default_factory=dict, repr=False)
     _torch: dict[Path, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def __contains__(self, name: str) -> bool:
@@ -102,25 +104,25 @@ class Checkpoint:
         return self._torch_tensor(info)
 
     def _safetensor(self, info: TensorInfo) -> np.ndarray:
-        dt = numpy_dtype(info.dtype, str(info.file))
-        count = math.prod(info.shape)
-        if count == 0:
-            return np.zeros(info.shape, dtype=dt)
-        mm = self._maps.get(info.file)
-        if mm is None:
+        dt = numpy_dtype(info.dtype, str(info.file))  # imports ml_dtypes for bfloat16, before safetensors needs it
+        if info.stop > info.start:
             try:
-                session.record_read(info.file)  # a shard: no output of the run may replace it
-                session.watch_mapped(str(info.file))  # truncated while mapped: one line, not SIGBUS
-                with open(info.file, "rb") as f:
-                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as e:
-                raise InputError(f"cannot be mapped ({_one_line(e)})", str(info.file)) from None
-            self._maps[info.file] = mm
-        if info.stop > len(mm):  # the file shrank since its header was read
-            raise InputError(f"tensor {info.name!r} ends at byte {info.stop} but the file now holds {len(mm)}",
-                             str(info.file))
-        a = np.frombuffer(mm, dtype=dt, count=count, offset=info.start)  # (count,) view: no copy
-        return a.reshape(info.shape)
+                size = info.file.stat().st_size
+            except OSError as e:
+                raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", str(info.file)) from None
+            if info.stop > size:  # the file shrank since its header was read
+                raise InputError(f"tensor {info.name!r} ends at byte {info.stop} but the file now holds {size}",
+                                 str(info.file))
+        session.record_read(info.file)  # a shard: no output of the run may replace it
+        if info.dtype in FLOAT8:  # safetensors' numpy path has no float8 (numpy has no such dtype): the raw bytes
+            a = np.fromfile(info.file, np.uint8, info.stop - info.start, offset=info.start).view(dt)
+        else:
+            session.watch_mapped(str(info.file))  # safetensors maps the file: truncated while read is SIGBUS
+            with _safe_open(info.file) as f:  # closed (unmapped) after each tensor: only the copy stays resident
+                a = f.get_tensor(info.name)
+        a = a.reshape(info.shape)
+        a.flags.writeable = False  # the checkpoint's numbers: never written into
+        return a
 
     def _torch_tensor(self, info: TensorInfo) -> np.ndarray:
         sd = self._torch.get(info.file)
@@ -172,7 +174,24 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         if s1 < e0:
             raise InputError(f"tensors {a!r} and {b!r} overlap (bytes {s1 - base}..{e0 - base} of the data); "
                              "the header is corrupt", source)
+    with _safe_open(path):  # what the package refuses beyond the checks above (gaps, bytes after the last tensor)
+        pass
     return out
+
+
+def _safe_open(path: Path) -> Any:
+    """``safetensors.safe_open(path, framework="numpy")``: it reads the header (checked above) and maps the file.
+    Imported here: start-up never pays for it."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise InputError("is a safetensors file; reading it needs the safetensors package (pip install safetensors)",
+                         str(path)) from None
+    try:
+        return safe_open(str(path), framework="numpy")
+    except (SafetensorError, OSError) as e:
+        raise InputError(f"is not a safetensors file the safetensors package reads ({_one_line(e)[:120]})",
+                         str(path)) from None
 
 
 def _entry(name: str, entry: Any, path: Path, base: int, data: int) -> TensorInfo:

@@ -22,7 +22,6 @@ linear, llama3 and yarn scaling) and :func:`t5_position_bias` (T5's bucketed bia
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -576,17 +575,18 @@ def _mha(c: Ctx) -> None:
 
 
 def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
-    """nn.MultiheadAttention's in_proj_weight (3E, E) = [W_q; W_k; W_v] by rows, each nn.Linear (out, in)."""
-    if a + "bias_k" in c.ckpt:
-        raise c.fail(f"holds {a}bias_k: nn.MultiheadAttention(add_bias_kv=True) is not supported")
-    E = w.shape[1]
-    b = c.get(a + "in_proj_bias") if c.has(a + "in_proj_bias") else None
-    for i, t in enumerate(("W_q", "W_k", "W_v")):
-        c.put(t, w[i * E:(i + 1) * E].T, f"{a}in_proj_weight[{i * E}:{(i + 1) * E}]ᵀ")
-        if b is not None:
-            c.put("b_" + t[-1], b[i * E:(i + 1) * E], f"{a}in_proj_bias[{i * E}:{(i + 1) * E}]")
-    c.linear("W_o", a + "out_proj.weight", a + "out_proj.bias")
-    _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=E)
+    """nn.MultiheadAttention's in_proj_weight (3E, E) = [W_q; W_k; W_v] by rows, each nn.Linear (out, in):
+    parsed by the one reader of that module (attncli.core.projections' "mha" weight format)."""
+    from attncli.core.projections import WEIGHT_FORMATS
+
+    names = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias", "bias_k", "bias_v")
+    entries = {a + n: c.get(a + n) for n in names if c.has(a + n)}
+    parts = WEIGHT_FORMATS["mha"].convert(entries, a, c.ckpt.source)
+    origin = parts.pop("origin", {})
+    for k, v in parts.items():
+        if v is not None:
+            c.put(k, v, origin.get(k, a + k))
+    _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=w.shape[1])
     c.facts.extra["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
 
 
@@ -762,53 +762,3 @@ class _HeaderOnly:
         if info.nbytes <= self.SMALL:
             return self.ckpt.tensor(name)
         return np.broadcast_to(np.zeros((), np.float32), info.shape)
-
-
-# ---- RoPE frequencies ---------------------------------------------------------------------------
-
-def rope_frequencies(facts: AttentionFacts) -> tuple[np.ndarray, float]:
-    """RoPE's inverse frequencies (rotary_dim / 2,) and the factor that multiplies cos and sin, for the
-    rope_scaling of config.json: none, linear, llama3 or yarn, as transformers' ``modeling_rope_utils``
-    computes them (``ROPE_INIT_FUNCTIONS``). inv_freq_i = 1 / base^(2i / rotary_dim) before scaling."""
-    base, dim = facts.rope_base or 10000.0, facts.rotary_dim or facts.head_dim
-    if not dim:
-        raise InputError("RoPE needs the rotary dimension (head_dim); give --heads or config.json")
-    inv = 1.0 / base ** (np.arange(0, dim, 2) / dim)  # (dim/2,)
-    rs = facts.rope_scaling or {}
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    if kind == "default":
-        return inv, 1.0
-    if kind == "linear":
-        return inv / float(rs["factor"]), 1.0
-    if kind == "llama3":  # wavelengths beyond the old context are divided by factor, short ones kept, a ramp between
-        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
-        old = float(rs["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        scaled = np.where(wavelen > old / lo, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
-        return np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled), 1.0
-    if kind == "yarn":
-        old = float(rs["original_max_position_embeddings"])
-        factor = rs.get("factor") or float(rs["max_position_embeddings"]) / old
-
-        def mscale(scale: float, m: float = 1.0) -> float:
-            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-        attention = rs.get("attention_factor")
-        if attention is None:
-            m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
-            attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-        fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
-
-        def correction_dim(rotations: float) -> float:
-            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-        low, high = correction_dim(fast), correction_dim(slow)
-        if rs.get("truncate", True):
-            low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, dim - 1)
-        ramp = np.clip((np.arange(dim // 2) - low) / ((high - low) or 0.001), 0, 1)
-        extrapolate = 1 - ramp  # high frequencies keep their value, low ones are interpolated (divided by factor)
-        return inv / factor * (1 - extrapolate) + inv * extrapolate, float(attention)
-    raise InputError(f"RoPE scaling {kind!r} is not supported (default, linear, llama3 and yarn are)", "config.json")

@@ -1,0 +1,95 @@
+"""One attention layer of a checkpoint, as a Python call: what ``attncli self --weights MODEL --layer N``
+computes on (io layer).
+
+    layer = load_layer("./tiny-llama", 3)           # a folder, .safetensors, a sharded index, .pt/.bin
+    layer.options                                   # config.json's facts as Options fields (rope, window, ...)
+    layer.projections, layer.norm, layer.relative_bias
+    problem = layer.problem(x)                      # x: (T, E) or (B, T, E) -> a validated Problem
+    problem = layer.problem(h, from_residual=True)  # h = hidden_states[3]: the layer's pre-norm first
+
+The layout is read by attncli.io.layouts (one registry); this module turns its textbook arrays and
+facts into the pipeline's parts. It raises :class:`~attncli.errors.InputError` and changes nothing
+process-wide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attncli.core.options import Options
+from attncli.core.problem import Problem
+from attncli.core.projections import Norm, Projections, RelativeBias
+from attncli.io.checkpoint import Checkpoint
+from attncli.io.layouts import AttentionFacts, LayerAttention
+from attncli.io.layouts import load_layer as read_layer
+
+# AttentionFacts -> Options fields: every fact the pipeline computes with
+FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "softcap",
+                "qk_norm", "alibi")
+PROJECTION_NAMES = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "sinks")
+
+
+@dataclass(frozen=True)
+class CheckpointLayer:
+    """One attention layer of a checkpoint in the pipeline's terms (attncli.core)."""
+
+    projections: Projections  # W_q, W_k, W_v, W_o, biases, QK-norm weights, sinks; origin says where each came from
+    options: dict[str, Any]  # Options fields from config.json (and the layout): rope, window, scale, ...
+    heads: int | None  # query heads (None: no config.json said; give heads=)
+    norm: Norm | None  # the pre-attention norm (applied with from_residual=True); None for post-norm layers
+    relative_bias: RelativeBias | None  # T5's relative position bias
+    facts: AttentionFacts  # everything the layout read, as read
+    layout: str
+    layer: int
+    layers: int
+    source: str
+    raw: LayerAttention = field(repr=False)
+
+    @property
+    def config_source(self) -> str:
+        return f"{self.projections.source} (config.json)"
+
+    def config_options(self, base: Options | None = None) -> Options:
+        """``base`` (default: Options()) with config.json's facts over it."""
+        return (base or Options()).merged(self.options, self.config_source) if self.options else (base or Options())
+
+    def problem(self, x: Any, memory: Any = None, values: Any = None, *, options: Options | None = None,
+                heads: int | None = None, from_residual: bool = False, **kw: Any) -> Problem:
+        """The validated Problem of this layer on inputs ``x`` (T, E) or (B, T, E) (``memory``, ``values``
+        for cross-attention). ``options``: what to compute with (default: :meth:`config_options`);
+        ``heads`` when no config.json says it; ``from_residual``: ``x`` is the residual stream
+        (``hidden_states[N]``) and the layer's pre-norm is applied first. ``kw`` goes to Problem.build
+        (mask, valid_lens, labels, batch_first, ...)."""
+        return Problem.build(x, memory, values, projections=self.projections, heads=heads or self.heads or 1,
+                             options=options if options is not None else self.config_options(),
+                             pre_norm=self.norm if from_residual else None, relative_bias=self.relative_bias, **kw)
+
+
+def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: str | None = None, *,
+               heads: int | None = None) -> CheckpointLayer:
+    """Layer ``layer`` of a checkpoint (a .safetensors file, a sharded index, a save_pretrained folder,
+    a .pt/.pth/.bin state dict): only that layer's tensors are read. ``layer`` is needed when there are
+    several; ``prefix`` picks a stack (T5's encoder/decoder); ``heads`` when no config.json says it."""
+    la = read_layer(path, layer, prefix, heads=heads)
+    a, f = la.arrays, la.facts
+    proj = Projections(**{n: np.asarray(a[n]) for n in PROJECTION_NAMES if n in a},  # type: ignore[arg-type]
+                       source=f"{la.source} layer {la.layer}",
+                       origin={n: la.origin[n] for n in PROJECTION_NAMES if n in la.origin}, kind=la.layout)
+    options: dict[str, Any] = {n: v for n in FACT_OPTIONS if (v := getattr(f, n)) is not None and v is not False}
+    if f.qk_norm and f.qk_norm_eps is not None:
+        options["norm_eps"] = f.qk_norm_eps
+    proj.config = {n: getattr(f, n) for n in f.from_config}
+    bias = None
+    if f.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
+        e = f.extra
+        bias = RelativeBias(np.asarray(a["rel_bias"]), bool(e["bidirectional"]), int(e["num_buckets"]),
+                            int(e["max_distance"]), la.origin.get("rel_bias", ""))
+    norm = None
+    if f.pre_norm is not None and "norm_w" in a:
+        norm = Norm(f.pre_norm, np.asarray(a["norm_w"]), None if "norm_b" not in a else np.asarray(a["norm_b"]),
+                    f.norm_eps if f.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
+    return CheckpointLayer(proj, options, f.heads, norm, bias, f, la.layout, la.layer, la.layers, la.source, la)
