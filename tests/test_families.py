@@ -21,6 +21,7 @@ restricts the sweep. ``python tests/test_families.py`` prints the table (docs/fa
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -237,11 +238,13 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
     if not found:
         raise Skip("no-attention", "no *Attention module with an output projection in its layers")
     tested = _tested_layers(cfg, sorted(found))
-    if dtype is not None:
-        model = model.to(dtype)
-    model.save_pretrained(folder)
-    if dtype is not None:
-        model = model.float()  # the bf16-rounded weights, computed in float32: the reference for the bf16 file
+    if dtype is None:
+        model.save_pretrained(folder)
+    else:  # the reference: the same weights rounded to dtype, computed in float32 (rotary buffers stay float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(dtype).float())
+        copy.deepcopy(model).to(dtype).save_pretrained(folder)
     got: dict[int, dict[str, Any]] = {i: {} for i in tested}
     handles = []
     for i in tested:
