@@ -791,6 +791,15 @@ def sinks_missing(c: Context) -> Result:
     return c.rerun(replace(c.problem, sinks=None))
 
 
+@variant("bias-missing", "the relative position bias was not added: T5's b_h[bucket(j - i)] was left out of the "
+                         "scores")
+def bias_missing(c: Context) -> Result:
+    """softmax(QKᵀ)·V without the relative position bias"""
+    if c.problem.relative_bias is None:
+        raise NotApplicable("no relative position bias")
+    return c.rerun(replace(c.problem, relative_bias=None))
+
+
 def _rope_tables(p: Problem, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """cos, sin (T, r) at ``positions`` as the engine's rotate stage makes them (float64), and r."""
     o = p.options

@@ -111,6 +111,8 @@ def query_heads(problem: Problem, t: int) -> Problem:
                    query_limit=heads(problem.query_limit, -2), padding=heads(problem.padding, -3),
                    sinks=None if problem.sinks is None else problem.sinks[t::r],
                    alibi_slopes=None if slopes is None else slopes[t::r],
+                   relative_bias=None if problem.relative_bias is None else
+                   replace(problem.relative_bias, table=np.asarray(problem.relative_bias.table)[:, t::r]),
                    batch_shape=problem.batch_shape[:-1] + (H // r,), kv_heads=None)
 
 

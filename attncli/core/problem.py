@@ -51,7 +51,7 @@ class Problem:
     padding: np.ndarray | None = None  # key padding mask (B, S) as given, True = ignore (PyTorch)
     batch_first: bool = True  # projected inputs are (B, T, D); False: (T, B, D), PyTorch's default
     pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
-    relative_bias: RelativeBias | None = None  # T5's per-head position bias, added to the scores as a float mask
+    relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
     sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss); --sinks, or the weights' sinks
     alibi_slopes: np.ndarray | None = None  # (H,) ALiBi slopes as given; None: the paper's (options.alibi)
     q_norm: np.ndarray | None = None  # (d,) QK-norm weights of each head's q (and k); None: 1 (rms), 0 (rms1p)
@@ -187,7 +187,7 @@ class Problem:
         self.query_limit = self._valid_lens_limit()
         self.mask = self._check_mask()
         if self.relative_bias is not None:
-            self.mask = self._with_relative_bias(self.relative_bias)
+            self._check_relative_bias(self.relative_bias)
         d_k = self.d_qk if self.projections is not None else int(self.k.shape[-1])
         self.params, self.initialised = prepare(score, self.params, self.d_qk, d_k, o, self.where("weights"))
         self._check_today()
@@ -359,16 +359,15 @@ class Problem:
         want = f"({b[0]},) or ({b[0]}, {m})" if nb else f"a single number or ({m},)"
         raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
 
-    def _with_relative_bias(self, rb: RelativeBias) -> np.ndarray:
-        """The mask with T5's position bias (1, H, m, n) added: the float mask the scores get."""
-        bias = heads.t5_position_bias(np.asarray(rb.table, dtype=np.float64), self.m, self.n, rb.bidirectional,
-                                      rb.num_buckets, rb.max_distance)[None]  # (1, H, m, n)
-        if self.mask is None:
-            return bias
-        if self.mask.dtype == bool:
-            raise InputError("T5's relative position bias is added as a float mask; a boolean --mask cannot join it "
-                             "(give it as a float mask of 0 and -inf)", self.where("mask"))
-        return self.mask + bias
+    def _check_relative_bias(self, rb: RelativeBias) -> None:
+        """T5's table (num_buckets, H): one column per query head (its own step, bias, adds it)."""
+        shape, H = np.shape(rb.table), self.head_count
+        if len(shape) != 2 or shape[0] != rb.num_buckets or shape[1] not in (1, H):
+            raise InputError(f"the relative position bias has shape {shape}; expected ({rb.num_buckets}, {H}): one "
+                             f"column per query head", rb.origin or self.where("weights"))
+        if shape[1] > 1 and "head" not in self.axis_names:
+            raise InputError(f"the relative position bias has {shape[1]} heads but the problem has no head axis",
+                             rb.origin or self.where("weights"))
 
     def _check_mask(self) -> np.ndarray | None:
         if self.mask is None:
