@@ -107,13 +107,13 @@ def query_heads(problem: Problem, t: int) -> Problem:
         return a[(Ellipsis, slice(t, None, r)) + (slice(None),) * (-axis - 1)]
 
     slopes = problem.slopes()
-    return replace(problem, q=problem.q[..., t::r, :, :], mask=heads(problem.mask, -3),
-                   query_limit=heads(problem.query_limit, -2), padding=heads(problem.padding, -3),
-                   sinks=None if problem.sinks is None else problem.sinks[t::r],
+    limit = None if problem.query_limit is None else \
+        np.broadcast_to(problem.query_limit, problem.batch_shape + (problem.m,))[..., t::r, :]  # (..., H / r, m)
+    return replace(problem, q=problem.q[..., t::r, :, :], mask=heads(problem.mask, -3), valid_lens=limit,
+                   padding=heads(problem.padding, -3), sinks=None if problem.sinks is None else problem.sinks[t::r],
                    alibi_slopes=None if slopes is None else slopes[t::r],
                    relative_bias=None if problem.relative_bias is None else
-                   replace(problem.relative_bias, table=np.asarray(problem.relative_bias.table)[:, t::r]),
-                   batch_shape=problem.batch_shape[:-1] + (H // r,), kv_heads=None)
+                   replace(problem.relative_bias, table=np.asarray(problem.relative_bias.table)[:, t::r]))
 
 
 def _output(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,

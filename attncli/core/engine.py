@@ -183,7 +183,7 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
                      if proj.kind.startswith("init") else {}),
                   weights_source=proj.source, batch_axes=["batch", "head"] if problem.batched else ["head"],
                   head_axis=1 if problem.batched else 0)
-    core = replace(problem, q=to_numpy(qh), k=to_numpy(kh), v=to_numpy(vh), projections=None)
+    core = problem.per_head(to_numpy(qh), to_numpy(kh), to_numpy(vh))  # the attention of each head
     return core, qh, kh, vh, w
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,9 +26,13 @@ __all__ = ["ARRAY_TITLES", "CAUSAL_ALIGNS", "MASK_CONVENTIONS", "Options", "Prob
 ARRAY_TITLES = {"q": "Q", "k": "K", "v": "V", "valid_lens": "valid lengths", "mask": "mask"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Problem:
-    """Validated inputs (numpy, host), masks, labels, options and where each array came from.
+    """Validated inputs (numpy, host), masks, labels, options and where each array came from: frozen.
+
+    ``Problem.build`` is the one way in: it validates what it is given and returns a frozen value.
+    The derived fields (``batch_shape``, ``axis_names``, ``kv_heads``, ``query_limit``) are computed
+    from the others by the constructor, so ``dataclasses.replace`` recomputes them and cannot patch them.
 
     Single-head attention: ``q``, ``k``, ``v`` are Q (..., m, d_q), K (..., n, d_k), V (..., n, d_v).
     With ``projections`` (self-, cross- and multi-head attention) they are the inputs X, Y, Z
@@ -57,14 +61,42 @@ class Problem:
     q_norm: np.ndarray | None = None  # (d,) QK-norm weights of each head's q (and k); None: 1 (rms), 0 (rms1p)
     k_norm: np.ndarray | None = None
 
-    # ---- derived, set by validate() ----
-    batch_shape: tuple[int, ...] = ()  # leading axes of the attention arrays (multi-head: (B, H))
-    axis_names: tuple[str, ...] = ()  # their names, for messages and views ("batch", "head")
-    batched: bool = True  # with projections: X had a batch axis (the steps drop it when not)
-    query_limit: np.ndarray | None = None  # (..., m): keys j >= limit are masked (valid lens)
+    # ---- facts about the inputs as given, found by build() ----
+    batched: bool = True  # X had a batch axis (the steps of a layer drop it when not)
     result_dtype: str | None = None  # float16/bfloat16: every input came in it; computed in float32, cast back
     initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
-    kv_heads: int | None = None  # K/V heads when fewer than the query heads (grouped-query), else None
+
+    # ---- derived: computed from the fields above by the constructor (never given, never patched) ----
+    batch_shape: tuple[int, ...] = field(init=False, default=())  # leading axes of the attention arrays ((B, H))
+    axis_names: tuple[str, ...] = field(init=False, default=())  # their names, for messages and views
+    kv_heads: int | None = field(init=False, default=None)  # K/V heads when fewer than the query heads, else None
+    query_limit: np.ndarray | None = field(init=False, default=None)  # (..., m): keys j >= limit are masked
+
+    def __post_init__(self) -> None:
+        if self.projections is not None:
+            H = self.heads
+            dh = self.projections.d_k // H
+            G = int(self.projections.W_k.shape[1]) // dh
+            derived: dict[str, Any] = {"batch_shape": (int(self.q.shape[0]), H), "kv_heads": G if G != H else None,
+                                       "axis_names": ("batch" if self.batched else "", "head")}
+        else:
+            q, k, v = self.q, self.k, self.v
+            G = _kv_heads(q.shape, k.shape, v.shape)
+            kb, vb = (k.shape[:-3] + (int(q.shape[-3]),), v.shape[:-3] + (int(q.shape[-3]),)) if G else \
+                (k.shape[:-2], v.shape[:-2])
+            batch = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
+            names = ("batch",) * len(batch)
+            if len(batch) >= 2 and (q.ndim >= 4 or G):  # (B, H, T, d): axis -3 holds heads
+                names = ("batch" if self.batched else "",) * (len(batch) - 1) + ("head",)
+            derived = {"batch_shape": batch, "kv_heads": G, "axis_names": names}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "query_limit", self._valid_lens_limit())
+
+    def per_head(self, q: Any, k: Any, v: Any) -> Problem:
+        """The attention of each head of this layer: Q (B, H, T, d), K and V (B, G, S, d) from the
+        projections, every mask, bias and option as they are (the layer's own part dropped)."""
+        return replace(self, q=q, k=k, v=v, projections=None, pre_norm=None)
 
     @property
     def m(self) -> int:
@@ -147,14 +179,15 @@ class Problem:
 
     @classmethod
     def build(cls, q: Any, k: Any = None, v: Any = None, **kw: Any) -> Problem:
-        """A validated Problem; k and v default to q (self-attention shorthand)."""
+        """A validated, frozen Problem; k and v default to q (self-attention shorthand)."""
         k = q if k is None else k
         v = k if v is None else v
-        p = cls(q=q, k=k, v=v, **kw)
-        p.validate()
-        return p
+        draft = _Draft(q=q, k=k, v=v, **kw)
+        draft.validate()
+        return cls(**{f.name: getattr(draft, f.name) for f in fields(cls) if f.init})
 
     def validate(self) -> None:
+        """Check and normalise every field in place: only on the draft :meth:`build` makes."""
         o = self.options
         score = get_score(o.score)
         k_is_q, v_is_k = self.k is self.q, self.v is self.k
@@ -172,7 +205,7 @@ class Problem:
                                       "needs equal widths (use --score additive for different widths)")
             if k.shape[-2] != v.shape[-2]:
                 raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
-            kb, vb = self._grouped_heads(q, k, v)
+            kb, vb = self._grouped_heads_checked(q, k, v)
             try:
                 self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
             except ValueError:
@@ -192,7 +225,7 @@ class Problem:
         self.params, self.initialised = prepare(score, self.params, self.d_qk, d_k, o, self.where("weights"))
         self._check_today()
 
-    def _grouped_heads(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def _grouped_heads_checked(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """K and V with fewer heads than Q on the head axis (-3): grouped-query attention. The batch
         shapes of K and V as if they had Q's heads (for the broadcast check); sets ``kv_heads``."""
         if q.ndim < 3 or k.ndim < 3 or k.ndim > q.ndim:
@@ -293,6 +326,7 @@ class Problem:
                 self.sources[name] = self.projections.source
         self.batch_shape = (B, self.heads)
         self.axis_names = ("batch", "head") if self.batched else ("", "head")
+        self.batch_first = True  # X, Y, Z are (B, T, D) from here on
         if self.valid_lens is not None and not self.batched:
             vl = np.asarray(self.valid_lens)
             if vl.ndim == 1 and vl.shape[0] == self.m and self.m > 1:
@@ -382,3 +416,27 @@ class Problem:
             raise self._fail("mask", f"mask has shape {mk.shape}, which does not broadcast to the scores' shape {target} "
                                      "(batch..., queries, keys)")
         return mk
+
+
+def _kv_heads(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int | None:
+    """K/V heads when K and V have fewer heads than Q on axis -3 (grouped-query attention), else None:
+    the shapes as :meth:`Problem._grouped_heads_checked` accepted them."""
+    if len(qs) < 3 or len(ks) < 3 or len(ks) > len(qs):
+        return None
+    H, G = int(qs[-3]), int(ks[-3])
+    if G == H or (G == 1 and len(qs) < 4) or (len(qs) == 3 and H % G):
+        return None
+    if G == 1 and (len(vs) < 3 or int(vs[-3]) != 1):
+        return None
+    return G
+
+
+class _Draft(Problem):
+    """A Problem while :meth:`Problem.build` validates it: its fields may still change, and nothing is
+    derived yet (validate() sets what it needs as it goes). Never leaves build()."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", dict(self.sources))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
