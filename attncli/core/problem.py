@@ -76,8 +76,8 @@ class Problem:
         if self.projections is not None:
             H = self.heads
             dh = self.projections.d_k // H
-            G = int(self.projections.W_k.shape[1]) // dh
-            derived: dict[str, Any] = {"batch_shape": (int(self.q.shape[0]), H), "kv_heads": G if G != H else None,
+            kv = int(self.projections.W_k.shape[1]) // dh
+            derived: dict[str, Any] = {"batch_shape": (int(self.q.shape[0]), H), "kv_heads": kv if kv != H else None,
                                        "axis_names": ("batch" if self.batched else "", "head")}
         else:
             q, k, v = self.q, self.k, self.v
@@ -185,6 +185,84 @@ class Problem:
         draft = _Draft(q=q, k=k, v=v, **kw)
         draft.validate()
         return cls(**{f.name: getattr(draft, f.name) for f in fields(cls) if f.init})
+
+    def _valid_lens_limit(self) -> np.ndarray | None:
+        """Valid lengths as a per-query key limit, shape broadcastable to batch + (m,)."""
+        if self.valid_lens is None:
+            return None
+        vl = numeric_array(self.valid_lens, "valid lengths", self.where("valid_lens"))
+        if not np.all(vl == np.round(vl)):
+            raise self._fail("valid_lens", f"valid lengths must be whole numbers, got {vl.tolist()}")
+        if np.any(vl < 0) or np.any(vl > self.n):  # checked before the cast: 1e300 is no int64
+            bad = vl[(vl < 0) | (vl > self.n)]
+            raise self._fail("valid_lens", f"valid length {bad.flat[0]:g} is out of range: there are {self.n} keys "
+                                           f"(each valid length must be between 0 and {self.n})")
+        vl = vl.astype(np.int64)
+        b, m = self.batch_shape, self.m
+        nb = len(b)
+        s = vl.shape
+        if s in ((), (1,)):
+            return vl.reshape((1,) * nb + (1,))
+        if s == b + (m,) and nb:
+            return vl
+        if nb and s == (b[0],):
+            return vl.reshape((b[0],) + (1,) * (nb - 1) + (1,))  # d2l: one length per batch element
+        if nb and s == (b[0], m):
+            return vl.reshape((b[0],) + (1,) * (nb - 1) + (m,))  # d2l: one length per query
+        if nb and s == b:
+            return vl[..., None]
+        if not nb and s == (m,):
+            return vl
+        want = f"({b[0]},) or ({b[0]}, {m})" if nb else f"a single number or ({m},)"
+        raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
+
+
+
+
+def _kv_heads(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int | None:
+    """K/V heads when K and V have fewer heads than Q on axis -3 (grouped-query attention), else None:
+    the shapes as :meth:`Problem._grouped_heads_checked` accepted them."""
+    if len(qs) < 3 or len(ks) < 3 or len(ks) > len(qs):
+        return None
+    H, G = int(qs[-3]), int(ks[-3])
+    if G == H or (G == 1 and len(qs) < 4) or (len(qs) == 3 and H % G):
+        return None
+    if G == 1 and (len(vs) < 3 or int(vs[-3]) != 1):
+        return None
+    return G
+
+
+class _Draft(Problem):
+    """A Problem while :meth:`Problem.build` validates it: its fields may still change, and nothing is
+    derived yet (validate() sets what it needs as it goes). Never leaves build()."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    valid_lens: np.ndarray | None
+    mask: np.ndarray | None
+    query_labels: list[str] | None
+    key_labels: list[str] | None
+    params: dict[str, np.ndarray]
+    padding: np.ndarray | None
+    batch_first: bool
+    sinks: np.ndarray | None
+    alibi_slopes: np.ndarray | None
+    q_norm: np.ndarray | None
+    k_norm: np.ndarray | None
+    batched: bool
+    result_dtype: str | None
+    initialised: list[str]
+    batch_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    kv_heads: int | None
+    query_limit: np.ndarray | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", dict(self.sources))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
 
     def validate(self) -> None:
         """Check and normalise every field in place: only on the draft :meth:`build` makes."""
@@ -363,36 +441,6 @@ class Problem:
                                  self.sources.get(attr, f"--{attr.replace('_', '-')}"))
             setattr(self, attr, labels)
 
-    def _valid_lens_limit(self) -> np.ndarray | None:
-        """Valid lengths as a per-query key limit, shape broadcastable to batch + (m,)."""
-        if self.valid_lens is None:
-            return None
-        vl = numeric_array(self.valid_lens, "valid lengths", self.where("valid_lens"))
-        if not np.all(vl == np.round(vl)):
-            raise self._fail("valid_lens", f"valid lengths must be whole numbers, got {vl.tolist()}")
-        if np.any(vl < 0) or np.any(vl > self.n):  # checked before the cast: 1e300 is no int64
-            bad = vl[(vl < 0) | (vl > self.n)]
-            raise self._fail("valid_lens", f"valid length {bad.flat[0]:g} is out of range: there are {self.n} keys "
-                                           f"(each valid length must be between 0 and {self.n})")
-        vl = vl.astype(np.int64)
-        b, m = self.batch_shape, self.m
-        nb = len(b)
-        s = vl.shape
-        if s in ((), (1,)):
-            return vl.reshape((1,) * nb + (1,))
-        if s == b + (m,) and nb:
-            return vl
-        if nb and s == (b[0],):
-            return vl.reshape((b[0],) + (1,) * (nb - 1) + (1,))  # d2l: one length per batch element
-        if nb and s == (b[0], m):
-            return vl.reshape((b[0],) + (1,) * (nb - 1) + (m,))  # d2l: one length per query
-        if nb and s == b:
-            return vl[..., None]
-        if not nb and s == (m,):
-            return vl
-        want = f"({b[0]},) or ({b[0]}, {m})" if nb else f"a single number or ({m},)"
-        raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
-
     def _check_relative_bias(self, rb: RelativeBias) -> None:
         """T5's table (num_buckets, H): one column per query head (its own step, bias, adds it)."""
         shape, H = np.shape(rb.table), self.head_count
@@ -416,27 +464,3 @@ class Problem:
             raise self._fail("mask", f"mask has shape {mk.shape}, which does not broadcast to the scores' shape {target} "
                                      "(batch..., queries, keys)")
         return mk
-
-
-def _kv_heads(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int | None:
-    """K/V heads when K and V have fewer heads than Q on axis -3 (grouped-query attention), else None:
-    the shapes as :meth:`Problem._grouped_heads_checked` accepted them."""
-    if len(qs) < 3 or len(ks) < 3 or len(ks) > len(qs):
-        return None
-    H, G = int(qs[-3]), int(ks[-3])
-    if G == H or (G == 1 and len(qs) < 4) or (len(qs) == 3 and H % G):
-        return None
-    if G == 1 and (len(vs) < 3 or int(vs[-3]) != 1):
-        return None
-    return G
-
-
-class _Draft(Problem):
-    """A Problem while :meth:`Problem.build` validates it: its fields may still change, and nothing is
-    derived yet (validate() sets what it needs as it goes). Never leaves build()."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sources", dict(self.sources))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
