@@ -142,3 +142,26 @@ def test_a_single_head_problem_with_a_relative_bias_keeps_its_shape() -> None:
     want = softmax(q @ k.T / 2.0 + table[bucket, 0]) @ v
     assert trace.output.shape == (5, 3) and trace.weights.shape == (5, 6)
     np.testing.assert_allclose(trace.output, want, rtol=0, atol=1e-12)
+
+
+# ---- steps as data: the explanation reads the step's parameters, not its formula --------------------
+
+
+def test_the_explanation_of_a_cap_reads_its_parameter_not_its_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attncli.render.explain import explain_cell, parse_cell
+
+    q, k, v = rand(3, 4), rand(4, 4, seed=1), rand(4, 2, seed=2)
+    s = q @ k.T / 2.0  # float64 by hand: √4 = 2
+    want = 1.5 * np.tanh(s[1, 2] / 1.5)
+    first = engine.attend(q, k, v, softcap=1.5, dtype="float64")
+    before = explain_cell(parse_cell(first, "1,2"))
+    stages_ = list(chain.STAGES)
+    at = [st.name for st in stages_].index(chain.N.CAPPED)
+    stages_[at] = replace(stages_[at], formula=lambda par, prev: "capped = something else entirely")
+    monkeypatch.setattr(chain, "STAGES", tuple(stages_))
+    trace = engine.attend(q, k, v, softcap=1.5, dtype="float64")
+    assert trace.step("capped").formula == "capped = something else entirely"
+    after = explain_cell(parse_cell(trace, "1,2"))
+    line = next(x for x in after if x.strip().startswith("capped:"))
+    assert "1.5 · tanh(" in line and f"{want:.4f}"[:5] in line
+    assert after == before

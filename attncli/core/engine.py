@@ -507,7 +507,7 @@ def select_head(trace: Trace, head: int) -> Trace:
     per_head = set(trace.meta.get("per_head_steps", ()))
     axis = int(trace.meta.get("head_axis", 0))
     steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
-                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows)
+                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows, s.params)
              if s.name in per_head else s for s in trace.steps]
     meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else [],
             "per_head_steps": []}
