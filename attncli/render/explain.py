@@ -326,8 +326,8 @@ SCORE_CHAIN = tuple(n for st in chain.STAGES if st.name == N.SCORES or st.fn is 
 
 def _before(t: Trace, name: str) -> str:
     """The step of the chain just before ``name`` in this run."""
-    chain = [n for n in SCORE_CHAIN if n in t.names()]
-    return chain[chain.index(name) - 1] if name in chain and chain.index(name) > 0 else "scores"
+    done: list[str] = [n for n in SCORE_CHAIN if n in t.names()]
+    return done[done.index(name) - 1] if name in done and done.index(name) > 0 else "scores"
 
 
 def cap_lines(c: Cell) -> list[str]:
