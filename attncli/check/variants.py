@@ -360,7 +360,7 @@ def _valid_lens_shifted(c: Context, by: int) -> Result:
     limit = np.clip(p.query_limit + by, 0, p.n)
     if np.array_equal(limit, p.query_limit):
         raise NotApplicable(f"valid lengths {by:+d} change nothing here")
-    return c.rerun(replace(p, query_limit=limit))
+    return c.rerun(replace(p, valid_lens=np.broadcast_to(limit, p.batch_shape + (p.m,))))  # the limit itself
 
 
 @variant("valid-lens-plus-one", "the valid lengths were off by one: one key more than the valid length took part "
@@ -474,7 +474,7 @@ def valid_lens_ignored(c: Context) -> Result:
     p = c.problem
     if p.query_limit is None:
         raise NotApplicable("no valid lengths")
-    return _remask(c, replace(p, valid_lens=None, query_limit=None))
+    return _remask(c, replace(p, valid_lens=None))
 
 
 @variant("key-padding-ignored", "the key padding mask was ignored: the padding keys took part")
@@ -719,11 +719,11 @@ def kv_heads_tiled(c: Context) -> Result:
         blocks: dict[str, Any] = {n: np.tile(a, (1, r) if a.ndim == 2 else (r,)) for n in ("W_k", "W_v", "b_k", "b_v")
                                   if (a := getattr(proj, n)) is not None}
         tiled = replace(proj, **blocks)
-        return c.rerun(replace(p, projections=tiled, kv_heads=None), kv_heads=None)
+        return c.rerun(replace(p, projections=tiled), kv_heads=None)
     if p.n_rep == 1:
         raise NotApplicable("K and V have as many heads as Q")
     reps = (1,) * (p.k.ndim - 3) + (p.n_rep, 1, 1)
-    return c.rerun(replace(p, k=np.tile(p.k, reps), v=np.tile(p.v, reps), kv_heads=None))
+    return c.rerun(replace(p, k=np.tile(p.k, reps), v=np.tile(p.v, reps)))
 
 
 def _window_shifted(c: Context, by: int) -> Result:
@@ -789,6 +789,15 @@ def sinks_missing(c: Context) -> Result:
     if c.problem.sinks is None:
         raise NotApplicable("no attention sinks")
     return c.rerun(replace(c.problem, sinks=None))
+
+
+@variant("bias-missing", "the relative position bias was not added: T5's b_h[bucket(j - i)] was left out of the "
+                         "scores")
+def bias_missing(c: Context) -> Result:
+    """softmax(QKᵀ)·V without the relative position bias"""
+    if c.problem.relative_bias is None:
+        raise NotApplicable("no relative position bias")
+    return c.rerun(replace(c.problem, relative_bias=None))
 
 
 def _rope_tables(p: Problem, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

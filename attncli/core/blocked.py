@@ -32,16 +32,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from attncli.core import stages
+from attncli.core import chain, stages
 from attncli.core.backend import Backend, blas_threads, set_blas_threads, threads, to_numpy
-from attncli.core.options import Options
 from attncli.core.problem import Problem
-from attncli.core.scoring import SCALINGS, get_score
+from attncli.core.scoring import get_score
 from attncli.core.trace import Trace
 
 Progress = Callable[[int, int], None]  # (queries done, queries in all)
@@ -50,30 +49,14 @@ BLOCK_ELEMENTS = 1 << 21  # scores held at once (8 MiB in float32): fits the cac
 MIN_BLOCK, MAX_BLOCK = 16, 512  # query rows per block: small blocks starve the matrix multiply
 MIN_KEYS = 16  # keys per chunk, when there are too many keys (times batch entries) for whole rows
 
-# Options the fast paths implement; any other option away from its default (hard attention,
-# dropout, ... added by other features) sends the run down the explicit path.
-FAST_OPTIONS = {"score", "scale", "scaling", "temperature", "causal", "causal_align", "mask_convention",
-                "mask_value", "dtype", "backend", "device", "keep_weights", "activation", "bandwidth", "hidden", "seed",
-                # today's models: q and k are normalised and rotated before either path; the rest is per block
-                "kv_heads", "qk_norm", "norm_eps", "rope", "rope_base", "rotary_dim", "rope_scaling", "q_offset",
-                "alibi", "window", "softcap"}
-# Scores whose raw value is q_i · k_j: the scale can go into q (one pass less) and SDPA applies.
-DOT_SCORES = {"dot", "scaled-dot"}
-# Scaling rules whose factor depends only on d and n, not on the scores themselves.
-CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
 HALF_MAX = {"float16": float(np.finfo(np.float16).max), "bfloat16": 3.3895313892515355e38}
 
 
 def supported(problem: Problem) -> bool:
-    """Whether the output-only paths compute exactly what the explicit path would: every option is
-    one they implement, the scale is a constant, and the score treats each query on its own (a score
-    function may set ``row_separable = False`` when a query's scores depend on other queries)."""
-    o, default = problem.options, Options()
-    if any(getattr(o, f.name) != getattr(default, f.name) for f in fields(Options) if f.name not in FAST_OPTIONS):
-        return False
-    if not getattr(get_score(o.score).fn, "row_separable", True):
-        return False
-    return o.scale is not None or _scaling_name(problem) in CONSTANT_SCALINGS | set(WHOLE_MATRIX_SCALINGS)
+    """Whether the output-only paths compute exactly what the explicit path would: every stage the
+    problem needs says the blocked path computes it (attncli.core.chain.STAGES: the score treats each
+    query on its own, the scale is a constant or a whole-matrix rule, no hard attention or dropout)."""
+    return chain.supports(problem, "blocked")
 
 
 def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
@@ -124,11 +107,13 @@ def query_heads(problem: Problem, t: int) -> Problem:
         return a[(Ellipsis, slice(t, None, r)) + (slice(None),) * (-axis - 1)]
 
     slopes = problem.slopes()
-    return replace(problem, q=problem.q[..., t::r, :, :], mask=heads(problem.mask, -3),
-                   query_limit=heads(problem.query_limit, -2), padding=heads(problem.padding, -3),
-                   sinks=None if problem.sinks is None else problem.sinks[t::r],
+    limit = None if problem.query_limit is None else \
+        np.broadcast_to(problem.query_limit, problem.batch_shape + (problem.m,))[..., t::r, :]  # (..., H / r, m)
+    return replace(problem, q=problem.q[..., t::r, :, :], mask=heads(problem.mask, -3), valid_lens=limit,
+                   padding=heads(problem.padding, -3), sinks=None if problem.sinks is None else problem.sinks[t::r],
                    alibi_slopes=None if slopes is None else slopes[t::r],
-                   batch_shape=problem.batch_shape[:-1] + (H // r,), kv_heads=None)
+                   relative_bias=None if problem.relative_bias is None else
+                   replace(problem.relative_bias, table=np.asarray(problem.relative_bias.table)[:, t::r]))
 
 
 def _output(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
@@ -161,28 +146,26 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
              progress: Progress | None) -> Any:
     """Blocks of queries (and, for very many keys, chunks of keys with an online softmax:
     stages.OnlineSoftmax), each through the same stages as the explicit path."""
-    o, xp = problem.options, be.xp
+    xp = be.xp
     m, n, dv = problem.m, problem.n, int(v.shape[-1])
-    c: Any = _constant_factor(problem) if constant_scale(problem) else _whole_matrix_factor(problem, be, q, k, params)
-    scale = None if isinstance(c, float) and c == 1.0 else c  # a number, or one per batch entry (..., 1, 1)
-    prescale = get_score(o.score).name in DOT_SCORES  # (c·q)·k = c·(q·k): one multiply on (b, d) instead of (b, n)
-    fill = stages.fill_value(problem)
+    c: Any = chain.constant_factor(problem) if chain.constant_scale(problem) else \
+        _whole_matrix_factor(problem, be, q, k, params)  # a number, or one per batch entry (..., 1, 1)
     half_limit = HALF_MAX.get(problem.result_dtype or "")
     out = xp.empty(problem.batch_shape + (m, dv), dtype=q.dtype, device=be.device)  # (..., m, d_v)
     dead = np.zeros(problem.batch_shape + (m,), dtype=bool)
     overflow: list[tuple[tuple[int, ...], float, int]] = []
     step = block_rows(problem)
     kstep = key_chunk(problem, step)
-    bound = score_bound(problem, c) if prescale else math.inf  # |every score| <= bound
+    bound = score_bound(problem, c) if get_score(problem.options.score).name in chain.DOT_SCORES else math.inf
     check = not bound < float(np.finfo(problem.dtype).max) / 4
-    finite_fill = o.mask_value is not None and math.isfinite(o.mask_value)  # must stay below the kept scores
+    finite_fill = problem.options.mask_value is not None and math.isfinite(problem.options.mask_value)
     # exp(s) itself cannot overflow, underflow to zero or make the products with V overflow: the
-    # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6) or a
-    # float mask could leave a row with only tiny scores, which the max would rescale: those keep it.
-    slopes = problem.slopes()
-    shift = not (o.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
-                 and (problem.padding is None or problem.padding.dtype == bool) and slopes is None
-                 and problem.sinks is None and shift_free(problem, bound))
+    # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6), a
+    # float mask or a stage beyond the bound (a bias, sinks) could leave a row with only tiny scores,
+    # which the max would rescale: those keep it.
+    shift = not (problem.options.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
+                 and (problem.padding is None or problem.padding.dtype == bool) and chain.bounded(problem)
+                 and shift_free(problem, bound))
     trace.meta["softmax"] = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
@@ -194,43 +177,26 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     def block(i0: int) -> int:
         i1 = min(m, i0 + step)
         qb = q[..., i0:i1, :]  # (..., b, d)
-        if prescale and scale is not None:
-            qb = qb * scale
-        keep_all, bias_all = stages.masks(problem, be, rows=(i0, i1))  # (..., b, n) or broadcastable
-        ab = stages.alibi_rows(problem, (i0, i1))
-        alibi = None if ab is None else be.asarray(ab, problem.dtype)  # (H, b, n)
+        rows = chain.block(problem, be, (i0, i1), c)  # this block's masks and biases, (..., b, n)
         acc = stages.OnlineSoftmax(xp, shift)
         kept = None  # any key kept (..., b)
         lo, hi = visible_keys(problem, i0, i1)
         for j0 in range(lo, hi, kstep):
             j1 = min(hi, j0 + kstep)
             cols = slice(j0, j1) if (kstep < n or lo > 0 or hi < n) else slice(None)
-            keep, bias = _key_chunk(keep_all, cols), _key_chunk(bias_all, cols)
-            # 3) score
-            s = stages.score(problem, xp, qb, k[..., cols, :], params)  # (..., b, n_c)
+            lg = chain.logits(problem, qb, k[..., cols, :], params, rows.cols(cols))  # 1) - 5): (..., b, n_c)
             if half_limit is not None:
-                _check_overflow(s, to_numpy(c) if prescale else 1.0, half_limit, (i0, j0), overflow)
-            # 4) scale
-            if not prescale and scale is not None:
-                s = s * scale
-            # cap, bias (ALiBi)
-            if o.softcap is not None:
-                s = stages.softcap(xp, s, o.softcap)
-            if alibi is not None:
-                s = s + _key_chunk(alibi, cols)
-            # 5) mask (the rows of this block only)
-            raw = s
-            s = stages.apply_mask(xp, s, keep, bias, fill)
-            if keep is not None:
-                kept = xp.any(keep, axis=-1) if kept is None else kept | xp.any(keep, axis=-1)
+                _check_overflow(lg.raw, to_numpy(c) if lg.folded else 1.0, half_limit, (i0, j0), overflow)
+            if lg.keep is not None:
+                kept = xp.any(lg.keep, axis=-1) if kept is None else kept | xp.any(lg.keep, axis=-1)
             if check or finite_fill:  # the scores may overflow: the same one-line error as the explicit path
-                stages.check_scores(problem, xp, raw, s, keep, offset=(i0, j0))
-            # 6) softmax, folded into the product with V (8), normalised at the end
-            acc.add(s, v1[..., cols, :], reuse=s is raw and prescale)
+                stages.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
+            # 6) softmax, folded into the product with V, normalised at the end
+            acc.add(lg.s, v1[..., cols, :], reuse=lg.s is lg.raw and lg.folded)
         if problem.sinks is not None:  # 6) with sinks: exp(sink_h) joins each row's sum
             acc.add(stages.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device), sink_v1)
         out[..., i0:i1, :] = acc.finish()
-        if keep_all is not None or bias_all is not None:
+        if rows.keep is not None or rows.bias is not None:
             if shift:
                 rows_dead = acc.dead() if kept is None else acc.dead() | ~kept
             else:  # boolean masks only: a row is dead when it kept no key
@@ -294,13 +260,6 @@ def shift_free(problem: Problem, bound: float) -> bool:
         return False
     vmax = max(float(np.max(problem.v, initial=0.0)), -float(np.min(problem.v, initial=0.0)))
     return math.isfinite(vmax) and bound + math.log(problem.n) + math.log(vmax + 1.0) < math.log(float(info.max)) - 4
-
-
-def _key_chunk(a: Any, cols: slice) -> Any:
-    """Columns ``cols`` of a mask broadcast over (..., b, n); one with a single column as it is."""
-    if a is None or cols == slice(None) or a.shape[-1] == 1:
-        return a
-    return a[..., cols]
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -380,19 +339,13 @@ def score_overflow(problem: Problem, scores: Any) -> str | None:
     return overflow_message(problem, found) if found else None
 
 
-def _scaling_name(problem: Problem) -> str:
-    o = problem.options
-    return SCALINGS[o.scaling or get_score(o.score).scaling].name
-
-
-def constant_scale(problem: Problem) -> bool:
-    return problem.options.scale is not None or _scaling_name(problem) in CONSTANT_SCALINGS
+constant_scale = chain.constant_scale
 
 
 def _whole_matrix_factor(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any]) -> Any:
     """The factor of a scaling that looks at the whole score matrix, over the temperature."""
     o = problem.options
-    f = WHOLE_MATRIX_SCALINGS[_scaling_name(problem)](problem, be, q, k, params)
+    f = chain.WHOLE_MATRIX_SCALINGS[chain.scaling_name(problem)](problem, be, q, k, params)
     return f / o.temperature if o.temperature is not None else f
 
 
@@ -412,29 +365,18 @@ def _frobenius(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, 
 
 
 # Scalings whose factor depends on the whole score matrix: computed by a first pass over blocks.
-WHOLE_MATRIX_SCALINGS: dict[str, Callable[[Problem, Backend, Any, Any, dict[str, Any]], Any]] = {"norm": _frobenius}
-
-
-def _constant_factor(problem: Problem) -> float:
-    """The number the raw scores are multiplied by: the scale rule (or --scale) over the temperature."""
-    o = problem.options
-    d, n = problem.d_qk, problem.n
-    c = o.scale if o.scale is not None else float(SCALINGS[_scaling_name(problem)].factor(np, None, d, n))
-    return c / o.temperature if o.temperature is not None else c
+chain.WHOLE_MATRIX_SCALINGS["norm"] = _frobenius
 
 
 # ---- PyTorch's fused kernel ------------------------------------------------------------
 
 
 def sdpa_applies(problem: Problem) -> bool:
-    """Whether torch's fused kernel computes the same thing: a dot-product score with a constant scale, no
-    fill value, and nothing between the scores and the softmax that SDPA has no place for (soft-capping,
-    ALiBi, sinks); RoPE and QK-norm are applied before, windows are masks, grouped heads go head group by group."""
-    o = problem.options
-    if o.softcap is not None or problem.slopes() is not None or problem.sinks is not None:
-        return False
-    return (get_score(o.score).name in DOT_SCORES and o.mask_value is None and constant_scale(problem)
-            and cannot_overflow(problem, _constant_factor(problem)))  # else the blocked path says where
+    """Whether torch's fused kernel computes the same thing: every stage the problem needs says SDPA has
+    a place for it (attncli.core.chain.STAGES: a dot-product score with a constant scale, masks at -inf;
+    not soft-capping, a bias or sinks; RoPE and QK-norm are applied before, windows are masks, grouped
+    heads go head group by group), and no score can overflow (else the blocked path says where)."""
+    return chain.supports(problem, "sdpa") and cannot_overflow(problem, chain.constant_factor(problem))
 
 
 def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, progress: Progress | None) -> Any:
@@ -444,7 +386,7 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
 
     o = problem.options
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    c = _constant_factor(problem)
+    c = chain.constant_factor(problem)
     m, n = problem.m, problem.n
     half_limit = HALF_MAX.get(problem.result_dtype or "")
     if half_limit is not None:  # the raw scores are only looked at to warn; blockwise, never all at once

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from attncli.core import blocked, stages
+from attncli.core import blocked, chain, stages
 from attncli.core.backend import Backend, get_backend, to_numpy
 from attncli.core.options import Options
 from attncli.core.plan import Plan, plan
@@ -35,6 +35,7 @@ from attncli.core.problem import Problem
 from attncli.core.projections import Norm, Projections
 from attncli.core.scoring import get_score
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
+from attncli.core.trace import StepName as N
 from attncli.core.validate import mapping
 from attncli.core.weights import DEFAULT_SEED
 
@@ -182,7 +183,7 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
                      if proj.kind.startswith("init") else {}),
                   weights_source=proj.source, batch_axes=["batch", "head"] if problem.batched else ["head"],
                   head_axis=1 if problem.batched else 0)
-    core = replace(problem, q=to_numpy(qh), k=to_numpy(kh), v=to_numpy(vh), projections=None)
+    core = problem.per_head(to_numpy(qh), to_numpy(kh), to_numpy(vh))  # the attention of each head
     return core, qh, kh, vh, w
 
 
@@ -333,58 +334,32 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     steps and returns the weights that multiply V. ``rows``: ``q`` holds only these queries of the
     problem (their masks are taken for them)."""
     o, xp = problem.options, be.xp
-
-    # 3) score
     score = get_score(o.score)
-    s = stages.score(problem, xp, q, k, params, trace)
-    trace.add("scores", f"scores = {score.symbol}", s)
 
-    # 4) scale
-    factor, text = stages.scale_factor(problem, xp, s)
-    trace.meta["scaling"] = {"rule": text, "factor": factor if isinstance(factor, (int, float)) else None,
-                             "temperature": o.temperature}  # for explanations
-    if factor is not None:
-        s = s * factor
-    if o.temperature is not None:
-        s = s / o.temperature
-        text = f"({text}) / T = ({text}) / {o.temperature:g}" if factor is not None else f"S / T = S / {o.temperature:g}"
-    if factor is not None or o.temperature is not None:
-        trace.add("scaled", f"scaled = {text}", s)
-
-    # cap: soft-capping c·tanh(s / c), after the scale, before the bias and mask (Gemma 2)
-    if o.softcap is not None:
+    def record(st: chain.Stage, s: Any, par: Any) -> None:  # each stage of the chain: a step
+        if st.name == N.SCORES:
+            trace.add(N.SCORES, f"scores = {score.symbol}", s)
+            return
+        if isinstance(par, chain.Scale):
+            trace.meta["scaling"] = {"rule": par.rule, "factor": par.factor if isinstance(par.factor, (int, float))
+                                     else None, "temperature": par.temperature}  # for explanations
+        if isinstance(par, chain.Bias) and par.alibi is not None:
+            trace.meta["alibi"] = {"q_offset": par.alibi.q_offset, "slopes": list(par.alibi.slopes)}
         prev = trace.steps[-1].name
-        s = trace.add("capped", f"capped = {o.softcap:g} · tanh({prev} / {o.softcap:g}): scores squashed into "
-                                f"(-{o.softcap:g}, {o.softcap:g})", stages.softcap(xp, s, o.softcap))
+        text = st.formula(par, prev) if st.formula is not None else f"{st.name} = {prev} → {st.name}"
+        trace.add(st.step(problem), text, s, notes=_notes(par))
+        trace.steps[-1].params = par
 
-    # bias: ALiBi, slope_h · (j - i) with query i at position P + i
-    ab = stages.alibi_rows(problem, rows)
-    if ab is not None:
-        prev = trace.steps[-1].name
-        s = s + be.asarray(ab, problem.dtype)
-        P = problem.query_offset
-        sl = problem.slopes()
-        assert sl is not None
-        shown = ", ".join(f"{x:.6g}" for x in sl[:8]) + (", …" if len(sl) > 8 else "")
-        trace.meta["alibi"] = {"q_offset": P, "slopes": [float(x) for x in sl]}
-        trace.add("alibi", f"alibi = {prev} + slope_h · (j - {'(' + str(P) + ' + i)' if P else 'i'}) = {prev} - slope_h · "
-                           f"distance (ALiBi{', slopes given' if problem.alibi_slopes is not None else ''})", s,
-                  notes=[f"slopes per head: {shown}"])
-
-    # 5) mask
-    raw = s
-    keep, bias = stages.masks(problem, be, rows=rows)
-    if bias is not None and problem.mask is not None and problem.mask.dtype != bool and \
+    # 3) - 5) score, scale, cap, bias, mask: the one chain before the softmax
+    if problem.mask is not None and problem.mask.dtype != bool and \
             bool(np.all((problem.mask == 0) | (problem.mask == 1))):
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
                               "scores, not used to keep or drop keys (save it as booleans or integers for that)")
-    if keep is not None or bias is not None:
-        fill = stages.fill_value(problem)
-        s = stages.apply_mask(xp, s, keep, bias, fill)
-        plus = " (+ float mask)" if bias is not None else ""
-        prev = trace.steps[-1].name if trace.steps[-1].name in ("capped", "alibi") else "scores"
-        window = f"; the sliding window keeps the {o.window} keys up to each query" if o.window is not None else ""
-        trace.add("masked", f"masked = {prev} with masked keys set to {fill:g}{plus}{window}", s)
+    if N.SCALED not in [st.name for st in chain.needed(problem)]:  # no scaled step: the rule is still told
+        trace.meta["scaling"] = {"rule": stages.scale_factor(problem, xp, None)[1], "factor": None,
+                                 "temperature": o.temperature}
+    lg = chain.logits(problem, q, k, params, chain.block(problem, be, rows), record, trace)
+    raw, s, keep = lg.unmasked, lg.s, lg.keep
 
     # 6) softmax over keys (stable); a row with every key masked gets zero weights
     stages.check_scores(problem, xp, raw, s, keep)
@@ -515,6 +490,13 @@ def record_params(problem: Problem, params: dict[str, Any], trace: Trace) -> Non
             init["hidden"] = problem.d_qk if o.hidden is None else o.hidden
 
 
+def _notes(par: Any) -> list[str] | None:
+    if isinstance(par, chain.Bias) and par.alibi is not None:
+        sl = par.alibi.slopes
+        return ["slopes per head: " + ", ".join(f"{x:.6g}" for x in sl[:8]) + (", …" if len(sl) > 8 else "")]
+    return None
+
+
 def select_head(trace: Trace, head: int) -> Trace:
     """A view of ``trace`` with only head ``head`` of the per-head steps (for the terminal)."""
     from attncli.errors import InputError
@@ -525,7 +507,7 @@ def select_head(trace: Trace, head: int) -> Trace:
     per_head = set(trace.meta.get("per_head_steps", ()))
     axis = int(trace.meta.get("head_axis", 0))
     steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
-                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows)
+                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows, s.params)
              if s.name in per_head else s for s in trace.steps]
     meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else [],
             "per_head_steps": []}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,9 +26,13 @@ __all__ = ["ARRAY_TITLES", "CAUSAL_ALIGNS", "MASK_CONVENTIONS", "Options", "Prob
 ARRAY_TITLES = {"q": "Q", "k": "K", "v": "V", "valid_lens": "valid lengths", "mask": "mask"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Problem:
-    """Validated inputs (numpy, host), masks, labels, options and where each array came from.
+    """Validated inputs (numpy, host), masks, labels, options and where each array came from: frozen.
+
+    ``Problem.build`` is the one way in: it validates what it is given and returns a frozen value.
+    The derived fields (``batch_shape``, ``axis_names``, ``kv_heads``, ``query_limit``) are computed
+    from the others by the constructor, so ``dataclasses.replace`` recomputes them and cannot patch them.
 
     Single-head attention: ``q``, ``k``, ``v`` are Q (..., m, d_q), K (..., n, d_k), V (..., n, d_v).
     With ``projections`` (self-, cross- and multi-head attention) they are the inputs X, Y, Z
@@ -51,20 +55,48 @@ class Problem:
     padding: np.ndarray | None = None  # key padding mask (B, S) as given, True = ignore (PyTorch)
     batch_first: bool = True  # projected inputs are (B, T, D); False: (T, B, D), PyTorch's default
     pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
-    relative_bias: RelativeBias | None = None  # T5's per-head position bias, added to the scores as a float mask
+    relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
     sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss); --sinks, or the weights' sinks
     alibi_slopes: np.ndarray | None = None  # (H,) ALiBi slopes as given; None: the paper's (options.alibi)
     q_norm: np.ndarray | None = None  # (d,) QK-norm weights of each head's q (and k); None: 1 (rms), 0 (rms1p)
     k_norm: np.ndarray | None = None
 
-    # ---- derived, set by validate() ----
-    batch_shape: tuple[int, ...] = ()  # leading axes of the attention arrays (multi-head: (B, H))
-    axis_names: tuple[str, ...] = ()  # their names, for messages and views ("batch", "head")
-    batched: bool = True  # with projections: X had a batch axis (the steps drop it when not)
-    query_limit: np.ndarray | None = None  # (..., m): keys j >= limit are masked (valid lens)
+    # ---- facts about the inputs as given, found by build() ----
+    batched: bool = True  # X had a batch axis (the steps of a layer drop it when not)
     result_dtype: str | None = None  # float16/bfloat16: every input came in it; computed in float32, cast back
     initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
-    kv_heads: int | None = None  # K/V heads when fewer than the query heads (grouped-query), else None
+
+    # ---- derived: computed from the fields above by the constructor (never given, never patched) ----
+    batch_shape: tuple[int, ...] = field(init=False, default=())  # leading axes of the attention arrays ((B, H))
+    axis_names: tuple[str, ...] = field(init=False, default=())  # their names, for messages and views
+    kv_heads: int | None = field(init=False, default=None)  # K/V heads when fewer than the query heads, else None
+    query_limit: np.ndarray | None = field(init=False, default=None)  # (..., m): keys j >= limit are masked
+
+    def __post_init__(self) -> None:
+        if self.projections is not None:
+            H = self.heads
+            dh = self.projections.d_k // H
+            kv = int(self.projections.W_k.shape[1]) // dh
+            derived: dict[str, Any] = {"batch_shape": (int(self.q.shape[0]), H), "kv_heads": kv if kv != H else None,
+                                       "axis_names": ("batch" if self.batched else "", "head")}
+        else:
+            q, k, v = self.q, self.k, self.v
+            G = _kv_heads(q.shape, k.shape, v.shape)
+            kb, vb = (k.shape[:-3] + (int(q.shape[-3]),), v.shape[:-3] + (int(q.shape[-3]),)) if G else \
+                (k.shape[:-2], v.shape[:-2])
+            batch = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
+            names = ("batch",) * len(batch)
+            if len(batch) >= 2 and (q.ndim >= 4 or G):  # (B, H, T, d): axis -3 holds heads
+                names = ("batch" if self.batched else "",) * (len(batch) - 1) + ("head",)
+            derived = {"batch_shape": batch, "kv_heads": G, "axis_names": names}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "query_limit", self._valid_lens_limit())
+
+    def per_head(self, q: Any, k: Any, v: Any) -> Problem:
+        """The attention of each head of this layer: Q (B, H, T, d), K and V (B, G, S, d) from the
+        projections, every mask, bias and option as they are (the layer's own part dropped)."""
+        return replace(self, q=q, k=k, v=v, projections=None, pre_norm=None)
 
     @property
     def m(self) -> int:
@@ -147,14 +179,93 @@ class Problem:
 
     @classmethod
     def build(cls, q: Any, k: Any = None, v: Any = None, **kw: Any) -> Problem:
-        """A validated Problem; k and v default to q (self-attention shorthand)."""
+        """A validated, frozen Problem; k and v default to q (self-attention shorthand)."""
         k = q if k is None else k
         v = k if v is None else v
-        p = cls(q=q, k=k, v=v, **kw)
-        p.validate()
-        return p
+        draft = _Draft(q=q, k=k, v=v, **kw)
+        draft.validate()
+        return cls(**{f.name: getattr(draft, f.name) for f in fields(cls) if f.init})
+
+    def _valid_lens_limit(self) -> np.ndarray | None:
+        """Valid lengths as a per-query key limit, shape broadcastable to batch + (m,)."""
+        if self.valid_lens is None:
+            return None
+        vl = numeric_array(self.valid_lens, "valid lengths", self.where("valid_lens"))
+        if not np.all(vl == np.round(vl)):
+            raise self._fail("valid_lens", f"valid lengths must be whole numbers, got {vl.tolist()}")
+        if np.any(vl < 0) or np.any(vl > self.n):  # checked before the cast: 1e300 is no int64
+            bad = vl[(vl < 0) | (vl > self.n)]
+            raise self._fail("valid_lens", f"valid length {bad.flat[0]:g} is out of range: there are {self.n} keys "
+                                           f"(each valid length must be between 0 and {self.n})")
+        vl = vl.astype(np.int64)
+        b, m = self.batch_shape, self.m
+        nb = len(b)
+        s = vl.shape
+        if s in ((), (1,)):
+            return vl.reshape((1,) * nb + (1,))
+        if s == b + (m,) and nb:
+            return vl
+        if nb and s == (b[0],):
+            return vl.reshape((b[0],) + (1,) * (nb - 1) + (1,))  # d2l: one length per batch element
+        if nb and s == (b[0], m):
+            return vl.reshape((b[0],) + (1,) * (nb - 1) + (m,))  # d2l: one length per query
+        if nb and s == b:
+            return vl[..., None]
+        if not nb and s == (m,):
+            return vl
+        want = f"({b[0]},) or ({b[0]}, {m})" if nb else f"a single number or ({m},)"
+        raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
+
+
+
+
+def _kv_heads(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int | None:
+    """K/V heads when K and V have fewer heads than Q on axis -3 (grouped-query attention), else None:
+    the shapes as :meth:`Problem._grouped_heads_checked` accepted them."""
+    if len(qs) < 3 or len(ks) < 3 or len(ks) > len(qs):
+        return None
+    H, G = int(qs[-3]), int(ks[-3])
+    if G == H or (G == 1 and len(qs) < 4) or (len(qs) == 3 and H % G):
+        return None
+    if G == 1 and (len(vs) < 3 or int(vs[-3]) != 1):
+        return None
+    return G
+
+
+class _Draft(Problem):
+    """A Problem while :meth:`Problem.build` validates it: its fields may still change, and nothing is
+    derived yet (validate() sets what it needs as it goes). Never leaves build()."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    valid_lens: np.ndarray | None
+    mask: np.ndarray | None
+    query_labels: list[str] | None
+    key_labels: list[str] | None
+    params: dict[str, np.ndarray]
+    padding: np.ndarray | None
+    batch_first: bool
+    sinks: np.ndarray | None
+    alibi_slopes: np.ndarray | None
+    q_norm: np.ndarray | None
+    k_norm: np.ndarray | None
+    batched: bool
+    result_dtype: str | None
+    initialised: list[str]
+    batch_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    kv_heads: int | None
+    query_limit: np.ndarray | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", dict(self.sources))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
 
     def validate(self) -> None:
+        """Check and normalise every field in place: only on the draft :meth:`build` makes."""
         o = self.options
         score = get_score(o.score)
         k_is_q, v_is_k = self.k is self.q, self.v is self.k
@@ -172,7 +283,7 @@ class Problem:
                                       "needs equal widths (use --score additive for different widths)")
             if k.shape[-2] != v.shape[-2]:
                 raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
-            kb, vb = self._grouped_heads(q, k, v)
+            kb, vb = self._grouped_heads_checked(q, k, v)
             try:
                 self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
             except ValueError:
@@ -187,12 +298,12 @@ class Problem:
         self.query_limit = self._valid_lens_limit()
         self.mask = self._check_mask()
         if self.relative_bias is not None:
-            self.mask = self._with_relative_bias(self.relative_bias)
+            self._check_relative_bias(self.relative_bias)
         d_k = self.d_qk if self.projections is not None else int(self.k.shape[-1])
         self.params, self.initialised = prepare(score, self.params, self.d_qk, d_k, o, self.where("weights"))
         self._check_today()
 
-    def _grouped_heads(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def _grouped_heads_checked(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """K and V with fewer heads than Q on the head axis (-3): grouped-query attention. The batch
         shapes of K and V as if they had Q's heads (for the broadcast check); sets ``kv_heads``."""
         if q.ndim < 3 or k.ndim < 3 or k.ndim > q.ndim:
@@ -293,6 +404,7 @@ class Problem:
                 self.sources[name] = self.projections.source
         self.batch_shape = (B, self.heads)
         self.axis_names = ("batch", "head") if self.batched else ("", "head")
+        self.batch_first = True  # X, Y, Z are (B, T, D) from here on
         if self.valid_lens is not None and not self.batched:
             vl = np.asarray(self.valid_lens)
             if vl.ndim == 1 and vl.shape[0] == self.m and self.m > 1:
@@ -329,46 +441,15 @@ class Problem:
                                  self.sources.get(attr, f"--{attr.replace('_', '-')}"))
             setattr(self, attr, labels)
 
-    def _valid_lens_limit(self) -> np.ndarray | None:
-        """Valid lengths as a per-query key limit, shape broadcastable to batch + (m,)."""
-        if self.valid_lens is None:
-            return None
-        vl = numeric_array(self.valid_lens, "valid lengths", self.where("valid_lens"))
-        if not np.all(vl == np.round(vl)):
-            raise self._fail("valid_lens", f"valid lengths must be whole numbers, got {vl.tolist()}")
-        if np.any(vl < 0) or np.any(vl > self.n):  # checked before the cast: 1e300 is no int64
-            bad = vl[(vl < 0) | (vl > self.n)]
-            raise self._fail("valid_lens", f"valid length {bad.flat[0]:g} is out of range: there are {self.n} keys "
-                                           f"(each valid length must be between 0 and {self.n})")
-        vl = vl.astype(np.int64)
-        b, m = self.batch_shape, self.m
-        nb = len(b)
-        s = vl.shape
-        if s in ((), (1,)):
-            return vl.reshape((1,) * nb + (1,))
-        if s == b + (m,) and nb:
-            return vl
-        if nb and s == (b[0],):
-            return vl.reshape((b[0],) + (1,) * (nb - 1) + (1,))  # d2l: one length per batch element
-        if nb and s == (b[0], m):
-            return vl.reshape((b[0],) + (1,) * (nb - 1) + (m,))  # d2l: one length per query
-        if nb and s == b:
-            return vl[..., None]
-        if not nb and s == (m,):
-            return vl
-        want = f"({b[0]},) or ({b[0]}, {m})" if nb else f"a single number or ({m},)"
-        raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
-
-    def _with_relative_bias(self, rb: RelativeBias) -> np.ndarray:
-        """The mask with T5's position bias (1, H, m, n) added: the float mask the scores get."""
-        bias = heads.t5_position_bias(np.asarray(rb.table, dtype=np.float64), self.m, self.n, rb.bidirectional,
-                                      rb.num_buckets, rb.max_distance)[None]  # (1, H, m, n)
-        if self.mask is None:
-            return bias
-        if self.mask.dtype == bool:
-            raise InputError("T5's relative position bias is added as a float mask; a boolean --mask cannot join it "
-                             "(give it as a float mask of 0 and -inf)", self.where("mask"))
-        return self.mask + bias
+    def _check_relative_bias(self, rb: RelativeBias) -> None:
+        """T5's table (num_buckets, H): one column per query head (its own step, bias, adds it)."""
+        shape, H = np.shape(rb.table), self.head_count
+        if len(shape) != 2 or shape[0] != rb.num_buckets or shape[1] not in (1, H):
+            raise InputError(f"the relative position bias has shape {shape}; expected ({rb.num_buckets}, {H}): one "
+                             f"column per query head", rb.origin or self.where("weights"))
+        if shape[1] > 1 and "head" not in self.axis_names:
+            raise InputError(f"the relative position bias has {shape[1]} heads but the problem has no head axis",
+                             rb.origin or self.where("weights"))
 
     def _check_mask(self) -> np.ndarray | None:
         if self.mask is None:

@@ -7,6 +7,7 @@ names of its two last axes (so a renderer can label rows and columns) and notes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,6 +21,39 @@ from attncli.core.backend import to_numpy
 QUERIES, KEYS, FEATURES = "queries", "keys", "features"
 
 
+class StepName(str, Enum):
+    """The name of a step: a str, so JSON keys, NPZ names and ``trace["scores"]`` are the plain strings."""
+
+    X = "x"
+    X_NORM = "x_norm"
+    MEMORY = "memory"
+    VALUES = "values"
+    W_Q, B_Q, W_K, B_K, W_V, B_V, W_O, B_O = "W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"
+    Q, K, V = "q", "k", "v"
+    Q_NORM, K_NORM = "q_norm", "k_norm"
+    Q_ROT, K_ROT = "q_rot", "k_rot"
+    Q_PROJ, K_PROJ, FEATURES = "q_proj", "k_proj", "features"  # additive's steps inside the score
+    SQ_DIST = "sq_dist"  # gaussian's squared distances
+    SCORES = "scores"
+    SCALED = "scaled"
+    CAPPED = "capped"
+    ALIBI = "alibi"  # the bias step when ALiBi is the only bias (its name since before there was a bias step)
+    BIAS = "bias"  # ALiBi and T5's relative position bias, added
+    MASKED = "masked"
+    SINK = "sink"
+    SOFTMAX = "softmax"
+    WEIGHTS = "weights"
+    HARD = "hard"
+    DROPOUT = "dropout"
+    HEAD_OUTPUT = "head_output"
+    OUTPUT = "output"
+    CONCAT = "concat"
+    AVG_WEIGHTS = "avg_weights"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
 @dataclass
 class Step:
     """One named step of the computation: ``values`` has shape ``(..., rows, cols)``."""
@@ -30,6 +64,7 @@ class Step:
     axes: tuple[str, str] = (QUERIES, KEYS)
     notes: list[str] = field(default_factory=list)
     rows: list[int] | None = None  # computed for these queries only (the corners of a big view); None: all
+    params: Any = None  # the step's numbers, typed (attncli.core.chain: Scale, Cap, Bias, Mask, ...); None: none
 
     def numpy(self) -> np.ndarray:
         return to_numpy(self.values)

@@ -25,8 +25,9 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from attncli.core import stages
+from attncli.core import chain, stages
 from attncli.core.trace import KEYS, QUERIES, Trace
+from attncli.core.trace import StepName as N
 from attncli.errors import InputError
 from attncli.render import RenderOptions
 from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
@@ -87,7 +88,7 @@ class Cell:
         a = np.asarray(t.inputs_numpy()[name], dtype=np.float64)
         r = int(t.meta.get("n_rep", 1))
         if r > 1 and name in ("k", "v") and a.ndim >= 3 and not isinstance(t.meta.get("head"), int):
-            a = np.repeat(a, r, axis=-3)  # grouped-query: query head h reads K/V head h // r
+            a = stages.expand_kv(np, a, r)  # grouped-query: query head h reads K/V head h // r (the core's map)
         w = self.trace.weights
         lead = w.shape[:-2]
         a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
@@ -318,20 +319,23 @@ def scaling_lines(c: Cell) -> list[str]:
     return [f"scaled: {expr} = {num(x, p)}"]
 
 
-SCORE_CHAIN = ("scores", "scaled", "capped", "alibi", "masked")  # the steps from the score to the softmax's input
+# the steps from the score to the softmax's input, in the chain's order (attncli.core.chain.STAGES)
+SCORE_CHAIN = tuple(n for st in chain.STAGES if st.name == N.SCORES or st.fn is not None
+                    for n in ((N.ALIBI, N.BIAS) if st.name == N.BIAS else (st.name,)))
 
 
 def _before(t: Trace, name: str) -> str:
     """The step of the chain just before ``name`` in this run."""
-    chain = [n for n in SCORE_CHAIN if n in t.names()]
-    return chain[chain.index(name) - 1] if name in chain and chain.index(name) > 0 else "scores"
+    done: list[str] = [n for n in SCORE_CHAIN if n in t.names()]
+    return done[done.index(name) - 1] if name in done and done.index(name) > 0 else "scores"
 
 
 def cap_lines(c: Cell) -> list[str]:
     """Soft-capping: c·tanh(s / c) of this cell."""
     if "capped" not in c.trace:
         return []
-    p, cap = c.precision, c.trace.step("capped").formula.split(" · ")[0].split("= ")[-1]
+    par = c.trace.step("capped").params  # the cap itself (chain.Cap), never read back from the formula
+    p, cap = c.precision, f"{par.c:g}" if isinstance(par, chain.Cap) else "c"
     s = c.step(_before(c.trace, "capped"))
     return [f"capped: {cap} · tanh({num(s, p)} / {cap}) = {num(c.step('capped'), p)}   (soft-capping, after the scale)"]
 

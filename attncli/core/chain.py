@@ -1,0 +1,385 @@
+"""The chain before the softmax, written once: :func:`logits`.
+
+Beside nanoGPT's ``CausalSelfAttention``::
+
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))     # 1) score  2) scale
+    att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))  # 5) mask
+    att = F.softmax(att, dim=-1)                                         # the softmax (not here)
+
+this module is steps 1-5 for a block of query rows against a block of key columns, with the
+stages of today's models between them (3: soft-capping, 4: ALiBi and T5's relative position
+bias). The explicit path (attncli.core.engine) calls it once for every query and records a step
+after each stage; the blocked path (attncli.core.blocked) calls it per block and folds the result
+into an online softmax. :data:`STAGES` is the whole pipeline in order, each entry saying whether
+the blocked path and PyTorch's fused kernel can compute it: :func:`supports` derives from it
+which paths may run a problem, so a stage added here is computed by every path or refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attncli.core.problem import Problem
+else:
+    from attncli.lazy import numpy as np
+
+from attncli.core import heads, stages
+from attncli.core.backend import Backend
+from attncli.core.scoring import SCALINGS, get_score
+from attncli.core.stages import Rows
+from attncli.core.trace import StepName as N
+from attncli.core.trace import Trace
+
+# Scores whose raw value is q_i · k_j: the scale can go into q (one pass less) and SDPA applies.
+DOT_SCORES = {"dot", "scaled-dot"}
+# Scaling rules whose factor depends only on d and n, not on the scores themselves.
+CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
+# ... and those whose factor needs the whole score matrix: the blocked path's first pass for each
+# (attncli.core.blocked registers them).
+WHOLE_MATRIX_SCALINGS: dict[str, Callable[..., Any]] = {}
+
+
+# ---- the typed parameters of the steps: what a renderer or a check reads (never the formula text) ----
+
+
+@dataclass(frozen=True)
+class Scale:
+    """scaled = scores · factor / temperature (``factor`` None: no rule; an array for 'norm')."""
+
+    factor: Any
+    temperature: float | None
+    rule: str  # the rule's text, e.g. "S / sqrt(d) = S / sqrt(4)"
+
+
+@dataclass(frozen=True)
+class Cap:
+    """capped = c · tanh(s / c)."""
+
+    c: float
+
+
+@dataclass(frozen=True)
+class Alibi:
+    """slope_h · (j - (P + i)): per query head h, query i at position P + i."""
+
+    slopes: tuple[float, ...]
+    q_offset: int
+    given: bool = False  # the slopes came with the input (else the paper's for the head count)
+
+
+@dataclass(frozen=True)
+class RelativeBias:
+    """T5's bias b[bucket(j - (P + i)), h] of each query head h."""
+
+    heads: int
+    num_buckets: int
+    max_distance: int
+    bidirectional: bool
+    q_offset: int = 0
+
+
+@dataclass(frozen=True)
+class Bias:
+    """The biases added to the scores: ALiBi and/or T5's relative position bias."""
+
+    alibi: Alibi | None = None
+    relative: RelativeBias | None = None
+
+
+@dataclass(frozen=True)
+class Mask:
+    """masked = s (+ float mask), the keys that no mask keeps at ``fill``."""
+
+    fill: float
+    float_mask: bool
+    window: int | None
+    causal: bool
+
+
+# ---- what a block of queries brings: its masks and biases, computed once per block of rows ----
+
+
+@dataclass(frozen=True)
+class Block:
+    """The queries ``i`` (indices into the problem's m) against the keys ``j``, with their keep-mask,
+    float mask and bias terms broadcastable to (..., b, n_c) on the backend, and ``c``, the number the
+    scores are multiplied by (factor / temperature), when known before the scores (else None)."""
+
+    p: Problem
+    be: Backend
+    i: np.ndarray  # (b,) query indices
+    j: np.ndarray  # (n_c,) key indices
+    keep: Any = None
+    bias: Any = None  # the float mask (and float key padding)
+    alibi: Any = None  # (H, b, n_c) or (b, n_c)
+    relative: Any = None  # (H, b, n_c) or (b, n_c)
+    c: Any = None
+
+    def cols(self, cols: slice) -> Block:
+        """The same queries against the keys ``cols`` only."""
+        if cols == slice(None):
+            return self
+
+        def chunk(a: Any) -> Any:
+            return a if a is None or a.shape[-1] == 1 else a[..., cols]
+
+        return replace(self, j=self.j[cols], keep=chunk(self.keep), bias=chunk(self.bias), alibi=chunk(self.alibi),
+                       relative=chunk(self.relative))
+
+
+def block(p: Problem, be: Backend, rows: Rows = None, c: Any = None) -> Block:
+    """The :class:`Block` of the queries ``rows`` (all, i0..i1-1, or an index array) against every key."""
+    i = np.arange(*rows) if isinstance(rows, tuple) else np.arange(p.m) if rows is None else np.asarray(rows)
+    keep, bias = stages.masks(p, be, rows=rows)
+    ab = stages.alibi_rows(p, rows)
+    rb = relative_rows(p, i)
+    return Block(p, be, i, np.arange(p.n), keep, bias, None if ab is None else be.asarray(ab, p.dtype),
+                 None if rb is None else be.asarray(rb, p.dtype), c)
+
+
+def relative_rows(p: Problem, i: np.ndarray) -> np.ndarray | None:
+    """T5's relative position bias of the queries ``i`` against every key: (H, b, n), (b, n) with one head."""
+    rb = p.relative_bias
+    if rb is None:
+        return None
+    rel = np.arange(p.n)[None, :] - (p.query_offset + i)[:, None]  # (1, n) - (b, 1) -> (b, n)
+    bucket = heads.t5_bucket(rel, rb.bidirectional, rb.num_buckets, rb.max_distance)  # (b, n)
+    b = np.moveaxis(np.asarray(rb.table, dtype=np.float64)[bucket], -1, 0)  # (b, n, H) -> (H, b, n)
+    return b if p.batch_shape else b[0]
+
+
+# ---- the stages: one entry each, in the pipeline's order ------------------------------------------
+
+Support = bool | Callable[["Problem"], bool]
+StageFn = Callable[[Block, Any], tuple[Any, Any]]  # (block, s) -> (s, the step's parameters)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline. ``fn``: its part of the chain before the softmax (None: a stage
+    applied before it, on q and k, or after it, on the weights). ``blocked`` / ``sdpa``: whether the
+    blocked path / PyTorch's fused kernel computes it (for the problems it applies to). ``bounded``:
+    it keeps |s| within the Cauchy–Schwarz bound of the dot product (the blocked path's softmax may
+    then skip the running max)."""
+
+    name: N
+    applies: Callable[[Problem], bool]
+    fn: StageFn | None = None
+    formula: Callable[[Any, str], str] | None = None  # (parameters, previous step) -> text, for display only
+    blocked: Support = True
+    sdpa: Support = True
+    bounded: bool = False
+
+    def step(self, p: Problem) -> N:
+        """The name of its step for ``p`` (the bias step is 'alibi' when ALiBi is the only bias)."""
+        if self.name == N.BIAS and p.relative_bias is None:
+            return N.ALIBI
+        return self.name
+
+
+def _ok(support: Support, p: Problem) -> bool:
+    return support if isinstance(support, bool) else support(p)
+
+
+# 2) scale
+
+
+def scaling_name(p: Problem) -> str:
+    o = p.options
+    return SCALINGS[o.scaling or get_score(o.score).scaling].name
+
+
+def constant_scale(p: Problem) -> bool:
+    return p.options.scale is not None or scaling_name(p) in CONSTANT_SCALINGS
+
+
+def constant_factor(p: Problem) -> float:
+    """The number the raw scores are multiplied by when it depends on d and n only: the rule (or
+    --scale) over the temperature."""
+    o = p.options
+    c = o.scale if o.scale is not None else float(SCALINGS[scaling_name(p)].factor(np, None, p.d_qk, p.n))
+    return c / o.temperature if o.temperature is not None else c
+
+
+def _scale(b: Block, s: Any) -> tuple[Any, Scale]:
+    t = b.p.options.temperature
+    if b.c is not None:  # known before the scores (the blocked path): factor / T
+        return s * b.c, Scale(None, t, "")
+    factor, rule = stages.scale_factor(b.p, b.be.xp, s)
+    c = factor if t is None else (1.0 / t if factor is None else factor / t)
+    return s * c, Scale(factor, t, rule)
+
+
+def _scale_formula(a: Scale, prev: str) -> str:
+    t = a.temperature
+    if t is None:
+        return f"scaled = {a.rule}"
+    return f"scaled = ({a.rule}) / T = ({a.rule}) / {t:g}" if a.factor is not None else f"scaled = S / T = S / {t:g}"
+
+
+# 3) cap
+
+
+def _cap(b: Block, s: Any) -> tuple[Any, Cap]:
+    c = float(b.p.options.softcap)  # type: ignore[arg-type]
+    return stages.softcap(b.be.xp, s, c), Cap(c)
+
+
+def _cap_formula(a: Cap, prev: str) -> str:
+    return f"capped = {a.c:g} · tanh({prev} / {a.c:g}): scores squashed into (-{a.c:g}, {a.c:g})"
+
+
+# 4) bias
+
+
+def _has_bias(p: Problem) -> bool:
+    return p.slopes() is not None or p.relative_bias is not None
+
+
+def _bias(b: Block, s: Any) -> tuple[Any, Bias]:
+    p = b.p
+    P = p.query_offset
+    alibi = rel = None
+    if b.alibi is not None:
+        s = s + b.alibi  # (..., H, b, n_c) + (H, b, n_c)
+        sl = p.slopes()
+        assert sl is not None
+        alibi = Alibi(tuple(float(x) for x in sl), P, p.alibi_slopes is not None)
+    if b.relative is not None:
+        s = s + b.relative  # (..., H, b, n_c) + (H, b, n_c)
+        rb = p.relative_bias
+        assert rb is not None
+        rel = RelativeBias(int(np.shape(rb.table)[-1]), rb.num_buckets, rb.max_distance, rb.bidirectional, P)
+    return s, Bias(alibi, rel)
+
+
+def _bias_formula(a: Bias, prev: str) -> str:
+    if a.relative is None and a.alibi is not None:
+        P = a.alibi.q_offset
+        return (f"alibi = {prev} + slope_h · (j - {'(' + str(P) + ' + i)' if P else 'i'}) = {prev} - slope_h · "
+                f"distance (ALiBi{', slopes given' if a.alibi.given else ''})")
+    terms = (" + slope_h · (j - i)" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
+    return f"bias = {prev}{terms}: T5's relative position bias ({a.relative.num_buckets if a.relative else 0} buckets)"
+
+
+# 5) mask
+
+
+def _has_mask(p: Problem) -> bool:
+    o = p.options
+    return (p.query_limit is not None or o.causal or o.window is not None or p.mask is not None
+            or p.padding is not None)
+
+
+def _mask(b: Block, s: Any) -> tuple[Any, Mask]:
+    o = b.p.options
+    fill = stages.fill_value(b.p)
+    return stages.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal)
+
+
+def _mask_formula(a: Mask, prev: str) -> str:
+    prev = prev if prev in (N.CAPPED, N.ALIBI, N.BIAS) else N.SCORES
+    window = f"; the sliding window keeps the {a.window} keys up to each query" if a.window is not None else ""
+    return f"masked = {prev} with masked keys set to {a.fill:g}{' (+ float mask)' if a.float_mask else ''}{window}"
+
+
+# which paths: the conditions of the score and the scale
+
+
+def _row_separable(p: Problem) -> bool:
+    return bool(getattr(get_score(p.options.score).fn, "row_separable", True))
+
+
+def _dot(p: Problem) -> bool:
+    return get_score(p.options.score).name in DOT_SCORES
+
+
+def _blocked_scale(p: Problem) -> bool:
+    return constant_scale(p) or scaling_name(p) in WHOLE_MATRIX_SCALINGS
+
+
+def _sdpa_mask(p: Problem) -> bool:
+    return p.options.mask_value is None  # SDPA masks at -inf only
+
+
+def _scale_applies(p: Problem) -> bool:
+    o = p.options
+    return o.scale is not None or scaling_name(p) != "none" or o.temperature is not None
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(N.Q_NORM, lambda p: p.options.qk_norm is not None, bounded=True),  # on q and k, before either path
+    Stage(N.Q_ROT, lambda p: p.options.rope is not None, bounded=True),
+    Stage(N.SCORES, lambda p: True, blocked=_row_separable, sdpa=_dot, bounded=True),  # 1) score: logits' first line
+    Stage(N.SCALED, _scale_applies, _scale, _scale_formula, blocked=_blocked_scale, sdpa=constant_scale,
+          bounded=True),
+    Stage(N.CAPPED, lambda p: p.options.softcap is not None, _cap, _cap_formula, sdpa=False, bounded=True),
+    Stage(N.BIAS, _has_bias, _bias, _bias_formula, sdpa=False),
+    Stage(N.MASKED, _has_mask, _mask, _mask_formula, sdpa=_sdpa_mask, bounded=True),
+    Stage(N.SINK, lambda p: p.sinks is not None, sdpa=False),  # the softmax's extra logit: OnlineSoftmax has it
+    Stage(N.HARD, lambda p: p.options.hard, blocked=False, sdpa=False),
+    Stage(N.DROPOUT, lambda p: p.options.dropout > 0, blocked=False, sdpa=False),
+)
+
+
+def needed(p: Problem) -> list[Stage]:
+    """The stages ``p`` needs, in order."""
+    return [st for st in STAGES if st.applies(p)]
+
+
+def supports(p: Problem, path: str) -> bool:
+    """Whether the path ('blocked' or 'sdpa') computes every stage ``p`` needs."""
+    return all(_ok(getattr(st, path), p) for st in needed(p))
+
+
+def bounded(p: Problem) -> bool:
+    """Whether every stage ``p`` needs keeps the scores within the dot product's bound."""
+    return all(st.bounded for st in needed(p))
+
+
+# ---- the chain ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Logits:
+    """What :func:`logits` returns: ``s`` the scores the softmax takes (..., b, n_c), ``keep`` the keys kept
+    (or None), ``unmasked`` s before the mask, ``raw`` the score itself (times c when ``folded``)."""
+
+    s: Any
+    keep: Any
+    unmasked: Any
+    raw: Any
+    folded: bool
+
+
+Record = Callable[[Stage, Any, Any], None]  # (stage, its value, its parameters)
+
+
+def logits(p: Problem, q: Any, k: Any, params: dict[str, Any], b: Block, record: Record | None = None,
+           trace: Trace | None = None) -> Logits:
+    """Everything before the softmax for the queries ``q`` (..., b, d) against the keys ``k`` (..., n_c, d)
+    of the block ``b``: the stages of :data:`STAGES` that have a part here, in order. ``record`` hears
+    each stage's value and parameters (the explicit path's steps); ``trace``: the score's own steps."""
+    fold = record is None and b.c is not None and _dot(p)  # (c·q)·k = c·(q·k): one multiply on (b, d), not (b, n)
+    if fold:
+        q = q * b.c
+    s = stages.score(p, b.be.xp, q, k, params, trace)  # 1) score: (..., b, d) x (..., n_c, d) -> (..., b, n_c)
+    raw, unmasked = s, s
+    if record is not None:
+        record(STAGES[2], s, None)
+    for st in STAGES:  # 2) scale, 3) cap, 4) bias, 5) mask, and any stage registered between them
+        if st.fn is None or not st.applies(p) or (fold and st.name == N.SCALED):
+            continue
+        if st.name == N.MASKED:
+            unmasked = s
+        s, par = st.fn(b, s)
+        if record is not None:
+            record(st, s, par)
+    if not any(st.name == N.MASKED and st.applies(p) for st in STAGES):
+        unmasked = s
+    return Logits(s, b.keep, unmasked, raw, fold)
