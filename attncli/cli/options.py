@@ -196,6 +196,7 @@ def choices(name: str, values: list[str] | tuple[str, ...]) -> type[Enum]:
 
 
 HIDDEN: dict[str, set[str]] = {}  # option name -> choices accepted but not listed in --help (aliases)
+OFFERED: dict[str, list[Opt]] = {}  # command -> the options it offers, in --help's order (panel, declaration)
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,7 @@ def takes_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., 
         assert len(set(names)) == len(names), f"{command}: an option declared twice"
         flags.sort(key=lambda f: PANELS.index(f.spec.panel))  # stable: declaration order within a panel
         params = [parameter(f) for f in flags]
+        OFFERED[command] = [f.spec for f in flags]
 
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:

@@ -311,22 +311,22 @@ class Options:
 
     score: str = option(
         "scaled-dot", "Scoring function (default scaled-dot).", COMPUTE, short="-s", essential=True,
-        choices=_keys(SCORES), hidden=_keys(ALIASES), check=lambda v, w: _check_score(v, w))
+        choices=_keys(SCORES), hidden=_keys(ALIASES), check=_check_score)
     scale: float | None = option(  # multiply the scores by this instead of the score's scaling
         None, "Multiply the scores by this instead of the score's own scaling (e.g. 1/sqrt(d)).", COMPUTE,
-        check=lambda v, w: _check_scale(v, w))
+        check=_check_scale)
     scaling: str | None = option(  # a SCALINGS key; None: the score's default
         None, "Scaling rule: sqrt-d (scaled-dot's default), none, seq (sqrt(d)·sqrt(n)), norm (‖S‖_F).", COMPUTE,
         choices=_keys(SCALINGS))
     temperature: float | None = option(  # divide the (scaled) scores by this
         None, "Divide the (scaled) scores by T before the softmax.", COMPUTE, short="-t",
-        check=lambda v, w: _check_temperature(v, w))
+        check=_check_temperature)
     mask_convention: MaskConvention = option(  # a 1/True in a boolean mask means keep (SDPA) or drop
         "keep", "keep (default, as PyTorch SDPA): 1/True takes part. drop (as key_padding_mask and the notes' "
                 "score += mask·-1e9): 1/True is masked out.", MASKING, label="mask convention")
     mask_value: float | None = option(  # None: -inf, masked weights are exactly 0
         None, "Value given to masked scores (default -inf: masked weights are exactly 0; -1e6 reproduces d2l).",
-        MASKING, label="mask value", check=lambda v, w: _check_mask_value(v, w))
+        MASKING, label="mask value", check=_check_mask_value)
     causal: bool = option(
         False, "Mask keys after each query (as PyTorch is_causal).", MASKING, essential=True)
     causal_align: CausalAlign = option(
@@ -340,8 +340,8 @@ class Options:
     device: str = option(
         "cpu", "cpu (default), cuda or mps (imply torch), or auto (CUDA, then MPS, then the CPU).", COMPUTE,
         choices=lambda: DEVICES)
-    keep_weights: bool = option(  # False: the output alone, never holding the (..., m, n) weights
-        True, "", COMPUTE, commands=NO_FLAG)
+    keep_weights: bool = option(  # no flag: the CLI's plan decides (--steps output, --save FILE.npy)
+        True, "False: the output alone, never holding the (..., m, n) weights.", COMPUTE, commands=NO_FLAG)
     hidden: int | None = option(  # width h of initialised score weights (default d_q)
         None, "Hidden width h of weights initialised without --weights (default: the query width).", PARAMS,
         min=1, label="hidden width", check=_whole_in(1, MAX_HIDDEN))
@@ -353,28 +353,28 @@ class Options:
         None, "Activation of the additive and location scores (default tanh).", PARAMS, choices=_keys(ACTIVATIONS))
     bandwidth: float | None = option(  # gaussian: sigma of -‖q-k‖²/(2σ²) (default 1)
         None, "σ of the gaussian score -‖q-k‖²/(2σ²) (default 1).", PARAMS,
-        check=lambda v, w: _check_bandwidth(v, w))
+        check=_check_bandwidth)
     hard: bool = option(  # one-hot weights at each row's argmax
         False, "Hard attention: one-hot weights at each row's largest weight (ties: the first key).", COMPUTE,
         off="--soft")
     dropout: float = option(  # inverted dropout on the weights, as nn.Dropout in training
         0.0, "Inverted dropout on the weights as nn.Dropout(P) in training (default 0), seeded by --seed.", COMPUTE,
-        min=0.0, max=1.0, check=lambda v, w: _check_dropout(v, w))
+        min=0.0, max=1.0, check=_check_dropout)
     # today's models (shared/CONVENTIONS.md): every fact a model's config.json gives about its attention
     rope: RopeMode | None = option(  # rotary position embedding of q and k
         None, "Rotary position embedding of q and k: half (HF Llama rotate_half) or interleaved (GPT-J, Meta's "
               "pairs). Query i at position P + i (--q-offset), key j at j.", TODAY, label="RoPE",
-        check=lambda v, w: check_rope_mode(v, w))
+        check=check_rope_mode)
     rope_base: float = option(  # theta (config rope_theta)
         10000.0, "RoPE theta: frequencies base^(-2k/d) (default 10000; config rope_theta).", TODAY,
-        label="RoPE base", check=lambda v, w: _check_rope_base(v, w))
+        label="RoPE base", check=_check_rope_base)
     rotary_dim: int | None = option(  # rotate the first N features of each head only (GPT-J, GPT-NeoX)
         None, "Rotate only the first N features of each head (even; GPT-J rotary_dim, GPT-NeoX rotary_pct·d).",
         TODAY, label="rotary dim", check=_whole_in(1, MAX_HIDDEN))
     rope_scaling: Mapping[str, Any] | None = option(  # config rope_scaling: linear / llama3 / yarn / dynamic
         None, "config.json's rope_scaling as JSON or a .json/.yaml file: {\"rope_type\": \"linear\"|\"llama3\"|"
               "\"yarn\"|\"dynamic\", \"factor\": 8, ...}.", TODAY, flag_type=str, label="rope scaling",
-        check=lambda v, w: _check_rope_scaling(v, w))
+        check=_check_rope_scaling)
     q_offset: int | None = option(  # query i at position P + i (None: 0, or n - m bottom-right); keys at j
         None, "Query i sits at position P + i (default 0; n - m with --causal-align bottom-right): a KV-cache step "
               "of m new queries over n keys.", TODAY, check=lambda v, w: check_q_offset(_integral(v), w))
