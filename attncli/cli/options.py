@@ -11,6 +11,7 @@ a command sees only its own flags, typed, never looked up by name.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -41,6 +42,7 @@ from attncli.core.options import (
     Opt,
     Options,
     declared,
+    hints,
     option,
 )
 from attncli.render import FORMAT_MODULES
@@ -192,6 +194,11 @@ class View:
 
 def choices(name: str, values: list[str] | tuple[str, ...]) -> type[Enum]:
     """A str Enum for Typer built from a registry's keys."""
+    return _choices(name, tuple(values))
+
+
+@functools.cache
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:  # once per option, whichever commands offer it
     return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
 
 
@@ -205,7 +212,7 @@ class Flag:
     (given only when not None: a file's or the default value applies otherwise)."""
 
     spec: Opt
-    group: str  # the command's parameter that receives it
+    group: str = dataclasses.field(compare=False)  # the command's parameter that receives it
     hint: Any  # the field's type
     given_only: bool
 
@@ -213,7 +220,7 @@ class Flag:
 def offered(cls: type, command: str) -> list[tuple[Opt, Any, bool]]:
     """(declaration, type, is an Options field) of every option of group ``cls`` that ``command`` offers, in
     declaration order (the options a group holds for Options listed where that field is)."""
-    hints = typing.get_type_hints(cls)
+    types = hints(cls)
     specs = declared(cls)
     out: list[tuple[Opt, Any, bool]] = []
     for f in fields(cls):
@@ -221,7 +228,7 @@ def offered(cls: type, command: str) -> list[tuple[Opt, Any, bool]]:
         if inner is not None:
             out += [(s, h, True) for s, h, _ in offered(inner, command)]
         elif f.name in specs and command in group_commands(cls, specs[f.name]):
-            out.append((specs[f.name], hints[f.name], False))
+            out.append((specs[f.name], types[f.name], False))
     return out
 
 
@@ -239,6 +246,7 @@ def _plain(hint: Any) -> Any:
     return args[0] if type(None) in typing.get_args(hint) and len(args) == 1 else hint
 
 
+@functools.cache  # one per option, shared by the commands that offer it
 def parameter(flag: Flag) -> inspect.Parameter:
     """The Typer option of one declaration."""
     spec = flag.spec

@@ -20,7 +20,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, replace
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from attncli.core.backend import BACKENDS, DEVICES, DTYPES
 from attncli.core.scoring import ACTIVATIONS, ALIASES, SCALINGS, SCORES
@@ -100,13 +100,19 @@ def declared(cls: type) -> dict[str, Opt]:
     return out
 
 
-def _literal_choices(cls: type, f: Field[Any]) -> Callable[[], Sequence[str]] | None:
-    """A Literal annotation's values as choices (``causal_align``, ``mask_convention``, ...)."""
+@functools.cache
+def hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of ``cls`` (once: resolving them compiles each annotation's text)."""
     import typing
 
-    hint = typing.get_type_hints(cls)[f.name]
+    return typing.get_type_hints(cls)
+
+
+def _literal_choices(cls: type, f: Field[Any]) -> Callable[[], Sequence[str]] | None:
+    """A Literal annotation's values as choices (``causal_align``, ``mask_convention``, ...)."""
+    hint = hints(cls)[f.name]
     for t in (hint, *get_args(hint)):
-        if typing.get_origin(t) is Literal:
+        if get_origin(t) is Literal:
             values = get_args(t)
             return lambda: values
     return None
