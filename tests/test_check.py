@@ -283,11 +283,11 @@ def test_cat_milk_report_golden() -> None:
     from attncli.check.verdict import check as run_check
     from attncli.check.verdict import infer_tolerance
     from attncli.cli.inputs import build_problem
-    from attncli.cli.options import Args
+    from attncli.cli.options import ProblemArgs
     from attncli.io.files import Reader
     from attncli.render.check import CHECK_FORMATS
 
-    problem = build_problem([CAT], Args(), Reader())
+    problem = build_problem([CAT], ProblemArgs(), Reader())
     written = [f"{x:.3f}" if x else "0" for row in CAT_PUBLISHED for x in row]
     verdict = run_check(problem, np.array(CAT_PUBLISHED), tolerance=infer_tolerance(written, source="published.yaml"))
     buf = io.StringIO()

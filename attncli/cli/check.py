@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,43 +31,49 @@ else:
 import typer
 
 from attncli.cli import EXIT_OK, app, error, handles_errors
-from attncli.cli.options import MULTIHEAD_OPTIONS, PROBLEM_OPTIONS, Args, choices, option, with_options
+from attncli.cli.options import ProblemArgs, takes_options
 from attncli.core.backend import PRECISIONS
+from attncli.core.options import CHECK, option
 from attncli.errors import AttnError, InputError
+from attncli.render.check import CHECK_FORMATS
 
 EXIT_MISMATCH = 1
 EXIT_INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h)
-CHECK = "Check"
-CheckFormat = choices("CheckFormat", ("rich", "json"))
-PrecisionChoice = choices("PrecisionChoice", PRECISIONS)
 
-CHECK_OPTIONS = [
-    option("expected", str | None, None, "--expected", "-e", rich_help_panel=CHECK,
-           help="Expected numbers inline, e.g. \"[[0.625, 1.375], [0.089, 1.911]]\" (YAML/JSON list), or a file; "
-                "then every argument is an input."),
-    option("what", str, "output", "--what", rich_help_panel=CHECK,
-           help="The step to compare: output (default), weights, scores, or any step of `attncli run`."),
-    option("atol", float | None, None, "--atol", min=0.0, rich_help_panel=CHECK,
-           help="Absolute tolerance (default: half a unit of the last decimal the expected numbers are written with; "
-                "for binary files and whole numbers, torch.testing's float default)."),
-    option("rtol", float | None, None, "--rtol", min=0.0, rich_help_panel=CHECK,
-           help="Relative tolerance: cells match when |expected - computed| <= atol + rtol·|computed|."),
-    option("precision_of", PrecisionChoice | None, None, "--precision-of", rich_help_panel=CHECK,
-           help="The expected numbers come from an implementation in this precision (e.g. a bfloat16 kernel): compare "
-                "them with the float64 reference and judge the error against what plain arithmetic in that precision "
-                "gives (at most 2×, as FlashAttention's tests). Default: the expected file's own dtype when it is "
-                "float16 or bfloat16."),
-    option("pairs", bool, True, "--pairs/--no-pairs", rich_help_panel=CHECK,
-           help="When no single mistake of the catalogue reproduces the numbers, try two together (default on)."),
-    option("search", bool, True, "--explain/--no-explain", rich_help_panel=CHECK,
-           help="On a mismatch, try the catalogue of known variants and mistakes (default on)."),
-    option("format", CheckFormat, CheckFormat("rich"), "--format", "-f", rich_help_panel=CHECK,
-           help="rich: a report; json: one JSON object on stdout (verdict, errors, explanations)."),
-    option("precision", int, 4, "--precision", "-p", min=0, max=17, rich_help_panel=CHECK,
-           help="Decimals shown in the report."),
-    option("quiet", bool, False, "--quiet", "-q", rich_help_panel=CHECK,
-           help="Print nothing; only the exit code tells (as cmp -s)."),
-]
+
+@dataclass(frozen=True)
+class Verify:
+    """What to compare and how to report it: ``check``'s own options."""
+
+    COMMANDS: ClassVar[frozenset[str]] = frozenset({"check"})
+
+    expected: str | None = option(
+        None, "Expected numbers inline, e.g. \"[[0.625, 1.375], [0.089, 1.911]]\" (YAML/JSON list), or a file; "
+              "then every argument is an input.", CHECK, short="-e")
+    what: str = option(
+        "output", "The step to compare: output (default), weights, scores, or any step of `attncli run`.", CHECK)
+    atol: float | None = option(
+        None, "Absolute tolerance (default: half a unit of the last decimal the expected numbers are written with; "
+              "for binary files and whole numbers, torch.testing's float default).", CHECK, min=0.0)
+    rtol: float | None = option(
+        None, "Relative tolerance: cells match when |expected - computed| <= atol + rtol·|computed|.", CHECK,
+        min=0.0)
+    precision_of: str | None = option(
+        None, "The expected numbers come from an implementation in this precision (e.g. a bfloat16 kernel): compare "
+              "them with the float64 reference and judge the error against what plain arithmetic in that precision "
+              "gives (at most 2×, as FlashAttention's tests). Default: the expected file's own dtype when it is "
+              "float16 or bfloat16.", CHECK, choices=lambda: PRECISIONS)
+    pairs: bool = option(
+        True, "When no single mistake of the catalogue reproduces the numbers, try two together (default on).", CHECK)
+    search: bool = option(
+        True, "On a mismatch, try the catalogue of known variants and mistakes (default on).", CHECK,
+        flag="--explain")
+    format: str = option(
+        "rich", "rich: a report; json: one JSON object on stdout (verdict, errors, explanations).", CHECK, short="-f",
+        choices=lambda: list(CHECK_FORMATS))  # the check renderers' registry
+    precision: int = option(4, "Decimals shown in the report.", CHECK, short="-p", min=0, max=17)
+    quiet: bool = option(False, "Print nothing; only the exit code tells (as cmp -s).", CHECK, short="-q")
+
 
 CHECK_HELP = (
     "Compare expected numbers with the computed attention, and name the mistake if they differ.\n\n"
@@ -88,15 +95,16 @@ INLINE = "--expected"
 
 @app.command("check", help=CHECK_HELP)
 @handles_errors
-@with_options(PROBLEM_OPTIONS, MULTIHEAD_OPTIONS, CHECK_OPTIONS)
+@takes_options("check")
 def check_command(
     args: Annotated[list[str], typer.Argument(metavar="[EXPECTED] Q [K [V]]", show_default=False,
                                               help="Expected numbers (unless --expected), then the input files.")],
-    opts: Args,
+    problem: ProblemArgs,
+    opts: Verify,
 ) -> None:
     fmt = opts.format
     try:
-        verdict = compute_verdict(args, opts)
+        verdict = compute_verdict(args, problem, opts)
     except AttnError as e:
         if fmt == "json" and not opts.quiet:
             _print_error("error", str(e))
@@ -110,8 +118,6 @@ def check_command(
               "(set ATTNCLI_DEBUG=1 for the traceback, and please report it)")
         raise typer.Exit(EXIT_INTERNAL_ERROR) from None
     if not opts.quiet:
-        from attncli.render.check import CHECK_FORMATS
-
         if fmt == "rich":
             from rich.console import Console
 
@@ -129,7 +135,7 @@ def _print_error(kind: str, message: str) -> None:
     sys.stdout.flush()
 
 
-def compute_verdict(args: list[str], opts: Args) -> Any:
+def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     """Split the arguments, read the expected numbers and the problem, and check."""
     from attncli.check.compare import binary_decimals, decimal_tolerance
     from attncli.check.verdict import Tolerance, check, infer_tolerance
@@ -138,7 +144,7 @@ def compute_verdict(args: list[str], opts: Args) -> Any:
     from attncli.io.files import Reader
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
-    given: dict[str, float] = {f: float(v) for f in ("atol", "rtol") if (v := opts.given(f)) is not None}
+    given: dict[str, float] = {f: float(v) for f, v in (("atol", opts.atol), ("rtol", opts.rtol)) if v is not None}
     for name, x in given.items():
         if not (math.isfinite(x) and x >= 0):
             raise InputError(f"must be a finite number >= 0, got {x:g}", f"--{name}")
@@ -149,7 +155,7 @@ def compute_verdict(args: list[str], opts: Args) -> Any:
     spec, inputs = split_arguments(args, opts.expected, reader)
     what = opts.what
     expected, written, source, half = read_expected(spec, opts.expected, reader, what)
-    subject = build_problem(inputs, opts, reader)
+    subject = build_problem(inputs, problem, reader)
     trace = run(subject)
     precision_source = "--precision-of"
     if precision is None and half is not None and not given:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from attncli.cli import app, handles_errors
-from attncli.cli.options import HEAD_OPTION, MULTIHEAD_OPTIONS, OUTPUT_OPTIONS, PROBLEM_OPTIONS, Args, with_options
+from attncli.cli.options import ProblemArgs, View, takes_options
 from attncli.errors import InputError
 
 if TYPE_CHECKING:
@@ -118,10 +118,11 @@ def examples_show(name: Annotated[str, typer.Argument(help="Example name, as lis
 
 @examples_app.command("run")
 @handles_errors
-@with_options(PROBLEM_OPTIONS, MULTIHEAD_OPTIONS, HEAD_OPTION, OUTPUT_OPTIONS)
+@takes_options("examples run")
 def examples_run(
     name: Annotated[str, typer.Argument(help="Example name, as listed by `attncli examples`.")],
-    opts: Args,
+    problem: ProblemArgs,
+    view: View,
 ) -> None:
     """Run an example step by step; every option of `attncli run` and `attncli self` works (e.g. --explain it,milk).
 
@@ -139,8 +140,8 @@ def examples_run(
 
     with on_disk(find(name)) as path:
         reader = Reader()
-        problem = build_problem([str(path)], opts, reader)
-        execute(problem, opts, protect=[str(path), *reader.paths])
+        built = build_problem([str(path)], problem, reader)
+        execute(built, view, protect=[str(path), *reader.paths])
 
 
 app.add_typer(examples_app, name="examples")

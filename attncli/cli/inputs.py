@@ -8,13 +8,13 @@ X [MEMORY [VALUES]] of self-, cross- and multi-head attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attncli.cli.options import Args
+from attncli.cli.options import ProblemArgs
 from attncli.core.options import Options
 from attncli.core.problem import Problem, numeric_array
 from attncli.core.projections import Projections, init_projections, projections_from
@@ -26,7 +26,6 @@ from attncli.io.files import LOADERS, STDIN, Reader
 if TYPE_CHECKING:
     from attncli.io.model import CheckpointLayer
 
-OPTION_FIELDS = Options.field_names()
 PROBLEM_KEYS = {"q", "k", "v", "valid_lens", "mask", "labels", "query_labels", "key_labels", "options",
                 "weights", "expected", "description", "source", "sinks", "alibi_slopes"}
 MULTIHEAD_KEYS = {"x", "memory", "values", "weights", "heads", "labels", "query_labels", "key_labels", "valid_lens",
@@ -80,17 +79,7 @@ def _file_options(raw: Any, source: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in raw.items()}
 
 
-def cli_options(opts: Args) -> dict[str, Any]:
-    """The computation options given on the command line (enums to their values)."""
-    out = {}
-    for k in OPTION_FIELDS:
-        v = opts.given(k)
-        if v is not None:
-            out[k] = v
-    return out
-
-
-def is_multihead(content: Any, opts: Args) -> bool:
+def is_multihead(content: Any, opts: ProblemArgs) -> bool:
     """Projections and heads are part of the problem: ``--heads`` or ``--layer`` given, ``--weights`` a model
     checkpoint, or a file with x (and no q)."""
     weights = opts.weights
@@ -99,7 +88,7 @@ def is_multihead(content: Any, opts: Args) -> bool:
             or (isinstance(content, dict) and "x" in content and "q" not in content))
 
 
-def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool | None = None) -> Problem:
+def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihead: bool | None = None) -> Problem:
     """The Problem described by 1–3 input files (or ``-``) and the options (a flag wins over the file).
 
     Single-head: one input is a problem file (q, k, v, ...) or one matrix used as Q, K and V; two
@@ -142,20 +131,20 @@ def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool
                 if slot in doc:
                     arrays[slot], sources[slot] = doc[slot], file_source
 
-    def entry(name: str, flag: str | None) -> Any:
-        spec = opts.given(flag) if flag else None
+    def entry(name: str, spec: str | None) -> Any:
         if spec is not None:
             sources[name] = reader.source(spec)
             return reader.array(spec, name)
         sources[name] = file_source
         return doc.get(name)
 
-    mask = entry("mask", "mask")
-    padding = entry("key_padding_mask", "key_padding_mask")
-    sinks = entry("sinks", "sinks")
-    slopes = entry("alibi_slopes", "alibi_slopes")
-    if opts.rope_scaling is not None:
-        opts = replace(opts, rope_scaling=_rope_scaling(opts.rope_scaling, reader))
+    mask = entry("mask", opts.mask)
+    padding = entry("key_padding_mask", opts.key_padding_mask)
+    sinks = entry("sinks", opts.sinks)
+    slopes = entry("alibi_slopes", opts.alibi_slopes)
+    flags = dict(opts.options)  # the Options fields given as flags
+    if flags.get("rope_scaling") is not None:
+        flags["rope_scaling"] = _rope_scaling(flags["rope_scaling"], reader)
     valid_lens = doc.get("valid_lens")
     sources["valid_lens"] = file_source
     if opts.valid_lens is not None:
@@ -180,14 +169,12 @@ def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool
     sources.setdefault("key_labels", file_source)
 
     options = Options().merged(_file_options(doc.get("options"), file_source), file_source)
-    flags = cli_options(opts)
     common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab,
                                   sources=sources, padding=padding, sinks=sinks, alibi_slopes=slopes)
     if not heads_mode:
-        for flag in ("layer", "from_residual"):
-            if opts.given(flag):
-                raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)",
-                                 f"--{flag.replace('_', '-')}")
+        for flag, value in (("--layer", opts.layer), ("--from-residual", opts.from_residual)):
+            if value:
+                raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)", flag)
         params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
         options = options.merged(flags, "command line", flags=True)
         return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
@@ -233,7 +220,7 @@ def _rope_scaling(text: str, reader: Reader) -> Any:
     return content
 
 
-def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Args, reader: Reader,
+def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: ProblemArgs, reader: Reader,
                  options: Options, heads: int = 1) -> Layer:
     """W_q, W_k, W_v (W_o, biases) from --weights (textbook arrays, a state dict, or one layer of a
     checkpoint), the file's weights: entry, or drawn from --seed."""

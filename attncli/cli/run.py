@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from attncli.cli import app, handles_errors, warn
-from attncli.cli.options import OUTPUT_OPTIONS, PROBLEM_OPTIONS, Args, with_options
+from attncli.cli.options import ProblemArgs, View, takes_options
 from attncli.errors import InputError
 
 RUN_HELP = """Compute attention on Q, K, V and show every step.
@@ -34,21 +34,22 @@ Examples:
 
 @app.command("run", help=RUN_HELP)
 @handles_errors
-@with_options(PROBLEM_OPTIONS, OUTPUT_OPTIONS)
+@takes_options("run")
 def run_command(
     inputs: Annotated[list[str], typer.Argument(metavar="Q [K [V]]", help="Input files, or - for stdin.",
                                                 show_default=False)],
-    opts: Args,
+    problem: ProblemArgs,
+    view: View,
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.io.files import Reader
 
     reader = Reader()
-    problem = build_problem(inputs, opts, reader)
-    execute(problem, opts, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
+    built = build_problem(inputs, problem, reader)
+    execute(built, view, protect=[*inputs, *reader.paths])  # --mask, --valid-lens, --weights files too
 
 
-def execute(problem: Any, opts: Args, protect: list[str]) -> None:
+def execute(problem: Any, opts: View, protect: list[str]) -> None:
     """Plan what the options need, run the pipeline, and show or save the trace (``--head``: one head
     in the terminal view, every head in the files)."""
     from attncli.core.engine import run, select_head
@@ -75,15 +76,14 @@ def execute(problem: Any, opts: Args, protect: list[str]) -> None:
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",
                      "W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}
-NEEDS_WEIGHTS = ("svg", "html", "plot", "explain", "explain_row", "similarity")
 PROGRESS_AFTER = 1.0  # seconds a run takes before its progress bar appears
 
 
-def output_only(opts: Args, allowed: set[str] = OUTPUT_ONLY_STEPS) -> bool:
+def output_only(opts: View, allowed: set[str] = OUTPUT_ONLY_STEPS) -> bool:
     """Nothing but the output is asked for: --steps names only it (and inputs, projections, or other
     steps that need no weights), or --save FILE.npy with the terminal view (JSON and NPZ on stdout
     always carry the weights)."""
-    if any(opts.given(k) for k in NEEDS_WEIGHTS):
+    if opts.needs_weights():
         return False
     if opts.steps:
         return {s.strip() for s in opts.steps.split(",")} <= allowed
@@ -91,10 +91,10 @@ def output_only(opts: Args, allowed: set[str] = OUTPUT_ONLY_STEPS) -> bool:
     return save is not None and save.suffix.lower() == ".npy" and opts.format == "rich"
 
 
-def default_view(opts: Args) -> bool:
+def default_view(opts: View) -> bool:
     """Whether ``opts`` ask for the default terminal view only: no --steps, nothing saved or drawn
     from the weights."""
-    if opts.steps or opts.format != "rich" or any(opts.given(k) for k in NEEDS_WEIGHTS):
+    if opts.steps or opts.format != "rich" or opts.needs_weights():
         return False
     save = opts.save
     return save is None or save.suffix.lower() == ".npy"
@@ -108,7 +108,7 @@ def corner_queries(m: int) -> list[int]:
     return [i for i in shown(m, RenderOptions().max_rows, False) if i is not None]
 
 
-def weights_skipped_note(cells: int, opts: Args) -> None:
+def weights_skipped_note(cells: int, opts: View) -> None:
     """Say on stderr that a big view shows no weights (its corner rows could not be computed alone)."""
     if not opts.quiet:
         sys.stderr.write(f"attncli: note: the {cells:,} attention weights are not computed for the step-by-step "
@@ -146,9 +146,8 @@ def progress_bar(quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
             bar.stop()
 
 
-def picture_options(opts: Args) -> Any:
-    """The typed picture options (attncli.render.pictures.Pictures) from the flags; options a command
-    lacks take their defaults. Checked on creation."""
+def picture_options(opts: View) -> Any:
+    """The typed picture options (attncli.render.pictures.Pictures) from the flags. Checked on creation."""
     from attncli.render.pictures import Pictures
     from attncli.render.plot import DPI, PlotOptions, parse_figsize
 
@@ -159,7 +158,7 @@ def picture_options(opts: Args) -> Any:
                     theme=opts.theme or "dark", width=opts.width or 100)
 
 
-def pictures(trace: Any, opts: Args, ropts: Any) -> Any:
+def pictures(trace: Any, opts: View, ropts: Any) -> Any:
     """Diagnostics, explanations and the picture options, all checked before anything is printed."""
     from attncli.core.diagnostics import attach as diagnose
     from attncli.render.explain import attach as explain
@@ -176,7 +175,7 @@ def pictures(trace: Any, opts: Args, ropts: Any) -> Any:
     return show
 
 
-def emit(trace: Any, opts: Args, protect: list[str]) -> None:
+def emit(trace: Any, opts: View, protect: list[str]) -> None:
     """Print the trace in the chosen format, save it if asked, and report warnings on stderr."""
     from rich.console import Console
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from attncli.cli import app, handles_errors
-from attncli.cli.options import HEAD_OPTION, MULTIHEAD_OPTIONS, OUTPUT_OPTIONS, PROBLEM_OPTIONS, Args, with_options
+from attncli.cli.options import ProblemArgs, View, takes_options
 
 SELF_HELP = """Self-attention and multi-head attention: project X, split into heads, attend, concatenate.
 
@@ -39,17 +39,18 @@ Examples:
 
 @app.command("self", help=SELF_HELP)
 @handles_errors
-@with_options(PROBLEM_OPTIONS, MULTIHEAD_OPTIONS, HEAD_OPTION, OUTPUT_OPTIONS)
+@takes_options("self")
 def self_command(
     x: Annotated[str, typer.Argument(metavar="X", show_default=False,
                                      help="Input (T, D) or (B, T, D): a file, - for stdin, or a file with x, weights, "
                                           "heads, labels, ... entries.")],
-    opts: Args,
+    problem: ProblemArgs,
+    view: View,
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.cli.run import execute
     from attncli.io.files import Reader
 
     reader = Reader()
-    problem = build_problem([x], opts, reader, multihead=True)
-    execute(problem, opts, protect=[x, *reader.paths])
+    built = build_problem([x], problem, reader, multihead=True)
+    execute(built, view, protect=[x, *reader.paths])

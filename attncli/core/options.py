@@ -1,4 +1,9 @@
-"""Options: how to compute, typed and validated in one place.
+"""Options: how to compute, each declared once.
+
+An option is one field of :class:`Options`, declared with :func:`option`: its type (the
+annotation), its default, its check, and how the command line offers it (help, panel, short
+flag, which commands). From that one declaration follow the typed ``Options``, the checks and
+the CLI's flags (attncli.cli.options builds them; this module imports neither Typer nor numpy).
 
 Every option reaches the library the same way, whether it was a command-line flag, an entry
 of a problem file's ``options:`` or a keyword of :func:`attncli.attend`: as a field of
@@ -9,12 +14,13 @@ came from (``--temperature``, ``x.yaml: option temperature``, ``attend()``).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, get_args
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from attncli.core.backend import BACKENDS, DEVICES, DTYPES
 from attncli.core.scoring import ACTIVATIONS, ALIASES, SCALINGS, SCORES
@@ -31,71 +37,88 @@ CAUSAL_ALIGNS: tuple[str, ...] = get_args(CausalAlign)
 MAX_HIDDEN = 1 << 16  # a hidden width beyond this is a typo, not a model (its weights alone would be GBs)
 MAX_SEED = (1 << 63) - 1
 
+# ---- how an option is declared ------------------------------------------------------------
+
+COMPUTING = frozenset({"run", "self", "check", "examples run"})  # the commands that build a problem
+PROJECTING = frozenset({"self", "check", "examples run"})  # those that take projections and heads flags
+NO_FLAG = frozenset[str]()  # an option of files and attend() only
+
+# help panels, in the order --help shows them
+COMPUTE = "Computation"
+MASKING = "Masks and valid lengths"
+LABELS = "Labels"
+PARAMS = "Score parameters"
+TODAY = "Today's models"
+MULTIHEAD = "Multi-head"
+OUTPUT = "Output"
+EXPLAIN = "Explanations"
+PICTURES = "Pictures"
+CHECK = "Check"
+PANELS = (COMPUTE, MASKING, LABELS, PARAMS, TODAY, MULTIHEAD, OUTPUT, EXPLAIN, PICTURES, CHECK)
+
 
 @dataclass(frozen=True)
-class Options:
-    """How to compute attention: every field can come from a problem file, a flag or the API."""
+class Opt:
+    """One option, declared once (as the ``metadata`` of a dataclass field, by :func:`option`): the field's
+    name and annotation give its name and type; the rest says how to check it and how to offer it."""
 
-    score: str = "scaled-dot"
-    scale: float | None = None  # multiply the scores by this instead of the score's scaling
-    scaling: str | None = None  # a SCALINGS key; None: the score's default
-    temperature: float | None = None  # divide the (scaled) scores by this
-    causal: bool = False
-    causal_align: CausalAlign = "top-left"
-    mask_convention: MaskConvention = "keep"  # a 1/True in a boolean mask means keep (SDPA) or drop
-    mask_value: float | None = None  # None: -inf, masked weights are exactly 0
-    dtype: str | None = None  # a DTYPES entry; None: float32 if every input is float32 (or half), else float64
-    backend: str | None = None  # a BACKENDS entry; None: numpy unless the device needs torch
-    device: str = "cpu"
-    keep_weights: bool = True  # False: the output alone, never holding the (..., m, n) weights
-    activation: str | None = None  # additive/location: an ACTIVATIONS key (default tanh)
-    bandwidth: float | None = None  # gaussian: sigma of -‖q-k‖²/(2σ²) (default 1)
-    hidden: int | None = None  # width h of initialised score weights (default d_q)
-    seed: int | None = None  # numpy default_rng seed for initialised weights and dropout (default 0)
-    hard: bool = False  # one-hot weights at each row's argmax
-    dropout: float = 0.0  # inverted dropout on the weights, as nn.Dropout in training
-    # today's models (shared/CONVENTIONS.md): every fact a model's config.json gives about its attention
-    kv_heads: int | None = None  # K/V heads of projected attention (grouped-query); None: W_k's width says
-    qk_norm: QkNorm | None = None  # RMSNorm of each head's q and k before RoPE (q_norm / k_norm weights)
-    norm_eps: float = 1e-6  # the eps of that RMSNorm (config rms_norm_eps)
-    rope: RopeMode | None = None  # rotary position embedding of q and k
-    rope_base: float = 10000.0  # theta (config rope_theta)
-    rotary_dim: int | None = None  # rotate the first N features of each head only (GPT-J, GPT-NeoX)
-    rope_scaling: Mapping[str, Any] | None = None  # config rope_scaling: rope_type linear / llama3 / yarn / dynamic
-    q_offset: int | None = None  # query i at position P + i (None: 0, or n - m bottom-right); keys at j
-    alibi: bool = False  # add slope_h·(j - i) (Press et al.; slopes of the paper, or given)
-    window: int | None = None  # sliding window: causal, each query sees W keys, itself included
-    softcap: float | None = None  # scores become c·tanh(s / c) after scaling (Gemma 2)
+    default: Any
+    help: str
+    panel: str
+    commands: frozenset[str] | None = None  # the commands offering it as a flag (None: its group's COMMANDS)
+    short: str | None = None  # e.g. -t
+    flag: str | None = None  # the long flag, when not --NAME
+    off: str | None = None  # a switch's negative flag (default --no-NAME)
+    choices: Callable[[], Sequence[str]] | None = None  # a registry's keys, read when needed (not at import)
+    hidden: Callable[[], Sequence[str]] | None = None  # further accepted choices, not listed (aliases)
+    check: Callable[[Any, str], Any] | None = None  # value, where -> the value checked and converted
+    label: str | None = None  # its name in messages (default: the field's)
+    flag_type: Any = None  # the flag's type where it differs from the field's (rope_scaling: JSON text)
+    min: float | None = None  # range the flag enforces when parsed (Typer's min=, max=)
+    max: float | None = None
+    essential: bool = False  # among what a newcomer needs first (short --help)
+    name: str = ""  # filled in from the field by declared()
 
-    def __post_init__(self) -> None:  # Options(...) and replace(...) are checked too, as the API's values
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None and value != f.default:
-                object.__setattr__(self, f.name, check_option(f.name, value, f"option {f.name}"))
-
-    @classmethod
-    def field_names(cls) -> set[str]:
-        return {f.name for f in fields(cls)}
-
-    def merged(self, overrides: dict[str, Any], source: str = "options", flags: bool = False) -> Options:
-        """These options with ``overrides`` (those not None) applied, each checked by :func:`check_option`.
-
-        ``source`` names where they came from (a file, ``attend()``); ``flags``: they are command-line
-        flags, so a message names ``--flag``."""
-        unknown = sorted(set(overrides) - self.field_names())
-        if unknown:
-            shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
-            raise InputError(f"unknown option(s) {shown}", source)
-        changes = {}
-        for name, value in overrides.items():
-            if value is None:
-                continue
-            where = f"--{name.replace('_', '-')}" if flags else f"{source}: option {name}"
-            changes[name] = check_option(name, value, where)
-        return replace(self, **changes)
+    @property
+    def long(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
 
 
-# ---- one check per field ----------------------------------------------------------------
+def option(default: Any, help: str, panel: str, **kw: Any) -> Any:
+    """A dataclass field declared as an option (see :class:`Opt`)."""
+    return field(default=default, metadata={"option": Opt(default, help, panel, **kw)})
+
+
+@functools.cache
+def declared(cls: type) -> dict[str, Opt]:
+    """The options declared by ``cls``'s fields, by name, in declaration order."""
+    out = {}
+    for f in fields(cls):
+        spec = f.metadata.get("option")
+        if spec is not None:
+            out[f.name] = replace(spec, name=f.name, choices=spec.choices or _literal_choices(cls, f))
+    return out
+
+
+@functools.cache
+def hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of ``cls`` (once: resolving them compiles each annotation's text)."""
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+def _literal_choices(cls: type, f: Field[Any]) -> Callable[[], Sequence[str]] | None:
+    """A Literal annotation's values as choices (``causal_align``, ``mask_convention``, ...)."""
+    hint = hints(cls)[f.name]
+    for t in (hint, *get_args(hint)):
+        if get_origin(t) is Literal:
+            values = get_args(t)
+            return lambda: values
+    return None
+
+
+# ---- one check per kind of value ------------------------------------------------------------
 
 
 class _Bad(Exception):
@@ -274,48 +297,153 @@ def _check_rope_base(value: Any, where: str) -> float:
     return base
 
 
-CHECKS: dict[str, Any] = {
-    "score": _check_score,
-    "scale": _check_scale,
-    "scaling": lambda v, w: _choice(v, w, list(SCALINGS)),
-    "temperature": _check_temperature,
-    "causal": _flag,
-    "causal_align": lambda v, w: _choice(v, w, CAUSAL_ALIGNS),
-    "mask_convention": lambda v, w: _choice(v, w, MASK_CONVENTIONS),
-    "mask_value": _check_mask_value,
-    "dtype": lambda v, w: _choice(v, w, DTYPES),
-    "backend": lambda v, w: _choice(v, w, BACKENDS),
-    "device": lambda v, w: _choice(v, w, DEVICES),
-    "keep_weights": _flag,
-    "activation": lambda v, w: _choice(v, w, list(ACTIVATIONS)),
-    "bandwidth": _check_bandwidth,
-    "hidden": lambda v, w: _whole(v, w, 1, MAX_HIDDEN),
-    "seed": lambda v, w: _whole(v, w, 0, MAX_SEED),
-    "hard": _flag,
-    "dropout": _check_dropout,
-    "kv_heads": lambda v, w: _whole(v, w, 1, MAX_HIDDEN),
-    "qk_norm": lambda v, w: _choice(v, w, QK_NORMS),
-    "norm_eps": lambda v, w: _positive(_number(v, w), w, "a positive number (the RMSNorm's eps)"),
-    "rope": lambda v, w: check_rope_mode(v, w),
-    "rope_base": _check_rope_base,
-    "rotary_dim": lambda v, w: _whole(v, w, 1, MAX_HIDDEN),
-    "rope_scaling": _check_rope_scaling,
-    "q_offset": lambda v, w: check_q_offset(_integral(v), w),
-    "alibi": _flag,
-    "window": lambda v, w: check_window(_integral(v), w),
-    "softcap": lambda v, w: check_softcap(_number(v, w), w),
-}
+
+def _whole_in(low: int, high: int) -> Callable[[Any, str], int]:
+    return lambda v, w: _whole(v, w, low, high)
 
 
-LABELS = {"valid_lens": "valid lengths", "causal_align": "causal alignment", "mask_convention": "mask convention",
-          "mask_value": "mask value", "keep_weights": "keep_weights", "hidden": "hidden width",
-          "kv_heads": "K/V heads", "qk_norm": "QK-norm", "norm_eps": "norm eps", "rope": "RoPE", "rope_base": "RoPE base",
-          "rotary_dim": "rotary dim", "rope_scaling": "rope scaling", "alibi": "ALiBi"}
+def _keys(registry: Mapping[str, Any]) -> Callable[[], list[str]]:
+    return lambda: list(registry)
+
+
+# ---- the options ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to compute attention: every field can come from a problem file, a flag or the API."""
+
+    COMMANDS: ClassVar[frozenset[str]] = COMPUTING  # the commands whose flags offer these (unless a field says)
+
+    score: str = option(
+        "scaled-dot", "Scoring function (default scaled-dot).", COMPUTE, short="-s", essential=True,
+        choices=_keys(SCORES), hidden=_keys(ALIASES), check=_check_score)
+    scale: float | None = option(  # multiply the scores by this instead of the score's scaling
+        None, "Multiply the scores by this instead of the score's own scaling (e.g. 1/sqrt(d)).", COMPUTE,
+        check=_check_scale)
+    scaling: str | None = option(  # a SCALINGS key; None: the score's default
+        None, "Scaling rule: sqrt-d (scaled-dot's default), none, seq (sqrt(d)·sqrt(n)), norm (‖S‖_F).", COMPUTE,
+        choices=_keys(SCALINGS))
+    temperature: float | None = option(  # divide the (scaled) scores by this
+        None, "Divide the (scaled) scores by T before the softmax.", COMPUTE, short="-t",
+        check=_check_temperature)
+    mask_convention: MaskConvention = option(  # a 1/True in a boolean mask means keep (SDPA) or drop
+        "keep", "keep (default, as PyTorch SDPA): 1/True takes part. drop (as key_padding_mask and the notes' "
+                "score += mask·-1e9): 1/True is masked out.", MASKING, label="mask convention")
+    mask_value: float | None = option(  # None: -inf, masked weights are exactly 0
+        None, "Value given to masked scores (default -inf: masked weights are exactly 0; -1e6 reproduces d2l).",
+        MASKING, label="mask value", check=_check_mask_value)
+    causal: bool = option(
+        False, "Mask keys after each query (as PyTorch is_causal).", MASKING, essential=True)
+    causal_align: CausalAlign = option(
+        "top-left", "When queries and keys differ in number: top-left (is_causal, default) or bottom-right "
+                    "(causal_lower_right).", MASKING, label="causal alignment")
+    dtype: str | None = option(  # None: float32 if every input is float32 (or half), else float64
+        None, "Compute in float32 or float64 (default: float32 only if every input is float32).", COMPUTE,
+        choices=lambda: DTYPES)
+    backend: str | None = option(  # None: numpy unless the device needs torch
+        None, "numpy (default, CPU) or torch (needs PyTorch).", COMPUTE, choices=lambda: BACKENDS)
+    device: str = option(
+        "cpu", "cpu (default), cuda or mps (imply torch), or auto (CUDA, then MPS, then the CPU).", COMPUTE,
+        choices=lambda: DEVICES)
+    keep_weights: bool = option(  # no flag: the CLI's plan decides (--steps output, --save FILE.npy)
+        True, "False: the output alone, never holding the (..., m, n) weights.", COMPUTE, commands=NO_FLAG)
+    hidden: int | None = option(  # width h of initialised score weights (default d_q)
+        None, "Hidden width h of weights initialised without --weights (default: the query width).", PARAMS,
+        min=1, label="hidden width", check=_whole_in(1, MAX_HIDDEN))
+    seed: int | None = option(  # numpy default_rng seed for initialised weights and dropout (default 0)
+        None, "Seed of numpy.random.default_rng for initialised weights (nn.Linear style, uniform "
+              "±1/sqrt(fan_in)) and dropout (default 0); numpy and torch get the same numbers.", PARAMS,
+        check=_whole_in(0, MAX_SEED))
+    activation: str | None = option(  # additive/location (default tanh)
+        None, "Activation of the additive and location scores (default tanh).", PARAMS, choices=_keys(ACTIVATIONS))
+    bandwidth: float | None = option(  # gaussian: sigma of -‖q-k‖²/(2σ²) (default 1)
+        None, "σ of the gaussian score -‖q-k‖²/(2σ²) (default 1).", PARAMS,
+        check=_check_bandwidth)
+    hard: bool = option(  # one-hot weights at each row's argmax
+        False, "Hard attention: one-hot weights at each row's largest weight (ties: the first key).", COMPUTE,
+        off="--soft")
+    dropout: float = option(  # inverted dropout on the weights, as nn.Dropout in training
+        0.0, "Inverted dropout on the weights as nn.Dropout(P) in training (default 0), seeded by --seed.", COMPUTE,
+        min=0.0, max=1.0, check=_check_dropout)
+    # today's models (shared/CONVENTIONS.md): every fact a model's config.json gives about its attention
+    rope: RopeMode | None = option(  # rotary position embedding of q and k
+        None, "Rotary position embedding of q and k: half (HF Llama rotate_half) or interleaved (GPT-J, Meta's "
+              "pairs). Query i at position P + i (--q-offset), key j at j.", TODAY, label="RoPE",
+        check=check_rope_mode)
+    rope_base: float = option(  # theta (config rope_theta)
+        10000.0, "RoPE theta: frequencies base^(-2k/d) (default 10000; config rope_theta).", TODAY,
+        label="RoPE base", check=_check_rope_base)
+    rotary_dim: int | None = option(  # rotate the first N features of each head only (GPT-J, GPT-NeoX)
+        None, "Rotate only the first N features of each head (even; GPT-J rotary_dim, GPT-NeoX rotary_pct·d).",
+        TODAY, label="rotary dim", check=_whole_in(1, MAX_HIDDEN))
+    rope_scaling: Mapping[str, Any] | None = option(  # config rope_scaling: linear / llama3 / yarn / dynamic
+        None, "config.json's rope_scaling as JSON or a .json/.yaml file: {\"rope_type\": \"linear\"|\"llama3\"|"
+              "\"yarn\"|\"dynamic\", \"factor\": 8, ...}.", TODAY, flag_type=str, label="rope scaling",
+        check=_check_rope_scaling)
+    q_offset: int | None = option(  # query i at position P + i (None: 0, or n - m bottom-right); keys at j
+        None, "Query i sits at position P + i (default 0; n - m with --causal-align bottom-right): a KV-cache step "
+              "of m new queries over n keys.", TODAY, check=lambda v, w: check_q_offset(_integral(v), w))
+    alibi: bool = option(  # add slope_h·(j - i) (Press et al.; slopes of the paper, or given)
+        False, "ALiBi: add slope_h·(j - i) to the scores, slopes of the paper for the head count (heads: axis -3 "
+               "of Q for run, --heads for self).", TODAY, label="ALiBi")
+    window: int | None = option(  # sliding window: causal, each query sees W keys, itself included
+        None, "Sliding window: causal, each query sees the W keys up to itself (HF sliding_window, FlashAttention "
+              "window_size=(W-1, 0)).", TODAY, check=lambda v, w: check_window(_integral(v), w))
+    softcap: float | None = option(  # scores become c·tanh(s / c) after scaling (Gemma 2)
+        None, "Logit soft-capping: scores become C·tanh(s/C) after scaling, before the mask (Gemma 2).", TODAY,
+        check=lambda v, w: check_softcap(_number(v, w), w))
+    qk_norm: QkNorm | None = option(  # RMSNorm of each head's q and k before RoPE (q_norm / k_norm weights)
+        None, "RMSNorm of each head's q and k before RoPE: rms (Qwen3, w·x/rms) or rms1p (Gemma 3, (1+w)·x/rms); "
+              "q_norm/k_norm weights from --weights (default none: w = 1).", TODAY, label="QK-norm")
+    norm_eps: float = option(  # the eps of that RMSNorm (config rms_norm_eps)
+        1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps).", TODAY, label="norm eps",
+        check=lambda v, w: _positive(_number(v, w), w, "a positive number (the RMSNorm's eps)"))
+    kv_heads: int | None = option(  # K/V heads of projected attention (grouped-query); None: W_k's width says
+        None, "Grouped-query / multi-query attention: G K/V heads (a divisor of --heads); query head h reads K/V head "
+              "h // (H/G). Default: as many as W_k's width holds.", MULTIHEAD, commands=PROJECTING, min=1,
+        label="K/V heads", check=_whole_in(1, MAX_HIDDEN))
+
+    def __post_init__(self) -> None:  # Options(...) and replace(...) are checked too, as the API's values
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value != f.default:
+                object.__setattr__(self, f.name, check_option(f.name, value, f"option {f.name}"))
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def merged(self, overrides: Mapping[str, Any], source: str = "options", flags: bool = False) -> Options:
+        """These options with ``overrides`` (those not None) applied, each checked by :func:`check_option`.
+
+        ``source`` names where they came from (a file, ``attend()``); ``flags``: they are command-line
+        flags, so a message names ``--flag``."""
+        specs = declared(Options)
+        unknown = sorted(set(overrides) - set(specs))
+        if unknown:
+            shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+            raise InputError(f"unknown option(s) {shown}", source)
+        changes = {}
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            where = specs[name].long if flags else f"{source}: option {name}"
+            changes[name] = check_option(name, value, where)
+        return replace(self, **changes)
 
 
 def check_option(name: str, value: Any, where: str) -> Any:
-    """``value`` for the option ``name``, checked and converted (one rule per field, whatever its origin)."""
+    """``value`` for the option ``name``, checked and converted by the rule its declaration gives (whatever its
+    origin: a flag, a file, attend())."""
+    spec = declared(Options)[name]
     try:
-        return CHECKS[name](value, where)
+        if spec.check is not None:
+            return spec.check(value, where)
+        if isinstance(spec.default, bool):
+            return _flag(value, where)
+        if spec.choices is not None:
+            return _choice(value, where, list(spec.choices()))
+        return value
     except _Bad as e:
-        raise InputError(f"{LABELS.get(name, name)} {e}", where) from None
+        raise InputError(f"{spec.label or name} {e}", where) from None

@@ -51,6 +51,15 @@ def saver(*exts: str) -> Callable[[Saver], Saver]:
     return deco
 
 
+# --format NAME -> the module whose @output_format registers it. The CLI lists these names without importing
+# the renderers (numpy, rich: `attncli --help` stays fast); load_renderers imports them, and a test checks
+# that they register exactly these formats. A new renderer: its module, and a line here.
+FORMAT_MODULES = {"rich": "terminal", "json": "data", "npz": "data", "latex": "latex", "markdown": "latex"}
+
+
 def load_renderers() -> None:
     """Import the modules that fill the registries (kept out of import time for start-up)."""
-    from attncli.render import data, explain, latex, terminal  # noqa: F401
+    import importlib
+
+    for module in sorted({*FORMAT_MODULES.values(), "explain"}):
+        importlib.import_module(f"attncli.render.{module}")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from attncli.check.verdict import Verdict
+if TYPE_CHECKING:  # the CLI reads CHECK_FORMATS' names for --format: importing this module stays light
+    from attncli.check.verdict import Verdict
 
-CheckFormatter = Callable[[Verdict, int, Any], None]
+CheckFormatter = Callable[["Verdict", int, Any], None]
 CHECK_FORMATS: dict[str, CheckFormatter] = {}
 SHOWN_RTOL = 1e-8  # a relative tolerance below this (a float-rounding hair) is left out of the report
 
@@ -30,11 +31,6 @@ def check_format(name: str) -> Callable[[CheckFormatter], CheckFormatter]:
 
 def verdict_json(doc: dict[str, Any]) -> str:
     return json.dumps(doc, ensure_ascii=False, allow_nan=False)
-
-
-@check_format("json")
-def print_json(verdict: Verdict, precision: int, out: Any) -> None:
-    out.write(verdict_json(verdict.to_dict()) + "\n")
 
 
 @check_format("rich")
@@ -119,3 +115,8 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
         if d.ratio is not None:
             say(f"  every expected number is the computed one times {d.ratio:.6g}: "
                           "a constant factor (a scaling applied to the output?)")
+
+
+@check_format("json")
+def print_json(verdict: Verdict, precision: int, out: Any) -> None:
+    out.write(verdict_json(verdict.to_dict()) + "\n")
