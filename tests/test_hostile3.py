@@ -11,7 +11,11 @@ under an address-space cap and a time limit.
 from __future__ import annotations
 
 import json
+import os
 import re
+import resource
+import subprocess
+import sys
 import unicodedata
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -191,3 +195,105 @@ def test_labels_with_html_and_latex_in_markdown_latex_page_and_svg(tmp_path: Pat
     assert r.exit_code == 0, r.output
     ET.parse(tmp_path / "l.svg")
     check_page((tmp_path / "l.html").read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- the refusal table, in child processes
+
+MiB = 1 << 20
+
+
+def _cap(limit: int) -> Any:
+    def set_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return set_limit
+
+
+def child(command: str, folder: Path, memory: int, seconds: float) -> subprocess.CompletedProcess[str]:
+    """``command`` (bash, for process substitution) run in ``folder`` with its own HOME, under an
+    address-space cap and a time limit; attncli is this interpreter's."""
+    env = {**os.environ, "HOME": str(folder), "PYTHONPATH": str(ROOT), "COLUMNS": "100",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=seconds, preexec_fn=_cap(memory))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty working folder holding the inputs the table's commands name."""
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(3)
+    np.save(d / "q.npy", rng.standard_normal((3, 4)))
+    np.save(d / "k.npy", rng.standard_normal((5, 4)))
+    (d / "qk.json").write_text(json.dumps({"q": rng.standard_normal((3, 4)).tolist(),
+                                           "k": rng.standard_normal((5, 4)).tolist()}), encoding="utf-8")
+    os.mkfifo(d / "fifo.npy")  # nobody ever writes to it
+    os.mkfifo(d / "fifo.json")
+    for name in ("zero.npy", "zero.json", "zero.csv", "zero.pt"):
+        os.symlink("/dev/zero", d / name)
+    return d
+
+
+# (id, command, expected exit code, words the message must name, memory cap, seconds)
+REFUSALS: list[tuple[str, str, int, tuple[str, ...], int, float]] = [
+    ("fifo-no-writer", "attncli run fifo.npy", 2, ("fifo.npy", "empty", "pipe"), 512 * MiB, 20),
+    ("fifo-json-no-writer", "attncli run qk.json --sinks fifo.json", 2, ("fifo.json", "empty"), 512 * MiB, 20),
+    ("dev-zero-npy", "attncli run zero.npy", 2, ("zero.npy", "device"), 512 * MiB, 20),
+    ("dev-zero-json", "attncli run zero.json", 2, ("zero.json", "device"), 512 * MiB, 20),
+    ("dev-zero-pt", "attncli run zero.pt", 2, ("zero.pt", "device"), 512 * MiB, 20),
+    ("dev-zero-sinks", "attncli run qk.json --sinks zero.csv", 2, ("zero.csv", "device"), 512 * MiB, 20),
+    ("dev-zero-slopes", "attncli run qk.json --alibi --alibi-slopes zero.csv", 2, ("zero.csv", "device"), 512 * MiB, 20),
+    ("substituted-zeros", "attncli run <(cat /dev/zero)", 2, ("/dev/fd/", "more than"), 512 * MiB, 20),
+    ("substituted-zeros-npy-name", "attncli run q.npy <(cat /dev/zero)", 2, ("/dev/fd/",), 512 * MiB, 20),
+    ("substituted-zero-sinks", "attncli run qk.json --sinks <(cat /dev/zero)", 2, ("/dev/fd/", "per head"),
+     512 * MiB, 20),
+    ("substituted-big-sinks", "attncli run qk.json --sinks <(seq 1 400000)", 2, ("/dev/fd/", "per head"),
+     512 * MiB, 20),
+]
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=[c[0] for c in REFUSALS])
+def test_refused_in_one_line(case: tuple[str, str, int, tuple[str, ...], int, float], corpus: Path) -> None:
+    _, command, code, words, memory, seconds = case
+    before = sorted(p.name for p in corpus.iterdir())
+    r = child(command, corpus, memory, seconds)
+    assert r.returncode == code, (r.returncode, r.stderr[-600:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 300 and "Traceback" not in r.stderr, r.stderr[-600:]
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert r.stdout == "" and sorted(p.name for p in corpus.iterdir()) == before  # nothing written
+
+
+def sdpa64(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(Q Kᵀ / √d) V in float64, written out here."""
+    s = q @ k.T / np.sqrt(q.shape[-1])  # (m, d) x (d, n) -> (m, n)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (w / w.sum(axis=-1, keepdims=True)) @ v  # (m, n) x (n, d_v) -> (m, d_v)
+
+
+def output_of(stdout: str) -> np.ndarray:
+    steps = {s["name"]: s for s in json.loads(stdout)["steps"]}
+    return np.asarray(steps["output"]["values"], dtype=np.float64)
+
+
+def test_process_substitution_is_read_once(corpus: Path) -> None:
+    r = child("attncli run <(cat q.npy) <(cat k.npy) --format json", corpus, 1 << 30, 20)
+    assert r.returncode == 0, r.stderr
+    q, k = np.load(corpus / "q.npy"), np.load(corpus / "k.npy")
+    np.testing.assert_allclose(output_of(r.stdout), sdpa64(q, k, k), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_torch_file_from_process_substitution_is_read_once(corpus: Path) -> None:
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    torch.save({"q": q, "k": k, "v": v}, corpus / "qkv.pt")
+    try:
+        r = child("attncli run <(cat qkv.pt) --format json", corpus, 1 << 30, 60)
+    finally:
+        (corpus / "qkv.pt").unlink()
+    assert r.returncode == 0, r.stderr
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v).numpy()
+    np.testing.assert_allclose(output_of(r.stdout), want, rtol=1e-6, atol=1e-9)

@@ -21,7 +21,7 @@ from attncli.core.projections import Norm, Projections, RelativeBias, init_proje
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
 from attncli.errors import InputError
-from attncli.io.files import LOADERS, STDIN, Reader
+from attncli.io.files import LOADERS, SMALL_ARRAY_BYTES, STDIN, Reader
 
 OPTION_FIELDS = Options.field_names()
 PROBLEM_KEYS = {"q", "k", "v", "valid_lens", "mask", "labels", "query_labels", "key_labels", "options",
@@ -143,7 +143,7 @@ def build_problem(inputs: list[str], opts: Args, reader: Reader, multihead: bool
         spec = opts.given(flag) if flag else None
         if spec is not None:
             sources[name] = reader.source(spec)
-            return reader.array(spec, name)
+            return reader.array(spec, name, cap=SMALL_ARRAY_BYTES if name in ("sinks", "alibi_slopes") else None)
         sources[name] = file_source
         return doc.get(name)
 
