@@ -231,6 +231,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.mkfifo(d / "fifo.json")
     for name in ("zero.npy", "zero.json", "zero.csv", "zero.pt"):
         os.symlink("/dev/zero", d / name)
+    (d / "deep.txt").write_text('{"factor": ' + "[" * 30_000 + "]" * 30_000 + "}", encoding="utf-8")
+    (d / "big.txt").write_text('{"rope_type": "linear", "factor": ' + "9" * 400 + "}", encoding="utf-8")
+    np.save(d / "no_sink.npy", np.array([-np.inf]))
     return d
 
 
@@ -249,6 +252,26 @@ REFUSALS: list[tuple[str, str, int, tuple[str, ...], int, float]] = [
      512 * MiB, 20),
     ("substituted-big-sinks", "attncli run qk.json --sinks <(seq 1 400000)", 2, ("/dev/fd/", "per head"),
      512 * MiB, 20),
+    # options that crashed with exit 70
+    ("window-10**30", f"attncli run qk.json --window {10**30}", 2, ("--window", "sliding window"), 512 * MiB, 20),
+    ("q-offset-2**63", f"attncli run qk.json --causal --q-offset {2**63}", 2, ("--q-offset",), 512 * MiB, 20),
+    ("rope-scaling-30000-deep", 'attncli run qk.json --rope half --rope-scaling "$(cat deep.txt)"', 2,
+     ("--rope-scaling", "nested too deeply"), 512 * MiB, 20),
+    ("rope-scaling-400-digits", 'attncli run qk.json --rope half --rope-scaling "$(cat big.txt)"', 2,
+     ("--rope-scaling", "factor", "finite"), 512 * MiB, 20),
+    ("llama3-low-freq-0", "attncli run qk.json --rope half --rope-scaling '{\"rope_type\": \"llama3\", \"factor\": 8, "
+     "\"low_freq_factor\": 0, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}'", 2,
+     ("--rope-scaling", "low_freq_factor"), 512 * MiB, 20),
+    ("llama3-high-equals-low", "attncli run qk.json --rope half --rope-scaling '{\"rope_type\": \"llama3\", \"factor\": 8, "
+     "\"low_freq_factor\": 4, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}'", 2,
+     ("--rope-scaling", "high_freq_factor"), 512 * MiB, 20),
+    ("yarn-beta-slow-1", "attncli run qk.json --rope half --rope-scaling '{\"rope_type\": \"yarn\", \"factor\": 4, "
+     "\"beta_slow\": -1, \"original_max_position_embeddings\": 4096}'", 2, ("--rope-scaling", "beta_slow"),
+     512 * MiB, 20),
+    ("yarn-original-0", "attncli run qk.json --rope half --rope-scaling '{\"rope_type\": \"yarn\", \"factor\": 4, "
+     "\"original_max_position_embeddings\": 0}'", 2, ("--rope-scaling", "original_max_position_embeddings"),
+     512 * MiB, 20),
+    ("figsize-1e-9", "attncli run qk.json --figsize 1e-9,1e-9 --plot p.png", 2, ("--figsize", "inches"), 1 << 30, 30),
 ]
 
 
@@ -297,3 +320,15 @@ def test_torch_file_from_process_substitution_is_read_once(corpus: Path) -> None
     assert r.returncode == 0, r.stderr
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v).numpy()
     np.testing.assert_allclose(output_of(r.stdout), want, rtol=1e-6, atol=1e-9)
+
+
+def test_no_sink_in_json_is_null_and_changes_nothing(corpus: Path) -> None:
+    """--help: a sink of -inf is no sink. JSON spells it null (as every non-finite number); the weights are the
+    plain softmax's."""
+    r = child("attncli run qk.json --sinks no_sink.npy --format json", corpus, 1 << 30, 20)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["sinks"] == [None]
+    qk = json.loads((corpus / "qk.json").read_text(encoding="utf-8"))
+    q, k = np.asarray(qk["q"]), np.asarray(qk["k"])
+    np.testing.assert_allclose(output_of(r.stdout), sdpa64(q, k, k), rtol=1e-9, atol=1e-12)
