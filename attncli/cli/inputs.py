@@ -21,7 +21,7 @@ from attncli.core.projections import Projections, init_projections, projections_
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
 from attncli.errors import InputError
-from attncli.io.files import LOADERS, STDIN, Reader
+from attncli.io.files import LOADERS, SMALL_ARRAY_BYTES, STDIN, Reader
 
 if TYPE_CHECKING:
     from attncli.io.model import CheckpointLayer
@@ -134,7 +134,7 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     def entry(name: str, spec: str | None) -> Any:
         if spec is not None:
             sources[name] = reader.source(spec)
-            return reader.array(spec, name)
+            return reader.array(spec, name, cap=SMALL_ARRAY_BYTES if name in ("sinks", "alibi_slopes") else None)
         sources[name] = file_source
         return doc.get(name)
 

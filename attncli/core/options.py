@@ -36,6 +36,7 @@ QK_NORMS: tuple[str, ...] = get_args(QkNorm)
 CAUSAL_ALIGNS: tuple[str, ...] = get_args(CausalAlign)
 MAX_HIDDEN = 1 << 16  # a hidden width beyond this is a typo, not a model (its weights alone would be GBs)
 MAX_SEED = (1 << 63) - 1
+MAX_POSITION = 1 << 53  # positions, offsets and windows: whole numbers float64 holds exactly (RoPE's angles)
 
 # ---- how an option is declared ------------------------------------------------------------
 
@@ -225,9 +226,9 @@ def check_rope_mode(mode: Any, where: str = "--rope") -> str:
 
 def check_window(window: Any, where: str = "--window") -> int:
     """The window, or an InputError when it is below 1 (a query always sees itself)."""
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise InputError(f"the sliding window must be a whole number of keys >= 1 (each query sees W keys, itself "
-                         f"included), got {_short(window)}", where)
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or not 1 <= int(window) <= MAX_POSITION:
+        raise InputError(f"the sliding window must be a whole number of keys from 1 to {MAX_POSITION:,} (each query "
+                         f"sees W keys, itself included), got {_short(window)}", where)
     return int(window)
 
 
@@ -241,9 +242,9 @@ def check_softcap(cap: Any, where: str = "--softcap") -> float:
 
 def check_q_offset(offset: Any, where: str = "--q-offset") -> int:
     """The query offset P (query i at position P + i), or an InputError when negative."""
-    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
-        raise InputError(f"the query offset must be a whole number >= 0 (query i sits at position P + i), got "
-                         f"{_short(offset)}", where)
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 0 <= int(offset) <= MAX_POSITION:
+        raise InputError(f"the query offset must be a whole number from 0 to {MAX_POSITION:,} (query i sits at "
+                         f"position P + i), got {_short(offset)}", where)
     return int(offset)
 
 
@@ -269,6 +270,9 @@ def _check_rope_scaling(value: Any, where: str) -> Mapping[str, Any]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
+        except RecursionError:
+            raise _Bad("is nested too deeply: give a flat JSON object like {\"rope_type\": \"linear\", "
+                       "\"factor\": 4}") from None
         except ValueError:
             raise _Bad(f"must be a JSON object like {{\"rope_type\": \"linear\", \"factor\": 4}}, got {_short(value)}") from None
     if not isinstance(value, Mapping):
@@ -280,11 +284,46 @@ def _check_rope_scaling(value: Any, where: str) -> Mapping[str, Any]:
     kind = value.get("rope_type", value.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise _Bad(f"rope_type {_short(kind)} is not supported; choose one of {', '.join(ROPE_TYPES)}")
+    numbers_ = {}
     for k, v in value.items():
-        if k not in ("rope_type", "type", "truncate") and v is not None and (
-                isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
+        if k in ("rope_type", "type") or v is None:
+            continue
+        if k == "truncate":
+            if not isinstance(v, bool):
+                raise _Bad(f"truncate must be true or false, got {_short(v)}")
+            continue
+        try:  # a 400-digit integer is a number too large for a float, not a crash
+            x = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+        except OverflowError:
+            x = math.inf
+        if not math.isfinite(x):
             raise _Bad(f"{k} must be a finite number, got {_short(v)}")
+        low, included, high, what = ROPE_SCALING_RANGES.get(k, (-math.inf, True, math.inf, "a finite number"))
+        if not (x >= low if included else x > low) or x > high:
+            raise _Bad(f"{k} must be {what}, got {_short(v)}")
+        numbers_[k] = x
+    lo, hi = numbers_.get("low_freq_factor"), numbers_.get("high_freq_factor")
+    if lo is not None and hi is not None and not hi > lo:  # llama3 divides by high - low
+        raise _Bad(f"high_freq_factor ({hi:g}) must be above low_freq_factor ({lo:g})")
     return dict(value)
+
+
+# key: (lowest, whether the lowest itself is allowed, highest, in words); 0 for beta_* and mscale* means "not
+# set" as in transformers (``rope_scaling.get("beta_fast") or 32``)
+ROPE_SCALING_RANGES: dict[str, tuple[float, bool, float, str]] = {
+    "factor": (0, False, math.inf, "a number above 0"),
+    "original_max_position_embeddings": (1, True, MAX_POSITION, f"a length from 1 to {MAX_POSITION:,}"),
+    "max_position_embeddings": (1, True, MAX_POSITION, f"a length from 1 to {MAX_POSITION:,}"),
+    "low_freq_factor": (0, False, math.inf, "a number above 0 (llama3 divides by it)"),
+    "high_freq_factor": (0, False, math.inf, "a number above 0 (llama3 divides by it)"),
+    "beta_fast": (0, True, math.inf, "a number of rotations >= 0 (YaRN takes its logarithm; 0: the default)"),
+    "beta_slow": (0, True, math.inf, "a number of rotations >= 0 (YaRN takes its logarithm; 0: the default)"),
+    "attention_factor": (0, True, math.inf, "a number >= 0"),
+    "mscale": (0, True, math.inf, "a number >= 0"),
+    "mscale_all_dim": (0, True, math.inf, "a number >= 0"),
+    "rope_theta": (1, False, math.inf, "a base above 1"),
+    "partial_rotary_factor": (0, False, 1, "a fraction above 0, at most 1"),
+}
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")

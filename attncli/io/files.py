@@ -181,7 +181,7 @@ def map_npy(path: Path, source: str) -> np.ndarray:
         size = path.stat().st_size
         if size == 0:
             raise InputError("is empty", source)
-        with open(path, "rb") as f:
+        with open_regular(path, source) as f:
             check_npy_header(f, size, source)
         session.watch_mapped(source)  # truncated while mapped: one line, exit 2, not a bare SIGBUS
         return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -205,7 +205,7 @@ def open_npz(path: Path, source: str) -> dict[str, Any]:
         size, limit = path.stat().st_size, memory_limit() // 2
         if size > limit:  # its arrays hold at least as much, stored: refused from the size alone
             raise InputError(f"is {_size(size)}, more than half the free memory; save large arrays as .npy", source)
-        with open(path, "rb") as f:
+        with open_regular(path, source) as f:
             return read_npz(f, source)
     except OSError as e:
         raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", source) from None
@@ -547,8 +547,9 @@ def sniff(data: bytes) -> str:
     """The extension whose loader fits bytes read from stdin (its first bytes are enough)."""
     if data.startswith(b"\x93NUMPY"):
         return ".npy"
-    if data.startswith(b"PK"):
-        return ".npz"
+    if data.startswith(b"PK"):  # a zip: torch.save's first member is <archive>/data.pkl, an .npz's NAME.npy
+        n = int.from_bytes(bytes(data[26:28]), "little")
+        return ".pt" if bytes(data[30:30 + n]).endswith(b"data.pkl") else ".npz"
     lines = (ln.strip() for ln in bytes(data[:SNIFF_BYTES]).lstrip(b"\xef\xbb\xbf").split(b"\n"))
     first = next((ln for ln in lines if ln and not ln.startswith(b"#")), b"")  # comments: CSV or YAML alike
     if first[:1] in (b"[", b"{"):
@@ -623,6 +624,61 @@ def read_exactly(stream: IO[bytes], size: int, head: bytes = b"", chunk: int = 1
     return buf
 
 
+SMALL_ARRAY_BYTES = 1 << 20  # a vector with one number per head (--sinks, --alibi-slopes): far more than any needs
+
+
+def open_regular(path: Path, source: str) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file, without ever blocking: opened with
+    O_NONBLOCK (a FIFO swapped in after a stat cannot hold the open), then checked with fstat."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(f"is {_kind(mode)}, not a regular file", source)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device (e.g. /dev/zero: it never ends)" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+
+
+def read_pipe(path: Path, ext: str, source: str, cap: int | None = None) -> tuple[bytearray, str]:
+    """All of a FIFO or pipe (``<(cat q.pt)``, a named pipe) read once, in memory: opened without blocking
+    (no writer: nothing to read, said at once), its format from the name or else sniffed from its first
+    bytes, and bounded by that format's limit (and ``cap``)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise InputError(f"is {_kind(os.fstat(fd).st_mode)}, not a file or a pipe", source)
+        os.set_blocking(fd, True)  # a writer that is there (a process substitution) is waited for; none: EOF
+        head = f.read(SNIFF_BYTES) or b""
+        if not head:
+            return bytearray(), ext
+        if cap is not None and len(head) > cap:
+            raise InputError(f"holds more than {_size(cap)}; this input is one number per head", source)
+        ext = ext if ext in LOADERS else sniff(head)
+        limit = stdin_limit(head, ext, source)
+        if cap is not None and limit > cap:
+            try:
+                return read_bounded(f, cap, source, head=head), ext
+            except InputError:
+                raise InputError(f"holds more than {_size(cap)}; this input is one number per head", source) from None
+        if ext == ".npy":
+            return read_exactly(f, limit, head), ext
+        return read_bounded(f, max(limit, 1), source, head=head), ext
+
+
 class Reader:
     """Reads files (and stdin, at most once: later reads of ``-`` reuse it), caching contents.
     Every file read is recorded in attncli.io.session, so that no output of the run replaces it."""
@@ -634,12 +690,13 @@ class Reader:
         self.raw: dict[str, bytes | bytearray] = {}  # the bytes of each input read whole (not memory-mapped), by spec
         self.formats: dict[str, str] = {}  # the extension each input was read as (stdin: sniffed)
 
-    def read(self, spec: str) -> Content:
+    def read(self, spec: str, cap: int | None = None) -> Content:
+        """The content of ``spec``; ``cap``: the most bytes it may hold (small vectors: SMALL_ARRAY_BYTES)."""
         if spec not in self._cache:
-            self._cache[spec] = self._read(spec)
+            self._cache[spec] = self._read(spec, cap)
         return self._cache[spec]
 
-    def _read(self, spec: str) -> Content:
+    def _read(self, spec: str, cap: int | None = None) -> Content:
         if spec == STDIN:
             stream = self._stdin or getattr(sys.stdin, "buffer", None)
             if stream is None:  # the shell closed it: `attncli run - <&-`
@@ -655,33 +712,50 @@ class Reader:
             if ext in TEXT_LIMITS:
                 self.raw[spec] = data
             return LOADERS[ext](data, "<stdin>")  # type: ignore[arg-type]
+        import stat
+
         path = Path(spec)
         self.paths.append(spec)  # every file read, so that outputs never overwrite one of them
         session.record_read(path)
         ext = path.suffix.lower()
         self.formats[spec] = ext
-        if ext not in LOADERS:
+        try:
+            mode: int | None = os.stat(path).st_mode  # no open yet: a FIFO or a device is known before it can block
+        except FileNotFoundError:
+            mode = None
+        except OSError as e:
+            raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", spec) from None
+        if ext not in LOADERS and not (mode is not None and stat.S_ISFIFO(mode)):  # a pipe's format is sniffed
             raise InputError(f"has an unknown extension {printable(ext, 40) or '(none)'!r}; "
                              f"expected one of {', '.join(sorted(LOADERS))} or - for stdin", spec)
-        if not path.exists():
+        if mode is None:
             raise InputError("no such file", spec)
-        if path.is_dir():
+        if stat.S_ISDIR(mode):
             raise InputError("is a directory, not a file", spec)
-        if ext in FILE_LOADERS and path.is_file():  # a FIFO or a device is read once, in memory
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # /dev/zero, /dev/urandom, a terminal, a socket
+            raise InputError(f"is {_kind(mode)}, not a file or a pipe", spec)
+        size = os.stat(path).st_size if stat.S_ISREG(mode) else 0
+        if cap is not None and size > cap:
+            raise InputError(f"is {_size(size)}; this input is one number per head, at most {_size(cap)}", spec)
+        if stat.S_ISREG(mode) and ext in FILE_LOADERS:
             return FILE_LOADERS[ext](path, spec)
         try:
-            limit, what = TEXT_LIMITS.get(ext, (memory_limit() // 2, ""))
-            size = path.stat().st_size  # checked before reading: a huge file is refused unread
-            if what:
-                check_text_bytes(b"", spec, limit, what, size)
-            elif size > limit:
-                raise InputError(f"is {_size(size)}, more than half the free memory; save large arrays as .npy", spec)
-            with open(path, "rb") as f:  # bounded too: a FIFO or device has no size to check
-                data = read_bounded(f, max(limit, 1), spec)
+            if stat.S_ISFIFO(mode):  # a FIFO or `<(cat q.pt)`: read once, in memory, bounded by its format's limit
+                data, ext = read_pipe(path, ext, spec, cap)
+                self.formats[spec] = ext
+            else:
+                limit, what = TEXT_LIMITS.get(ext, (memory_limit() // 2, ""))
+                if what:
+                    check_text_bytes(b"", spec, limit, what, size)  # checked before reading: refused unread
+                elif size > limit:
+                    raise InputError(f"is {_size(size)}, more than half the free memory; save large arrays as .npy",
+                                     spec)
+                with open_regular(path, spec) as f:  # bounded too: the file may grow while it is read
+                    data = read_bounded(f, max(min(limit, cap or limit), 1), spec)
         except OSError as e:
-            raise InputError(f"cannot be read ({e.strerror})", spec) from None
+            raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", spec) from None
         if not data.strip():
-            raise InputError("is empty", spec)
+            raise InputError("is empty" + (" (a pipe with nothing written to it)" if stat.S_ISFIFO(mode) else ""), spec)
         if ext in TEXT_LIMITS:  # check re-reads the numbers as written (binary data is not kept twice)
             self.raw[spec] = data
         return LOADERS[ext](data, spec)  # type: ignore[arg-type]
@@ -689,10 +763,10 @@ class Reader:
     def source(self, spec: str) -> str:
         return "<stdin>" if spec == STDIN else spec
 
-    def array(self, spec: str, name: str, fallbacks: tuple[str, ...] = ()) -> Any:
+    def array(self, spec: str, name: str, fallbacks: tuple[str, ...] = (), cap: int | None = None) -> Any:
         """The array for slot ``name`` (q, k, v, mask, ...) from ``spec``: the file's one array,
         or, when the file is a mapping, its entry ``name`` (else the first of ``fallbacks``)."""
-        content = self.read(spec)
+        content = self.read(spec, cap)
         if isinstance(content, dict):
             for key in (name, *fallbacks):
                 if key in content:

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from attncli.render import escape
+
 FACT_ORDER = ("heads", "kv_heads", "head_dim", "scale", "causal", "rope", "rope_base", "rotary_dim", "rope_scaling",
               "window", "softcap", "qk_norm", "qk_norm_eps", "pre_norm", "norm_eps", "alibi", "sinks", "relative_bias")
 
@@ -20,7 +22,9 @@ def _size(n: int) -> str:
 
 
 def render_inspect(info: dict[str, Any], console: Console) -> None:
-    """The summary, then for each stack its layout, layers, the first layer's attention tensors and the facts."""
+    """The summary, then for each stack its layout, layers, the first layer's attention tensors and the facts.
+    Every string in ``info`` (tensor names, model_type, paths, config values) is shown through escape.terminal."""
+    info = escape.terminal_tree(info)
     files = info["files"]
     console.print(f"{info['source']}: {info['tensors']} tensors, {_size(info['bytes'])} "
                   f"({', '.join(info['dtypes'])}) in {len(files)} file{'s' if len(files) != 1 else ''}")
@@ -54,9 +58,9 @@ def render_inspect(info: dict[str, Any], console: Console) -> None:
             v = facts.get(k)
             if v is None or v is False:
                 continue
-            ft.add_row(k + (" *" if k in given else ""), str(v))
+            ft.add_row(k + (" *" if k in given else ""), escape.terminal(v))
         for k, v in facts.get("extra", {}).items():
-            ft.add_row(k, str(v))
+            ft.add_row(k, escape.terminal(v))
         console.print(ft)
         origin = facts.get("origin", {})
         if origin:

@@ -28,13 +28,27 @@ def _plain(a: Any) -> Any:
     return np.array(flat, dtype=object).reshape(arr.shape).tolist()
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` (a value of the trace's meta or extra: numbers, lists, mappings, arrays) with every
+    non-finite number as null, the JSON spelling of the steps' values (e.g. a sink of -inf: no sink)."""
+    if isinstance(obj, float) or isinstance(obj, np.floating):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in "fc":
+        return _plain(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def trace_dict(trace: Trace, opts: RenderOptions) -> dict[str, Any]:
     """The JSON document: ``weights``, ``output``, ``steps`` (name, formula, shape, values), ..."""
     names = opts.steps
     steps = [s for s in trace.steps if names is None or s.name in names]
     doc: dict[str, Any] = {
         "attncli": __version__,
-        **trace.meta,
+        **_finite(trace.meta),
         "labels": {"queries": trace.query_labels, "keys": trace.key_labels},
         "steps": [{"name": s.name, "formula": s.formula, "axes": list(s.axes), "shape": list(np.shape(s.values)),
                    "values": _plain(s.numpy()), **({"notes": s.notes} if s.notes else {})} for s in steps],
@@ -43,7 +57,7 @@ def trace_dict(trace: Trace, opts: RenderOptions) -> dict[str, Any]:
         if key in trace:
             doc[key] = _plain(trace[key])
     doc["warnings"] = list(trace.warnings)
-    doc.update(trace.extra)
+    doc.update(_finite(trace.extra))
     return doc
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from attncli.core.diagnostics import masked_cells
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
-from attncli.render import RenderOptions, output_format, saver
+from attncli.render import RenderOptions, escape, output_format, saver
 from attncli.render.explain import explanations
 from attncli.render.numbers import all_whole, column_format
 from attncli.render.plot import panel_title
@@ -30,8 +30,7 @@ from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note, shown
 MAX_SIDE = 8  # rows / columns written before eliding the middle (\cdots, \vdots)
 MAX_ENTRIES = 4  # batch entries / heads written
 
-TEXT_ESCAPES = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
-                "%": r"\%", "_": r"\_", "^": r"\textasciicircum{}", "~": r"\textasciitilde{}"}
+TEXT_ESCAPES = escape.LATEX_TEXT
 MATH_SYMBOLS = {"·": r"\cdot ", "×": r"\times ", "−": "-", "→": r"\to ", "↓": r"\downarrow ", "Σ": r"\sum ",
                 "‖": r"\|", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "σ": r"\sigma ", "²": "^{2}",
                 "…": r"\dots ", "≈": r"\approx ", "±": r"\pm ", "∞": r"\infty ", "\\": r"\backslash ",
@@ -52,7 +51,7 @@ SUB_SUP = re.compile(r"([_^])(?![\w(])")
 def text(s: str) -> str:
     """Plain text for LaTeX's text mode: every special character escaped, math symbols as math."""
     return "".join(TEXT_ESCAPES.get(c) or (r"\ensuremath{" + MATH_SYMBOLS[c] + "}" if not c.isascii() and c in MATH_SYMBOLS
-                                           else c) for c in s)
+                                           else c) for c in escape.terminal(s))
 
 
 def in_math(s: str) -> str:
@@ -70,7 +69,7 @@ def in_math(s: str) -> str:
 
 def math_text(line: str) -> str:
     """A line of --explain (or a formula) as LaTeX math: words in \\text{}, symbols as commands."""
-    line = ROOT.sub(lambda m: f"\x00{m.group(1)}\x01", line)  # √4 -> \sqrt{4}, after escaping
+    line = ROOT.sub(lambda m: f"\x00{m.group(1)}\x01", escape.terminal(line))  # √4 -> \sqrt{4}, after escaping
     line = re.sub(r"\s{2,}", "\x02", line.strip())  # a gap between the text's columns: \quad
     out = []
     for k, part in enumerate(WORDS.split(line)):
@@ -80,11 +79,12 @@ def math_text(line: str) -> str:
         if k % 2:  # words
             out.append(in_math(part.replace("\x00", "√").replace("\x01", "")))
             continue
-        part = SUB_SUP.sub(lambda m: r"\_" if m.group(1) == "_" else r"\hat{}", part)
+        part = SUB_SUP.sub(lambda m: "\x03" if m.group(1) == "_" else "\x04", part)  # put back after the symbols
         s = "".join(MATH_SYMBOLS.get(c, c) if not (c.isascii() and c not in "\\$%&#{}~") or c in MATH_SYMBOLS
                     else c for c in part)
         s = "".join(c if c.isascii() or c in "\x00\x01" else r"\text{" + text(c) + "}" for c in s)
-        out.append(s.replace("\x00", r"\sqrt{").replace("\x01", "}").replace("\x02", r"\quad "))
+        out.append(s.replace("\x00", r"\sqrt{").replace("\x01", "}").replace("\x02", r"\quad ")
+                   .replace("\x03", r"\_").replace("\x04", r"\hat{}"))
     return "".join(out)
 
 
@@ -218,16 +218,16 @@ def markdown_document(trace: Trace, opts: RenderOptions) -> str:
         elif kind == "para":
             parts.append(_md(content) + "\n")
         elif kind == "math":
-            parts.append("$$\n" + content + "\n$$\n")
+            parts.append("$$\n" + escape.markdown_math(content) + "\n$$\n")
         elif kind == "lines":
-            parts.append("$$\n\\begin{aligned}\n" + " \\\\\n".join("& " + math_text(s.strip()) for s in content)
-                         + "\n\\end{aligned}\n$$\n")
+            parts.append("$$\n" + escape.markdown_math("\\begin{aligned}\n" + " \\\\\n".join(
+                "& " + math_text(s.strip()) for s in content) + "\n\\end{aligned}") + "\n$$\n")
     return "\n".join(parts)
 
 
 def _md(s: str) -> str:
     """Markdown text with its specials escaped (labels are text, never markup)."""
-    return re.sub(r"([\\`*_{}\[\]<>#+!|$])", r"\\\1", s)
+    return escape.markdown(s)
 
 
 @output_format("latex")

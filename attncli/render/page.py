@@ -19,6 +19,7 @@ import numpy as np
 from attncli import __version__
 from attncli.core.diagnostics import masked_cells
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
+from attncli.render import escape
 from attncli.render.explain import Cell, explain_cell, explain_row, heading
 from attncli.render.numbers import MASKED, all_whole, column_format, num
 from attncli.render.plot import panel_title
@@ -139,7 +140,7 @@ def header_lines(trace: Trace) -> list[str]:
 
 def page(trace: Trace, precision: int = 4) -> str:
     """The whole page as one string of HTML."""
-    data = json.dumps(page_data(trace, precision), ensure_ascii=False, allow_nan=False)
+    data = json.dumps(escape.terminal_tree(page_data(trace, precision)), ensure_ascii=False, allow_nan=False)
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # no tag inside the script
     title = html.escape(f"attncli · {trace.meta.get('score', 'attention')}")
     return TEMPLATE.replace("{title}", title).replace("{data}", data).replace("{css}", CSS).replace("{js}", JS)

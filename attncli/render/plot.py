@@ -73,8 +73,8 @@ def parse_figsize(text: str | None) -> tuple[float, float] | None:
         w, h = (float(p) for p in parts)
     except ValueError:
         raise InputError(f"{text!r} is not WIDTH,HEIGHT in inches, e.g. 8,6", "--figsize") from None
-    if not (0 < w <= 100 and 0 < h <= 100):
-        raise InputError(f"{text!r}: width and height must be between 0 and 100 inches", "--figsize")
+    if not (1 <= w <= 100 and 1 <= h <= 100):  # below an inch the panels have no room: an empty image
+        raise InputError(f"{text!r}: width and height must be between 1 and 100 inches", "--figsize")
     return w, h
 
 

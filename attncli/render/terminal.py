@@ -21,7 +21,7 @@ from rich.text import Text
 
 from attncli.core.diagnostics import SATURATION, masked_cells, query_labels
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
-from attncli.render import RenderOptions, output_format
+from attncli.render import RenderOptions, escape, output_format
 from attncli.render.numbers import MASKED, all_whole, column_format, num
 
 ELLIPSIS = "…"
@@ -252,6 +252,7 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
 
     ``after(batch_index)`` prints more under each table (the diagnostics under the weights);
     ``rows_of``: the query index of each row, when ``a`` holds some queries only."""
+    title = escape.terminal(title)  # a step's formula may name a tensor of a checkpoint
     lay = layout(a, axes, trace, opts, console.width, name, rows_of)
     batch = a.shape[:-2]
     legend = HEAT_LEGEND if heatmap and console.color_system is not None else None  # in colour only
@@ -392,10 +393,10 @@ def header(trace: Trace) -> Text:
     t.append(f" · score {m.get('score')} · {m.get('backend')} on {m.get('device')} · {m.get('dtype')}\n")
     t.append(f"inputs: {shapes}")
     if m.get("score_formula"):
-        t.append(f"\nscore: {m['score_formula']}")
+        t.append(f"\nscore: {escape.terminal(m['score_formula'])}")
     note = seed_note(m)
     if note:
-        t.append(f"\n{note}", style="italic")
+        t.append(f"\n{escape.terminal(note)}", style="italic")
     return t
 
 
@@ -433,7 +434,7 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
                    highlight_max=heat, heatmap=heat, rows_of=step.rows, name=step.name,
                    after=(lambda idx: print_diagnostics(console, trace, idx, opts)) if weights else None)
         for note in step.notes:
-            console.print(Text(f"  {note}", style="italic"))
+            console.print(Text(f"  {escape.terminal(note)}", style="italic"))
     similarity_view(console, trace, opts)
     for explain in EXPLAINERS:
         explain(trace, opts, console)
