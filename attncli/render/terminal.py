@@ -195,6 +195,17 @@ def explained_keys(trace: Trace, opts: RenderOptions) -> list[int]:
     return out
 
 
+def row_best(row: np.ndarray, hidden: np.ndarray | None) -> frozenset[int]:
+    """The columns to bold in a row: its largest value, every one of them when several tie,
+    none when every visible cell ties (a uniform row has no strongest key)."""
+    seen = ~np.asarray(hidden, dtype=bool) if hidden is not None else np.ones(row.shape, dtype=bool)
+    if not seen.any() or not np.isfinite(row[seen]).any():
+        return frozenset()
+    top = np.max(np.where(seen, row, -np.inf))
+    best = frozenset(int(j) for j in np.flatnonzero(seen & (row == top)))
+    return frozenset() if len(best) > 1 and len(best) == int(seen.sum()) else best
+
+
 def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, opts: RenderOptions,
                  caption: str | None = None, highlight_max: bool = False, heatmap: bool = False,
                  rows_of: Sequence[int] | None = None, lay: Layout | None = None,
@@ -225,7 +236,7 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
         if i is None:
             table.add_row(ELLIPSIS, *[ELLIPSIS for _ in ci])
             continue
-        best = int(np.argmax(a[i])) if highlight_max else -1
+        best = row_best(a[i], marked[i] if marked is not None else None) if highlight_max else frozenset()
         cells: list[Text | str] = []
         for j in ci:
             if j is None:
@@ -236,9 +247,9 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
             if hid:
                 style: Style | str = "dim"
             elif heatmap:
-                style = heat_style(x, j == best)
+                style = heat_style(x, j in best)
             else:
-                style = "bold" if j == best else ("dim" if math.isinf(x) else "")
+                style = "bold" if j in best else ("dim" if math.isinf(x) else "")
             cells.append(Text(cell_text(x, j, hid, lay, opts.precision), style=style))
         table.add_row(rlab[i], *cells)
     return table
@@ -300,6 +311,13 @@ def _at(values: Any, idx: tuple[int, ...]) -> Any:
     return values
 
 
+def top_key(klab: Sequence[str], arg: int, ties: int, visible: int) -> str:
+    """The key a row attends to most, or the tie: 'all 4 keys tie', 'cat +1 tied'."""
+    if ties > 1 and ties >= visible:
+        return f"all {ties} keys tie"
+    return klab[arg] if ties <= 1 else f"{klab[arg]} +{ties - 1} tied"
+
+
 def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
                       opts: RenderOptions) -> tuple[Table, str]:
     """Per query row: the key it attends to most, that weight, the entropy and the effective number of
@@ -321,6 +339,7 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
     for name in heads:
         table.add_column(name, justify="right")
     p = opts.precision
+    ties = diag.get("top_ties")
     rows = [i for i in (shown(m, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of)) if i is not None]
     fe = column_format([x for i in rows if (x := ent[i]) is not None], p)
     fw = column_format([x for i in rows if (x := top[i]) is not None], p)
@@ -333,7 +352,8 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
             table.add_row(qlab[i], "(all masked)", fmt(top[i], p), "-", "0", *seen)
         else:
             sat = top[i] is not None and top[i] > SATURATION and vis[i] > 1
-            table.add_row(qlab[i], klab[arg[i]], Text(fw(top[i]), style="bold red" if sat else ""),
+            table.add_row(qlab[i], top_key(klab, arg[i], _at(ties, idx)[i] if ties else 1, vis[i]),
+                          Text(fw(top[i]), style="bold red" if sat else ""),
                           fe(ent[i]), num(eff[i], min(p, 2)), *seen)
     return table, note
 
