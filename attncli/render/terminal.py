@@ -23,6 +23,7 @@ from attncli.core.diagnostics import SATURATION, masked_cells, query_labels
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.render import RenderOptions, output_format
 from attncli.render.numbers import MASKED, all_whole, column_format, num
+from attncli.render.wrap import say
 
 ELLIPSIS = "…"
 INPUT_TITLES = {"q": ("Q: queries", (QUERIES, FEATURES)), "k": ("K: keys", (KEYS, FEATURES)),
@@ -255,6 +256,14 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
     return table
 
 
+def print_table(console: Console, table: Table) -> None:
+    """The table, then its caption (notes, the colour legend) wrapped to the terminal's width, not the table's."""
+    caption, table.caption = table.caption, None
+    console.print(table)
+    for line in str(caption or "").split("\n") if caption else []:
+        say(console, line, style="table.caption")
+
+
 def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str], trace: Trace,
                opts: RenderOptions, highlight_max: bool = False, heatmap: bool = False,
                after: Callable[[tuple[int, ...]], None] | None = None, rows_of: Sequence[int] | None = None,
@@ -269,8 +278,8 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of, lay=lay,
                               caption=legend)
     if not batch:
-        console.print(Text(title, style="table.title"))  # a line of its own, not wrapped to the table's width
-        console.print(table(a, title, axes, trace, opts, marked=lay.marked))
+        say(console, title, style="table.title")  # a line of its own, not wrapped to the table's width
+        print_table(console, table(a, title, axes, trace, opts, marked=lay.marked))
         if after is not None:
             after(())
         console.print()
@@ -283,13 +292,13 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
             where = ", ".join(f"{n} {i} of {size}" for n, i, size in zip(names, idx, batch))
         else:
             where = f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}"
-        console.print(Text(f"{title} · {where}", style="table.title"))
-        console.print(table(a[idx], title, axes, trace, opts,
-                            marked=lay.marked[idx] if lay.marked is not None else None))
+        say(console, f"{title} · {where}", style="table.title")
+        print_table(console, table(a[idx], title, axes, trace, opts,
+                                   marked=lay.marked[idx] if lay.marked is not None else None))
         if after is not None:
             after(idx)
     if len(entries) > limit:
-        console.print(Text(f"{ELLIPSIS} {len(entries) - limit} more {entry_noun(trace, len(batch))} not shown "
+        say(console, Text(f"{ELLIPSIS} {len(entries) - limit} more {entry_noun(trace, len(batch))} not shown "
                            "(use --full to show all, or --save FILE.npz)", style="italic"))
     console.print()
 
@@ -364,11 +373,11 @@ def print_diagnostics(console: Console, trace: Trace, idx: tuple[int, ...], opts
         return
     table, note = diagnostics_table(trace, diag, idx, opts)
     console.print(table)
-    console.print(Text(note))  # under the table, not wrapped to its width
+    say(console, note)  # under the table, wrapped to the terminal's width, not the table's
     last = len(trace.weights.shape[:-2])
     if idx == () or all(i == 0 for i in idx) or last == 0:  # the sentences once, under the first table
         for w in diag.get("warnings", []):
-            console.print(Text(f"  ⚠ {w}", style="yellow"))
+            say(console, f"  ⚠ {w}", style="yellow")
 
 
 def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None:
@@ -391,7 +400,7 @@ def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None
         tied = [lab[j] for j in others if s[i, j] == best]
         return f"{', '.join(tied)} ({fmt(best, opts.precision)}{', tied' if len(tied) > 1 else ''})"
 
-    console.print(Text(f"closest other row by {kind} similarity" + (", after and before attention:" if before is not None
+    say(console, Text(f"closest other row by {kind} similarity" + (", after and before attention:" if before is not None
                                                                    else " after attention:")))
 
     for i in shown(m, opts.max_rows, opts.full):
@@ -400,7 +409,7 @@ def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None
         line = f"  {lab[i]}: {closest(after, i)}"
         if before is not None:
             line += f"; before: {closest(before, i)}"
-        console.print(Text(line))
+        say(console, line)
     console.print()
 
 
@@ -435,7 +444,7 @@ def seed_note(meta: dict[str, Any]) -> str | None:
 
 @output_format("rich")
 def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
-    console.print(header(trace))
+    say(console, header(trace))
     console.print()
     wanted = opts.steps
     same = trace.meta.get("self_attention", False)
@@ -453,7 +462,7 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
                    highlight_max=heat, heatmap=heat, rows_of=step.rows, name=step.name,
                    after=(lambda idx: print_diagnostics(console, trace, idx, opts)) if weights else None)
         for note in step.notes:
-            console.print(Text(f"  {note}", style="italic"))
+            say(console, f"  {note}", style="italic")
     similarity_view(console, trace, opts)
     for explain in EXPLAINERS:
         explain(trace, opts, console)
