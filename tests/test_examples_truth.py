@@ -222,3 +222,14 @@ def test_ties_are_named_as_ties_in_the_diagnostics_and_the_view() -> None:
     assert row_best(w[0], None) == frozenset() and row_best(w[1], None) == {int(np.argmax(w[1]))}
     assert row_best(np.array([0.4, 0.4, 0.2]), None) == {0, 1}  # two of three tie: both are the strongest
     assert row_best(np.array([0.5, 0.5, 0.0]), np.array([False, False, True])) == frozenset()  # all it sees
+
+
+def test_a_bundled_example_given_as_a_missing_path_suggests_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # outside the clone: the README's path does not exist here
+    for spec, stem in (("cat_milk_sweet.yaml", "cat_milk_sweet"), ("examples/d2l_additive.yaml", "d2l_additive")):
+        r = CliRunner().invoke(app, ["run", spec])
+        assert r.exit_code == 2
+        err = r.stderr.strip()
+        assert "\n" not in err and len(err) < 300 and spec in err and f"attncli examples run {stem}" in err
+    r = CliRunner().invoke(app, ["run", "not_an_example.yaml"])
+    assert r.exit_code == 2 and "examples run" not in r.stderr
