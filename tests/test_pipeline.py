@@ -200,7 +200,7 @@ def test_prefix_picks_one_module_of_a_state_dict_for_self_and_check(tmp_path: Pa
 
 def _explained_weight(lines: list[str]) -> float:
     """The final number of an explanation's 'weight = a / b = W' line."""
-    line = next(ln for ln in reversed(lines) if ln.strip().startswith(("weight =", "stable form")))
+    line = next(ln for ln in reversed(lines) if ln.strip().startswith(("weight =", "= ")))  # the stable form's last step
     return float(line.rsplit("=", 1)[1])
 
 

@@ -59,7 +59,7 @@ COMMANDS = commands(README)
 def test_readme_has_commands_and_keeps_the_setup_section() -> None:
     setup = README.split("## Set-up", 1)[1].split("\n## ", 1)[0]
     assert sh_blocks(setup) == [
-        "pip install . && attncli run examples/cat_milk_sweet.yaml\n",
+        "pip install . && attncli examples run cat_milk_sweet\n",
         "pip install -e '.[test]' && ruff check attncli tests benchmarks && mypy attncli && pytest\n",
     ]
     ci = (ROOT / ".ci" / "run").read_text()

@@ -88,15 +88,25 @@ def examples_list(ctx: typer.Context) -> None:
     """List the textbook examples (name and one line each)."""
     if ctx.invoked_subcommand is not None:
         return
+    import shutil
+
+    from attncli.render.wrap import wrap
+
     every = catalogue()
     width = max((len(n) for n in every), default=0)
+    cols = shutil.get_terminal_size().columns  # COLUMNS, else the terminal's, else 80
+
+    def echo(line: str, align: bool = False) -> None:  # wrapped at spaces, continuations under the description
+        typer.echo("\n".join(wrap(line, cols, align=align)))
+
     for name, path in every.items():
-        typer.echo(f"{name:<{width}}  {describe(path)}")
+        echo(f"{name:<{width}}  {' '.join(describe(path).split())}", align=True)
     from importlib import resources  # here: `attncli --help` need not import it
 
     folder = resources.files("attncli") / "examples"
-    typer.echo("\nattncli examples show NAME prints one; attncli examples run NAME [options] runs it.")
-    typer.echo(f"The files are in {folder}; attncli check FILE compares a run with the file's expected: numbers.")
+    typer.echo()
+    echo("attncli examples show NAME prints one; attncli examples run NAME [options] runs it.")
+    echo(f"The files are in {folder}; attncli check FILE compares a run with the file's expected: numbers.")
 
 
 @examples_app.command("show")

@@ -87,6 +87,19 @@ def row_stats(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return ent.reshape(shape), top.reshape(shape), arg.reshape(shape), tot.reshape(shape)
 
 
+def row_ties(w: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """How many keys of each row share its largest weight ``top`` (..., m) exactly: 1 for a clear top key,
+    n for a uniform row. (..., m, n) -> (..., m)"""
+    w = np.asarray(w)
+    n = int(w.shape[-1])
+    flat, best = w.reshape(-1, n), np.asarray(top).reshape(-1)
+    out = np.empty(flat.shape[0], dtype=np.int64)
+    step = max(1, BLOCK // max(n, 1))
+    for a in range(0, flat.shape[0], step):
+        out[a:a + step] = np.sum(flat[a:a + step] == best[a:a + step, None], axis=-1)
+    return out.reshape(w.shape[:-1])
+
+
 def fully_masked(trace: Trace) -> np.ndarray:
     """Rows (..., m) of the weights where every key is masked, as the engine found them
     (``Trace.dead``: every score -inf or no key kept; never a row a float mask made uniform)."""
@@ -133,7 +146,8 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
     """The diagnostics of ``trace`` as plain data (lists, numbers, strings), ready for JSON.
 
     Per row (shape batch... + (m,)): ``entropy``, ``effective_keys``, ``max_weight``,
-    ``argmax`` (key index) and ``argmax_key`` (its label); then ``saturated_rows``,
+    ``argmax`` (key index) and ``argmax_key`` (its label; the first when several tie),
+    ``top_ties`` (how many keys share the largest weight); then ``saturated_rows``,
     ``fully_masked_rows``, ``score_spread`` (unscaled dot products), ``similarity`` (when asked)
     and ``warnings`` (sentences).
     """
@@ -153,6 +167,7 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
         "effective_keys": plain(np.exp(h)),
         "max_weight": plain(top),
         "argmax": plain(np.where(dead, -1, arg)),
+        "top_ties": plain(np.where(dead, 0, row_ties(w, top))),  # keys sharing the top weight (all n: a uniform row)
         "keys": n,
         "visible_keys": plain(visible),  # keys each row sees (not masked): its entropy's ceiling is ln of it
     }

@@ -679,6 +679,19 @@ def read_pipe(path: Path, ext: str, source: str, cap: int | None = None) -> tupl
         return read_bounded(f, max(limit, 1), source, head=head), ext
 
 
+def bundled_hint(path: Path) -> str:
+    """'; cat_milk_sweet is a bundled example: attncli examples run cat_milk_sweet' when a missing file is
+    named like one of the examples that ship with the package (a README command run outside the clone)."""
+    from importlib import resources  # here: only on this error
+
+    stem = path.name.rsplit(".", 1)[0] if "." in path.name else path.name
+    try:
+        names = {p.name.rsplit(".", 1)[0] for p in (resources.files("attncli") / "examples").iterdir()}
+    except OSError:
+        return ""
+    return f"; {stem} is a bundled example: attncli examples run {stem}" if stem in names else ""
+
+
 class Reader:
     """Reads files (and stdin, at most once: later reads of ``-`` reuse it), caching contents.
     Every file read is recorded in attncli.io.session, so that no output of the run replaces it."""
@@ -729,7 +742,7 @@ class Reader:
             raise InputError(f"has an unknown extension {printable(ext, 40) or '(none)'!r}; "
                              f"expected one of {', '.join(sorted(LOADERS))} or - for stdin", spec)
         if mode is None:
-            raise InputError("no such file", spec)
+            raise InputError("no such file" + bundled_hint(path), spec)
         if stat.S_ISDIR(mode):
             raise InputError("is a directory, not a file", spec)
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # /dev/zero, /dev/urandom, a terminal, a socket

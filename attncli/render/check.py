@@ -41,7 +41,9 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
     from attncli.render.terminal import fmt
 
     c, tol = verdict.comparison, verdict.tolerance
-    say = functools.partial(console.print, markup=False, highlight=False)  # labels like [milk, d2] are not markup
+    from attncli.render.wrap import say as wrapped
+
+    say = functools.partial(wrapped, console, align=True)  # wrapped under the value; [milk, d2] is not markup
 
     def f(x: float) -> str:
         return fmt(x, precision)
@@ -56,7 +58,7 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
     else:
         head.append("MISMATCH", style="bold red")
         head.append(f": the {verdict.what} differs from the expected numbers in {c.mismatched} of {c.cells} cells ({share})")
-    console.print(head)
+    say(head)
     say(f"  computed as    {verdict.formula}, shape {tuple(verdict.shape)}" +
         (" (the float64 reference)" if pr is not None else ""))
     if pr is not None:
@@ -86,24 +88,24 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
             table.add_row(Text(cell.label), f(cell.expected), f(cell.computed), f(cell.error))
         console.print(table)
     for warning in verdict.warnings:
-        console.print(Text(f"  note: {warning}", style="italic"))
+        say(Text(f"  note: {warning}", style="italic"))
     if verdict.match:
         return
     console.print()
     if verdict.explanations:
         n = len(verdict.explanations)
-        console.print(Text(f"Explained by {n} variant{'s' if n > 1 else ''} of the catalogue "
+        say(Text(f"Explained by {n} variant{'s' if n > 1 else ''} of the catalogue "
                            f"({len(verdict.tried)} tried):", style="bold"))
         for e in verdict.explanations:
             line = Text("  • ")
             line.append(e.name, style="bold")
             line.append(f"  {'possibly ' if e.possible else ''}matches {e.formula}  (largest error {f(e.max_abs_error)})")
-            console.print(line)
+            say(line)
             say(f"    {e.explanation[:1].upper()}{e.explanation[1:]}.")
         if verdict.search and any(" + " in e.name for e in verdict.explanations):
             say(f"  ({verdict.search})")
         return
-    console.print(Text(f"No variant of the catalogue reproduces the expected numbers ({len(verdict.tried)} tried: "
+    say(Text(f"No variant of the catalogue reproduces the expected numbers ({len(verdict.tried)} tried: "
                        f"{', '.join(verdict.tried) or 'none'}).", style="bold"))
     if verdict.search:
         say(f"  {verdict.search}")

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.text import Text
 
 from attncli.core import chain, stages
 from attncli.core.trace import KEYS, QUERIES, Trace
@@ -32,6 +31,7 @@ from attncli.errors import InputError
 from attncli.render import RenderOptions
 from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
 from attncli.render.terminal import EXPLAINERS, axis_labels
+from attncli.render.wrap import say
 
 MAX_TERMS = 8  # products / exponentials / value rows written out before eliding the middle
 MAX_FEATURES = 6  # vector entries written out before eliding the middle
@@ -400,9 +400,9 @@ def softmax_lines(c: Cell) -> list[str]:
         lines.append(f"    Σ exp(row) = {terms_x}")
         lines.append(f"               = {elide([num(v, p) for v in ex], len(x))} = {num(float(np.sum(ex)), p)}")
         lines.append(f"    weight = {num(float(ex[c.j]), p)} / {num(float(np.sum(ex)), p)} = {num(w, p)}")
-    lines.append(f"    stable form (the row max {num(mx, p)} is subtracted first, which leaves the weights unchanged): "
-                 f"exp({num(xj, p)} − {fac(mx, p)}) / Σ exp(row − {fac(mx, p)}) = "
-                 f"{num(float(e[c.j]), p)} / {num(z, p)} = {num(w, p)}")
+    lines.append(f"    stable form: the row max {num(mx, p)} is subtracted first (the weights stay the same)")
+    lines.append(f"        exp({num(xj, p)} − {fac(mx, p)}) / Σ exp(row − {fac(mx, p)})")
+    lines.append(f"        = {num(float(e[c.j]), p)} / {num(z, p)} = {num(w, p)}")
     for st in _after_weights(t):
         v = float(np.broadcast_to(st.numpy(), t.weights.shape)[c.batch][c.i, c.j])
         lines.append(f"then {st.formula}: {num(v, p)}")
@@ -609,9 +609,9 @@ def print_explanations(trace: Trace, opts: RenderOptions, console: Console) -> N
     if ex is None:
         ex = explanations(trace, opts)
     for e in ex:
-        console.print(Text(e["heading"], style="bold underline"))
+        say(console, e["heading"], style="bold underline")
         for line in e["lines"]:
-            console.print(Text(line), soft_wrap=True)
+            say(console, line)
         console.print()
 
 

@@ -7,9 +7,9 @@ the LaTeX/Markdown documents, so a number reads the same everywhere it appears.
   compact exponent: ``-1e6``, ``1.597e-6``;
 - a value that rounds to zero is ``0.0000``, never ``-0.0000``; ±inf and nan are spelled out.
 
-A table chooses one notation per column (``column_format``): fixed decimals when every value of the
-column can be written so, else scientific for the whole column; a table of whole numbers is written
-in whole numbers.
+A table chooses the notation per column (``column_format``): fixed decimals when every value of the
+column can be written so (float noise like 3e-18 beside 0.14 included), scientific only for the values
+too small or too large for them; a table of whole numbers is written in whole numbers.
 """
 
 from __future__ import annotations
@@ -66,15 +66,27 @@ def fits_fixed(x: float, p: int) -> bool:
     return not math.isfinite(x) or x == 0 or 10.0 ** -p / 2 <= abs(x) < LARGE
 
 
+NOISE = 1e-12  # a value this small next to its column's largest is float rounding (3e-18 beside 0.14)
+
+
 def column_format(values: Iterable[float], p: int, integers: bool = False) -> Callable[[float], str]:
     """The notation of one column: whole numbers (``integers``: the whole table is), fixed ``p``
-    decimals when every value fits them, else scientific for every value of the column."""
+    decimals when every value fits them (float noise such as 3e-18 beside 0.14 is written 0.0000, not a
+    reason for e-notation), scientific for every value when none fits, else fixed decimals for the values
+    that fit and scientific only for those that do not (0.0891 above 1.597e-6, not a column of 8.911e-2)."""
     vals = [float(v) for v in values]
     if integers:
         return lambda x: special(x) or (str(int(round(x))) if whole(x) else _sci(x, p))
-    if all(fits_fixed(v, p) for v in vals):
+    top = max((abs(v) for v in vals if math.isfinite(v)), default=0.0)
+
+    def fits(x: float) -> bool:
+        return fits_fixed(x, p) or abs(x) <= NOISE * top
+
+    if all(fits(v) for v in vals):
         return lambda x: special(x) or ("0" if x == 0 else _fixed(x, p))
-    return lambda x: special(x) or ("0" if x == 0 else _sci(x, p, keep_zeros=True))
+    if not any(fits(v) and v != 0 and math.isfinite(v) for v in vals):
+        return lambda x: special(x) or ("0" if x == 0 else _sci(x, p, keep_zeros=True))
+    return lambda x: special(x) or ("0" if x == 0 else _fixed(x, p) if fits(x) else _sci(x, p, keep_zeros=True))
 
 
 def all_whole(values: Iterable[float]) -> bool:

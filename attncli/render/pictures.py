@@ -79,18 +79,44 @@ class Pictures:
                 heatmaps.plot_steps(trace, f, PLOT_FORMATS[self.plot_path.suffix.lower()], self.plot)
 
 
-def svg_view(render: Any, width: int, theme: str) -> str:
-    """The terminal view, rendered at ``width`` columns, as an SVG picture in the dark or light theme."""
-    import io
+MONOSPACE = "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace"  # local fonts only
 
-    from rich.console import Console
-    from rich.terminal_theme import DEFAULT_TERMINAL_THEME, TerminalTheme
 
-    console = Console(file=io.StringIO(), record=True, width=width, soft_wrap=False, force_terminal=True,
-                      color_system="truecolor", markup=False, emoji=False, legacy_windows=False)
-    render(console)
+def svg_template() -> str:
+    """rich's SVG template without its web fonts: no @font-face fetched from a CDN, a local monospace stack."""
+    import re
+
+    from rich._export_format import CONSOLE_SVG_FORMAT
+
+    fmt = re.sub(r"\s*@font-face \{\{.*?\}\}", "", CONSOLE_SVG_FORMAT, flags=re.S)
+    return fmt.replace("font-family: Fira Code, monospace;", f"font-family: {MONOSPACE};").replace(
+        "font-family: arial;", "font-family: sans-serif;")
+
+
+def svg_themes() -> dict[str, Any]:
+    """The --svg themes: a dark one (light text on near-black, as a terminal) and a light one."""
+    from rich.terminal_theme import TerminalTheme
+
+    dark = TerminalTheme((24, 24, 27), (225, 225, 225), [
+        (24, 24, 27), (240, 90, 90), (110, 205, 110), (225, 190, 80), (110, 160, 245), (210, 120, 210),
+        (90, 200, 210), (200, 200, 200)], [(140, 140, 140), (255, 120, 120), (140, 230, 140), (245, 215, 110),
+                                            (140, 185, 255), (230, 150, 230), (120, 225, 235), (255, 255, 255)])
     light = TerminalTheme((255, 255, 255), (20, 20, 20), [
         (20, 20, 20), (170, 20, 20), (20, 120, 20), (130, 90, 0), (20, 60, 170), (130, 30, 130), (0, 110, 120),
         (90, 90, 90)], [(80, 80, 80), (200, 40, 40), (30, 150, 30), (150, 110, 0), (40, 80, 200), (160, 50, 160),
                         (0, 130, 140), (0, 0, 0)])
-    return console.export_svg(title="attncli", theme=light if theme == "light" else DEFAULT_TERMINAL_THEME)
+    return {"dark": dark, "light": light}
+
+
+def svg_view(render: Any, width: int, theme: str) -> str:
+    """The terminal view, rendered at ``width`` columns, as an SVG picture in the dark or light theme;
+    the text is wrapped to ``width`` by the views (never cut), the font is the reader's own monospace."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), record=True, width=width, soft_wrap=False, force_terminal=True,
+                      color_system="truecolor", markup=False, emoji=False, legacy_windows=False)
+    render(console)
+    themes = svg_themes()
+    return console.export_svg(title="attncli", theme=themes.get(theme, themes["dark"]), code_format=svg_template())

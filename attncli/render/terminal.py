@@ -23,6 +23,7 @@ from attncli.core.diagnostics import SATURATION, masked_cells, query_labels
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.render import RenderOptions, escape, output_format
 from attncli.render.numbers import MASKED, all_whole, column_format, num
+from attncli.render.wrap import say
 
 ELLIPSIS = "…"
 INPUT_TITLES = {"q": ("Q: queries", (QUERIES, FEATURES)), "k": ("K: keys", (KEYS, FEATURES)),
@@ -195,6 +196,17 @@ def explained_keys(trace: Trace, opts: RenderOptions) -> list[int]:
     return out
 
 
+def row_best(row: np.ndarray, hidden: np.ndarray | None) -> frozenset[int]:
+    """The columns to bold in a row: its largest value, every one of them when several tie,
+    none when every visible cell ties (a uniform row has no strongest key)."""
+    seen = ~np.asarray(hidden, dtype=bool) if hidden is not None else np.ones(row.shape, dtype=bool)
+    if not seen.any() or not np.isfinite(row[seen]).any():
+        return frozenset()
+    top = np.max(np.where(seen, row, -np.inf))
+    best = frozenset(int(j) for j in np.flatnonzero(seen & (row == top)))
+    return frozenset() if len(best) > 1 and len(best) == int(seen.sum()) else best
+
+
 def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, opts: RenderOptions,
                  caption: str | None = None, highlight_max: bool = False, heatmap: bool = False,
                  rows_of: Sequence[int] | None = None, lay: Layout | None = None,
@@ -225,7 +237,7 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
         if i is None:
             table.add_row(ELLIPSIS, *[ELLIPSIS for _ in ci])
             continue
-        best = int(np.argmax(a[i])) if highlight_max else -1
+        best = row_best(a[i], marked[i] if marked is not None else None) if highlight_max else frozenset()
         cells: list[Text | str] = []
         for j in ci:
             if j is None:
@@ -236,12 +248,20 @@ def matrix_table(a: np.ndarray, title: str, axes: Sequence[str], trace: Trace, o
             if hid:
                 style: Style | str = "dim"
             elif heatmap:
-                style = heat_style(x, j == best)
+                style = heat_style(x, j in best)
             else:
-                style = "bold" if j == best else ("dim" if math.isinf(x) else "")
+                style = "bold" if j in best else ("dim" if math.isinf(x) else "")
             cells.append(Text(cell_text(x, j, hid, lay, opts.precision), style=style))
         table.add_row(rlab[i], *cells)
     return table
+
+
+def print_table(console: Console, table: Table) -> None:
+    """The table, then its caption (notes, the colour legend) wrapped to the terminal's width, not the table's."""
+    caption, table.caption = table.caption, None
+    console.print(table)
+    for line in str(caption or "").split("\n") if caption else []:
+        say(console, line, style="table.caption")
 
 
 def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str], trace: Trace,
@@ -259,8 +279,8 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     table = functools.partial(matrix_table, highlight_max=highlight_max, heatmap=heatmap, rows_of=rows_of, lay=lay,
                               caption=legend)
     if not batch:
-        console.print(Text(title, style="table.title"))  # a line of its own, not wrapped to the table's width
-        console.print(table(a, title, axes, trace, opts, marked=lay.marked))
+        say(console, title, style="table.title")  # a line of its own, not wrapped to the table's width
+        print_table(console, table(a, title, axes, trace, opts, marked=lay.marked))
         if after is not None:
             after(())
         console.print()
@@ -273,13 +293,13 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
             where = ", ".join(f"{n} {i} of {size}" for n, i, size in zip(names, idx, batch))
         else:
             where = f"batch [{', '.join(map(str, idx))}] of {tuple(batch)}"
-        console.print(Text(f"{title} · {where}", style="table.title"))
-        console.print(table(a[idx], title, axes, trace, opts,
-                            marked=lay.marked[idx] if lay.marked is not None else None))
+        say(console, f"{title} · {where}", style="table.title")
+        print_table(console, table(a[idx], title, axes, trace, opts,
+                                   marked=lay.marked[idx] if lay.marked is not None else None))
         if after is not None:
             after(idx)
     if len(entries) > limit:
-        console.print(Text(f"{ELLIPSIS} {len(entries) - limit} more {entry_noun(trace, len(batch))} not shown "
+        say(console, Text(f"{ELLIPSIS} {len(entries) - limit} more {entry_noun(trace, len(batch))} not shown "
                            "(use --full to show all, or --save FILE.npz)", style="italic"))
     console.print()
 
@@ -299,6 +319,13 @@ def _at(values: Any, idx: tuple[int, ...]) -> Any:
     for i in idx:
         values = values[i]
     return values
+
+
+def top_key(klab: Sequence[str], arg: int, ties: int, visible: int) -> str:
+    """The key a row attends to most, or the tie: 'all 4 keys tie', 'cat +1 tied'."""
+    if ties > 1 and ties >= visible:
+        return f"all {ties} keys tie"
+    return klab[arg] if ties <= 1 else f"{klab[arg]} +{ties - 1} tied"
 
 
 def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
@@ -322,6 +349,7 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
     for name in heads:
         table.add_column(name, justify="right")
     p = opts.precision
+    ties = diag.get("top_ties")
     rows = [i for i in (shown(m, opts.max_rows, opts.full) if rows_of is None else with_gaps(rows_of)) if i is not None]
     fe = column_format([x for i in rows if (x := ent[i]) is not None], p)
     fw = column_format([x for i in rows if (x := top[i]) is not None], p)
@@ -334,7 +362,8 @@ def diagnostics_table(trace: Trace, diag: dict[str, Any], idx: tuple[int, ...],
             table.add_row(qlab[i], "(all masked)", fmt(top[i], p), "-", "0", *seen)
         else:
             sat = top[i] is not None and top[i] > SATURATION and vis[i] > 1
-            table.add_row(qlab[i], klab[arg[i]], Text(fw(top[i]), style="bold red" if sat else ""),
+            table.add_row(qlab[i], top_key(klab, arg[i], _at(ties, idx)[i] if ties else 1, vis[i]),
+                          Text(fw(top[i]), style="bold red" if sat else ""),
                           fe(ent[i]), num(eff[i], min(p, 2)), *seen)
     return table, note
 
@@ -345,11 +374,11 @@ def print_diagnostics(console: Console, trace: Trace, idx: tuple[int, ...], opts
         return
     table, note = diagnostics_table(trace, diag, idx, opts)
     console.print(table)
-    console.print(Text(note))  # under the table, not wrapped to its width
+    say(console, note)  # under the table, wrapped to the terminal's width, not the table's
     last = len(trace.weights.shape[:-2])
     if idx == () or all(i == 0 for i in idx) or last == 0:  # the sentences once, under the first table
         for w in diag.get("warnings", []):
-            console.print(Text(f"  ⚠ {w}", style="yellow"))
+            say(console, f"  ⚠ {w}", style="yellow")
 
 
 def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None:
@@ -372,7 +401,7 @@ def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None
         tied = [lab[j] for j in others if s[i, j] == best]
         return f"{', '.join(tied)} ({fmt(best, opts.precision)}{', tied' if len(tied) > 1 else ''})"
 
-    console.print(Text(f"closest other row by {kind} similarity" + (", after and before attention:" if before is not None
+    say(console, Text(f"closest other row by {kind} similarity" + (", after and before attention:" if before is not None
                                                                    else " after attention:")))
 
     for i in shown(m, opts.max_rows, opts.full):
@@ -381,7 +410,7 @@ def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None
         line = f"  {lab[i]}: {closest(after, i)}"
         if before is not None:
             line += f"; before: {closest(before, i)}"
-        console.print(Text(line))
+        say(console, line)
     console.print()
 
 
@@ -416,7 +445,7 @@ def seed_note(meta: dict[str, Any]) -> str | None:
 
 @output_format("rich")
 def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
-    console.print(header(trace))
+    say(console, header(trace))
     console.print()
     wanted = opts.steps
     same = trace.meta.get("self_attention", False)
@@ -434,7 +463,7 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
                    highlight_max=heat, heatmap=heat, rows_of=step.rows, name=step.name,
                    after=(lambda idx: print_diagnostics(console, trace, idx, opts)) if weights else None)
         for note in step.notes:
-            console.print(Text(f"  {escape.terminal(note)}", style="italic"))
+            say(console, f"  {escape.terminal(note)}", style="italic")
     similarity_view(console, trace, opts)
     for explain in EXPLAINERS:
         explain(trace, opts, console)
