@@ -17,17 +17,25 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Any
 
-from attncli.io import session
+TYPE_CHECKING = False  # typing itself is not imported before the handlers are in place
 
-_CRITICAL = tuple(getattr(signal, name) for name in session.SIGNALS if hasattr(signal, name))
+if TYPE_CHECKING:
+    from typing import Any
+
+# Nothing of the package is imported before the handlers are in place (install() is the first thing
+# main() does): a signal during start-up finds them already there, not Python's KeyboardInterrupt.
+SAID = {"SIGINT": "interrupted", "SIGTERM": "terminated", "SIGHUP": "hung up"}
+_CRITICAL = tuple(getattr(signal, name) for name in SAID if hasattr(signal, name))
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     """Remove the temporaries, say one line, exit 128 + signum now (buffered stdout is dropped)."""
-    session.cleanup()
-    said = session.SIGNALS.get(signal.Signals(signum).name, "killed")
+    session = sys.modules.get("attncli.io.session")  # not imported yet (or half): nothing written yet either
+    cleanup = getattr(session, "cleanup", None)
+    if cleanup is not None:
+        cleanup()
+    said = SAID.get(signal.Signals(signum).name, "killed")
     try:
         os.write(2, f"attncli: error: {said}\n".encode())
     except OSError:
@@ -38,13 +46,15 @@ def _on_signal(signum: int, frame: Any) -> None:
 def install() -> None:
     """Handle SIGINT, SIGTERM and SIGHUP from now on (a signal the parent ignores stays ignored:
     ``nohup`` keeps working), and SIGBUS once a file is memory-mapped."""
-    session.hold_after_commit = True
     for sig in _CRITICAL:
         try:
             if signal.getsignal(sig) != signal.SIG_IGN:
                 signal.signal(sig, _on_signal)
         except (ValueError, OSError):  # not the main thread
             pass
+    from attncli.io import session
+
+    session.hold_after_commit = True
     session.on_mapped(_install_bus_handler)
 
 
@@ -60,6 +70,8 @@ def _install_bus_handler() -> None:
         return
     import ctypes
     import ctypes.util
+
+    from attncli.io import session
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
