@@ -88,7 +88,7 @@ def test_the_seed_that_raised_a_false_alarm_matches_and_a_wrong_head_is_named(tm
     if dtype == "float32":  # far above rounding: the largest error by head names it too
         heads = doc["distribution"]["heads"]
         assert heads[0]["label"] == f"head {BAD_HEAD}" and heads[0]["max_abs_error"] > 100 * heads[1]["max_abs_error"]
-    # (no explanation offered: piece 2)
+    assert doc["explanations"] == []  # no do-nothing variant (mask-value-1e6) offered
 
 
 def test_explicit_tolerances_still_decide(tmp_path: Path) -> None:

@@ -349,9 +349,10 @@ class Explanation:
     explanation: str
     max_abs_error: float
     possible: bool = False  # a possibility rather than a reproduction (dropout)
+    option: str | None = None  # the options that make the problem match, when the mistake is an option
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "formula": self.formula, "explanation": self.explanation,
-                "max_abs_error": _num(self.max_abs_error), "possibility_only": self.possible}
+                "max_abs_error": _num(self.max_abs_error), "possibility_only": self.possible, "option": self.option}
 
 

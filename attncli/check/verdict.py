@@ -34,7 +34,7 @@ from attncli.check.compare import (
     written_numbers,
 )
 from attncli.check.precision import FACTOR, FLOOR, HEAD_FACTOR, ROW_FACTOR, SCALED_HEAD_MIN, SCALED_HEAD_Z, naive_run
-from attncli.check.variants import Context, diagnose
+from attncli.check.variants import NEAREST_FACTOR, Context, diagnose
 from attncli.core.engine import run
 from attncli.core.problem import Problem
 from attncli.core.trace import Trace
@@ -164,6 +164,7 @@ class Verdict:
     candidates: list[Explanation] = field(default_factory=list)  # every variant (and pair) tried, with its error
     search: str = ""  # how the search for pairs of mistakes was bounded
     distribution: Divergence | None = None  # where the errors are, by row / column / head
+    baseline: float = 0.0  # the largest error of the correct computation (no change), which a near miss must beat
 
     @property
     def match(self) -> bool:
@@ -190,6 +191,7 @@ class Verdict:
             **self.comparison.to_dict(),
             "explanations": [e.to_dict() for e in self.explanations],
             "nearest": [e.to_dict() for e in self.nearest],
+            "nearest_factor": NEAREST_FACTOR,
             "divergence": self.divergence.to_dict() if self.divergence else None,
             "variants_tried": self.tried,
             "variants_skipped": self.skipped,
@@ -268,6 +270,7 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
     verdict.explanations, verdict.nearest = found.matches, found.nearest
     verdict.tried, verdict.skipped = found.tried, found.skipped
     verdict.candidates, verdict.search = found.candidates, found.search
+    verdict.baseline = found.baseline
     if not verdict.explanations:
         verdict.divergence = verdict.distribution
     return verdict
@@ -305,9 +308,10 @@ def _scaled_heads(reference: Trace, diff: np.ndarray, plain: np.ndarray, named: 
     per, noise = through_heads(reference, diff), through_heads(reference, plain)
     if per is None or noise is None:
         return []
-    H, dh = per.shape[-2:]
-    o = np.asarray(reference["concat"], dtype=np.float64).reshape(per.shape)  # (..., T, H, dh)
-    o, per, noise = (np.moveaxis(a, -2, 0).reshape(H, -1) for a in (o, per, noise))  # (H, N)
+    H = int(per.shape[-2])
+    heads_first: list[Any] = [np.moveaxis(a, -2, 0).reshape(H, -1)  # (..., T, H, dh) -> (H, N)
+                              for a in (np.asarray(reference["concat"], dtype=np.float64).reshape(per.shape), per, noise)]
+    o, per, noise = heads_first
     oo = np.sum(o * o, axis=1)  # (H,)
     out: list[tuple[str, float]] = []
     for h in range(H):

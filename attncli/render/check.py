@@ -119,16 +119,24 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
             line.append(f"  {'possibly ' if e.possible else ''}matches {e.formula}  (largest error {f(e.max_abs_error)})")
             console.print(line)
             say(f"    {e.explanation[:1].upper()}{e.explanation[1:]}.")
+            if e.option is not None:
+                say(f"    The expected numbers match this problem with `{e.option}`.")
         if verdict.search and any(" + " in e.name for e in verdict.explanations):
             say(f"  ({verdict.search})")
         return
-    console.print(Text(f"No variant of the catalogue reproduces the expected numbers ({len(verdict.tried)} tried: "
+    console.print(Text(f"No catalogued mistake explains it ({len(verdict.tried)} tried: "
                        f"{', '.join(verdict.tried) or 'none'}).", style="bold"))
     if verdict.search:
         say(f"  {verdict.search}")
+    from attncli.check.variants import NEAREST_FACTOR
+
     if verdict.nearest:
-        near = ", ".join(f"{e.name} (largest error {f(e.max_abs_error)})" for e in verdict.nearest)
+        near = ", ".join(f"{e.name} (largest error {f(e.max_abs_error)}, {verdict.baseline / e.max_abs_error:.3g}× "
+                         "smaller than no change)" if e.max_abs_error > 0 else e.name for e in verdict.nearest)
         say(f"  nearest: {near}")
+    else:
+        say(f"  none comes {NEAREST_FACTOR:g}× closer than no change (largest error {f(verdict.baseline)}); "
+            "the errors by row, column and head above say where the numbers differ")
     d = verdict.divergence
     if d is not None:
         if d.ratio is not None:
