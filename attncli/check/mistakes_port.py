@@ -29,7 +29,8 @@ from attncli.core.problem import Problem
 COMMON_BASES = (10000.0, 500000.0, 1000000.0, 100000.0, 50000.0, 5000000.0, 250000.0, 2000000.0, 8000000.0,
                 20000.0, 1000.0)
 FIT_STEPS = 24  # golden-section steps on log10(base) in [2, 8] when no common base fits
-FIT_CELLS = 1 << 22  # ...only for problems of at most this many score cells (each step is one run)
+FIT_CELLS = 1 << 22  # ...only for problems of at most this many score cells (each step is one run); larger
+# problems try the first four common bases only. Both fitting entries are a search of their own: not pairable.
 
 
 def _err(c: Context, t: object) -> float:
@@ -46,13 +47,14 @@ def _fit_base(c: Context, exclude: float | None, **options: Any) -> float:
             tried[b] = _err(c, c.rerun(rope_base=b, **options))
         return tried[b]
 
-    for b in COMMON_BASES:
+    p = c.problem
+    small = int(np.prod(p.batch_shape)) * p.m * p.n <= FIT_CELLS
+    for b in COMMON_BASES if small else COMMON_BASES[:4]:
         if b != exclude and within(c.expected, np.asarray(c.rerun(rope_base=b, **options)[c.what]), c.tol).all():
             return b
         if b != exclude:
             err(b)
-    p = c.problem
-    if int(np.prod(p.batch_shape)) * p.m * p.n <= FIT_CELLS:
+    if small:
         lo, hi = 2.0, 8.0
         g = (math.sqrt(5) - 1) / 2
         a, b = hi - g * (hi - lo), lo + g * (hi - lo)
@@ -73,7 +75,7 @@ def _fit_base(c: Context, exclude: float | None, **options: Any) -> float:
     return min(tried, key=lambda k: tried[k])
 
 
-@variant("rope-base-other", "RoPE used another base: {detail}")
+@variant("rope-base-other", "RoPE used another base: {detail}", pairable=False)
 def rope_base_other(c: Context) -> Result:
     """θ = position · b^(-2k/d) with another base b than the reference's"""
     if c.options.rope is None:
@@ -90,7 +92,7 @@ def rope_base_other(c: Context) -> Result:
 
 
 @variant("rope-added", "RoPE ({rope_added}) was applied although this problem has no rotary position embedding: "
-                       "{detail}")
+                       "{detail}", pairable=False)
 def rope_added(c: Context) -> Result:
     """softmax(rotate(Q)·rotate(K)ᵀ / √d)·V for a problem without RoPE"""
     if c.options.rope is not None:
