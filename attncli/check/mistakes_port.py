@@ -110,7 +110,7 @@ def rope_added(c: Context) -> Result:
     return c.rerun(rope=mode, rope_base=base)
 
 
-def _causal_keep(c: Context, shift: int) -> Problem:
+def _shifted_causal(c: Context, shift: int) -> Problem:
     p, o = c.problem, c.options
     if not o.causal:
         raise NotApplicable("no causal mask here")
@@ -128,14 +128,14 @@ def _causal_keep(c: Context, shift: int) -> Problem:
                                      "itself (j < i instead of j <= i; triu(..., diagonal=0) instead of diagonal=1)")
 def causal_diagonal_excluded(c: Context) -> Result:
     """softmax(S masked at keys j >= i)·V"""
-    return _remask(c, _causal_keep(c, -1))
+    return _remask(c, _shifted_causal(c, -1))
 
 
 @variant("causal-one-future", "the causal mask was off by one: each query also saw the next key (j <= i + 1; "
                               "triu(..., diagonal=2) instead of diagonal=1)")
 def causal_one_future(c: Context) -> Result:
     """softmax(S masked at keys j > i + 1)·V"""
-    return _remask(c, _causal_keep(c, +1))
+    return _remask(c, _shifted_causal(c, +1))
 
 
 @variant("sqrt-heads-width", "the scores of the 4-D (batch, heads, tokens, width) inputs were divided by √(H·d) "

@@ -1058,6 +1058,3 @@ def _pairs(c: Context, changes: list[tuple[Variant, Problem]], out: Diagnosis, m
                   f"problem, re-run once, with every other variant on top; at most {MAX_PAIR_RUNS} pairs and "
                   f"{PAIR_CELL_BUDGET:.3g} score cells in all)")
 
-
-# entries of the catalogue kept in modules of their own register the same way (imported last: they use the above)
-from attncli.check import mistakes_port  # noqa: E402,F401

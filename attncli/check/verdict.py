@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from attncli.check import mistakes_port  # noqa: F401  (registers its entries in the catalogue)
 from attncli.check.compare import (
     CellNamer,
     Comparison,
