@@ -187,10 +187,11 @@ class Cell:
     expected: float
     computed: float
     error: float
+    bound: float = math.nan  # the largest error this cell was allowed
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": list(self.index), "label": self.label, "expected": _num(self.expected),
-                "computed": _num(self.computed), "abs_error": _num(self.error)}
+                "computed": _num(self.computed), "abs_error": _num(self.error), "bound": _num(self.bound)}
 
 
 @dataclass
@@ -247,7 +248,8 @@ def compare(expected: np.ndarray, computed: np.ndarray, tol: Tolerance, namer: C
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(computed != 0, err / np.abs(computed), np.where(err == 0, 0.0, np.inf))
     bad = np.argwhere(~ok)
-    first = [namer.cell(tuple(int(i) for i in idx), expected, computed, err) for idx in bad[:SHOWN_CELLS]]
+    bound = np.broadcast_to(tol.bound(computed), computed.shape)
+    first = [namer.cell(tuple(int(i) for i in idx), expected, computed, err, bound) for idx in bad[:SHOWN_CELLS]]
     worst = worst_rel = None
     if err.size:
         widx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))
@@ -290,8 +292,10 @@ class CellNamer:
             head = f"[b{','.join(map(str, batch))}]" if batch else ""
         return f"{head}[{self.axis_label(self.axes[0], i)}, {self.axis_label(self.axes[1], j)}]"
 
-    def cell(self, idx: tuple[int, ...], expected: np.ndarray, computed: np.ndarray, err: np.ndarray) -> Cell:
-        return Cell(idx, self.label(idx), float(expected[idx]), float(computed[idx]), float(err[idx]))
+    def cell(self, idx: tuple[int, ...], expected: np.ndarray, computed: np.ndarray, err: np.ndarray,
+             bound: np.ndarray | None = None) -> Cell:
+        return Cell(idx, self.label(idx), float(expected[idx]), float(computed[idx]), float(err[idx]),
+                    math.nan if bound is None else float(bound[idx]))
 
 
 # ---- where the numbers diverge, when nothing explains them ----------------------------
@@ -345,9 +349,10 @@ class Explanation:
     explanation: str
     max_abs_error: float
     possible: bool = False  # a possibility rather than a reproduction (dropout)
+    option: str | None = None  # the options that make the problem match, when the mistake is an option
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "formula": self.formula, "explanation": self.explanation,
-                "max_abs_error": _num(self.max_abs_error), "possibility_only": self.possible}
+                "max_abs_error": _num(self.max_abs_error), "possibility_only": self.possible, "option": self.option}
 
 

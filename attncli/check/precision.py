@@ -40,6 +40,15 @@ from attncli.errors import InputError
 HALF = ("bfloat16", "float16")
 # the bound FlashAttention's tests use: a kernel's largest error at most twice the plain one's
 FACTOR = 2.0
+# ...and a row's RMS error at most this many times the plain RMS error in that row (or its median row): an RMS over
+# one row's few cells varies more from one implementation to another (a real float16/bfloat16 layer's rows reach
+# 3× the plain implementation's), while a wrong row is off by far more than rounding
+ROW_FACTOR = 4.0
+# ...and each head's RMS error (a multi-head output's error traced back through W_o) at most this many times the
+# plain implementation's in that head (or its median head): a head computed wrong, a little, in every row
+HEAD_FACTOR = 3.0
+# ...and no head's output off by a factor 1 + α: |α| more than this many standard errors of rounding (and > 0.5%)
+SCALED_HEAD_Z, SCALED_HEAD_MIN = 5.0, 0.005
 # torch.testing.assert_close's atol by dtype: the least tolerance allowed when the plain error is ~0
 FLOOR = {"bfloat16": 1e-5, "float16": 1e-5, "float32": 1e-5, "float64": 1e-7}
 

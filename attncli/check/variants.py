@@ -93,6 +93,9 @@ class Context:
     tol: Tolerance
     _ref: Trace | None = None
     changed: Problem | None = None  # the problem the last rerun computed (a variant that is only a change)
+    note: str = ""  # what a variant found (a fitted base), for its explanation's {detail}
+    hint: str | None = None  # the options that make the problem match, when a variant found them
+    correct: np.ndarray | None = None  # for a pair's second mistake: the correct result of the original problem
 
     @classmethod
     def of(cls, subject: Problem, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
@@ -903,6 +906,16 @@ def qk_norm_model_width(c: Context) -> Result:
 
 # ---- diagnosis ------------------------------------------------------------------------
 
+NEAREST_FACTOR = 4.0  # a near miss is shown only when its largest error is this many times smaller than no change's
+# variants that are an option the user did not give (or gave wrongly): the words that make the problem match
+OPTION_HINTS: dict[str, str] = {
+    "causal-added": "--causal", "causal-added-bottom-right": "--causal --causal-align bottom-right",
+    "causal-missing": "without --causal", "causal-bottom-right": "--causal-align bottom-right",
+    "no-scaling": "--scaling none", "scaled-unscaled-score": "--scaling sqrt-d", "scale-by-d": "--scale 1/d",
+    "rope-missing": "without --rope", "rope-other-convention": "the other --rope",
+    "window-off-by-one": "--window W+1", "window-one-short": "--window W-1", "q-offset-missing": "--q-offset 0",
+    "kv-heads-tiled": "K/V heads tiled (no option: fix the code)", "mask-inverted": "the other --mask-convention",
+}
 MAX_PAIR_RUNS = 600  # pairs of mistakes tried at most (each one run of the pipeline, or one variant on it)
 PAIR_CELL_BUDGET = 1 << 25  # ...and at most this many score cells computed over all of them
 
@@ -917,6 +930,7 @@ class Diagnosis:
     skipped: dict[str, str] = field(default_factory=dict)
     candidates: list[Explanation] = field(default_factory=list)  # every variant (and pair) tried, with its error
     search: str = ""  # how the pairs were searched
+    baseline: float = 0.0  # the largest error of no change at all (the correct computation)
 
 
 def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanation:
@@ -931,7 +945,8 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
                  scale=f"{o.scale:.4g}" if o.scale is not None else "", pre_attn=pre_attn,
                  G=c.problem.kv_heads or 1, r=c.problem.n_rep, W=o.window, W1=(o.window or 0) + 1, rope=o.rope,
                  rope_other="interleaved" if o.rope == "half" else "half", P=c.problem.query_offset, cap=o.softcap,
-                 base=f"{c.problem.rope_settings()[0]:g}")
+                 base=f"{c.problem.rope_settings()[0]:g}", rope_added=detail.split(",")[0],
+                 H4=detail)
     return Explanation(v.name, v.formula, v.explanation.format(**facts), err, v.possible)
 
 
@@ -947,7 +962,7 @@ class _Try:
 
 def _try(v: Variant, c: Context) -> _Try:
     expected, what, tol = c.expected, c.what, c.tol
-    c.changed = None
+    c.changed, c.note, c.hint = None, "", None
     try:
         result = v.fn(c)
     except NotApplicable as e:
@@ -967,8 +982,13 @@ def _try(v: Variant, c: Context) -> _Try:
     got = np.asarray(arrays[what], dtype=np.float64)
     if got.shape != expected.shape:
         return _Try(skipped=f"it gives shape {got.shape}")
+    for correct in (c.ref[what], c.correct):
+        if correct is not None and within(got, np.asarray(correct, dtype=np.float64), tol).all():
+            return _Try(skipped=f"it changes nothing here: its {what} equals the correct one within the tolerance")
     err = float(errors(expected, got).max())
-    return _Try(_explain(v, c, err), bool(within(expected, got, tol).all()), changed=changed)
+    ex = _explain(v, c, err, c.note)
+    ex.option = c.hint or OPTION_HINTS.get(v.name)
+    return _Try(ex, bool(within(expected, got, tol).all()), changed=changed)
 
 
 def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3,
@@ -1001,8 +1021,11 @@ def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, 
     if not out.matches and pairs:
         _pairs(c, changes, out, misses)
     out.candidates.sort(key=lambda e: e.max_abs_error)
-    if not out.matches:
-        out.nearest = sorted(misses, key=lambda e: e.max_abs_error)[:nearest]
+    if not out.matches:  # only what is clearly closer than no change at all
+        base = float(errors(expected, np.asarray(c.ref[what], dtype=np.float64)).max())
+        out.nearest = sorted((e for e in misses if e.max_abs_error * NEAREST_FACTOR <= base),
+                             key=lambda e: e.max_abs_error)[:nearest]
+        out.baseline = base
     return out
 
 
@@ -1021,7 +1044,7 @@ def _pairs(c: Context, changes: list[tuple[Variant, Problem]], out: Diagnosis, m
     total = sum(1 for a, _ in changes for b in second if new(a, b))
     runs = 0
     for a, changed in changes:
-        ca = Context(changed, c.expected, c.what, c.tol)
+        ca = Context(changed, c.expected, c.what, c.tol, correct=c.ref[c.what])
         for b in second:
             if not new(a, b):
                 continue
@@ -1043,3 +1066,4 @@ def _pairs(c: Context, changes: list[tuple[Variant, Problem]], out: Diagnosis, m
     out.search = (f"pairs of mistakes: {runs} of {total} tried (each of the {len(changes)} variants that only change the "
                   f"problem, re-run once, with every other variant on top; at most {MAX_PAIR_RUNS} pairs and "
                   f"{PAIR_CELL_BUDGET:.3g} score cells in all)")
+

@@ -17,13 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from attncli.check import mistakes_port  # noqa: F401  (registers its entries in the catalogue)
 from attncli.check.compare import (
     CellNamer,
     Comparison,
     Divergence,
     Explanation,
     Tolerance,
+    binary_decimals,
     compare,
+    decimal_tolerance,
     decimals,
     divergence,
     errors,
@@ -31,15 +34,48 @@ from attncli.check.compare import (
     infer_tolerance,
     written_numbers,
 )
-from attncli.check.precision import FACTOR, FLOOR, naive_run
-from attncli.check.variants import Context, diagnose
+from attncli.check.precision import FACTOR, FLOOR, HEAD_FACTOR, ROW_FACTOR, SCALED_HEAD_MIN, SCALED_HEAD_Z, naive_run
+from attncli.check.variants import NEAREST_FACTOR, Context, diagnose
 from attncli.core.engine import run
 from attncli.core.problem import Problem
 from attncli.core.trace import Trace
 from attncli.errors import InputError
 
 __all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Tolerance", "Verdict", "check", "decimals",
-           "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
+           "default_judgement", "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
+
+OWN_PRECISIONS = ("float32", "float16", "bfloat16")  # judged by their own precision; float64 stays strict
+
+
+def default_judgement(expected: np.ndarray, written: list[str] | None, half: str | None, computed_dtype: str,
+                      source: str, given: dict[str, float] | None = None,
+                      precision: str | None = None) -> tuple[Tolerance, str | None, str]:
+    """How expected numbers are judged when the user says nothing else: (the tolerance, the precision whose
+    plain arithmetic they are judged against or None, where that precision came from).
+
+    - ``--atol/--rtol`` given: that tolerance, no precision;
+    - ``--precision-of`` given (``precision``): that precision;
+    - numbers written as text (YAML, JSON, CSV, inline) or binary floats rounded to k decimals: half a unit of
+      their last decimal;
+    - binary float32, float16, bfloat16 (``half``): the error of the same computation done plainly in that
+      dtype (:class:`Precision`: overall and row by row), whatever the size of the values;
+    - binary float64 (and whole numbers): torch.testing's strict float default."""
+    if given:
+        atol, rtol = given.get("atol", 0.0), given.get("rtol", 0.0)
+        return Tolerance(atol, rtol, f"given: --atol {atol:g} --rtol {rtol:g}"), None, ""
+    dtype = "float32" if "float32" in (str(expected.dtype), computed_dtype) else "float64"
+    places = binary_decimals(expected) if written is None else None
+    if places is not None:
+        tol = decimal_tolerance(places, dtype, f"inferred: every number of {source} is a float rounded to {places} "
+                                               f"decimal{'s' if places > 1 else ''} (half a unit of the last)")
+    else:
+        tol = infer_tolerance(written, dtype, source)
+    if precision is not None:
+        return tol, precision, "--precision-of"
+    own = half or (str(expected.dtype) if written is None and places is None else None)
+    if own in OWN_PRECISIONS:
+        return tol, own, f"{source} holds {own} numbers"
+    return tol, None, ""
 
 
 @dataclass
@@ -48,7 +84,7 @@ class Precision:
     implementation in ``dtype`` (attncli.check.precision), as FlashAttention's authors judge kernels:
 
     - overall: the largest error at most ``FACTOR`` (2) times the plain implementation's largest error;
-    - row by row: each row's RMS error at most ``FACTOR`` times the plain implementation's RMS error in
+    - row by row: each row's RMS error at most ``ROW_FACTOR`` (4) times the plain implementation's RMS error in
       that row (or its median row, whichever is larger), so one wrong row cannot hide under the others.
     """
 
@@ -58,6 +94,7 @@ class Precision:
     naive_max_abs_error: float  # plain arithmetic in dtype, against the same reference
     rows_over: list[tuple[str, float]] = field(default_factory=list)  # (row, its error / what plain dtype explains)
     distribution: Divergence | None = None
+    heads_over: list[tuple[str, float]] = field(default_factory=list)  # (head, its error / what plain dtype explains)
 
     @property
     def ratio(self) -> float:
@@ -67,7 +104,17 @@ class Precision:
 
     @property
     def consistent(self) -> bool:
-        return self.max_abs_error <= FACTOR * self.naive_max_abs_error + FLOOR[self.dtype] and not self.rows_over
+        return self.max_abs_error <= FACTOR * self.naive_max_abs_error + FLOOR[self.dtype] and not self.rows_over \
+            and not self.heads_over
+
+    @property
+    def rule(self) -> str:
+        """Which rule decided: 'overall' (the largest error against 2× plain), 'per-row' (a row's RMS error
+        against 4× plain in that row, the overall bound holding), 'per-head' (a head's RMS error, traced back
+        through W_o, against 3× plain in that head), or 'both' when the numbers are consistent."""
+        if self.max_abs_error > FACTOR * self.naive_max_abs_error + FLOOR[self.dtype]:
+            return "overall"
+        return "per-row" if self.rows_over else "per-head" if self.heads_over else "both"
 
     def sentence(self) -> str:
         you, plain = f"{self.max_abs_error:.2g}", f"{self.naive_max_abs_error:.2g}"
@@ -79,17 +126,23 @@ class Precision:
             head = (f"your largest error {you} is {ratio} what plain {self.dtype} arithmetic gives ({plain}): "
                     f"more than {self.dtype} explains")
         else:
+            some = "rows" if self.rows_over else "heads"
             head = (f"your largest error {you} is {self.ratio:.2g}× what plain {self.dtype} arithmetic gives ({plain}), "
-                    f"but some rows are off by more than {self.dtype} explains")
+                    f"but some {some} are off by more than {self.dtype} explains")
         if self.rows_over:
             head += "; look at " + ", ".join(f"row {r} ({x:.2g}× its plain {self.dtype} error)" for r, x in self.rows_over[:3])
+        if self.heads_over:
+            head += "; look at " + ", ".join(f"{h} ({x:.2g}× its plain {self.dtype} error, RMS through W_o)"
+                                             for h, x in self.heads_over[:3])
         return head
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "source": self.source, "consistent": self.consistent,
+        return {"dtype": self.dtype, "source": self.source, "consistent": self.consistent, "rule": self.rule,
                 "max_abs_error": self.max_abs_error, "naive_max_abs_error": self.naive_max_abs_error,
-                "ratio": self.ratio if math.isfinite(self.ratio) else None, "factor": FACTOR,
+                "ratio": self.ratio if math.isfinite(self.ratio) else None, "factor": FACTOR, "row_factor": ROW_FACTOR,
                 "rows_over": [{"label": r, "ratio": x if math.isfinite(x) else None} for r, x in self.rows_over],
+                "head_factor": HEAD_FACTOR,
+                "heads_over": [{"label": r, "ratio": x if math.isfinite(x) else None} for r, x in self.heads_over],
                 "distribution": self.distribution.to_dict() if self.distribution else None, "sentence": self.sentence()}
 
 
@@ -112,15 +165,26 @@ class Verdict:
     candidates: list[Explanation] = field(default_factory=list)  # every variant (and pair) tried, with its error
     search: str = ""  # how the search for pairs of mistakes was bounded
     distribution: Divergence | None = None  # where the errors are, by row / column / head
+    baseline: float = 0.0  # the largest error of the correct computation (no change), which a near miss must beat
 
     @property
     def match(self) -> bool:
         return self.comparison.match and (self.precision is None or self.precision.consistent)
 
+    @property
+    def rule(self) -> str:
+        """The rule that decided: 'tolerance' (a fixed |e - c| <= atol + rtol·|c|), or the precision's
+        'overall' / 'per-row' (both held: 'precision')."""
+        if self.precision is None:
+            return "tolerance"
+        r = self.precision.rule
+        return "precision" if r == "both" else r
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": "match" if self.match else "mismatch",
             "match": self.match,
+            "rule": self.rule,
             "what": self.what,
             "formula": self.formula,
             "shape": list(self.shape),
@@ -128,6 +192,7 @@ class Verdict:
             **self.comparison.to_dict(),
             "explanations": [e.to_dict() for e in self.explanations],
             "nearest": [e.to_dict() for e in self.nearest],
+            "nearest_factor": NEAREST_FACTOR,
             "divergence": self.divergence.to_dict() if self.divergence else None,
             "variants_tried": self.tried,
             "variants_skipped": self.skipped,
@@ -184,7 +249,7 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
         reference = Context.of(problem, exp, what, Tolerance(0.0, 0.0, "")).ref
         computed = reference[what].astype(np.float64)
         tol, judged = _precision(exp, computed, naive_run(problem, precision)[what], precision, precision_source,
-                                 CellNamer.for_step(trace, what))
+                                 CellNamer.for_step(trace, what), reference if what == "output" else None)
     else:
         computed = trace[what].astype(np.float64)
         tol = tolerance or float_default(str(trace.meta.get("dtype", "float64")), source)
@@ -195,22 +260,84 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
     if judged is not None:
         verdict.distribution = judged.distribution
     if verdict.match or not explain:
+        if verdict.distribution is not None and not verdict.match:
+            verdict.distribution.heads = verdict.distribution.heads or heads_through_output(trace, exp, computed)
         return verdict
     if verdict.distribution is None:
         verdict.distribution = divergence(exp, computed, tol, namer)
+    verdict.distribution.heads = verdict.distribution.heads or heads_through_output(trace, exp, computed)
     diag_tol = tol if judged is None else Tolerance(tol.atol, 0.0, tol.origin)  # variants: the overall bound
     found = diagnose(problem, exp, what, diag_tol, pairs=pairs)
     verdict.explanations, verdict.nearest = found.matches, found.nearest
     verdict.tried, verdict.skipped = found.tried, found.skipped
     verdict.candidates, verdict.search = found.candidates, found.search
+    verdict.baseline = found.baseline
     if not verdict.explanations:
         verdict.divergence = verdict.distribution
     return verdict
 
 
+def through_heads(trace: Trace, diff: np.ndarray) -> np.ndarray | None:
+    """A difference of a multi-head layer's output traced back to its heads, (..., T, H, d_v/H): the output is
+    concat · W_o (+ b_o), so when W_o has full row rank the difference of the concatenated heads is diff · W_o⁺,
+    and head h owns its d_v/H columns of it. None for a layer without W_o (or one that loses information)."""
+    if "W_o" not in trace or "concat" not in trace or diff.ndim < 2:
+        return None
+    w_o = np.asarray(trace["W_o"], dtype=np.float64)  # (d_v, E)
+    H = int(trace["head_output"].shape[-3]) if "head_output" in trace else 0
+    if w_o.ndim != 2 or H < 2 or w_o.shape[0] % H or diff.shape[-1] != w_o.shape[1] or \
+            np.linalg.matrix_rank(w_o) < w_o.shape[0]:
+        return None
+    delta = np.nan_to_num(diff, posinf=0.0, neginf=0.0) @ np.linalg.pinv(w_o)  # (..., T, E) x (E, d_v) -> (..., T, d_v)
+    return delta.reshape(delta.shape[:-1] + (H, w_o.shape[0] // H))
+
+
+def heads_through_output(trace: Trace, exp: np.ndarray, computed: np.ndarray) -> list[tuple[str, float]]:
+    """The largest error of each head (:func:`through_heads`), worst first; [] where heads cannot be told."""
+    per = through_heads(trace, exp - computed) if exp.shape == computed.shape else None
+    if per is None:
+        return []
+    by_head = np.abs(np.moveaxis(per, -2, 0)).reshape(per.shape[-2], -1).max(axis=1)
+    return [(f"head {h}", float(by_head[h])) for h in np.argsort(-by_head) if by_head[h] > 0]
+
+
+def _scaled_heads(reference: Trace, diff: np.ndarray, plain: np.ndarray, named: set[str]) -> list[tuple[str, float]]:
+    """Heads whose output is off by a factor: the error of head h traced back through W_o, fitted as α_h times the
+    head's own output o_h (least squares). Rounding gives α_h within a few standard errors of 0 (its residual's
+    RMS over ‖o_h‖, the larger of the user's and the plain implementation's); a head scaled by 1 + α stands
+    ``SCALED_HEAD_Z`` standard errors out and at least ``SCALED_HEAD_MIN`` away. (head, α_h in %)."""
+    per, noise = through_heads(reference, diff), through_heads(reference, plain)
+    if per is None or noise is None:
+        return []
+    H = int(per.shape[-2])
+    heads_first: list[Any] = [np.moveaxis(a, -2, 0).reshape(H, -1)  # (..., T, H, dh) -> (H, N)
+                              for a in (np.asarray(reference["concat"], dtype=np.float64).reshape(per.shape), per, noise)]
+    o, per, noise = heads_first
+    oo = np.sum(o * o, axis=1)  # (H,)
+    out: list[tuple[str, float]] = []
+    for h in range(H):
+        if oo[h] == 0 or f"head {h}" in named:
+            continue
+        a = float(per[h] @ o[h] / oo[h])
+        an = float(noise[h] @ o[h] / oo[h])
+        rms = max(float(np.sqrt(np.mean(np.square(per[h] - a * o[h])))), float(np.sqrt(np.mean(np.square(noise[h] - an * o[h])))))
+        se = rms / math.sqrt(oo[h]) + 1e-12
+        if abs(a) / se > SCALED_HEAD_Z and abs(a) > SCALED_HEAD_MIN:
+            out.append((f"head {h}", 100 * a))
+    return out
+
+
+def _rms_by_head(trace: Trace, diff: np.ndarray) -> np.ndarray | None:
+    per = through_heads(trace, diff)
+    if per is None:
+        return None
+    return np.sqrt(np.mean(np.square(np.moveaxis(per, -2, 0)).reshape(per.shape[-2], -1), axis=1))  # (H,)
+
+
 def _precision(exp: np.ndarray, ref: np.ndarray, naive: np.ndarray, dtype: str, source: str,
-               namer: CellNamer) -> tuple[Tolerance, Precision]:
-    """The tolerance and the judgement of ``exp`` against ``ref`` given the plain implementation's ``naive``."""
+               namer: CellNamer, reference: Trace | None = None) -> tuple[Tolerance, Precision]:
+    """The tolerance and the judgement of ``exp`` against ``ref`` given the plain implementation's ``naive``;
+    with the ``reference`` trace of a multi-head layer, each head's error too (traced back through W_o)."""
     err, plain = errors(exp, ref), errors(naive, ref)
     plain_max = float(plain.max()) if plain.size else 0.0
     overall = FACTOR * plain_max + FLOOR[dtype]
@@ -218,7 +345,7 @@ def _precision(exp: np.ndarray, ref: np.ndarray, naive: np.ndarray, dtype: str, 
         rms = np.sqrt(np.mean(np.square(err), axis=-1))  # (..., m)
         plain_rms = np.sqrt(np.mean(np.square(plain), axis=-1))
     base = np.maximum(plain_rms, np.median(plain_rms)) + FLOOR[dtype]  # (..., m)
-    over = rms > FACTOR * base
+    over = rms > ROW_FACTOR * base
     rows_over: list[tuple[str, float]] = []
     if over.any():
         ratio = np.where(over, rms / base, 0.0)
@@ -228,10 +355,18 @@ def _precision(exp: np.ndarray, ref: np.ndarray, naive: np.ndarray, dtype: str, 
                 break
             label = namer.label(tuple(int(i) for i in cell) + (0,)).rsplit(",", 1)[0] + "]"
             rows_over.append((label, float(ratio[cell])))
-    cells = np.where(over[..., None], FACTOR * base[..., None], overall)  # a wrong row: its own, tighter bound
+    cells = np.where(over[..., None], ROW_FACTOR * base[..., None], overall)  # a wrong row: its own, tighter bound
     tol = Tolerance(overall, 0.0, f"{source}: {FACTOR:g}× the largest error of plain {dtype} arithmetic "
                                   f"({plain_max:.2g}) against the float64 reference, as FlashAttention's tests "
-                                  f"(and {FACTOR:g}× its error row by row, RMS)", cells=cells)
+                                  f"(and {ROW_FACTOR:g}× its error row by row, RMS)", cells=cells)
+    heads_over: list[tuple[str, float]] = []
+    you = _rms_by_head(reference, exp - ref) if reference is not None else None
+    plain_h = _rms_by_head(reference, naive - ref) if reference is not None else None
+    if you is not None and plain_h is not None and reference is not None:
+        base_h = np.maximum(plain_h, np.median(plain_h)) + FLOOR[dtype]  # (H,)
+        ratio_h = you / base_h
+        heads_over = [(f"head {h}", float(ratio_h[h])) for h in np.argsort(-ratio_h) if ratio_h[h] > HEAD_FACTOR]
+        heads_over += _scaled_heads(reference, exp - ref, naive - ref, {h for h, _ in heads_over})
     judged = Precision(dtype, source, float(err.max()) if err.size else 0.0, plain_max, rows_over,
-                       divergence(exp, ref, tol, namer))
+                       divergence(exp, ref, tol, namer), heads_over)
     return tol, judged

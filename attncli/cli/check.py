@@ -137,8 +137,7 @@ def _print_error(kind: str, message: str) -> None:
 
 def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     """Split the arguments, read the expected numbers and the problem, and check."""
-    from attncli.check.compare import binary_decimals, decimal_tolerance
-    from attncli.check.verdict import Tolerance, check, infer_tolerance
+    from attncli.check.verdict import check, default_judgement
     from attncli.cli.inputs import build_problem
     from attncli.core.engine import run
     from attncli.io.files import Reader
@@ -157,20 +156,8 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     expected, written, source, half = read_expected(spec, opts.expected, reader, what)
     subject = build_problem(inputs, problem, reader)
     trace = run(subject)
-    precision_source = "--precision-of"
-    if precision is None and half is not None and not given:
-        precision, precision_source = half, f"{source} holds {half} numbers"
-    if given:
-        atol, rtol = given.get("atol", 0.0), given.get("rtol", 0.0)
-        tol = Tolerance(atol, rtol, f"given: --atol {atol:g} --rtol {rtol:g}")
-    else:
-        dtype = "float32" if "float32" in (str(expected.dtype), str(trace.meta.get("dtype"))) else "float64"
-        places = binary_decimals(expected) if written is None else None
-        if places is not None:
-            tol = decimal_tolerance(places, dtype, f"inferred: every number of {source} is a float rounded to {places} "
-                                                   f"decimal{'s' if places > 1 else ''} (half a unit of the last)")
-        else:
-            tol = infer_tolerance(written, dtype, source)
+    tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.get("dtype")),
+                                                         source, given, precision)
     return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
                  explain=opts.search, precision=precision, precision_source=precision_source, pairs=opts.pairs)
 

@@ -19,6 +19,16 @@ if TYPE_CHECKING:  # the CLI reads CHECK_FORMATS' names for --format: importing 
 CheckFormatter = Callable[["Verdict", int, Any], None]
 CHECK_FORMATS: dict[str, CheckFormatter] = {}
 SHOWN_RTOL = 1e-8  # a relative tolerance below this (a float-rounding hair) is left out of the report
+RULES = {
+    "tolerance": "the fixed tolerance above, cell by cell",
+    "precision": "the precision: the largest error within 2× plain arithmetic's, and every row's RMS error "
+                 "within 4× plain arithmetic's in that row",
+    "overall": "the overall rule: the largest error is more than 2× what plain arithmetic gives",
+    "per-row": "the per-row rule: the largest error is within the overall bound, but some rows' RMS error is "
+               "more than 4× plain arithmetic's in that row (their cells are judged by that row's bound)",
+    "per-head": "the per-head rule: the largest error is within the overall bound, but some heads' RMS error "
+                "(traced back through W_o) is more than 3× plain arithmetic's in that head",
+}
 
 
 def check_format(name: str) -> Callable[[CheckFormatter], CheckFormatter]:
@@ -65,8 +75,11 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
         say(f"  precision      {pr.sentence()}")
         say(f"                 ({pr.source}; plain {pr.dtype}: the same stages with every operation rounded to {pr.dtype})")
     bound = f"{tol.atol:.3g}" + (f" + {tol.rtol:.3g}·|computed|" if tol.rtol > SHOWN_RTOL else "")
-    say(f"  tolerance      |expected - computed| <= {bound}")
+    say(f"  tolerance      |expected - computed| <= {bound}" + (" overall; a row's own bound where tighter"
+                                                               if pr is not None else ""))
     say(f"                 {tol.origin}")
+    if pr is not None:
+        say(f"  decided by     {RULES[verdict.rule]}")
     if c.worst is not None:
         w = c.worst
         say(f"  largest error  {f(c.max_abs_error)} at {w.label} (expected {f(w.expected)}, computed {f(w.computed)})")
@@ -82,10 +95,12 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
             say("  errors by head   " + ", ".join(f"{k} {v:.2g}" for k, v in d.heads[:8]))
     if c.first:
         table = Table(title=f"First mismatching cells ({len(c.first)} of {c.mismatched})", title_justify="left")
-        for col in ("cell", "expected", "computed", "|error|"):
+        cols = ("cell", "expected", "computed", "|error|") + (("bound",) if pr is not None else ())  # per row
+        for col in cols:
             table.add_column(col, justify="left" if col == "cell" else "right", no_wrap=True)
         for cell in c.first:
-            table.add_row(Text(cell.label), f(cell.expected), f(cell.computed), f(cell.error))
+            table.add_row(Text(cell.label), f(cell.expected), f(cell.computed), f(cell.error),
+                          *((f"{cell.bound:.3g}",) if pr is not None else ()))
         console.print(table)
     for warning in verdict.warnings:
         say(Text(f"  note: {warning}", style="italic"))
@@ -102,16 +117,24 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
             line.append(f"  {'possibly ' if e.possible else ''}matches {e.formula}  (largest error {f(e.max_abs_error)})")
             say(line)
             say(f"    {e.explanation[:1].upper()}{e.explanation[1:]}.")
+            if e.option is not None:
+                say(f"    The expected numbers match this problem with `{e.option}`.")
         if verdict.search and any(" + " in e.name for e in verdict.explanations):
             say(f"  ({verdict.search})")
         return
-    say(Text(f"No variant of the catalogue reproduces the expected numbers ({len(verdict.tried)} tried: "
+    say(Text(f"No catalogued mistake explains it ({len(verdict.tried)} tried: "
                        f"{', '.join(verdict.tried) or 'none'}).", style="bold"))
     if verdict.search:
         say(f"  {verdict.search}")
+    from attncli.check.variants import NEAREST_FACTOR
+
     if verdict.nearest:
-        near = ", ".join(f"{e.name} (largest error {f(e.max_abs_error)})" for e in verdict.nearest)
+        near = ", ".join(f"{e.name} (largest error {f(e.max_abs_error)}, {verdict.baseline / e.max_abs_error:.3g}× "
+                         "smaller than no change)" if e.max_abs_error > 0 else e.name for e in verdict.nearest)
         say(f"  nearest: {near}")
+    else:
+        say(f"  none comes {NEAREST_FACTOR:g}× closer than no change (largest error {f(verdict.baseline)}); "
+            "the errors by row, column and head above say where the numbers differ")
     d = verdict.divergence
     if d is not None:
         if d.ratio is not None:

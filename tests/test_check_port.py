@@ -1,0 +1,104 @@
+"""``check`` on a real model's layer: no false alarm from rounding, a wrong head named, every expected step.
+
+The expected numbers are transformers' own: a tiny Llama (random config, ``initializer_range=0.3`` so that outputs
+reach tens, as in real models) saved with ``save_pretrained`` and run in float32, bfloat16 and float16; the layer's
+attention output is captured with a forward hook, its input from ``output_hidden_states``. A 2% error planted in one
+head's output (a pre-hook on ``o_proj``: the concatenated heads' columns of that head) must be a MISMATCH that
+names that head.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attncli.cli import app
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+runner = CliRunner()
+HEAD_WIDTH, BAD_HEAD = 16, 1
+
+
+def llama_layer(folder: Path, dtype: Any, seed: int, bad_head: int | None = None) -> tuple[np.ndarray, Any]:
+    """(the residual entering layer 2, layer 2's attention output as the module computes it in ``dtype``)."""
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)
+    model = transformers.LlamaForCausalLM(cfg).eval().to(dtype)
+    model.save_pretrained(folder)
+    attn = model.model.layers[2].self_attn
+    got: dict[str, Any] = {}
+
+    def hook(m: Any, args: Any, out: Any) -> None:
+        got.setdefault("y", out[0].detach())
+
+    def plant(m: Any, args: Any) -> tuple[Any]:
+        x = args[0].clone()
+        x[..., bad_head * HEAD_WIDTH:(bad_head + 1) * HEAD_WIDTH] *= 1.02  # head bad_head's output, 2% off
+        return (x,)
+
+    attn.register_forward_hook(hook)
+    if bad_head is not None:
+        attn.o_proj.register_forward_pre_hook(plant)
+    ids = torch.randint(0, 100, (1, 20))
+    with torch.no_grad():
+        res = model(input_ids=ids, output_hidden_states=True)
+    return res.hidden_states[2][0].float().numpy(), got["y"][0]
+
+
+def check_layer(tmp: Path, dtype: Any, seed: int, bad_head: int | None = None) -> tuple[int, dict[str, Any]]:
+    resid, y = llama_layer(tmp / "model", dtype, seed, bad_head)
+    np.save(tmp / "resid.npy", resid)
+    if dtype is torch.float32:
+        np.save(tmp / "out.npy", y.numpy())
+        out = tmp / "out.npy"
+    else:
+        torch.save(y, tmp / "out.pt")
+        out = tmp / "out.pt"
+    r = runner.invoke(app, ["check", str(out), str(tmp / "resid.npy"), "--weights", str(tmp / "model"), "--layer", "2",
+                            "--from-residual", "--format", "json"])
+    return r.exit_code, json.loads(r.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_no_false_alarm_on_hugging_faces_own_layer(tmp_path: Path, dtype: str, seed: int) -> None:
+    code, doc = check_layer(tmp_path, getattr(torch, dtype), seed)
+    assert code == 0 and doc["verdict"] == "match", (doc["max_abs_error"], doc["precision"])
+    assert doc["precision"]["dtype"] == dtype and doc["precision"]["heads_over"] == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_seed_that_raised_a_false_alarm_matches_and_a_wrong_head_is_named(tmp_path: Path, dtype: str) -> None:
+    # seed 0, float32: 1 of 1280 cells over torch.testing's fixed float32 tolerance before, "explained" by mask-value-1e6
+    code, doc = check_layer(tmp_path, getattr(torch, dtype), 0)
+    assert code == 0 and doc["verdict"] == "match" and doc["rule"] == "precision"
+    assert doc["precision"]["source"].endswith(f"holds {dtype} numbers")
+    code, doc = check_layer(tmp_path, getattr(torch, dtype), 0, bad_head=BAD_HEAD)
+    assert code == 1 and doc["verdict"] == "mismatch"
+    # the head rules name it (its RMS error, or its output off by a factor, against plain arithmetic's in that head)
+    assert doc["precision"]["heads_over"][0]["label"] == f"head {BAD_HEAD}"
+    if dtype == "float32":  # far above rounding: the largest error by head names it too
+        heads = doc["distribution"]["heads"]
+        assert heads[0]["label"] == f"head {BAD_HEAD}" and heads[0]["max_abs_error"] > 100 * heads[1]["max_abs_error"]
+    assert doc["explanations"] == []  # no do-nothing variant (mask-value-1e6) offered
+
+
+def test_explicit_tolerances_still_decide(tmp_path: Path) -> None:
+    resid, y = llama_layer(tmp_path / "model", torch.float32, 0)
+    np.save(tmp_path / "resid.npy", resid)
+    np.save(tmp_path / "out.npy", y.numpy())
+    args = ["check", str(tmp_path / "out.npy"), str(tmp_path / "resid.npy"), "--weights", str(tmp_path / "model"),
+            "--layer", "2", "--from-residual", "--format", "json", "--no-explain"]
+    r = runner.invoke(app, [*args, "--atol", "1e-12"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["rule"] == "tolerance" and doc["precision"] is None
+    r = runner.invoke(app, [*args, "--atol", "1e-3"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["rule"] == "tolerance"
