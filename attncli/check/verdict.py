@@ -187,7 +187,7 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
                                  CellNamer.for_step(trace, what))
     else:
         computed = trace[what].astype(np.float64)
-        tol = tolerance or float_default(str(trace.meta.get("dtype", "float64")), source)
+        tol = tolerance or float_default(str(trace.meta.dtype or "float64"), source)
     namer = CellNamer.for_step(trace, what)
     comparison = compare(exp, computed, tol, namer)
     verdict = Verdict(what, tol, comparison, computed.shape, formula=trace.step(what).formula,

@@ -164,7 +164,7 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
         atol, rtol = given.get("atol", 0.0), given.get("rtol", 0.0)
         tol = Tolerance(atol, rtol, f"given: --atol {atol:g} --rtol {rtol:g}")
     else:
-        dtype = "float32" if "float32" in (str(expected.dtype), str(trace.meta.get("dtype"))) else "float64"
+        dtype = "float32" if "float32" in (str(expected.dtype), str(trace.meta.dtype)) else "float64"
         places = binary_decimals(expected) if written is None else None
         if places is not None:
             tol = decimal_tolerance(places, dtype, f"inferred: every number of {source} is a float rounded to {places} "

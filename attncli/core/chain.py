@@ -53,7 +53,8 @@ class Scale:
 
     factor: Any
     temperature: float | None
-    rule: str  # the rule's text, e.g. "S / sqrt(d) = S / sqrt(4)"
+    rule: str  # the rule's text, for display, e.g. "S / √d = S / √4"
+    name: str = "none"  # the rule: a key of attncli.core.scoring.SCALINGS, or "scale" (--scale)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def _scale(b: Block, s: Any) -> tuple[Any, Scale]:
         return s * b.c, Scale(None, t, "")
     factor, rule = stages.scale_factor(b.p, b.be.xp, s)
     c = factor if t is None else (1.0 / t if factor is None else factor / t)
-    return s * c, Scale(factor, t, rule)
+    return s * c, Scale(factor, t, rule, "scale" if b.p.options.scale is not None else scaling_name(b.p))
 
 
 def _scale_formula(a: Scale, prev: str) -> str:
