@@ -328,6 +328,17 @@ STAGES: tuple[Stage, ...] = (
 )
 
 
+# the names of the steps from the score to the softmax's input, in the chain's order (the bias step is
+# 'alibi' when ALiBi is its only term)
+LOGIT_STEPS: tuple[N, ...] = tuple(n for st in STAGES if st.name == N.SCORES or st.fn is not None
+                                   for n in ((N.ALIBI, N.BIAS) if st.name == N.BIAS else (st.name,)))
+
+
+def softmax_input(names: Any) -> N:
+    """The last step of the chain among ``names``: what the softmax took."""
+    return [n for n in LOGIT_STEPS if n in names][-1]
+
+
 def needed(p: Problem) -> list[Stage]:
     """The stages ``p`` needs, in order."""
     return [st for st in STAGES if st.applies(p)]

@@ -2,15 +2,8 @@
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
     2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
-       normalise q_norm, k_norm = RMSNorm over each head's features     (--qk-norm)
-       rotate    q_rot, k_rot at positions P + i and j                 (--rope)
-    3) score     scores = score(Q, K)                                  (..., m, n)
-    4) scale     scaled = scores · factor / temperature
-       cap       capped = c · tanh(scaled / c)                         (--softcap)
-       bias      alibi = capped + slope_h · (j - i)                    (--alibi)
-    5) mask      masked = with masked keys (valid lengths, causal, window, masks) at -inf, plus any float mask
-    6) softmax   weights = softmax(masked) (with sinks: sink, weights)  rows sum to 1 (0 where fully masked)
-    7) select    hard, dropout (each its own step; the last is what multiplies V)
+    3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE),
+                 the chain before the softmax (chain.logits), the softmax and its variants
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
 
@@ -372,7 +365,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.add(st.step(problem), text, s, notes=_notes(par))
         trace.steps[-1].params = par
 
-    # 3) - 5) score, scale, cap, bias, mask: the one chain before the softmax
+    # the chain before the softmax: chain.logits, its stages in chain.STAGES's order
     if problem.mask is not None and problem.mask.dtype != bool and \
             bool(np.all((problem.mask == 0) | (problem.mask == 1))):
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "

@@ -28,7 +28,6 @@ from attncli.core import chain, stages
 from attncli.core.params import Features, Rotation
 from attncli.core.scoring import SCALINGS
 from attncli.core.trace import KEYS, QUERIES, Trace
-from attncli.core.trace import StepName as N
 from attncli.errors import InputError
 from attncli.render import RenderOptions
 from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
@@ -327,9 +326,7 @@ def scaling_lines(c: Cell) -> list[str]:
     return [f"scaled: {expr} = {num(x, p)}"]
 
 
-# the steps from the score to the softmax's input, in the chain's order (attncli.core.chain.STAGES)
-SCORE_CHAIN = tuple(n for st in chain.STAGES if st.name == N.SCORES or st.fn is not None
-                    for n in ((N.ALIBI, N.BIAS) if st.name == N.BIAS else (st.name,)))
+SCORE_CHAIN = chain.LOGIT_STEPS  # the steps from the score to the softmax's input, in the chain's order
 
 
 def _before(t: Trace, name: str) -> str:
@@ -378,7 +375,7 @@ def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float
     """The softmax's input row (the step it read: masked, scaled or scores), its finite max,
     exp(x - max) (each <= 1; masked keys 0) and their sum, as the explanations write them."""
     t = c.trace
-    pre = [n for n in SCORE_CHAIN if n in t.names()][-1]
+    pre = chain.softmax_input(t.names())
     x = c.row(pre)
     mx, e, z = stages.softmax_parts(np, x)  # the engine's own softmax, for one row
     return pre, x, float(mx[0]), e, float(z[0])
