@@ -231,7 +231,7 @@ def score_spread(trace: Trace) -> dict[str, Any] | None:
 def output_similarity(trace: Trace, kind: str) -> dict[str, Any]:
     """Output rows compared with each other (and, for self-attention, the input rows before attention)."""
     fn = SIMILARITIES[kind]
-    o = np.asarray(trace.output, dtype=np.float64)  # (..., m, d_v)
+    o = np.asarray(trace.step("output").numpy(), dtype=np.float64)  # (..., m, d_v), queries as rows
     after = fn(o, o)  # (..., m, m)
     res: dict[str, Any] = {"kind": kind, "after": plain(after), "nearest": plain(nearest(after))}
     if trace.meta.self_attention and "q" in trace.inputs:

@@ -454,6 +454,7 @@ def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str,
         t.steps[-1].rows = ws.rows
     if t.dead is not None:
         t.warnings.extend(_output_rows_note(problem, t.dead, "b_o" in w, has_o))
+    t.seq_first = problem.batched and not problem.batch_first
     if not problem.batched:
         for s in t.steps:
             if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}:
@@ -529,6 +530,7 @@ def select_head(trace: Trace, head: int) -> Trace:
     meta = replace(trace.meta, head=head, batch_axes=["batch"] if trace.meta.batched else [], per_head_steps=[])
     dead = None if trace.dead is None else trace.dead[(slice(None),) * axis + (head,)]
     return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,
-                 warnings=trace.warnings, meta=meta, inputs=trace.inputs, extra=trace.extra, dead=dead)
+                 warnings=trace.warnings, meta=meta, inputs=trace.inputs, extra=trace.extra, dead=dead,
+                 seq_first=trace.seq_first)
 
 
