@@ -42,7 +42,7 @@ def test_cuda_float64_equals_numpy(case: str, keep_weights: bool) -> None:
     """float64 on the GPU: the explicit path (every step) and the output-only paths, to 1e-10."""
     ref = attend(Q, K, V, dtype="float64", **CASES[case])
     got = attend(Q, K, V, dtype="float64", backend="torch", device="cuda", keep_weights=keep_weights, **CASES[case])
-    assert got.meta["device"].startswith("cuda")
+    assert got.meta.device.startswith("cuda")
     names = got.names() if keep_weights else ["output"]
     for name in names:
         np.testing.assert_allclose(got[name], ref[name], rtol=0, atol=1e-10, err_msg=name)
@@ -55,7 +55,7 @@ def test_cuda_sdpa_float32(case: str) -> None:
     ref = attend(Q, K, V, dtype="float64", **CASES[case]).output
     got = attend(Q.astype(np.float32), K.astype(np.float32), V.astype(np.float32), backend="torch", device="cuda",
                  keep_weights=False, **CASES[case])
-    assert got.meta["path"] == "sdpa"
+    assert got.meta.path == "sdpa"
     np.testing.assert_allclose(got.output, ref, rtol=1e-4, atol=1e-4)
 
 

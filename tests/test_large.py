@@ -82,10 +82,10 @@ def test_blocked_equals_full_batched(case: str, backend: str, magnitude: float, 
     full = attend(q, k, v, **kw)
     out = attend(q, k, v, keep_weights=False, **kw)
     assert out.names() == ["output"] and "weights" not in out
-    assert out.meta["path"] in ("blocked", "sdpa")
-    if out.meta["path"] == "blocked" and kw.get("scaling") != "norm":
+    assert out.meta.path in ("blocked", "sdpa")
+    if out.meta.path == "blocked" and kw.get("scaling") != "norm":
         shift_free = magnitude == 1.0 and "mask_value" not in kw and case != "float-mask"
-        assert out.meta["softmax"] == ("shift-free" if shift_free else "running max")
+        assert out.meta.softmax == ("shift-free" if shift_free else "running max")
     np.testing.assert_allclose(out.output, full.output, rtol=0, atol=1e-12)
     assert out.warnings == full.warnings
 
@@ -101,7 +101,7 @@ def test_shift_free_softmax_near_the_float32_limits(low: float, shift_free: bool
     k[:, 0] = 1.0 - 0.01 * np.arange(23)  # 1 .. 0.78: scores from ±0.78·low to ±low; the bound is low
     v = rng.standard_normal((23, 3))
     out = attend(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), keep_weights=False)
-    assert out.meta["softmax"] == ("shift-free" if shift_free else "running max")
+    assert out.meta.softmax == ("shift-free" if shift_free else "running max")
     ref = loop_reference(q, k, v, np.ones((37, 23), bool), 1 / math.sqrt(d))
     np.testing.assert_allclose(out.output, ref, rtol=1e-4, atol=1e-5)
 
@@ -131,7 +131,7 @@ def test_explicit_path_for_variants() -> None:
     """Options the fast paths do not implement (dropout here) run the explicit path instead."""
     x = rng.standard_normal((6, 4))
     t = attend(x, keep_weights=False, dropout=0.5, seed=1)
-    assert t.meta.get("path") == "explicit" and "weights" in t
+    assert t.meta.path == "explicit" and "weights" in t
 
 
 # ---- torch SDPA ---------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_sdpa_equals_explicit(case: str) -> None:
     kw = dict(SDPA_CASES[case], dtype="float64")
     explicit = attend(q, k, v, backend="torch", **kw)
     fused = attend(q, k, v, backend="torch", keep_weights=False, **kw)
-    assert fused.meta["path"] == "sdpa"
+    assert fused.meta.path == "sdpa"
     np.testing.assert_allclose(fused.output, explicit.output, rtol=0, atol=1e-12)
     assert fused.warnings == explicit.warnings
 
@@ -176,7 +176,7 @@ def test_float16_overflow_computed_in_float32() -> None:
     want = attend(x16.astype(np.float64)).output  # float64 of the same (float16) numbers
     for keep in (True, False):
         t = attend(x16, keep_weights=keep)
-        assert t.output.dtype == np.float16 and t.meta["dtype"] == "float32"
+        assert t.output.dtype == np.float16 and t.meta.dtype == "float32"
         assert not np.isnan(t.output).any()
         np.testing.assert_allclose(t.output.astype(np.float64), want, rtol=1e-2)
         assert any("overflows float16" in w and "query" in w for w in t.warnings), t.warnings

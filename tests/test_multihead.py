@@ -83,8 +83,7 @@ def test_matches_nn_multiheadattention(tmp_path: Path, dtype: str, batch_first: 
     lay = (lambda a: a) if batch_first else (lambda a: a.transpose(0, 1))  # noqa: E731
     with torch.no_grad():
         out, w = mha(lay(x), lay(key), lay(value), key_padding_mask=kpm if padding else None, attn_mask=attn_mask,
-                     need_weights=True, average_attn_weights=average)
-    out = lay(out)
+                     need_weights=True, average_attn_weights=average)  # out: (T, B, E) when not batch_first
 
     inputs = [lay(a).numpy() for a in (x, key, value)]
     trace = multihead(inputs[0], None if kdim is None else inputs[1], None if kdim is None else inputs[2],
@@ -432,7 +431,15 @@ def test_cli_sequence_first_layout_with_separate_key_and_value_inputs(tmp_path: 
                               str(state_dict_file(mha, tmp_path / "kv.pt")), "--format", "json"])
     assert res.exit_code == 0, res.stderr
     out = np.asarray(json.loads(res.stdout)["output"])
-    np.testing.assert_allclose(out, ref.transpose(0, 1).numpy(), atol=1e-5, rtol=0)  # the steps are batch-first
+    np.testing.assert_allclose(out, ref.numpy(), atol=1e-5, rtol=0)  # (T, B, E), as PyTorch returns it
+    given = [str(tmp_path / "q.npy"), "--memory", str(tmp_path / "k.npy"), "--values", str(tmp_path / "v.npy"),
+             "--no-batch-first", "--heads", "3", "--weights", str(tmp_path / "kv.pt")]
+    np.save(tmp_path / "want.npy", ref.numpy())  # check reads the expected output in the same layout
+    res = runner.invoke(app, ["check", str(tmp_path / "want.npy"), *given])
+    assert res.exit_code == 0, res.stdout + res.stderr
+    np.save(tmp_path / "bad.npy", ref.numpy() + 0.5)  # off by 0.5 everywhere: a mismatch
+    res = runner.invoke(app, ["check", str(tmp_path / "bad.npy"), *given])
+    assert res.exit_code == 1, res.stdout + res.stderr
 
 
 def test_permuting_the_tokens_permutes_the_output() -> None:

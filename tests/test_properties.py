@@ -296,7 +296,7 @@ def test_numpy_and_torch_agree(case: Case) -> None:
     if a is None:
         return
     b = case.run(backend="torch")
-    assert b.meta["backend"] == "torch" and b.output.dtype == np.dtype(case.dtype)
+    assert b.meta.backend == "torch" and b.output.dtype == np.dtype(case.dtype)
     for name in ("weights", "output"):
         x, y = a[name].astype(np.float64), b[name].astype(np.float64)
         scale = max(np.abs(x).max(), 1e-300)

@@ -130,8 +130,8 @@ def test_seeded_init_is_default_rng_in_parameter_order(backend: str) -> None:
     got = t.inputs_numpy()
     for name, w in want.items():
         np.testing.assert_array_equal(got[name], w)
-    assert t.meta["params_initialised"]["names"] == ["W_q", "W_k", "w_v"]
-    assert (t.meta["params_initialised"]["seed"], t.meta["params_initialised"]["hidden"]) == (11, 7)
+    assert list(t.meta.params_initialised.names) == ["W_q", "W_k", "w_v"]
+    assert (t.meta.params_initialised.seed, t.meta.params_initialised.hidden) == (11, 7)
     # h defaults to the query width; the seed to 0
     t = attend(q, k, v, score="additive")
     assert t.inputs_numpy()["W_q"].shape == (4, 4)

@@ -185,7 +185,7 @@ def test_output_only_equals_explicit(name: str, backend: str) -> None:
     vl = np.array([[12] * 9, [7] * 9])  # (B, m): the second batch entry sees 7 keys
     full = attend(q, k, v, valid_lens=vl, backend=backend, **kw)
     fast = attend(q, k, v, valid_lens=vl, backend=backend, keep_weights=False, **kw)
-    assert fast.meta["path"] in ("blocked", "sdpa")
+    assert fast.meta.path in ("blocked", "sdpa")
     assert err(full.output, fast.output) < 1e-12
     # GQA: the explicit path equals attention with K/V repeated as HF repeat_kv (the reference's own)
     from transformers.models.llama.modeling_llama import repeat_kv
@@ -207,8 +207,8 @@ def test_sdpa_enable_gqa_parity_and_the_fused_path() -> None:
         for keep in (True, False):
             t = attend(q, k, v, causal=True, backend=backend, keep_weights=keep)
             assert err(t.output, ref) < 1e-12
-    assert attend(q, k, v, causal=True, backend="torch", keep_weights=False).meta["path"] == "sdpa"
-    assert attend(q, k, v, causal=True, backend="torch", keep_weights=False, softcap=5.0).meta["path"] == "blocked"
+    assert attend(q, k, v, causal=True, backend="torch", keep_weights=False).meta.path == "sdpa"
+    assert attend(q, k, v, causal=True, backend="torch", keep_weights=False, softcap=5.0).meta.path == "blocked"
 
 
 def test_kv_cache_step_equals_the_full_sequence_rows(models: dict[str, Any], tmp_path: Path) -> None:
@@ -467,7 +467,7 @@ def test_run_multi_query_one_kv_head_is_sdpa_enable_gqa() -> None:
                                                            enable_gqa=True).numpy()
     for keep in (True, False):
         t = attend_(q, k, v, causal=True, keep_weights=keep, rope="half")
-        assert t.meta["kv_heads"] == 1
+        assert t.meta.kv_heads == 1
     t = attend_(q, k, v, causal=True)
     np.testing.assert_allclose(t.output, ref, rtol=0, atol=1e-12)
     np.testing.assert_allclose(attend_(q, k, v, causal=True, keep_weights=False).output, ref, rtol=0, atol=1e-12)

@@ -275,7 +275,7 @@ class CellNamer:
 
     @classmethod
     def for_step(cls, trace: Trace, what: str) -> CellNamer:
-        return cls(trace.step(what).axes, trace.query_labels, trace.key_labels, trace.meta.get("batch_axes"))
+        return cls(trace.step(what).axes, trace.query_labels, trace.key_labels, trace.meta.batch_axes)
 
     def axis_label(self, axis: str, i: int) -> str:
         labels = {QUERIES: self.query_labels, KEYS: self.key_labels}.get(axis)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from attncli.check.compare import Explanation, Tolerance, errors, within
-from attncli.core import stages
+from attncli.core import chain, stages
 from attncli.core.engine import run
 from attncli.core.options import Options
 from attncli.core.problem import Problem
@@ -159,10 +159,9 @@ class Context:
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
-        for name in ("masked", "alibi", "capped", "scaled", "scores"):
-            if name in self.ref:
-                return self.ref[name]
-        raise NotApplicable("no scores")  # pragma: no cover
+        if "scores" not in self.ref:
+            raise NotApplicable("no scores")  # pragma: no cover
+        return self.ref[chain.softmax_input(self.ref)]
 
     def facts(self) -> dict[str, Any]:
         o = self.options

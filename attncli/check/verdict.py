@@ -12,7 +12,7 @@ tolerance, unless given, is inferred from how the numbers are written (attncli.c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -238,6 +238,9 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
     ``precision`` (bfloat16, float16, float32, float64): the expected numbers come from an implementation
     in that precision; they are compared with the float64 reference and judged against the error of a
     plain implementation in that precision (:class:`Precision`), not against a fixed tolerance."""
+    if problem.batched and not problem.batch_first and what == "output" and np.ndim(expected) == 3:  # (T, B, E)
+        expected = np.swapaxes(np.asarray(expected), 0, 1)  # compared (and searched) batch first: (B, T, E)
+        problem, trace = replace(problem, batch_first=True), None
     if trace is None:
         trace = run(problem)
     if what not in trace:
@@ -252,7 +255,7 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
                                  CellNamer.for_step(trace, what), reference if what == "output" else None)
     else:
         computed = trace[what].astype(np.float64)
-        tol = tolerance or float_default(str(trace.meta.get("dtype", "float64")), source)
+        tol = tolerance or float_default(str(trace.meta.dtype or "float64"), source)
     namer = CellNamer.for_step(trace, what)
     comparison = compare(exp, computed, tol, namer)
     verdict = Verdict(what, tol, comparison, computed.shape, formula=trace.step(what).formula,

@@ -156,7 +156,7 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     expected, written, source, half = read_expected(spec, opts.expected, reader, what)
     subject = build_problem(inputs, problem, reader)
     trace = run(subject)
-    tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.get("dtype")),
+    tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.dtype),
                                                          source, given, precision)
     return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
                  explain=opts.search, precision=precision, precision_source=precision_source, pairs=opts.pairs)

@@ -65,9 +65,9 @@ def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: d
     in blocks of queries, or by torch's fused kernel (``sdpa``, where ``sdpa_applies``).
 
     Adds the run's warnings (fully masked rows, scores beyond a half type's range) to ``trace``
-    and records which path ran in ``trace.meta["path"]``.
+    and records which path ran in ``trace.meta.path``.
     """
-    trace.meta["path"] = "sdpa" if sdpa else "blocked"
+    trace.meta.path = "sdpa" if sdpa else "blocked"
     r = problem.n_rep
     if r == 1:
         return _output(problem, be, q, k, v, params, trace, progress, sdpa)
@@ -90,8 +90,8 @@ def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: d
                 full[..., t::r, :] = d
         trace.dead = full
         trace.warnings.extend(stages.dead_row_messages(problem, full))
-    if trace.meta.get("softmax") is None:
-        trace.meta["softmax"] = part.meta.get("softmax")
+    if trace.meta.softmax is None:
+        trace.meta.softmax = part.meta.softmax
     return out
 
 
@@ -166,7 +166,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     shift = not (problem.options.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
                  and (problem.padding is None or problem.padding.dtype == bool) and chain.bounded(problem)
                  and shift_free(problem, bound))
-    trace.meta["softmax"] = "running max" if shift else "shift-free"
+    trace.meta.softmax = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
     if problem.sinks is not None:  # the sink: one more key per head, its value 0 (it adds to the row sums only)

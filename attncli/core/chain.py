@@ -53,7 +53,8 @@ class Scale:
 
     factor: Any
     temperature: float | None
-    rule: str  # the rule's text, e.g. "S / sqrt(d) = S / sqrt(4)"
+    rule: str  # the rule's text, for display, e.g. "S / √d = S / √4"
+    name: str = "none"  # the rule: a key of attncli.core.scoring.SCALINGS, or "scale" (--scale)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def _scale(b: Block, s: Any) -> tuple[Any, Scale]:
         return s * b.c, Scale(None, t, "")
     factor, rule = stages.scale_factor(b.p, b.be.xp, s)
     c = factor if t is None else (1.0 / t if factor is None else factor / t)
-    return s * c, Scale(factor, t, rule)
+    return s * c, Scale(factor, t, rule, "scale" if b.p.options.scale is not None else scaling_name(b.p))
 
 
 def _scale_formula(a: Scale, prev: str) -> str:
@@ -325,6 +326,17 @@ STAGES: tuple[Stage, ...] = (
     Stage(N.HARD, lambda p: p.options.hard, blocked=False, sdpa=False),
     Stage(N.DROPOUT, lambda p: p.options.dropout > 0, blocked=False, sdpa=False),
 )
+
+
+# the names of the steps from the score to the softmax's input, in the chain's order (the bias step is
+# 'alibi' when ALiBi is its only term)
+LOGIT_STEPS: tuple[N, ...] = tuple(n for st in STAGES if st.name == N.SCORES or st.fn is not None
+                                   for n in ((N.ALIBI, N.BIAS) if st.name == N.BIAS else (st.name,)))
+
+
+def softmax_input(names: Any) -> N:
+    """The last step of the chain among ``names``: what the softmax took."""
+    return [n for n in LOGIT_STEPS if n in names][-1]
 
 
 def needed(p: Problem) -> list[Stage]:

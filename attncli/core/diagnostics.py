@@ -205,10 +205,10 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
 
 def score_spread(trace: Trace) -> dict[str, Any] | None:
     """For unscaled dot products: the largest per-row score range against √d (None otherwise)."""
-    if trace.meta.get("score") != "dot" or "scaled" in trace or "scores" not in trace:
+    if trace.meta.score != "dot" or "scaled" in trace or "scores" not in trace:
         return None
     s = np.asarray(trace["scores"], dtype=np.float64)
-    d = int(trace.meta.get("shapes", {}).get("q", [0, s.shape[-1]])[-1])
+    d = int((trace.meta.shapes or {}).get("q", [0, s.shape[-1]])[-1])
     if "q" in trace.inputs:
         d = int(np.shape(trace.inputs["q"])[-1])
     finite = np.isfinite(s)
@@ -231,10 +231,10 @@ def score_spread(trace: Trace) -> dict[str, Any] | None:
 def output_similarity(trace: Trace, kind: str) -> dict[str, Any]:
     """Output rows compared with each other (and, for self-attention, the input rows before attention)."""
     fn = SIMILARITIES[kind]
-    o = np.asarray(trace.output, dtype=np.float64)  # (..., m, d_v)
+    o = np.asarray(trace.step("output").numpy(), dtype=np.float64)  # (..., m, d_v), queries as rows
     after = fn(o, o)  # (..., m, m)
     res: dict[str, Any] = {"kind": kind, "after": plain(after), "nearest": plain(nearest(after))}
-    if trace.meta.get("self_attention") and "q" in trace.inputs:
+    if trace.meta.self_attention and "q" in trace.inputs:
         x = np.asarray(trace.inputs_numpy()["q"], dtype=np.float64)
         before = fn(x, x)
         res["before"] = plain(before)

@@ -2,15 +2,8 @@
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
     2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
-       normalise q_norm, k_norm = RMSNorm over each head's features     (--qk-norm)
-       rotate    q_rot, k_rot at positions P + i and j                 (--rope)
-    3) score     scores = score(Q, K)                                  (..., m, n)
-    4) scale     scaled = scores · factor / temperature
-       cap       capped = c · tanh(scaled / c)                         (--softcap)
-       bias      alibi = capped + slope_h · (j - i)                    (--alibi)
-    5) mask      masked = with masked keys (valid lengths, causal, window, masks) at -inf, plus any float mask
-    6) softmax   weights = softmax(masked) (with sinks: sink, weights)  rows sum to 1 (0 where fully masked)
-    7) select    hard, dropout (each its own step; the last is what multiplies V)
+    3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE),
+                 the chain before the softmax (chain.logits), the softmax and its variants
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
 
@@ -30,6 +23,20 @@ import numpy as np
 from attncli.core import blocked, chain, stages
 from attncli.core.backend import Backend, get_backend, to_numpy
 from attncli.core.options import Options
+from attncli.core.params import (
+    AlibiFacts,
+    Dropout,
+    Hard,
+    HeadMap,
+    Initialised,
+    Normalise,
+    Projection,
+    Rotation,
+    Scaling,
+    Sink,
+    Softmax,
+    Weight,
+)
 from attncli.core.plan import Plan, plan
 from attncli.core.problem import Problem
 from attncli.core.projections import Norm, Projections
@@ -105,21 +112,22 @@ def run(problem: Problem, how: Plan | None = None, backend: Backend | None = Non
     dt = problem.dtype
     trace = Trace(query_labels=problem.query_labels, key_labels=problem.key_labels)
     score = get_score(o.score)
-    trace.meta.update(score=score.name, score_formula=score.formula, backend=be.name, device=be.device_name(), dtype=dt)
+    m = trace.meta
+    m.score, m.score_formula, m.backend, m.device, m.dtype = score.name, score.formula, be.name, be.device_name(), dt
     projected = problem.projections is not None
     if projected:
         core, q, k, v, w = _project_inputs(problem, be, trace)
     else:
         core, w = problem, {}
         q, k, v = (be.asarray(a, dt) for a in (problem.q, problem.k, problem.v))
-        trace.meta["shapes"] = {"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)}
+        m.shapes = {"q": list(problem.q.shape), "k": list(problem.k.shape), "v": list(problem.v.shape)}
         if "head" in problem.axis_names:  # 4-D (B, H, T, d): the explanations and views name the head axis
-            trace.meta.update(batch_axes=list(problem.axis_names), head_axis=len(problem.axis_names) - 1)
+            m.batch_axes, m.head_axis = list(problem.axis_names), len(problem.axis_names) - 1
         trace.inputs.update(q=q, k=k, v=v)
-    trace.meta["self_attention"] = problem.self_attention
+    m.self_attention = problem.self_attention
     core, q, k = _normalise_rotate(core, be, q, k, trace)
     if core.n_rep > 1:
-        trace.meta.update(kv_heads=core.kv_heads, n_rep=core.n_rep)
+        m.kv_heads, m.n_rep = core.kv_heads, core.n_rep
     params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
     record_params(problem, params, trace)
     out = _attention(core, be, q, k, v, params, trace, how, progress, "head_output" if projected else "output")
@@ -149,7 +157,7 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
     X = be.asarray(problem.q, dt)
     residual = problem.pre_norm is not None
     lead = _lead(problem)
-    t.meta["shapes"] = {"x": list(np.shape(lead(problem.q)))} | (
+    t.meta.shapes = {"x": list(np.shape(lead(problem.q)))} | (
         {"memory": list(np.shape(lead(problem.k)))} if memory else {}) | (
         {"values": list(np.shape(lead(problem.v)))} if values else {})
     t.add("x", f"X: the {'residual stream entering the layer' if residual else 'input'}, "
@@ -170,19 +178,20 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
     y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
     t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES),
           [f"{proj.source}, {proj.kind} layout; from config.json: "
-           + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None)
-    t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES))
-    t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES))
+           + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None, _projection(proj, w, "X", "q"))
+    t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
+    t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES), params=_projection(proj, w, z_name, "v"))
     G = problem.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
     qh = stages.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
     kh, vh = stages.split_heads(xp, k, G), stages.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
-    t.meta.update(heads=H, head_width={"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H},
-                  self_attention=problem.self_attention, batched=problem.batched, weights_format=proj.kind,
-                  **({"config": proj.config} if proj.config else {}),
-                  **({"seed": DEFAULT_SEED if problem.options.seed is None else problem.options.seed}
-                     if proj.kind.startswith("init") else {}),
-                  weights_source=proj.source, batch_axes=["batch", "head"] if problem.batched else ["head"],
-                  head_axis=1 if problem.batched else 0)
+    m = t.meta
+    m.heads, m.head_width = H, {"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H}
+    m.self_attention, m.batched, m.weights_format, m.weights_source = (problem.self_attention, problem.batched,
+                                                                        proj.kind, proj.source)
+    m.config = dict(proj.config) if proj.config else None
+    if proj.kind.startswith("init"):
+        m.seed = DEFAULT_SEED if problem.options.seed is None else problem.options.seed
+    m.batch_axes, m.head_axis = (["batch", "head"], 1) if problem.batched else (["head"], 0)
     core = problem.per_head(to_numpy(qh), to_numpy(kh), to_numpy(vh))  # the attention of each head
     return core, qh, kh, vh, w
 
@@ -200,7 +209,8 @@ def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace) -> Any:
         scale = "(1 + w)" if norm.kind == "rms1p" else "w"
         text = f"x_norm = {scale} · X / sqrt(mean(X²) + {norm.eps:g})"
     where = f" (w = {norm.origin})" if norm.origin else ""
-    t.add("x_norm", f"{text}: the layer's pre-attention {norm.kind}{where}", y, (QUERIES, FEATURES))
+    t.add("x_norm", f"{text}: the layer's pre-attention {norm.kind}{where}", y, (QUERIES, FEATURES),
+          params=Normalise(norm.kind, norm.eps, True, norm.origin or None))
     return y
 
 
@@ -208,10 +218,15 @@ def _weight(t: Trace, proj: Projections, w: dict[str, Any], n: str) -> None:
     if n not in w:
         return
     where = f" (from {proj.origin[n]})" if n in proj.origin else ""
+    par = Weight(proj.origin.get(n))
     if n.startswith("W"):
-        t.add(n, f"{n}{where}, textbook convention (in, out)", w[n], WEIGHT_AXES)
+        t.add(n, f"{n}{where}, textbook convention (in, out)", w[n], WEIGHT_AXES, params=par)
     else:
-        t.add(n, f"{n}{where}, added to every row", w[n][None, :], BIAS_AXES)
+        t.add(n, f"{n}{where}, added to every row", w[n][None, :], BIAS_AXES, params=par)
+
+
+def _projection(proj: Projections, w: dict[str, Any], source: str, name: str) -> Projection:
+    return Projection(source, f"W_{name}", f"b_{name}" if f"b_{name}" in w else None, proj.origin.get(f"W_{name}"))
 
 
 def _plus(w: dict[str, Any], b: str) -> str:
@@ -246,7 +261,7 @@ def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -
             formula = (f"{name}_norm = {name} / sqrt(mean({name}²) + {o.norm_eps:g}){w.format(name) if given else ''}, "
                        f"over each head's {d} features (QK-norm, {o.qk_norm})")
             t.add(f"{name}_norm", formula, y if name == "q" else shown(y), (QUERIES if name == "q" else KEYS, FEATURES),
-                  notes=kv_note if name == "k" else None)
+                  notes=kv_note if name == "k" else None, params=Normalise(o.qk_norm, o.norm_eps, given))
             t.inputs[f"{name}_norm_weight"] = be.asarray(wt, dt)
             if name == "q":
                 q = y
@@ -266,18 +281,19 @@ def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -
         scaled = f", {sc.get('rope_type', sc.get('type'))} scaling" if sc else ""
         fac = f" · {factor:g}" if factor != 1.0 else ""
         before = {"q": "q_norm" if o.qk_norm else "q", "k": "k_norm" if o.qk_norm else "k"}
+        rotation = Rotation(o.rope, base, rd, P, factor, sc.get("rope_type", sc.get("type")) if sc else None)
         for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
             c, s_ = stages.rope_cos_sin(pos, inv, factor, o.rope, tables)
             y = stages.rotate(xp, a, c, s_, o.rope, rd)
             formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
                        f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
             t.add(f"{name}_rot", formula, y if name == "q" else shown(y), (QUERIES if name == "q" else KEYS, FEATURES),
-                  notes=kv_note if name == "k" else None)
+                  notes=kv_note if name == "k" else None, params=rotation)
             if name == "q":
                 q = y
             else:
                 k = y
-        t.meta["rope"] = {"mode": o.rope, "base": base, "rotary_dim": rd, "q_offset": P, "factor": factor}
+        t.meta.rope = rotation
     return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
 
 
@@ -293,8 +309,8 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
         out = stages.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         if problem.result_dtype:
             trace.warnings.extend(m for m in [blocked.score_overflow(problem, trace.step("scores").values)] if m)
-        trace.meta["path"] = "explicit"
-        trace.add(out_name, f"{out_name} = {trace.meta['weights_step']} · V", out, (QUERIES, FEATURES))
+        trace.meta.path = "explicit"
+        trace.add(out_name, f"{out_name} = {trace.meta.weights_step} · V", out, (QUERIES, FEATURES))
         return out
     out = blocked.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
     if how.rows is not None:
@@ -323,8 +339,7 @@ def _corner_rows(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str
         if step.axes[0] == QUERIES:
             step.rows = list(rows)
         trace.steps.append(step)
-    trace.meta["weights_step"] = part.meta["weights_step"]
-    trace.meta["scaling"] = part.meta.get("scaling")
+    trace.meta.weights_step, trace.meta.scaling = part.meta.weights_step, part.meta.scaling
 
 
 @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
@@ -340,24 +355,23 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         if st.name == N.SCORES:
             trace.add(N.SCORES, f"scores = {score.symbol}", s)
             return
-        if isinstance(par, chain.Scale):
-            trace.meta["scaling"] = {"rule": par.rule, "factor": par.factor if isinstance(par.factor, (int, float))
-                                     else None, "temperature": par.temperature}  # for explanations
+        if isinstance(par, chain.Scale):  # for explanations
+            trace.meta.scaling = Scaling(par.rule, par.factor if isinstance(par.factor, (int, float)) else None,
+                                         par.temperature, par.name, problem.d_qk, problem.n)
         if isinstance(par, chain.Bias) and par.alibi is not None:
-            trace.meta["alibi"] = {"q_offset": par.alibi.q_offset, "slopes": list(par.alibi.slopes)}
+            trace.meta.alibi = AlibiFacts(par.alibi.q_offset, par.alibi.slopes)
         prev = trace.steps[-1].name
         text = st.formula(par, prev) if st.formula is not None else f"{st.name} = {prev} → {st.name}"
         trace.add(st.step(problem), text, s, notes=_notes(par))
         trace.steps[-1].params = par
 
-    # 3) - 5) score, scale, cap, bias, mask: the one chain before the softmax
+    # the chain before the softmax: chain.logits, its stages in chain.STAGES's order
     if problem.mask is not None and problem.mask.dtype != bool and \
             bool(np.all((problem.mask == 0) | (problem.mask == 1))):
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
                               "scores, not used to keep or drop keys (save it as booleans or integers for that)")
     if N.SCALED not in [st.name for st in chain.needed(problem)]:  # no scaled step: the rule is still told
-        trace.meta["scaling"] = {"rule": stages.scale_factor(problem, xp, None)[1], "factor": None,
-                                 "temperature": o.temperature}
+        trace.meta.scaling = Scaling(stages.scale_factor(problem, xp, None)[1], None, o.temperature)
     lg = chain.logits(problem, q, k, params, chain.block(problem, be, rows), record, trace)
     raw, s, keep = lg.unmasked, lg.s, lg.keep
 
@@ -371,27 +385,29 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         formula = f"{name} = softmax({before}, over keys)"
     else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
         w = stages.softmax_with_sinks(xp, s, be.asarray(problem.sinks, problem.dtype))
-        trace.meta["sinks"] = [float(x) for x in problem.sinks]
+        trace.meta.sinks = [float(x) for x in problem.sinks]
         trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
                   "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
                   notes=["sinks per head: " + ", ".join(f"{x:.6g}" for x in problem.sinks[:8])
-                         + (", …" if len(problem.sinks) > 8 else "")])
+                         + (", …" if len(problem.sinks) > 8 else "")], params=Sink(tuple(trace.meta.sinks)))
         formula = f"{name} = exp({before}_ij) / (exp(sink_h) + Σ_j exp({before}_ij)): softmax over [{before} | sink_h], " \
                   "the sink's column dropped"
     dead = stages.dead_rows(xp, s, keep)
     trace.dead = dead if rows is None else None
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
         trace.warnings.extend(stages.dead_row_messages(problem, dead))
-    trace.add(name, formula, w)
+    trace.add(name, formula, w, params=Softmax(before, problem.sinks is not None))
 
     # 7) softmax variants, each its own step: the last one is what the output uses
     if o.hard:
-        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", stages.hard(xp, w))
+        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", stages.hard(xp, w),
+                      params=Hard(trace.steps[-1].name))
     if o.dropout > 0:
+        seed = o.seed if o.seed is not None else DEFAULT_SEED
         w = trace.add("dropout", f"dropout = {trace.steps[-1].name} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
-                                 f"keep from default_rng({o.seed if o.seed is not None else DEFAULT_SEED})",
-                      stages.dropout(be, w, o.dropout, o.seed))
-    trace.meta["weights_step"] = trace.steps[-1].name
+                                 f"keep from default_rng({seed})", stages.dropout(be, w, o.dropout, o.seed),
+                      params=Dropout(o.dropout, seed))
+    trace.meta.weights_step = trace.steps[-1].name
     return w
 
 
@@ -415,11 +431,12 @@ def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str,
         if s.name == "scores":
             s.notes = [*s.notes, split]
             if problem.kv_heads:
-                r = H // problem.kv_heads
+                r = problem.n_rep
+                s.params = HeadMap(H, problem.kv_heads, r)
                 s.notes.append(f"grouped-query: K and V have {problem.kv_heads} heads of {proj.d_k // H} and "
                                f"{proj.d_v // H} features; query head h reads K/V head h // {r} (as SDPA enable_gqa, "
                                "HF repeat_kv)")
-    t.meta["per_head_steps"] = per_head
+    t.meta.per_head_steps = per_head
     has_o = "W_o" in w
     t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "
           "the heads side by side, in order", concat, (QUERIES, FEATURES))
@@ -428,14 +445,16 @@ def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str,
         _weight(t, proj, w, "W_o")
         _weight(t, proj, w, "b_o")
         out = stages.project(concat, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
-        t.add("output", f"output = concat · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES))
+        t.add("output", f"output = concat · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
+              params=Projection("concat", "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
     if "weights" in t:
-        ws = t.step(t.meta["weights_step"])
+        ws = t.step(t.meta.weights_step or "weights")
         t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
               xp.mean(ws.values, axis=1), (QUERIES, KEYS))  # (B, H, T, S) -> (B, T, S)
         t.steps[-1].rows = ws.rows
     if t.dead is not None:
         t.warnings.extend(_output_rows_note(problem, t.dead, "b_o" in w, has_o))
+    t.seq_first = problem.batched and not problem.batch_first
     if not problem.batched:
         for s in t.steps:
             if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}:
@@ -483,11 +502,10 @@ def record_params(problem: Problem, params: dict[str, Any], trace: Trace) -> Non
     trace.extra["params"] = {name: to_numpy(w).tolist() for name, w in params.items()}
     if problem.initialised:
         o = problem.options
-        init = trace.meta["params_initialised"] = {
-            "names": list(problem.initialised), "seed": DEFAULT_SEED if o.seed is None else o.seed,
-            "rule": "nn.Linear style: uniform on ±1/sqrt(fan_in), from numpy.random.default_rng(seed)"}
-        if "hidden" in get_score(o.score).options:  # h: --hidden, else the query width
-            init["hidden"] = problem.d_qk if o.hidden is None else o.hidden
+        hidden = (problem.d_qk if o.hidden is None else o.hidden) if "hidden" in get_score(o.score).options else None
+        trace.meta.params_initialised = Initialised(
+            tuple(problem.initialised), DEFAULT_SEED if o.seed is None else o.seed,
+            "nn.Linear style: uniform on ±1/sqrt(fan_in), from numpy.random.default_rng(seed)", hidden)
 
 
 def _notes(par: Any) -> list[str] | None:
@@ -501,18 +519,18 @@ def select_head(trace: Trace, head: int) -> Trace:
     """A view of ``trace`` with only head ``head`` of the per-head steps (for the terminal)."""
     from attncli.errors import InputError
 
-    H = int(trace.meta.get("heads", 1))
+    H = trace.meta.heads or 1
     if not 0 <= head < H:
         raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")
-    per_head = set(trace.meta.get("per_head_steps", ()))
-    axis = int(trace.meta.get("head_axis", 0))
+    per_head = set(trace.meta.per_head_steps or ())
+    axis = trace.meta.head_axis or 0
     steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
                   s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows, s.params)
              if s.name in per_head else s for s in trace.steps]
-    meta = {**trace.meta, "head": head, "batch_axes": ["batch"] if trace.meta.get("batched") else [],
-            "per_head_steps": []}
+    meta = replace(trace.meta, head=head, batch_axes=["batch"] if trace.meta.batched else [], per_head_steps=[])
     dead = None if trace.dead is None else trace.dead[(slice(None),) * axis + (head,)]
     return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,
-                 warnings=trace.warnings, meta=meta, inputs=trace.inputs, extra=trace.extra, dead=dead)
+                 warnings=trace.warnings, meta=meta, inputs=trace.inputs, extra=trace.extra, dead=dead,
+                 seq_first=trace.seq_first)
 
 

@@ -53,7 +53,8 @@ class Problem:
     projections: Projections | None = None  # W_q, W_k, W_v (W_o, biases): Q = X W_q + b_q, ...
     heads: int = 1
     padding: np.ndarray | None = None  # key padding mask (B, S) as given, True = ignore (PyTorch)
-    batch_first: bool = True  # projected inputs are (B, T, D); False: (T, B, D), PyTorch's default
+    batch_first: bool = True  # projected inputs given (B, T, D); False: (T, B, D), PyTorch's default (held (B, T, D)
+    # here all the same; the output is returned (T, B, E), as nn.MultiheadAttention(batch_first=False) returns it)
     pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
     relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
     sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss); --sinks, or the weights' sinks
@@ -404,7 +405,6 @@ class _Draft(Problem):
                 self.sources[name] = self.projections.source
         self.batch_shape = (B, self.heads)
         self.axis_names = ("batch", "head") if self.batched else ("", "head")
-        self.batch_first = True  # X, Y, Z are (B, T, D) from here on
         if self.valid_lens is not None and not self.batched:
             vl = np.asarray(self.valid_lens)
             if vl.ndim == 1 and vl.shape[0] == self.m and self.m > 1:

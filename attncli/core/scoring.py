@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attncli.core.params import Features
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.errors import InputError
 
@@ -50,10 +51,10 @@ class ScoreInput:
     options: ScoreOptions = field(default_factory=NoOptions)
 
     def add_step(self, name: str, formula: str, values: Any, axes: tuple[str, str],
-                 notes: list[str] | None = None) -> None:
+                 notes: list[str] | None = None, params: Any = None) -> None:
         """Record an intermediate quantity particular to this score (shown step by step)."""
         if self.trace is not None:
-            self.trace.add(name, formula, values, axes, notes)
+            self.trace.add(name, formula, values, axes, notes, params)
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,8 @@ def additive(s: ScoreInput) -> Any:
     plus_b = " + b" if "b" in p else ""
     s.add_step("features", f"features = {act_name}(q W_q + k W_k{plus_b}): h numbers per (query, key)",
                f, (KEYS, HIDDEN), notes=[f"shape {tuple(f.shape)} = (..., queries, keys, h): one table per query "
-                                         "(the last index of each caption), rows keys, columns hidden units"])
+                                         "(the last index of each caption), rows keys, columns hidden units"],
+               params=Features(act_name, "b" in p))
     return f @ p["w_v"]  # (..., m, n, h) x (h,) -> (..., m, n)
 
 
@@ -291,7 +293,13 @@ def location(s: ScoreInput) -> Any:
 class Scaling:
     name: str
     factor: Callable[[Any, Any, int, int], Any]  # (xp, scores, d, n) -> factor (number or array)
-    describe: Callable[[int, int], str]  # (d, n) -> text used in the step formula
+    generic: str  # the rule in symbols, e.g. "S / √d"
+    expr: Callable[[str, int, int], str]  # (the scores' text, d, n) -> the rule applied, e.g. "8 / √4"
+
+    def describe(self, d: int, n: int) -> str:
+        """The text of the step formula, e.g. 'S / √d = S / √4'."""
+        applied = self.expr("S", d, n)
+        return self.generic if applied == self.generic else f"{self.generic} = {applied}"
 
 
 SCALINGS: dict[str, Scaling] = {}
@@ -300,33 +308,33 @@ SCALINGS: dict[str, Scaling] = {}
 ScalingFn = Callable[[Any, Any, int, int], Any]
 
 
-def scaling(name: str, describe: Callable[[int, int], str]) -> Callable[[ScalingFn], ScalingFn]:
+def scaling(name: str, generic: str, expr: Callable[[str, int, int], str]) -> Callable[[ScalingFn], ScalingFn]:
     def deco(fn: ScalingFn) -> ScalingFn:
-        SCALINGS[name] = Scaling(name, fn, describe)
+        SCALINGS[name] = Scaling(name, fn, generic, expr)
         return fn
 
     return deco
 
 
-@scaling("none", lambda d, n: "S")
+@scaling("none", "S", lambda x, d, n: x)
 def _no_scaling(xp: Any, s: Any, d: int, n: int) -> float:
     """No scaling: S."""
     return 1.0
 
 
-@scaling("sqrt-d", lambda d, n: f"S / √d = S / √{d}")
+@scaling("sqrt-d", "S / √d", lambda x, d, n: f"{x} / √{d}")
 def _sqrt_d(xp: Any, s: Any, d: int, n: int) -> float:
     """Divide by the square root of the query width: S / sqrt(d)."""
     return 1.0 / math.sqrt(d)
 
 
-@scaling("seq", lambda d, n: f"S / (√d·√n) = S / (√{d}·√{n})")
+@scaling("seq", "S / (√d·√n)", lambda x, d, n: f"{x} / (√{d}·√{n})")
 def _seq(xp: Any, s: Any, d: int, n: int) -> float:
     """Divide by sqrt(d)·sqrt(n), for long sequences."""
     return 1.0 / (math.sqrt(d) * math.sqrt(n))
 
 
-@scaling("norm", lambda d, n: "S / ‖S‖_F")
+@scaling("norm", "S / ‖S‖_F", lambda x, d, n: f"{x} / ‖S‖_F")
 def _norm(xp: Any, s: Any, d: int, n: int) -> Any:
     """Divide each score matrix by its Frobenius norm ‖QKᵀ‖_F."""
     finite = xp.where(xp.isfinite(s), s, xp.zeros_like(s))

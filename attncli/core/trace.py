@@ -16,6 +16,7 @@ else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.core.backend import to_numpy
+from attncli.core.params import Meta
 
 # Names of the axes a step's last two dimensions run over; renderers map them to labels.
 QUERIES, KEYS, FEATURES = "queries", "keys", "features"
@@ -78,14 +79,15 @@ class Trace:
     query_labels: list[str] | None = None
     key_labels: list[str] | None = None
     warnings: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)  # score, backend, device, dtype, shapes
+    meta: Meta = field(default_factory=Meta)  # score, backend, device, dtype, shapes, ...
     inputs: dict[str, Any] = field(default_factory=dict)  # q, k, v as computed on (backend arrays)
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON fields (e.g. diagnostics)
     dead: Any = None  # (..., m) bool: the rows with every key masked (None: none, or not computed)
+    seq_first: bool = False  # the output as nn.MultiheadAttention(batch_first=False) returns it: (T, B, E)
 
     def add(self, name: str, formula: str, values: Any, axes: tuple[str, str] = (QUERIES, KEYS),
-            notes: list[str] | None = None) -> Any:
-        self.steps.append(Step(name, formula, values, axes, list(notes or [])))
+            notes: list[str] | None = None, params: Any = None) -> Any:
+        self.steps.append(Step(name, formula, values, axes, list(notes or []), params=params))
         return values
 
     def names(self) -> list[str]:
@@ -97,16 +99,19 @@ class Trace:
         for s in self.steps:
             if s.name == name:
                 return s
-        if name == "weights" and self.meta.get("weights_step") not in (None, "weights"):
-            return self.step(self.meta["weights_step"])
+        if name == "weights" and self.meta.weights_step not in (None, "weights"):
+            return self.step(self.meta.weights_step)
         raise KeyError(f"no step named {name!r}; steps are {', '.join(self.names())}")
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self.step(name).numpy()
+        """The step's array; ``output`` laid out as the inputs were given ((T, B, E) when ``seq_first``; the
+        step itself, shown with its queries as rows, stays (B, T, E))."""
+        a = self.step(name).numpy()
+        return np.swapaxes(a, 0, 1) if name == "output" and self.seq_first else a
 
     def __contains__(self, name: object) -> bool:
-        if name == "weights" and self.meta.get("weights_step") not in (None, "weights"):
-            name = self.meta["weights_step"]
+        if name == "weights" and self.meta.weights_step not in (None, "weights"):
+            name = self.meta.weights_step
         return any(s.name == name for s in self.steps)
 
     @property
@@ -123,7 +128,7 @@ class Trace:
     def arrays(self) -> dict[str, np.ndarray]:
         """Every step as a numpy array, by name (what ``--save x.npz`` writes), and ``weights``: the
         weights that multiplied V, also when that step is ``hard`` or ``dropout``."""
-        out = {s.name: s.numpy() for s in self.steps}
+        out = {s.name: self[s.name] if s.name == "output" else s.numpy() for s in self.steps}
         if "weights" not in out and "weights" in self:
             out["weights"] = self.weights
         return out

@@ -48,7 +48,7 @@ def trace_dict(trace: Trace, opts: RenderOptions) -> dict[str, Any]:
     steps = [s for s in trace.steps if names is None or s.name in names]
     doc: dict[str, Any] = {
         "attncli": __version__,
-        **_finite(trace.meta),
+        **_finite(trace.meta.to_dict()),
         "labels": {"queries": trace.query_labels, "keys": trace.key_labels},
         "steps": [{"name": s.name, "formula": s.formula, "axes": list(s.axes), "shape": list(np.shape(s.values)),
                    "values": _plain(s.numpy()), **({"notes": s.notes} if s.notes else {})} for s in steps],

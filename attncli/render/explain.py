@@ -25,8 +25,9 @@ import numpy as np
 from rich.console import Console
 
 from attncli.core import chain, stages
+from attncli.core.params import Features, Rotation
+from attncli.core.scoring import SCALINGS
 from attncli.core.trace import KEYS, QUERIES, Trace
-from attncli.core.trace import StepName as N
 from attncli.errors import InputError
 from attncli.render import RenderOptions
 from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
@@ -81,13 +82,13 @@ class Cell:
     def input_row(self, name: str, row: int) -> np.ndarray | None:
         """Row ``row`` of input ``name`` (q, k, v) in this cell's batch entry, or None if absent."""
         t = self.trace
-        if t.meta.get("heads") and name in t:
+        if t.meta.heads and name in t:
             return self._head_row(name, row)
         if name not in t.inputs:
             return None
         a = np.asarray(t.inputs_numpy()[name], dtype=np.float64)
-        r = int(t.meta.get("n_rep", 1))
-        if r > 1 and name in ("k", "v") and a.ndim >= 3 and not isinstance(t.meta.get("head"), int):
+        r = t.meta.rep
+        if r > 1 and name in ("k", "v") and a.ndim >= 3 and t.meta.head is None:
             a = stages.expand_kv(np, a, r)  # grouped-query: query head h reads K/V head h // r (the core's map)
         w = self.trace.weights
         lead = w.shape[:-2]
@@ -97,18 +98,18 @@ class Cell:
     def _head_row(self, name: str, row: int) -> np.ndarray | None:
         """Multi-head: this head's slice of the projected ``name`` (q, k, v steps of width heads × d_h)."""
         t = self.trace
-        axis, widths = t.meta.get("head_axis"), t.meta.get("head_width") or {}
+        axis, widths = t.meta.head_axis, t.meta.head_width or {}
         if not isinstance(axis, int) or name not in widths:
             return None
-        if isinstance(t.meta.get("head"), int):  # a view of one head (--head): the batch has no head axis
-            h, rest = int(t.meta["head"]), self.batch
+        if t.meta.head is not None:  # a view of one head (--head): the batch has no head axis
+            h, rest = t.meta.head, self.batch
         elif axis < len(self.batch):
             h, rest = self.batch[axis], tuple(b for ax, b in enumerate(self.batch) if ax != axis)
         else:
             return None
         dh = int(widths[name])
         if name in ("k", "v"):
-            h //= int(t.meta.get("n_rep", 1))  # grouped-query: query head h reads K/V head h // r
+            h //= t.meta.rep  # grouped-query: query head h reads K/V head h // r
         a = np.asarray(t[name], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
         if a.ndim - 2 != len(rest):
             return None
@@ -132,9 +133,9 @@ class Cell:
     def head(self) -> int:
         """The (query) head of this cell: --head's, else the last leading axis when there are heads, else 0."""
         t = self.trace
-        if isinstance(t.meta.get("head"), int):
-            return int(t.meta["head"])
-        axis = t.meta.get("head_axis")
+        if t.meta.head is not None:
+            return t.meta.head
+        axis = t.meta.head_axis
         if isinstance(axis, int) and axis < len(self.batch):
             return self.batch[axis]
         return self.batch[-1] if self.batch and t.weights.ndim >= 3 else 0
@@ -196,7 +197,7 @@ def position_lines(c: Cell) -> list[str]:
     """Grouped-query heads, QK-norm and RoPE before the score: which K/V head, the normalised and rotated rows."""
     t, p = c.trace, c.precision
     lines = []
-    r = int(t.meta.get("n_rep", 1))
+    r = t.meta.rep
     if r > 1:
         h = c.head()
         lines.append(f"grouped-query: query head {h} reads K/V head {h // r} (= {h} // {r})")
@@ -206,9 +207,9 @@ def position_lines(c: Cell) -> list[str]:
                 v = c.vector(step, row)
                 if v is not None:
                     lines.append(f"{step}({label}) = {vec(v, p)}   [{t.step(step).formula}]")
-    rope = t.meta.get("rope")
-    if isinstance(rope, dict) and "q_rot" in t:
-        pq = int(rope.get("q_offset", 0)) + c.i
+    rope = t.step("q_rot").params if "q_rot" in t else None
+    if isinstance(rope, Rotation):
+        pq = rope.q_offset + c.i
         lines.append(f"    query {c.query} is at position {pq}, key {c.key} at {c.j}: the rotated score depends on "
                      f"{pq} - {c.j} = {pq - c.j} only")
     return lines
@@ -228,7 +229,8 @@ def explain_additive(c: Cell) -> list[str]:
     wv = np.asarray(t.inputs_numpy()["w_v"], dtype=np.float64).ravel() if "w_v" in t.inputs else None
     if qh is None or kh is None or f is None or wv is None:
         return explain_generic(c)
-    feat = t.step("features").formula.split(":")[0].replace("features = ", "")
+    par = t.step("features").params
+    feat = f"{par.activation}(q W_q + k W_k{' + b' if par.bias else ''})" if isinstance(par, Features) else "features"
     return [f"q({c.query}) W_q = {vec(qh, p)}",
             f"k({c.key}) W_k = {vec(kh, p)}",
             f"{feat} = {vec(f, p)}   (h = {len(f)})",
@@ -285,7 +287,7 @@ def explain_location(c: Cell) -> list[str]:
 def explain_generic(c: Cell) -> list[str]:
     """Any score without its own explainer: its formula, its intermediate steps at this cell, its value."""
     t, p = c.trace, c.precision
-    lines = [f"score({c.query}, {c.key}): {t.meta.get('score_formula') or t.meta.get('score')}"]
+    lines = [f"score({c.query}, {c.key}): {t.meta.score_formula or t.meta.score}"]
     for st in t.steps:
         if st.name == "scores":
             break
@@ -308,20 +310,23 @@ def scaling_lines(c: Cell) -> list[str]:
         return []
     p = c.precision
     s, x = c.step("scores"), c.step("scaled")
-    info = c.trace.meta.get("scaling") or {}
-    rule = str(info.get("rule") or "S").split(" = ")[-1]
-    factor, temp = info.get("factor"), info.get("temperature")
-    expr = rule.replace("S", num(s, p), 1) if rule != "S" else num(s, p)
-    if factor is None and rule != "S":  # a factor that depends on the matrix (e.g. its norm)
+    info = c.trace.meta.scaling  # the rule, its factor, d and n (typed), never read back from the formula
+    if info is None:
+        return []
+    plain = info.name == "none"  # the temperature alone
+    if info.name == "scale":
+        expr = f"{num(s, p)} · {num(info.factor or 0.0, p)}"
+    else:
+        expr = SCALINGS[info.name].expr(num(s, p), info.d, info.n)
+    if info.factor is None and not plain:  # a factor that depends on the matrix (e.g. its norm)
         expr += f" (= {num(s, p)} × {num(x / s if s else 0, p)})"
-    if temp is not None:
-        expr = f"({expr}) / T = ({expr}) / {num(temp, p)}" if rule != "S" else f"{num(s, p)} / T = {num(s, p)} / {num(temp, p)}"
+    if info.temperature is not None:
+        t = num(info.temperature, p)
+        expr = f"({expr}) / T = ({expr}) / {t}" if not plain else f"{num(s, p)} / T = {num(s, p)} / {t}"
     return [f"scaled: {expr} = {num(x, p)}"]
 
 
-# the steps from the score to the softmax's input, in the chain's order (attncli.core.chain.STAGES)
-SCORE_CHAIN = tuple(n for st in chain.STAGES if st.name == N.SCORES or st.fn is not None
-                    for n in ((N.ALIBI, N.BIAS) if st.name == N.BIAS else (st.name,)))
+SCORE_CHAIN = chain.LOGIT_STEPS  # the steps from the score to the softmax's input, in the chain's order
 
 
 def _before(t: Trace, name: str) -> str:
@@ -346,8 +351,8 @@ def alibi_lines(c: Cell) -> list[str]:
         return []
     p = c.precision
     s, a = c.step(_before(c.trace, "alibi")), c.step("alibi")
-    rope = c.trace.meta.get("alibi") or {}
-    pq = int(rope.get("q_offset", 0)) + c.i
+    par = c.trace.step("alibi").params
+    pq = (par.alibi.q_offset if isinstance(par, chain.Bias) and par.alibi else 0) + c.i
     slope = (a - s) / (c.j - pq) if c.j != pq else None
     term = f"slope {num(slope, 6)} · ({c.j} - {pq})" if slope is not None else f"slope · ({c.j} - {pq}) = 0"
     return [f"alibi: {num(s, p)} + {term} = {num(a, p)}   (key {c.key} is {pq - c.j} position(s) before query {c.query})"]
@@ -370,7 +375,7 @@ def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float
     """The softmax's input row (the step it read: masked, scaled or scores), its finite max,
     exp(x - max) (each <= 1; masked keys 0) and their sum, as the explanations write them."""
     t = c.trace
-    pre = [n for n in SCORE_CHAIN if n in t.names()][-1]
+    pre = chain.softmax_input(t.names())
     x = c.row(pre)
     mx, e, z = stages.softmax_parts(np, x)  # the engine's own softmax, for one row
     return pre, x, float(mx[0]), e, float(z[0])
@@ -411,7 +416,7 @@ def softmax_lines(c: Cell) -> list[str]:
 
 def sink_logit(c: Cell) -> float | None:
     """This cell's head's sink logit, or None without sinks."""
-    sinks = c.trace.meta.get("sinks")
+    sinks = c.trace.meta.sinks
     if not sinks:
         return None
     return float(sinks[c.head() if len(sinks) > 1 else 0])
@@ -438,7 +443,7 @@ def _weighted_sum_step(t: Trace) -> Any:
 
 def explain_cell(c: Cell) -> list[str]:
     """Every line of one cell's explanation: score arithmetic, scaling, mask, softmax."""
-    score = str(c.trace.meta.get("score"))
+    score = str(c.trace.meta.score)
     fn = SCORE_EXPLAINERS.get(score, explain_generic)
     lines = fn(c)
     if fn is not explain_dot:
@@ -450,7 +455,7 @@ def explain_row(c: Cell) -> list[str]:
     """One query row: its softmax key by key, and its output as the weighted sum of value rows."""
     t, p = c.trace, c.precision
     pre, x, mx, e, z = row_exponentials(c)
-    w = c.row(t.meta.get("weights_step", "weights"))  # the weights that multiplied V
+    w = c.row(t.meta.weights_step or "weights")  # the weights that multiplied V
     klab = axis_labels(t, KEYS, len(x))
     lines = [f"softmax of row {c.query} ({pre}; row max {num(mx, p)} subtracted, Σ exp(x − max) = {num(z, p)}):"]
     sink = sink_logit(c)
@@ -568,7 +573,7 @@ def parse_row(trace: Trace, spec: str, precision: int = 4) -> Cell:
 
 
 def heading(c: Cell, what: str) -> str:
-    names = c.trace.meta.get("batch_axes")
+    names = c.trace.meta.batch_axes
     if not c.batch:
         return f"Explain {what}"
     if isinstance(names, list) and len(names) == len(c.batch):

@@ -136,15 +136,15 @@ def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
     """The document as ('heading' | 'para' | 'math' | 'lines', content) blocks, for LaTeX and Markdown alike."""
     out: list[tuple[str, Any]] = []
     meta = trace.meta
-    out.append(("heading", f"Attention, step by step ({meta.get('score', 'attention')})"))
-    if meta.get("score_formula"):
-        out.append(("para", f"Score: {meta['score_formula']}"))
+    out.append(("heading", f"Attention, step by step ({meta.score or 'attention'})"))
+    if meta.score_formula:
+        out.append(("para", f"Score: {meta.score_formula}"))
     note = seed_note(meta)
     if note:
         out.append(("para", note))
     p = opts.precision
     wanted = opts.steps
-    same = meta.get("self_attention", False)
+    same = bool(meta.self_attention)
     marked = masked_cells(trace)
     for name, a in trace.inputs_numpy().items():
         if (wanted is not None and name not in wanted) or (same and name in ("k", "v")):

@@ -88,7 +88,7 @@ def page_data(trace: Trace, precision: int = 4) -> dict[str, Any]:
     entries = _entries(lead)
     marked = masked_cells(trace)
     tables = []
-    same = trace.meta.get("self_attention", False)
+    same = bool(trace.meta.self_attention)
     for name, a in trace.inputs_numpy().items():
         if same and name in ("k", "v"):
             continue
@@ -114,7 +114,7 @@ def page_data(trace: Trace, precision: int = 4) -> dict[str, Any]:
             cells.append([[_lines(Cell(trace, e, i, j, precision), "weight({q}, {k})", explain_cell)
                            for j in range(n)] for i in range(m)])
         rows.append([_lines(Cell(trace, e, i, 0, precision), "row {q}", explain_row) for i in range(m)])
-    return {"title": f"attncli · {trace.meta.get('score', 'attention')}", "version": __version__,
+    return {"title": f"attncli · {trace.meta.score or 'attention'}", "version": __version__,
             "header": header_lines(trace) + ([f"the first {len(entries)} of {math.prod(lead)} heads / batch entries"]
                                              if math.prod(lead) > len(entries) else []),
             "entries": [panel_title(trace, e) or "the only entry" for e in entries],
@@ -127,10 +127,10 @@ def _lines(c: Cell, what: str, fn: Any) -> list[str]:
 
 def header_lines(trace: Trace) -> list[str]:
     m = trace.meta
-    shapes = "  ".join(f"{k.upper()} {tuple(s)}" for k, s in m.get("shapes", {}).items())
-    out = [f"score {m.get('score')} · {m.get('backend')} on {m.get('device')} · {m.get('dtype')} · inputs {shapes}"]
-    if m.get("score_formula"):
-        out.append(f"score: {m['score_formula']}")
+    shapes = "  ".join(f"{k.upper()} {tuple(s)}" for k, s in (m.shapes or {}).items())
+    out = [f"score {m.score} · {m.backend} on {m.device} · {m.dtype} · inputs {shapes}"]
+    if m.score_formula:
+        out.append(f"score: {m.score_formula}")
     note = seed_note(m)
     if note:
         out.append(note)
@@ -142,7 +142,7 @@ def page(trace: Trace, precision: int = 4) -> str:
     """The whole page as one string of HTML."""
     data = json.dumps(escape.terminal_tree(page_data(trace, precision)), ensure_ascii=False, allow_nan=False)
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # no tag inside the script
-    title = html.escape(f"attncli · {trace.meta.get('score', 'attention')}")
+    title = html.escape(f"attncli · {trace.meta.score or 'attention'}")
     return TEMPLATE.replace("{title}", title).replace("{data}", data).replace("{css}", CSS).replace("{js}", JS)
 
 

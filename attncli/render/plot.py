@@ -98,12 +98,12 @@ def figure_size(weights_shape: tuple[int, ...], steps: int = 1) -> tuple[float, 
 
 def panel_title(trace: Trace, idx: tuple[int, ...]) -> str:
     """'head 1', 'batch 0, head 1', 'batch 2': what a panel shows."""
-    names = trace.meta.get("batch_axes")  # e.g. ["batch", "head"] when a command names its leading axes
+    names = trace.meta.batch_axes  # e.g. ["batch", "head"] when a command names its leading axes
     if not idx:
         return ""
     if isinstance(names, list) and len(names) == len(idx):
         return ", ".join(f"{n} {i}" for n, i in zip(names, idx))
-    if len(idx) == 2 and trace.meta.get("heads"):
+    if len(idx) == 2 and trace.meta.heads:
         return f"batch {idx[0]}, head {idx[1]}"
     return "batch " + ", ".join(map(str, idx))
 
@@ -190,7 +190,7 @@ def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> Non
             if m <= MAX_TICKS:
                 ax.set_yticks(range(m), labels=qlab, fontsize=TICK_POINTS, parse_math=False)
         head = f"{STEP_LABELS.get(name, name)}s" if name != "weights" else "attention weights"
-        sub_title = f"{head} ({trace.meta.get('score', 'attention')})"
+        sub_title = f"{head} ({trace.meta.score or 'attention'})"
         if len(drawn) < len(entries):
             sub_title += f": first {len(drawn)} of {len(entries)} panels"
         sub.suptitle(sub_title, fontsize=10, parse_math=False)

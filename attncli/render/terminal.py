@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attncli.core.diagnostics import SATURATION, masked_cells, query_labels
+from attncli.core.params import Meta
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.render import RenderOptions, escape, output_format
 from attncli.render.numbers import MASKED, all_whole, column_format, num
@@ -288,7 +289,7 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
     entries = list(np.ndindex(*batch))
     limit = len(entries) if opts.full else opts.max_batches
     for idx in entries[:limit]:
-        names = trace.meta.get("batch_axes") or []  # e.g. ["batch", "head"] for multi-head steps
+        names = trace.meta.batch_axes or []  # e.g. ["batch", "head"] for multi-head steps
         if len(idx) == len(names):  # which head / batch entry, in the title: "head 1 of 2"
             where = ", ".join(f"{n} {i} of {size}" for n, i, size in zip(names, idx, batch))
         else:
@@ -306,7 +307,7 @@ def show_array(console: Console, a: np.ndarray, title: str, axes: Sequence[str],
 
 def entry_noun(trace: Trace, axes: int) -> str:
     """What the leading axes of a step count: 'heads', 'batch entries', 'batch × head entries'."""
-    names = trace.meta.get("batch_axes") or []
+    names = trace.meta.batch_axes or []
     if len(names) != axes or names == ["batch"]:
         return "batch entries"
     if names == ["head"]:
@@ -416,30 +417,30 @@ def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None
 
 def header(trace: Trace) -> Text:
     m = trace.meta
-    shapes = "  ".join(f"{k.upper()} {tuple(s)}" for k, s in m.get("shapes", {}).items())
+    shapes = "  ".join(f"{k.upper()} {tuple(s)}" for k, s in (m.shapes or {}).items())
     t = Text()
     t.append("attncli", style="bold")
-    t.append(f" · score {m.get('score')} · {m.get('backend')} on {m.get('device')} · {m.get('dtype')}\n")
+    t.append(f" · score {m.score} · {m.backend} on {m.device} · {m.dtype}\n")
     t.append(f"inputs: {shapes}")
-    if m.get("score_formula"):
-        t.append(f"\nscore: {escape.terminal(m['score_formula'])}")
+    if m.score_formula:
+        t.append(f"\nscore: {escape.terminal(m.score_formula)}")
     note = seed_note(m)
     if note:
         t.append(f"\n{escape.terminal(note)}", style="italic")
     return t
 
 
-def seed_note(meta: dict[str, Any]) -> str | None:
+def seed_note(meta: Meta) -> str | None:
     """Which weights were drawn at random, from which seed (none given in a file)."""
-    init = meta.get("params_initialised")
-    if isinstance(init, dict) and init.get("names"):
-        return (f"note: {', '.join(init['names'])} were not given: drawn from seed {init.get('seed')} "
-                f"({init.get('rule', 'random')}); --weights FILE gives them")
-    if str(meta.get("weights_source", "")).startswith("--seed"):
-        seed = meta.get("seed")
+    init = meta.params_initialised
+    if init is not None and init.names:
+        return (f"note: {', '.join(init.names)} were not given: drawn from seed {init.seed} "
+                f"({init.rule}); --weights FILE gives them")
+    if str(meta.weights_source or "").startswith("--seed"):
+        seed = meta.seed
         where = "--seed (0 unless given)" if seed is None else f"seed {seed}"
         return (f"note: the projections were not given: drawn from {where} "
-                f"as PyTorch initialises them ({meta.get('weights_format', 'init')}); --weights FILE gives them")
+                f"as PyTorch initialises them ({meta.weights_format or 'init'}); --weights FILE gives them")
     return None
 
 
@@ -448,7 +449,7 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
     say(console, header(trace))
     console.print()
     wanted = opts.steps
-    same = trace.meta.get("self_attention", False)
+    same = bool(trace.meta.self_attention)
     for name, a in trace.inputs_numpy().items():
         if (wanted is not None and name not in wanted) or (same and name in ("k", "v")):
             continue
