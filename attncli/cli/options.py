@@ -181,6 +181,9 @@ MULTIHEAD_OPTIONS: Group = [
            help="Without --weights: apply an output projection W_o."),
     option("prefix", Optional[str], None, "--prefix", rich_help_panel=MH,
            help="Module prefix of the attention weights in a bigger state dict, e.g. encoder.attn."),
+    option("layout", Optional[str], None, "--layout", rich_help_panel=MH,
+           help="With a checkpoint whose config.json model_type attncli does not declare: read it as this declared "
+                "family (e.g. llama), at your own risk."),
     option("layer", Optional[int], None, "--layer", min=0, rich_help_panel=MH,
            help="With a checkpoint (--weights MODEL_FOLDER, .safetensors, sharded index, .bin/.pt state dict): "
                 "the layer whose attention to compute (its config.json supplies heads, RoPE, window, ...)."),
@@ -303,6 +306,7 @@ class Args:
     bias: bool = True
     out_proj: bool = True
     prefix: str | None = None
+    layout: str | None = None
     layer: int | None = None
     from_residual: bool = False
     batch_first: bool = True

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ import numpy as np
 
 from attncli.errors import InputError
 from attncli.io import session
+from attncli.io.config import read_json_file
 
 # safetensors dtype -> (numpy dtype name or ml_dtypes name, item size in bytes)
 DTYPES: dict[str, tuple[str, int]] = {
@@ -377,11 +379,12 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise InputError("holds no tensors", str(target))
     config, config_path = None, None
     cfg = folder / CONFIG
-    if cfg.is_file():
+    if os.path.lexists(cfg):  # a pipe, a folder or a device named config.json: one line, never a hang or a skip
+        session.record_read(cfg)
         try:
-            config, config_path = _read_json(cfg, "model config"), str(cfg)
+            config, config_path = read_json_file(cfg, "model config"), str(cfg)
         except InputError:
-            if p.is_dir():  # a model folder's own config must be readable
+            if p.is_dir() or not cfg.is_file():  # a model folder's own config must be readable
                 raise
         if not p.is_dir() and config is not None and not {"model_type", "architectures"} & set(config):
             config, config_path = None, None  # some other program's config.json beside a weights file
