@@ -384,6 +384,26 @@ def test_family_agrees_or_refuses(mt: str) -> None:
     assert verdict in ("agrees", "refused", "partly refused"), f"{mt}: {verdict}: {detail}"
 
 
+# Variants a family's config switches between (each against its own module, as above).
+VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
+            "gpt_bigcode-unscaled": ("gpt_bigcode", dict(multi_query=False, scale_attn_weights=False)),
+            "olmo-no-clip": ("olmo", dict(clip_qkv=None)),
+            "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    mt, over = VARIANTS[name]
+    monkeypatch.setitem(OVERRIDES, mt, over)
+    try:
+        outcomes = sweep_one(mt)
+    except Skip as e:
+        pytest.skip(f"{SKIP_REASON.get(e.why, e.why)}: {e.detail}")
+    verdict, detail = summary(outcomes)
+    assert verdict in ("agrees", "refused", "partly refused"), f"{name}: {verdict}: {detail}"
+
+
 # bfloat16 checkpoints, one per supported family (and the silently wrong ones most used in bf16): saved in
 # bfloat16, compared with the same module whose weights are rounded to bfloat16 and computed in float32, so
 # the tolerance stays 1e-5 (a reader that fails to convert a bf16 tensor, or reads one as another, shows).

@@ -42,7 +42,7 @@ class Family:
     layout: str  # the reader (attncli.io.layouts.LAYOUTS)
     rope: str | None = "half"  # "half" | "interleaved" | None (learned or no positions)
     nope: Rule | None = None  # the layers without rotary (NoPE)
-    pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | None: what is applied before q/k/v
+    pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | None (nothing)
     norm_name: str = "input_layernorm"  # the pre-norm's tensor after the layer's prefix (llama layout)
     norm_inside: bool = False  # the norm is inside the attention module (pre-LN BERTs): applied in plain runs too
     qk_norm: str | None = "rms"  # the kind of q_norm/k_norm when the tensors are there
@@ -65,6 +65,8 @@ ROPE_KEYS = frozenset({"rope_theta", "rope_parameters", "rope_scaling", "partial
                        "rotary_dim", "rotary_emb_base", "rope_local_base_freq"})
 WINDOW_KEYS = frozenset({"sliding_window", "layer_types", "use_sliding_window", "max_window_layers",
                          "sliding_window_pattern", "_sliding_window_pattern"})
+SHAPE_KEYS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "n_head", "n_embd",
+                        "num_heads", "d_kv", "d_model", "num_hidden_layers"})  # checked against the tensors
 LAYOUT_KEYS: dict[str, frozenset[str]] = {
     "llama": frozenset({"attention_bias", "rms_norm_eps", "head_dim"}),
     "bert": frozenset({"is_decoder", "position_embedding_type", "layer_norm_eps"}),
@@ -188,6 +190,10 @@ declare("exaone_moe", layout="llama", nope=_full_nope, keys=W)  # unlike exaone4
 declare("cohere2", "cohere2_moe", layout="llama", rope="interleaved", nope=_full_nope, pre_norm="layernorm",
         keys=W | {"layer_norm_eps", "logit_scale"})
 declare("nemotron", layout="llama", pre_norm="layernorm1p", keys=frozenset({"norm_eps"}))
+declare("stablelm", layout="llama", pre_norm="layernorm", keys=frozenset({"layer_norm_eps", "use_qkv_bias",
+                                                                        "use_parallel_residual"}),
+        notes="qk_layernorm (a LayerNorm per head) is refused: core has no such QK-norm kind")
+declare("olmo", layout="llama", pre_norm="layernorm-weightless", notes="clip_qkv is refused: core has no clamp step")
 declare("apertus", layout="llama", norm_name="attention_layernorm")
 declare("eurobert", layout="llama", causal=False)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
@@ -202,6 +208,8 @@ declare("xlm-roberta-xl", layout="bert", rope=None, pre_norm="layernorm", norm_n
 declare("megatron-bert", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.ln", norm_inside=True,
         causal=False)
 declare("gpt2", "gpt-sw3", layout="gpt2", rope=None, pre_norm="layernorm")
+declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", keys=frozenset({"multi_query"}),
+        notes="c_attn nn.Linear: multi_query [Q; k; v] by rows, else (H, 3, d) per head")
 declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, notes="post-LN: ln_1 after attention")
 declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm")
 declare("gpt_neox", "gpt_neox_japanese", layout="neox", pre_norm="layernorm")
@@ -223,10 +231,8 @@ REFUSED: dict[str, str] = {
     "llama4_text": "attention_chunk_size (chunked attention), its L2 QK-norm and temperature tuning are not supported",
     "llama4": "attention_chunk_size (chunked attention), its L2 QK-norm and temperature tuning are not supported",
     "nanochat": "its weightless QK-norm and weightless pre-norm are not supported",
-    "olmo": "its weightless LayerNorm and clip_qkv are not supported",
     "olmo2": "q_norm / k_norm over the full width (before the head split) is not supported",
     "olmo3": "q_norm / k_norm over the full width (before the head split) is not supported",
-    "stablelm": "its LayerNorm per head (qk_layernorm) and LayerNorm pre-norm are not supported",
     "cohere": "its parallel block with a per-head LayerNorm QK-norm is not supported",
     "ultrabert": "bidirectional sliding-window attention is not supported",
     "esm": "its rotary BERT attention with a LayerNorm inside the module is not supported",
@@ -235,7 +241,6 @@ REFUSED: dict[str, str] = {
     "nystromformer": "the Nystrom approximation of softmax attention is not supported",
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",
     "mra": "the MRA approximation of softmax attention is not supported",
-    "gpt_bigcode": "its fused c_attn (multi-query [Q; k; v] or per-head (H, 3, d)) is not supported",
     "falcon": "its fused query_key_value layouts are not supported",
     "phi": "its self_attn.dense layout with partial rotary is not supported",
     "persimmon": "its fused query_key_value with per-head LayerNorm is not supported",
@@ -268,7 +273,7 @@ def unsupported_key(fam: Family, cfg: dict[str, Any]) -> str | None:
 
 def attention_keys(fam: Family | None, cfg: dict[str, Any]) -> dict[str, str]:
     """Every attention key present in config.json -> 'used', 'neutral' or 'not supported' (for inspect)."""
-    reads = fam.reads() if fam is not None else frozenset()
+    reads = (fam.reads() | SHAPE_KEYS) if fam is not None else frozenset()
     out: dict[str, str] = {}
     for key in cfg:
         if key in reads:

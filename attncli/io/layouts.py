@@ -34,7 +34,7 @@ from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's 
 from attncli.errors import InputError
 from attncli.io import config as cfgcheck
 from attncli.io.checkpoint import Checkpoint, open_checkpoint
-from attncli.io.families import FAMILIES, REFUSED, Family, unsupported_key
+from attncli.io.families import FAMILIES, REFUSED, Family, attention_keys, unsupported_key
 
 
 @dataclass
@@ -418,6 +418,12 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
     if kind is None:
         c.facts.extra["pre_norm"] = f"none: {fam.model_type} applies no norm before attention"
         return
+    if kind == "layernorm-weightless":  # OLMo: nn.LayerNorm without parameters (w = 1, b = 0), eps 1e-5
+        E = c.arrays["W_q"].shape[0]
+        c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s LayerNorm has no weight; w = 1)")
+        c.put("norm_b", np.zeros(E), f"(none: {fam.model_type}'s LayerNorm has no bias; b = 0)")
+        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+        return
     if not c.has(w + ".weight"):  # plain runs need no norm; --from-residual is refused (model.py)
         c.facts.extra["pre_norm_missing"] = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
         return
@@ -438,6 +444,9 @@ def _gpt2(c: Ctx) -> None:
     if w.ndim != 2:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E)")
     mt = (c.config or {}).get("model_type")
+    if c.family is not None and c.family.model_type == "gpt_bigcode":
+        _bigcode(c, a, w, name)
+        return
     if w.shape[1] == 3 * w.shape[0]:  # Conv1D (in, out): HF GPT-2
         E, conv = w.shape[0], True
     elif w.shape[0] == 3 * w.shape[1]:  # nn.Linear (out, in): nanoGPT
@@ -473,6 +482,38 @@ def _gpt2(c: Ctx) -> None:
         c.facts.scale = (c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1)
         c.facts.from_config.append("scale")
     c.name = "gpt2" if conv else "nanogpt"
+
+
+def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
+    """GPT-BigCode's c_attn, an nn.Linear (out, in): multi_query [Q (E); k (d); v (d)] by rows (one K/V head),
+    else rows (H, 3, d) per head (its forward views the output as (H, 3·d) and splits each head's part)."""
+    _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=None)
+    f, cfg = c.facts, c.config or {}
+    H, E = f.heads, w.shape[1]
+    if H is None or E % H:
+        raise c.fail(f"{name}: config.json's n_head does not divide the width {E}")
+    d = E // H
+    f.head_dim = d
+    if cfg.get("multi_query", True):
+        if w.shape[0] != E + 2 * d:
+            raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({E + 2 * d}, {E}): [Q; k; v] (multi_query)")
+        b = c.get(a + "c_attn.bias") if c.has(a + "c_attn.bias") else None
+        for t, lo, n in (("W_q", 0, E), ("W_k", E, d), ("W_v", E + d, d)):
+            c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> (in, out)
+            if b is not None:
+                c.put("b_" + t[-1], b[lo:lo + n], f"{a}c_attn.bias[{lo}:{lo + n}]")
+        f.kv_heads = 1
+        f.from_config.append("kv_heads")
+    else:
+        _fused_per_head(c, name, a + "c_attn.bias")
+        f.kv_heads = H
+    c.linear("W_o", a + "c_proj.weight", a + "c_proj.bias")
+    f.causal = True
+    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    if not cfg.get("scale_attn_weights", True):
+        f.scale = 1.0
+        f.from_config.append("scale")
+    c.name = "gpt_bigcode"
 
 
 @layout("gptj", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.q_proj\.weight$",
@@ -812,8 +853,9 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     return LayerAttention(c.arrays, c.origin, c.name or f.layout.name, layer, count, c.facts, ckpt.source)
 
 
-def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
-    """What a checkpoint holds, from headers only: layers, attention tensors, layout, config facts."""
+def inspect_checkpoint(path: str | Path, layout: str | None = None) -> dict[str, Any]:
+    """What a checkpoint holds, from headers only: layers, attention tensors, layout, config facts, the family
+    (``layout``: a declaration forced on it, as --layout)."""
     ckpt = open_checkpoint(path)
     names = list(ckpt.tensors)
     out: dict[str, Any] = {
@@ -825,6 +867,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "bytes": sum(t.nbytes for t in ckpt.tensors.values()),
         "dtypes": sorted({t.dtype for t in ckpt.tensors.values()}),
     }
+    out.update(_family_report(ckpt, layout))
     found = find_layouts(names)
     out["stacks"] = []
     for f in found:
@@ -833,7 +876,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                                  "layer_range": _layer_range(f.layers)}
         used: set[str] = set()
         try:
-            entry["facts"] = _facts_only(ckpt, f)
+            entry["facts"] = _facts_only(ckpt, f, layout)
             used = {re.split(r"[ \[ᵀ]", o, maxsplit=1)[0] for o in entry["facts"]["origin"].values()}
         except InputError as e:
             entry["error"] = str(e)
@@ -849,10 +892,31 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def _facts_only(ckpt: Checkpoint, f: Found) -> dict[str, Any]:
+def _family_report(ckpt: Checkpoint, layout: str | None = None) -> dict[str, Any]:
+    """The family config.json names (declared, refused or unknown) and every attention key it holds with
+    'used', 'neutral (ignored)' or 'not supported' (attncli.io.families.ATTENTION_KEYS)."""
+    cfg = ckpt.config
+    if cfg is None:
+        return {"family": None, "family_status": "no config.json: the tensor signature decides", "attention_keys": {}}
+    mt = cfg.get("model_type")
+    fam = FAMILIES.get(str(layout or mt))
+    if fam is not None and layout is not None:
+        status = f"forced with --layout {layout} ({fam.layout} layout), at your own risk"
+    elif fam is not None:
+        status = f"declared ({fam.layout} layout)"
+    elif mt in REFUSED:
+        status = f"known, refused: {REFUSED[str(mt)]}"
+    else:
+        status = "not declared: refused unless --layout NAME forces a declaration"
+    keys = attention_keys(fam, cfg)
+    return {"family": mt, "family_status": status,
+            "attention_keys": {k: {"value": cfg[k], "status": v} for k, v in keys.items()}}
+
+
+def _facts_only(ckpt: Checkpoint, f: Found, layout: str | None = None) -> dict[str, Any]:
     """Layer ``first``'s facts; reading its tensors only to learn shapes would map them, so headers are used."""
     shadow = _HeaderOnly(ckpt)
-    fam = resolve_family(ckpt, f.layout)
+    fam = resolve_family(ckpt, f.layout, layout)
     c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, ckpt.config, family=fam)  # type: ignore[arg-type]
     f.layout.read(c)
     d = dict(c.facts.__dict__)
