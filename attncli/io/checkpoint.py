@@ -263,6 +263,9 @@ def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
         raise InputError(f"is not a PyTorch state dict that loads with weights_only=True ({_one_line(e)[:120]})",
                          source) from None
     where = ""
+    args = obj.get("model_args") if isinstance(obj, dict) else None  # nanoGPT's ckpt.pt: n_head, n_embd, ...
+    if isinstance(args, dict):
+        _MODEL_ARGS[path] = {str(k): v for k, v in args.items() if isinstance(v, (int, float, bool, str))}
     for key in ("state_dict", "model", "model_state_dict", "module"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict) and not isinstance(obj.get(key), torch.Tensor):
             obj, where = obj[key], key
@@ -273,6 +276,17 @@ def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
     if not sd:
         raise InputError("holds no tensors (expected a state dict, or one under 'state_dict' or 'model')", source)
     return sd, where
+
+
+_MODEL_ARGS: dict[Path, dict[str, Any]] = {}  # a .pt file -> its model_args (nanoGPT), read beside the state dict
+
+
+def model_args(files: list[Path]) -> dict[str, Any] | None:
+    """The ``model_args`` a nanoGPT ``ckpt.pt`` saves beside its state dict (n_head, n_embd, ...), if any."""
+    for f in files:
+        if f in _MODEL_ARGS:
+            return _MODEL_ARGS[f]
+    return None
 
 
 _TORCH_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16",

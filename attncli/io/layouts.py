@@ -33,7 +33,7 @@ import numpy as np
 from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
 from attncli.errors import InputError
 from attncli.io import config as cfgcheck
-from attncli.io.checkpoint import Checkpoint, open_checkpoint
+from attncli.io.checkpoint import Checkpoint, model_args, open_checkpoint
 from attncli.io.families import FAMILIES, REFUSED, Family, attention_keys, unsupported_key
 
 
@@ -845,6 +845,9 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
         layer = layers[0]
     if layer not in layers:
         raise InputError(f"has no layer {layer}: its {f.layout.name} layers are {_layer_range(layers)}", "--layer")
+    args = model_args(ckpt.files) if ckpt.config is None else None
+    if heads is None and args is not None and args.get("n_head") is not None:  # nanoGPT's ckpt.pt says it
+        heads = cfgcheck.value(args, "n_head", f"{ckpt.source} (model_args)")
     c = Ctx(ckpt, f.stack, layer, count, ckpt.config, heads_hint=heads, family=fam)
     f.layout.read(c)
     if c.facts.heads is None:
