@@ -145,8 +145,12 @@ def test_unknown_layout_and_unsupported_one(tmp_path: Path) -> None:
     safetensors_numpy.save_file({"foo.weight": np.ones((2, 2), np.float32)}, f)
     with pytest.raises(InputError, match="holds no attention layout attncli knows"):
         load_layer(f, 0)
+    safetensors_numpy.save_file({"model.layers.0.self_attn.kv_a_proj_with_mqa.weight": np.ones((6, 2), np.float32)}, f)
+    with pytest.raises(InputError, match=r"holds DeepSeek multi-head latent attention .* which attncli recognises"):
+        load_layer(f, 0)
+    # Phi-3's fused qkv_proj is read, but its split needs the number of heads (config.json)
     safetensors_numpy.save_file({"model.layers.0.self_attn.qkv_proj.weight": np.ones((6, 2), np.float32)}, f)
-    with pytest.raises(InputError, match=r"holds Phi-3 \(fused self_attn.qkv_proj\) attention, which attncli recognises"):
+    with pytest.raises(InputError, match=r"qkv_proj.weight fuses q, k and v, so the number of heads is needed"):
         load_layer(f, 0)
 
 

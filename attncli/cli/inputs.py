@@ -172,7 +172,7 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab,
                                   sources=sources, padding=padding, sinks=sinks, alibi_slopes=slopes)
     if not heads_mode:
-        for flag, value in (("--layer", opts.layer), ("--from-residual", opts.from_residual)):
+        for flag, value in (("--layer", opts.layer), ("--from-residual", opts.from_residual), ("--layout", opts.layout)):
             if value:
                 raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)", flag)
         params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
@@ -234,10 +234,12 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Pr
                          "the widths come from the weights", given[0])
     if opts.layer is not None and weights is None:
         raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
+    if opts.layout is not None and weights is None:
+        raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layout")
     if weights is not None:
         spec = str(weights)
         if opts.layer is not None or _checkpoint_path(spec):
-            return checkpoint_layer(spec, opts.layer, prefix, opts.heads)
+            return checkpoint_layer(spec, opts.layer, prefix, opts.heads, opts.layout)
         return Layer(projections_from(reader.read(spec), reader.source(spec), prefix))
     if "weights" in doc:
         return Layer(projections_from(doc, src, prefix))
@@ -256,11 +258,12 @@ def _checkpoint_path(spec: str) -> bool:
     return p.is_dir() or spec.lower().endswith((".safetensors", ".index.json"))
 
 
-def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None) -> Layer:
+def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None,
+                     layout: str | None = None) -> Layer:
     """One layer of a checkpoint (attncli.io.model.load_layer): its projections, config facts, pre-norm, bias."""
     from attncli.io.model import load_layer
 
-    model = load_layer(spec, layer, prefix, heads=heads)
+    model = load_layer(spec, layer, prefix, heads=heads, layout=layout)
     return Layer(model.projections, model)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -26,10 +26,13 @@ def inspect_command(
     format: Annotated[InspectFormat, typer.Option("--format", "-f",  # type: ignore[valid-type]
                                                   help="rich: tables; json: one JSON object on stdout.")]
         = InspectFormat("rich"),
+    layout: Annotated[Optional[str], typer.Option(  # noqa: UP045 - typer reads the annotation
+        "--layout", help="Read a config.json model_type attncli does not declare as this declared family "
+                         "(e.g. llama), at your own risk.")] = None,
 ) -> None:
     from attncli.io.layouts import inspect_checkpoint
 
-    info = inspect_checkpoint(path)
+    info = inspect_checkpoint(path, layout)
     if str(getattr(format, "value", format)) == "json":
         sys.stdout.write(json.dumps(info, default=str) + "\n")
         return

@@ -114,6 +114,9 @@ class ProblemArgs:
     prefix: str | None = option(
         None, "Module prefix of the attention weights in a bigger state dict, e.g. encoder.attn.", MULTIHEAD,
         commands=PROJECTING)
+    layout: str | None = option(
+        None, "With a checkpoint whose config.json model_type attncli does not declare: read it as this declared "
+              "family (e.g. llama), at your own risk.", MULTIHEAD, commands=PROJECTING)
     layer: int | None = option(
         None, "With a checkpoint (--weights MODEL_FOLDER, .safetensors, sharded index, .bin/.pt state dict): "
               "the layer whose attention to compute (its config.json supplies heads, RoPE, window, ...).",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ import numpy as np
 
 from attncli.errors import InputError
 from attncli.io import session
+from attncli.io.config import read_json_file
 
 # safetensors dtype -> (numpy dtype name or ml_dtypes name, item size in bytes)
 DTYPES: dict[str, tuple[str, int]] = {
@@ -261,6 +263,9 @@ def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
         raise InputError(f"is not a PyTorch state dict that loads with weights_only=True ({_one_line(e)[:120]})",
                          source) from None
     where = ""
+    args = obj.get("model_args") if isinstance(obj, dict) else None  # nanoGPT's ckpt.pt: n_head, n_embd, ...
+    if isinstance(args, dict):
+        _MODEL_ARGS[path] = {str(k): v for k, v in args.items() if isinstance(v, (int, float, bool, str))}
     for key in ("state_dict", "model", "model_state_dict", "module"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict) and not isinstance(obj.get(key), torch.Tensor):
             obj, where = obj[key], key
@@ -271,6 +276,17 @@ def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
     if not sd:
         raise InputError("holds no tensors (expected a state dict, or one under 'state_dict' or 'model')", source)
     return sd, where
+
+
+_MODEL_ARGS: dict[Path, dict[str, Any]] = {}  # a .pt file -> its model_args (nanoGPT), read beside the state dict
+
+
+def model_args(files: list[Path]) -> dict[str, Any] | None:
+    """The ``model_args`` a nanoGPT ``ckpt.pt`` saves beside its state dict (n_head, n_embd, ...), if any."""
+    for f in files:
+        if f in _MODEL_ARGS:
+            return _MODEL_ARGS[f]
+    return None
 
 
 _TORCH_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
@@ -377,11 +393,12 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise InputError("holds no tensors", str(target))
     config, config_path = None, None
     cfg = folder / CONFIG
-    if cfg.is_file():
+    if os.path.lexists(cfg):  # a pipe, a folder or a device named config.json: one line, never a hang or a skip
+        session.record_read(cfg)
         try:
-            config, config_path = _read_json(cfg, "model config"), str(cfg)
+            config, config_path = read_json_file(cfg, "model config"), str(cfg)
         except InputError:
-            if p.is_dir():  # a model folder's own config must be readable
+            if p.is_dir() or not cfg.is_file():  # a model folder's own config must be readable
                 raise
         if not p.is_dir() and config is not None and not {"model_type", "architectures"} & set(config):
             config, config_path = None, None  # some other program's config.json beside a weights file

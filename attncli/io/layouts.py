@@ -32,7 +32,9 @@ import numpy as np
 
 from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
 from attncli.errors import InputError
-from attncli.io.checkpoint import Checkpoint, open_checkpoint
+from attncli.io import config as cfgcheck
+from attncli.io.checkpoint import Checkpoint, model_args, open_checkpoint
+from attncli.io.families import FAMILIES, REFUSED, Family, attention_keys, unsupported_key
 
 
 @dataclass
@@ -100,7 +102,6 @@ def layout(name: str, marker: str, description: str) -> Callable[[Reader], Reade
 
 # Layouts attncli recognises but does not read: a name pattern -> what it is and why.
 UNSUPPORTED: dict[str, tuple[re.Pattern[str], str]] = {
-    "phi3": (re.compile(r"self_attn\.qkv_proj\.weight$"), "Phi-3 (fused self_attn.qkv_proj)"),
     "mpt": (re.compile(r"attn\.Wqkv\.weight$"), "MPT / Mosaic (fused attn.Wqkv)"),
     "mla": (re.compile(r"self_attn\.kv_a_proj_with_mqa\.weight$"), "DeepSeek multi-head latent attention (kv_a_proj_with_mqa)"),
     "bart": (re.compile(r"self_attn\.out_proj\.weight$"), "BART / OPT / Whisper / Marian (self_attn.q/k/v/out_proj)"),
@@ -112,10 +113,11 @@ UNSUPPORTED: dict[str, tuple[re.Pattern[str], str]] = {
 # ---- reading one layer -------------------------------------------------------------------------
 
 def _cfg(config: dict[str, Any] | None, *keys: str) -> tuple[Any, str | None]:
-    """The first of ``keys`` present (and not None) in config.json, and its name."""
+    """The first of ``keys`` present (and not None) in config.json, and its name; checked by type
+    (attncli.io.config.KEYS): a wrong one is one line naming config.json and the key."""
     for k in keys:
         if config and config.get(k) is not None:
-            return config[k], k
+            return cfgcheck.value(config, k, "config.json"), k
     return None, None
 
 
@@ -132,6 +134,7 @@ class Ctx:
     facts: AttentionFacts = field(default_factory=AttentionFacts)
     heads_hint: int | None = None
     name: str | None = None  # a variant's name when the reader decides it (gpt2 / nanogpt)
+    family: Family | None = None  # the declaration config.json's model_type (or --layout) names; None: no config
 
     @property
     def block(self) -> str:
@@ -288,18 +291,23 @@ SLIDING_RULES: dict[str, Callable[[int, dict[str, Any]], bool]] = {
     "gemma3": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0,
     "qwen2": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
     "qwen3": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
+    "minimax": lambda i, cfg: True,  # its mask slides on every attention layer whatever layer_types says
 }
+ALWAYS_SLIDES = ("minimax",)
 
 
 def _window(c: Ctx) -> None:
     cfg = c.config or {}
     w = cfg.get("sliding_window")
-    if w is None:
+    if w is None or (w == 0 and cfg.get("use_sliding_window") is False):  # Qwen2-MoE: 0 = no window
         return
     kind = _layer_type(c)
     if kind == "chunked_attention":
         raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
-    if kind is not None:
+    mt = str(cfg.get("model_type"))
+    if mt in ALWAYS_SLIDES:
+        slides = True
+    elif kind is not None:
         slides = kind == "sliding_attention"
     else:
         rule = SLIDING_RULES.get(str(cfg.get("model_type")))
@@ -318,10 +326,46 @@ def _llama(c: Ctx) -> None:
     if not c.has(a + "o_proj.weight"):
         raise c.fail(f"has {a}q_proj.weight but no {a}o_proj.weight: not a Llama-style layer (see the layouts "
                      "attncli inspect lists)")
-    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v"), ("W_o", "o")):
+    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
         c.linear(t, f"{a}{n}_proj.weight", f"{a}{n}_proj.bias")
+    _llama_rest(c, a)
+
+
+@layout("phi3", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.qkv_proj\.weight$",
+        "Phi-3 / Phi-4: self_attn.qkv_proj = [Q (H·d); K (G·d); V (G·d)] by rows (nn.Linear), o_proj")
+def _phi3(c: Ctx) -> None:
+    a = c.block + "self_attn."
+    name = a + "qkv_proj.weight"
+    w = c.get(name)
+    _heads(c, "num_attention_heads", width=None)
+    f = c.facts
+    if f.heads is None or w.ndim != 2:
+        raise c.fail(f"{name} fuses q, k and v, so the number of heads is needed: put config.json beside the weights")
+    if f.head_dim is None:
+        E = w.shape[1]
+        f.head_dim = E // f.heads if E % f.heads == 0 else None
+    kv = f.kv_heads or f.heads
+    d = f.head_dim or 0
+    sizes = (f.heads * d, kv * d, kv * d)
+    if w.shape[0] != sum(sizes):
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({sum(sizes)}, E): [Q ({f.heads}·{d}); "
+                     f"K ({kv}·{d}); V ({kv}·{d})] by rows")
+    b = c.get(a + "qkv_proj.bias") if c.has(a + "qkv_proj.bias") else None
+    lo = 0
+    for t, n in zip(("W_q", "W_k", "W_v"), sizes):
+        c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> columns (in, out)
+        if b is not None:
+            c.put("b_" + t[-1], b[lo:lo + n], f"{a}qkv_proj.bias[{lo}:{lo + n}]")
+        lo += n
+    _llama_rest(c, a)
+
+
+def _llama_rest(c: Ctx, a: str) -> None:
+    """Everything of a Llama-style layer after W_q, W_k, W_v: o_proj, QK-norm, sinks, heads, the family's rope,
+    pre-norm, window and scale (its declaration in attncli.io.families; Llama's without a config)."""
+    c.linear("W_o", f"{a}o_proj.weight", f"{a}o_proj.bias")
     mt = str((c.config or {}).get("model_type", ""))
-    gemma = mt.startswith("gemma")
+    fam = c.family or FAMILIES["gemma" if mt.startswith("gemma") else "llama"]
     for n in ("q_norm", "k_norm"):
         if c.has(f"{a}{n}.weight"):
             c.put(n, c.get(f"{a}{n}.weight"), f"{a}{n}.weight")
@@ -329,7 +373,8 @@ def _llama(c: Ctx) -> None:
         c.put("sinks", c.get(a + "sinks"), a + "sinks")
         c.facts.sinks = True
     f, width, kv_width = c.facts, c.arrays["W_q"].shape[1], c.arrays["W_k"].shape[1]
-    _heads(c, "num_attention_heads", width=None)
+    if f.heads is None:
+        _heads(c, "num_attention_heads", width=None)
     if f.head_dim is None:  # no head_dim in the config: q_norm's width, else the model width / heads
         f.head_dim = (c.arrays["q_norm"].shape[0] if "q_norm" in c.arrays
                       else width // f.heads if f.heads and width % f.heads == 0 else None)
@@ -338,19 +383,57 @@ def _llama(c: Ctx) -> None:
     if "kv_heads" not in f.from_config and f.head_dim:  # grouped-query heads follow from k_proj's width
         f.kv_heads = kv_width // f.head_dim
     if "q_norm" in c.arrays:
-        c.facts.qk_norm = "rms1p" if gemma else "rms"
+        if fam.qk_norm is None:
+            raise c.fail(f"{fam.model_type}: {a}q_norm.weight is a QK-norm its declaration does not have")
+        c.facts.qk_norm = fam.qk_norm
         c.conf("qk_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
-    c.facts.causal = True
-    _norm(c, "rms1p" if gemma else "rms", c.block + "input_layernorm.weight", eps_keys=("rms_norm_eps",), eps=1e-6)
+    c.facts.causal = fam.causal
+    if not fam.causal:
+        c.facts.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
+    _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
     lt = _layer_type(c)
-    _rope(c, "half", layer_type=lt)
+    if fam.rope is not None and not (fam.nope is not None and fam.nope(c.layer, c.config or {}, lt)):
+        _rope(c, fam.rope, layer_type=lt)
+    elif fam.rope is not None:
+        c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _window(c)
-    if mt in ("gemma2", "gemma3", "gemma3_text"):
+    if fam.scale == "query_pre_attn_scalar":
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
         if key is not None:
             c.facts.scale = float(scalar) ** -0.5
             c.facts.from_config.append("scale")
+    elif fam.scale == "attention_multiplier":
+        mult, key = _cfg(c.config, "attention_multiplier")
+        if key is None:
+            raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
+        c.facts.scale = float(mult)
+        c.facts.from_config.append("scale")
     c.conf("softcap", "attn_logit_softcapping", cast=float)
+
+
+def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None:
+    """The family's pre-attention norm from its tensor ``w`` (+ bias): rms, rms1p, layernorm, layernorm1p
+    (Nemotron: LayerNorm with 1 + w, read as a LayerNorm of weight 1 + w). None: nothing before attention."""
+    kind = fam.pre_norm
+    if kind is None:
+        c.facts.extra["pre_norm"] = f"none: {fam.model_type} applies no norm before attention"
+        return
+    if kind == "layernorm-weightless":  # OLMo: nn.LayerNorm without parameters (w = 1, b = 0), eps 1e-5
+        E = c.arrays["W_q"].shape[0]
+        c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s LayerNorm has no weight; w = 1)")
+        c.put("norm_b", np.zeros(E), f"(none: {fam.model_type}'s LayerNorm has no bias; b = 0)")
+        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+        return
+    if not c.has(w + ".weight"):  # plain runs need no norm; --from-residual is refused (model.py)
+        c.facts.extra["pre_norm_missing"] = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
+        return
+    bias = w + ".bias" if kind.startswith("layernorm") else None
+    _norm(c, "layernorm" if kind == "layernorm1p" else kind, w + ".weight", bias, eps_keys=eps_keys,
+          eps=1e-5 if kind.startswith("layernorm") else 1e-6)
+    if kind == "layernorm1p":
+        c.put("norm_w", 1.0 + np.asarray(c.arrays["norm_w"], np.float64), f"1 + {w}.weight (LayerNorm1p)")
+    if fam.norm_inside:
+        c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
 
 
 @layout("gpt2", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.c_attn\.weight$",
@@ -361,6 +444,9 @@ def _gpt2(c: Ctx) -> None:
     if w.ndim != 2:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E)")
     mt = (c.config or {}).get("model_type")
+    if c.family is not None and c.family.model_type == "gpt_bigcode":
+        _bigcode(c, a, w, name)
+        return
     if w.shape[1] == 3 * w.shape[0]:  # Conv1D (in, out): HF GPT-2
         E, conv = w.shape[0], True
     elif w.shape[0] == 3 * w.shape[1]:  # nn.Linear (out, in): nanoGPT
@@ -385,7 +471,10 @@ def _gpt2(c: Ctx) -> None:
         c.put("b_o", c.get(a + "c_proj.bias"), a + "c_proj.bias")
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head", "num_attention_heads"), width=E)
     c.facts.causal = True
-    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    if c.family is not None and c.family.pre_norm is None:  # OpenAI GPT: post-LN, ln_1 comes after attention
+        c.facts.extra["post_norm"] = f"{c.block}ln_1 (after the residual; X is hidden_states[{c.layer}] itself)"
+    else:
+        _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
     cfg = c.config or {}
     by_d = cfg.get("scale_attn_weights", True)
     by_layer = cfg.get("scale_attn_by_inverse_layer_idx", False)
@@ -393,6 +482,38 @@ def _gpt2(c: Ctx) -> None:
         c.facts.scale = (c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1)
         c.facts.from_config.append("scale")
     c.name = "gpt2" if conv else "nanogpt"
+
+
+def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
+    """GPT-BigCode's c_attn, an nn.Linear (out, in): multi_query [Q (E); k (d); v (d)] by rows (one K/V head),
+    else rows (H, 3, d) per head (its forward views the output as (H, 3·d) and splits each head's part)."""
+    _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=None)
+    f, cfg = c.facts, c.config or {}
+    H, E = f.heads, w.shape[1]
+    if H is None or E % H:
+        raise c.fail(f"{name}: config.json's n_head does not divide the width {E}")
+    d = E // H
+    f.head_dim = d
+    if cfg.get("multi_query", True):
+        if w.shape[0] != E + 2 * d:
+            raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({E + 2 * d}, {E}): [Q; k; v] (multi_query)")
+        b = c.get(a + "c_attn.bias") if c.has(a + "c_attn.bias") else None
+        for t, lo, n in (("W_q", 0, E), ("W_k", E, d), ("W_v", E + d, d)):
+            c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> (in, out)
+            if b is not None:
+                c.put("b_" + t[-1], b[lo:lo + n], f"{a}c_attn.bias[{lo}:{lo + n}]")
+        f.kv_heads = 1
+        f.from_config.append("kv_heads")
+    else:
+        _fused_per_head(c, name, a + "c_attn.bias")
+        f.kv_heads = H
+    c.linear("W_o", a + "c_proj.weight", a + "c_proj.bias")
+    f.causal = True
+    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    if not cfg.get("scale_attn_weights", True):
+        f.scale = 1.0
+        f.from_config.append("scale")
+    c.name = "gpt_bigcode"
 
 
 @layout("gptj", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.q_proj\.weight$",
@@ -418,7 +539,11 @@ def _bert(c: Ctx) -> None:
         c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
     c.facts.causal = bool((c.config or {}).get("is_decoder", False))
-    c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+    fam = c.family
+    if fam is not None and fam.pre_norm is not None:  # pre-LN BERTs: the LayerNorm inside the attention module
+        _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
+    else:
+        c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
 
 
 def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
@@ -629,7 +754,7 @@ def _unsupported(names: list[str]) -> str | None:
     return None
 
 
-def _choose(ckpt: Checkpoint, prefix: str | None) -> Found:
+def _choose(ckpt: Checkpoint, prefix: str | None, want: str | None = None) -> Found:
     names = list(ckpt.tensors)
     found = find_layouts(names)
     if prefix is not None:
@@ -650,19 +775,49 @@ def _choose(ckpt: Checkpoint, prefix: str | None) -> Found:
             sample = ", ".join(names[:6])
             raise InputError(f"holds no attention layout attncli knows ({layouts}); its tensors start {sample}",
                              ckpt.source)
+    if len(complete) > 1 and want is not None:  # config.json's family names its layout (MiniMax: qkv_proj elsewhere)
+        complete = [f for f in complete if f.layout.name == want] or complete
     if len(complete) > 1:
         stacks = ", ".join(f"{f.stack.rstrip('.')} ({f.layout.name}, {len(f.layers)} layers)" for f in complete)
         raise InputError(f"holds several attention stacks: {stacks}; choose one with --prefix", ckpt.source)
     return complete[0]
 
 
-def _model_type_check(ckpt: Checkpoint, lay: Layout) -> None:
-    mt = str((ckpt.config or {}).get("model_type", ""))
-    unsupported = {"falcon": "Falcon", "olmo2": "OLMo 2 (q_norm over all heads)", "olmo3": "OLMo 3",
-                   "llama4": "Llama 4", "cohere": "Cohere", "deepseek_v3": "DeepSeek V3", "phi": "Phi"}
-    if mt in unsupported:
-        raise InputError(f"is a {unsupported[mt]} model (config.json model_type {mt!r}), whose attention attncli "
-                         f"recognises but does not read", ckpt.source)
+def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -> Family | None:
+    """The declaration that reads this checkpoint: config.json's model_type (checked by type first), or
+    ``forced`` (--layout); None without a config (the tensor signature decides, as before). Refused in one
+    line: a model_type attncli knows and does not read, one it does not know, a layout that does not match
+    the tensors, a config key that changes attention and that the declaration does not read."""
+    cfg = ckpt.config
+    src = ckpt.config_path or "config.json"
+    if cfg is not None:
+        cfgcheck.check_config(cfg, src)
+    if forced is not None:
+        fam = FAMILIES.get(forced) or FAMILIES.get({"neox": "gpt_neox", "phi3": "phi3"}.get(forced, ""))
+        if fam is None:
+            known = ", ".join(sorted(FAMILIES)[:12])
+            raise InputError(f"names {forced!r}, which is not a declared family (e.g. {known}, ...)", "--layout")
+    elif cfg is None:
+        return None
+    else:
+        mt = cfg.get("model_type")
+        if mt is None:
+            raise InputError("has no model_type, so the family (and its attention) is unknown; give --layout NAME "
+                             f"(e.g. --layout {found.name}) to read it as that family at your own risk", src)
+        if mt in REFUSED:
+            raise InputError(f"{mt}: {REFUSED[mt]}", src)
+        fam = FAMILIES.get(mt)
+        if fam is None:
+            raise InputError(f"model_type {mt!r} is not a family attncli declares, so its attention is unknown; "
+                             f"--layout {found.name} reads it as {found.name} at your own risk", src)
+    if fam.layout != found.name and not (fam.layout == "llama" and found.name == "phi3"):
+        raise InputError(f"{fam.model_type}: its tensors are the {found.name} layout, not the {fam.layout} layout "
+                         "its declaration reads", ckpt.source)
+    if cfg is not None:
+        bad = unsupported_key(fam, cfg)
+        if bad is not None:
+            raise InputError(f"{fam.model_type}: {bad} is not supported", src)
+    return fam
 
 
 def _layer_range(layers: list[int]) -> str:
@@ -670,7 +825,7 @@ def _layer_range(layers: list[int]) -> str:
 
 
 def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | None = None, *,
-               heads: int | None = None) -> LayerAttention:
+               heads: int | None = None, layout: str | None = None) -> LayerAttention:
     """The attention weights of one layer of a checkpoint, in textbook form, with the config's facts.
 
     ``layer`` is required when there are several (the error lists them); ``prefix`` picks a stack
@@ -678,8 +833,9 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     config.json says it. Only the chosen layer's tensors are read (memory-mapped views, stored dtype).
     """
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
-    f = _choose(ckpt, prefix)
-    _model_type_check(ckpt, f.layout)
+    declared = FAMILIES.get(layout or str((ckpt.config or {}).get("model_type")))
+    f = _choose(ckpt, prefix, declared.layout if declared is not None else None)
+    fam = resolve_family(ckpt, f.layout, layout)
     layers = f.layers
     count = layers[-1] + 1
     if layer is None:
@@ -689,7 +845,10 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
         layer = layers[0]
     if layer not in layers:
         raise InputError(f"has no layer {layer}: its {f.layout.name} layers are {_layer_range(layers)}", "--layer")
-    c = Ctx(ckpt, f.stack, layer, count, ckpt.config, heads_hint=heads)
+    args = model_args(ckpt.files) if ckpt.config is None else None
+    if heads is None and args is not None and args.get("n_head") is not None:  # nanoGPT's ckpt.pt says it
+        heads = cfgcheck.value(args, "n_head", f"{ckpt.source} (model_args)")
+    c = Ctx(ckpt, f.stack, layer, count, ckpt.config, heads_hint=heads, family=fam)
     f.layout.read(c)
     if c.facts.heads is None:
         c.facts.extra.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
@@ -697,8 +856,9 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     return LayerAttention(c.arrays, c.origin, c.name or f.layout.name, layer, count, c.facts, ckpt.source)
 
 
-def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
-    """What a checkpoint holds, from headers only: layers, attention tensors, layout, config facts."""
+def inspect_checkpoint(path: str | Path, layout: str | None = None) -> dict[str, Any]:
+    """What a checkpoint holds, from headers only: layers, attention tensors, layout, config facts, the family
+    (``layout``: a declaration forced on it, as --layout)."""
     ckpt = open_checkpoint(path)
     names = list(ckpt.tensors)
     out: dict[str, Any] = {
@@ -710,6 +870,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "bytes": sum(t.nbytes for t in ckpt.tensors.values()),
         "dtypes": sorted({t.dtype for t in ckpt.tensors.values()}),
     }
+    out.update(_family_report(ckpt, layout))
     found = find_layouts(names)
     out["stacks"] = []
     for f in found:
@@ -718,7 +879,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                                  "layer_range": _layer_range(f.layers)}
         used: set[str] = set()
         try:
-            entry["facts"] = _facts_only(ckpt, f)
+            entry["facts"] = _facts_only(ckpt, f, layout)
             used = {re.split(r"[ \[ᵀ]", o, maxsplit=1)[0] for o in entry["facts"]["origin"].values()}
         except InputError as e:
             entry["error"] = str(e)
@@ -734,10 +895,32 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def _facts_only(ckpt: Checkpoint, f: Found) -> dict[str, Any]:
+def _family_report(ckpt: Checkpoint, layout: str | None = None) -> dict[str, Any]:
+    """The family config.json names (declared, refused or unknown) and every attention key it holds with
+    'used', 'neutral (ignored)' or 'not supported' (attncli.io.families.ATTENTION_KEYS)."""
+    cfg = ckpt.config
+    if cfg is None:
+        return {"family": None, "family_status": "no config.json: the tensor signature decides", "attention_keys": {}}
+    mt = cfg.get("model_type")
+    fam = FAMILIES.get(str(layout or mt))
+    if fam is not None and layout is not None:
+        status = f"forced with --layout {layout} ({fam.layout} layout), at your own risk"
+    elif fam is not None:
+        status = f"declared ({fam.layout} layout)"
+    elif mt in REFUSED:
+        status = f"known, refused: {REFUSED[str(mt)]}"
+    else:
+        status = "not declared: refused unless --layout NAME forces a declaration"
+    keys = attention_keys(fam, cfg)
+    return {"family": mt, "family_status": status,
+            "attention_keys": {k: {"value": cfg[k], "status": v} for k, v in keys.items()}}
+
+
+def _facts_only(ckpt: Checkpoint, f: Found, layout: str | None = None) -> dict[str, Any]:
     """Layer ``first``'s facts; reading its tensors only to learn shapes would map them, so headers are used."""
     shadow = _HeaderOnly(ckpt)
-    c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, ckpt.config)  # type: ignore[arg-type]
+    fam = resolve_family(ckpt, f.layout, layout)
+    c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, ckpt.config, family=fam)  # type: ignore[arg-type]
     f.layout.read(c)
     d = dict(c.facts.__dict__)
     d["first_layer"] = f.layers[0]

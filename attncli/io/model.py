@@ -23,7 +23,8 @@ import numpy as np
 from attncli.core.options import Options
 from attncli.core.problem import Problem
 from attncli.core.projections import Norm, Projections, RelativeBias
-from attncli.io.checkpoint import Checkpoint
+from attncli.errors import InputError
+from attncli.io.checkpoint import ML_DTYPES, Checkpoint
 from attncli.io.layouts import AttentionFacts, LayerAttention
 from attncli.io.layouts import load_layer as read_layer
 
@@ -64,19 +65,37 @@ class CheckpointLayer:
         ``heads`` when no config.json says it; ``from_residual``: ``x`` is the residual stream
         (``hidden_states[N]``) and the layer's pre-norm is applied first. ``kw`` goes to Problem.build
         (mask, valid_lens, labels, batch_first, ...)."""
-        return Problem.build(x, memory, values, projections=self.projections, heads=heads or self.heads or 1,
+        h = heads or self.heads
+        if h is None:
+            raise InputError("does not say how many heads its attention has (no config.json, no model_args); "
+                             "give heads= (--heads N)", self.source)
+        missing = self.facts.extra.get("pre_norm_missing")
+        if from_residual and missing:
+            raise InputError(f"has no {missing}, which --from-residual applies first", self.source)
+        inside = bool(self.facts.extra.get("norm_inside"))  # pre-LN BERTs: the norm belongs to the module
+        return Problem.build(x, memory, values, projections=self.projections, heads=h,
                              options=options if options is not None else self.config_options(),
-                             pre_norm=self.norm if from_residual else None, relative_bias=self.relative_bias, **kw)
+                             pre_norm=self.norm if from_residual or inside else None,
+                             relative_bias=self.relative_bias, **kw)
+
+
+def numbers(a: np.ndarray) -> np.ndarray:
+    """A checkpoint tensor of any kind (projection, norm, bias, sink, relative bias) as numbers the pipeline
+    computes with: bfloat16 and float8 (ml_dtypes, which numpy does not count as numbers) as float32, where
+    every one of their values is exact; float16/32/64 as stored."""
+    a = np.asarray(a)
+    return a.astype(np.float32) if a.dtype.name in ML_DTYPES else a
 
 
 def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: str | None = None, *,
-               heads: int | None = None) -> CheckpointLayer:
+               heads: int | None = None, layout: str | None = None) -> CheckpointLayer:
     """Layer ``layer`` of a checkpoint (a .safetensors file, a sharded index, a save_pretrained folder,
     a .pt/.pth/.bin state dict): only that layer's tensors are read. ``layer`` is needed when there are
-    several; ``prefix`` picks a stack (T5's encoder/decoder); ``heads`` when no config.json says it."""
-    la = read_layer(path, layer, prefix, heads=heads)
+    several; ``prefix`` picks a stack (T5's encoder/decoder); ``heads`` when no config.json says it;
+    ``layout`` forces a declared family (attncli.io.families) on a model_type attncli does not declare."""
+    la = read_layer(path, layer, prefix, heads=heads, layout=layout)
     a, f = la.arrays, la.facts
-    proj = Projections(**{n: np.asarray(a[n]) for n in PROJECTION_NAMES if n in a},  # type: ignore[arg-type]
+    proj = Projections(**{n: numbers(a[n]) for n in PROJECTION_NAMES if n in a},  # type: ignore[arg-type]
                        source=f"{la.source} layer {la.layer}",
                        origin={n: la.origin[n] for n in PROJECTION_NAMES if n in la.origin}, kind=la.layout)
     options: dict[str, Any] = {n: v for n in FACT_OPTIONS if (v := getattr(f, n)) is not None and v is not False}
@@ -86,10 +105,10 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: 
     bias = None
     if f.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
         e = f.extra
-        bias = RelativeBias(np.asarray(a["rel_bias"]), bool(e["bidirectional"]), int(e["num_buckets"]),
+        bias = RelativeBias(numbers(a["rel_bias"]), bool(e["bidirectional"]), int(e["num_buckets"]),
                             int(e["max_distance"]), la.origin.get("rel_bias", ""))
     norm = None
     if f.pre_norm is not None and "norm_w" in a:
-        norm = Norm(f.pre_norm, np.asarray(a["norm_w"]), None if "norm_b" not in a else np.asarray(a["norm_b"]),
+        norm = Norm(f.pre_norm, numbers(a["norm_w"]), None if "norm_b" not in a else numbers(a["norm_b"]),
                     f.norm_eps if f.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
     return CheckpointLayer(proj, options, f.heads, norm, bias, f, la.layout, la.layer, la.layers, la.source, la)

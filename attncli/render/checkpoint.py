@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from attncli.errors import printable
 from attncli.render import escape
 
 FACT_ORDER = ("heads", "kv_heads", "head_dim", "scale", "causal", "rope", "rope_base", "rotary_dim", "rope_scaling",
@@ -26,10 +27,22 @@ def render_inspect(info: dict[str, Any], console: Console) -> None:
     Every string in ``info`` (tensor names, model_type, paths, config values) is shown through escape.terminal."""
     info = escape.terminal_tree(info)
     files = info["files"]
-    console.print(f"{info['source']}: {info['tensors']} tensors, {_size(info['bytes'])} "
+    console.print(f"{printable(str(info['source']), 160)}: {info['tensors']} tensors, {_size(info['bytes'])} "
                   f"({', '.join(info['dtypes'])}) in {len(files)} file{'s' if len(files) != 1 else ''}")
-    console.print(f"config: {info['config'] or '(none beside the weights)'}"
-                  + (f"  model_type: {info['model_type']}" if info.get("model_type") else ""))
+    console.print(f"config: {printable(str(info['config'] or '(none beside the weights)'), 160)}"
+                  + (f"  model_type: {printable(str(info['model_type']), 60)}" if info.get("model_type") else ""))
+    if info.get("family_status"):
+        console.print(f"family: {printable(str(info.get('family') or '-'), 60)}: "
+                      f"{printable(str(info['family_status']), 160)}")
+    keys = info.get("attention_keys") or {}
+    if keys:
+        kt = Table(title="config.json keys that touch attention", title_justify="left")
+        kt.add_column("key")
+        kt.add_column("value")
+        kt.add_column("attncli")
+        for k, e in keys.items():
+            kt.add_row(printable(str(k), 60), printable(str(e["value"]), 60), e["status"])
+        console.print(kt)
     if not info["stacks"]:
         what = info.get("unsupported")
         console.print(f"no attention layout attncli reads{f' (recognised: {what})' if what else ''}; "
@@ -44,10 +57,10 @@ def render_inspect(info: dict[str, Any], console: Console) -> None:
         table.add_column("shape", justify="right")
         table.add_column("dtype")
         for t in s["layer_tensors"]:
-            table.add_row(t["name"], str(tuple(t["shape"])), t["dtype"])
+            table.add_row(printable(t["name"], 160), str(tuple(t["shape"])), t["dtype"])
         console.print(table)
         if "error" in s:
-            console.print(f"cannot be read: {s['error']}")
+            console.print(f"cannot be read: {printable(str(s['error']), 300)}")
             continue
         facts = s["facts"]
         given = set(facts.get("from_config", []))
@@ -60,7 +73,7 @@ def render_inspect(info: dict[str, Any], console: Console) -> None:
                 continue
             ft.add_row(k + (" *" if k in given else ""), escape.terminal(v))
         for k, v in facts.get("extra", {}).items():
-            ft.add_row(k, escape.terminal(v))
+            ft.add_row(printable(str(k), 60), printable(str(v), 200))
         console.print(ft)
         origin = facts.get("origin", {})
         if origin:
@@ -68,5 +81,5 @@ def render_inspect(info: dict[str, Any], console: Console) -> None:
             ot.add_column("array")
             ot.add_column("from")
             for k, v in origin.items():
-                ot.add_row(k, v)
+                ot.add_row(k, printable(str(v), 200))
             console.print(ot)
