@@ -57,7 +57,8 @@ def run(*args: str, stdin: str | bytes | None = None):  # type: ignore[no-untype
 def test_version_and_help() -> None:
     assert run("--version").stdout.strip() == f"attncli {__version__}"
     res = run("run", "--help")
-    assert res.exit_code == 0 and "--valid-lens" in res.stdout and "attncli examples show cat_milk_sweet | attncli run -" in res.stdout
+    assert res.exit_code == 0 and "--valid-lens" in res.stdout
+    assert "attncli examples show cat_milk_sweet | attncli run -" in res.stdout
 
 
 def test_cat_milk_json_from_yaml(files: Path) -> None:
