@@ -462,6 +462,11 @@ class Options:
         specs = declared(Options)
         unknown = sorted(set(overrides) - set(specs))
         if unknown:
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], list(specs), n=1, cutoff=0.6)
+            if close:  # a typo: scor -> score
+                raise InputError(f"unknown option {unknown[0]!r}; did you mean {close[0]!r}?", source)
             shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
             raise InputError(f"unknown option(s) {shown}", source)
         changes = {}
