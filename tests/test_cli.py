@@ -57,7 +57,8 @@ def run(*args: str, stdin: str | bytes | None = None):  # type: ignore[no-untype
 def test_version_and_help() -> None:
     assert run("--version").stdout.strip() == f"attncli {__version__}"
     res = run("run", "--help")
-    assert res.exit_code == 0 and "--valid-lens" in res.stdout and "attncli run examples/cat_milk_sweet.yaml" in res.stdout
+    assert res.exit_code == 0 and "--valid-lens" in res.stdout
+    assert "attncli examples show cat_milk_sweet | attncli run -" in res.stdout
 
 
 def test_cat_milk_json_from_yaml(files: Path) -> None:
@@ -280,3 +281,27 @@ def test_saved_file_respects_umask(files: Path) -> None:
     finally:
         os.umask(old)
     assert (files / "t.npz").stat().st_mode & 0o777 == 0o644
+
+
+def test_stdin_is_named_once() -> None:
+    """`-` twice (two arguments, or an argument and --mask) is refused in one line naming the second one:
+    standard input can be read once."""
+    for args, culprit in ((["run", "-", "-"], "argument 2"), (["run", "-", "--mask", "-"], "--mask")):
+        res = run(*args, stdin="[[1, 0], [0, 1]]")
+        assert res.exit_code == 2 and res.stdout == ""
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"attncli: error: {culprit}: '-' (standard input)")
+
+
+def test_typos_in_a_file_get_a_did_you_mean(tmp_path: Path) -> None:
+    """A near miss among a problem file's options and entries is named with the word it resembles."""
+    f = tmp_path / "p.yaml"
+    f.write_text("q: [[1, 0]]\nk: [[1, 0]]\noptions: {scor: additive}\n")
+    res = run("run", str(f))
+    assert res.exit_code == 2 and res.stderr.strip() == f"attncli: error: {f}: unknown option 'scor'; did you mean 'score'?"
+    f.write_text("q: [[1, 0]]\nlables: [a]\n")
+    res = run("run", str(f))
+    assert res.exit_code == 2 and "unknown entry 'lables'; did you mean 'labels'?" in res.stderr
+    f.write_text("q: [[1, 0]]\nzzzz: 1\n")
+    res = run("run", str(f))
+    assert res.exit_code == 2 and "did you mean" not in res.stderr and "holds" in res.stderr

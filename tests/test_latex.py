@@ -69,17 +69,24 @@ def document(*args: str, fmt: str = "latex") -> str:
     return r.stdout
 
 
-def compiles(tex: str, tmp_path: Path, name: str = "doc") -> None:
-    """pdflatex makes a PDF of ``tex``; without pdflatex, KaTeX renders every display of it."""
+def compiles(tex: str, tmp_path: Path, name: str = "doc") -> str:
+    """pdflatex makes a PDF of ``tex`` (its log is returned); without pdflatex, KaTeX renders every display
+    of it (and the log is empty)."""
     if PDFLATEX is None:
         blocks = math_blocks(tex)
         assert blocks and not katex_errors(blocks)
-        return
+        return ""
     (tmp_path / f"{name}.tex").write_text(tex, encoding="utf-8")
     proc = subprocess.run([str(PDFLATEX), "-interaction=nonstopmode", "-halt-on-error", f"{name}.tex"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     errors = [ln for ln in proc.stdout.splitlines() if ln.startswith("!")]
     assert proc.returncode == 0 and (tmp_path / f"{name}.pdf").exists(), errors or proc.stdout[-1500:]
+    return (tmp_path / f"{name}.log").read_text(encoding="latin-1")
+
+
+def overfull(log: str) -> list[str]:
+    """The lines of a pdflatex log that say a line runs past the margin."""
+    return [ln for ln in log.splitlines() if ln.startswith("Overfull \\hbox")]
 
 
 def matrix_after(tex: str, symbol: str) -> np.ndarray:
@@ -110,7 +117,61 @@ def test_cat_milk_numbers_are_the_hand_computed_ones() -> None:
 @needs_latex
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_example_compiles(tmp_path: Path, name: str) -> None:
-    compiles(document("examples", "run", name, "-x", "0,0", "--explain-row", "0"), tmp_path, name)
+    """Every bundled example, with an explained cell and row, compiles with no line past the margin."""
+    log = compiles(document("examples", "run", name, "-x", "0,1", "--explain-row", "0"), tmp_path, name)
+    assert overfull(log) == []
+
+
+@pytest.mark.skipif(PDFLATEX is None, reason="pdflatex is not installed")
+def test_long_labels_and_wide_numbers_fit_the_page(tmp_path: Path) -> None:
+    """Labels of 40 characters are shortened in the matrices, with a legend naming them in full; a wide matrix
+    and long explanation lines still fit (no overfull line)."""
+    n = 12
+    rng = np.random.default_rng(0)
+    x = tmp_path / "x.json"
+    x.write_text(str((rng.standard_normal((n, 6)) * 1e-3).tolist()))
+    names = [f"a_rather_long_label_for_token_number_{i:02d}" for i in range(n)]
+    tex = document("run", str(x), "--labels", ",".join(names), "-x", f"{names[3]},{names[5]}",
+                   "--explain-row", names[3])
+    assert "a\\_rather\\_long\\_label\\_for\\_token\\_number\\_03" not in tex.split("\\begin{bmatrix}")[1]
+    assert "labels shortened above" in tex and "number\\_03" in tex
+    assert overfull(compiles(tex, tmp_path)) == []
+
+
+def test_words_are_text_and_formulas_are_math() -> None:
+    """The notes' cat/milk example: 'have a zero factor' is one text run (no math-italic a), arrows and
+    subscripts are math (->: \\to, s_ij: s_{ij}), e-notation a power of ten, -inf the infinity sign."""
+    tex = document("examples", "run", "cat_milk_sweet", "-x", "milk,cat")
+    assert "products have a zero factor and are left out" in tex and "}a\\text{" not in tex
+    assert "\\to" in tex and "\\textgreater" not in tex and "s_{ij}" in tex and "s\\_ij" not in tex
+    nw = document("examples", "run", "nadaraya_watson", "-x", "0,1")
+    assert "e-6" not in nw.split("\\begin{align*}")[1] and "10^{-6}" in nw
+    masked = document("examples", "run", "d2l_additive", "-x", "0:0,3")  # keys past the valid length: -inf
+    assert "\\text{inf}" not in masked and "\\infty" in masked
+
+
+def test_label_specials_read_the_same_in_matrices_and_explanations(tmp_path: Path) -> None:
+    """Labels from a file are data: u_alpha and c^hotel are escaped text in the matrices' row labels and in the
+    explanation's equations alike (not a subscript, not a hat)."""
+    x = tmp_path / "x.json"
+    x.write_text("[[1, 0], [0, 1], [1, 1]]")
+    tex = document("run", str(x), "--labels", "u_alpha,c^hotel,w", "-x", "u_alpha,c^hotel", "--explain-row", "c^hotel")
+    for label in ("\\text{u\\_alpha}", "\\text{c\\textasciicircum{}hotel}"):
+        matrices, explained = tex.split("\\subsection*{Explain", 1)
+        assert label in matrices and label in explained
+    assert "\\hat{}" not in tex and "u\\_\\text" not in tex
+    if PDFLATEX is not None:
+        assert overfull(compiles(tex, tmp_path)) == []
+
+
+def test_float_noise_does_not_turn_a_column_to_e_notation(tmp_path: Path) -> None:
+    """A column holding 0.14 and float noise 3e-18 is written in fixed decimals (0.1400, 0.0000)."""
+    q, v = tmp_path / "q.json", tmp_path / "v.json"
+    q.write_text("[[1, 0], [0, 1]]")
+    v.write_text("[[0.14, 1.5], [3e-18, 2.5]]")
+    tex = document("run", str(q), str(q), str(v), "--steps", "v")
+    body = tex.split("\\begin{bmatrix}\n", 1)[1].split("\\end{bmatrix}", 1)[0]
+    assert [row.split(" & ")[0].strip() for row in body.strip().split("\\\\")] == ["0.1400", "0.0000"]
 
 
 @needs_latex

@@ -54,6 +54,32 @@ def commands(text: str) -> list[tuple[str, int]]:
 
 
 COMMANDS = commands(README)
+EXTRAS = {"torch": ("'.[torch]'",), "transformers": ("transformers",), "matplotlib": ("'.[plot]'", "matplotlib")}
+
+
+def needs(section: str) -> set[str]:
+    """The optional packages a section's "Needs:" paragraph names (none: the base install is enough)."""
+    m = re.search(r"^Needs: (.*?)(?:\n\n|\Z)", section, flags=re.S | re.M)
+    said = m.group(1) if m else ""
+    return {pkg for pkg, words in EXTRAS.items() if any(w in said for w in words)}
+
+
+def commands_by_section(text: str) -> list[tuple[str, int, set[str]]]:
+    """(command, expected exit code, the optional packages its section says it needs), in order."""
+    return [(cmd, code, needs(section)) for section in re.split(r"^(?=## )", text, flags=re.M)
+            for cmd, code in commands(section)]
+
+
+BLOCKER = """
+import importlib.abc, os, sys
+BLOCKED = set(filter(None, os.environ.get("ATTNCLI_TEST_BLOCKED", "").split(",")))
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed in this README section)", name=name)
+        return None
+sys.meta_path.insert(0, Blocker())
+"""
 
 
 def test_readme_has_commands_and_keeps_the_setup_section() -> None:
@@ -78,12 +104,20 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.skipif(os.name != "posix", reason="the guide's commands are POSIX shell")
 @pytest.mark.slow
 def test_readme_commands_run_as_documented(workdir: Path) -> None:
-    """All in one test, in order: later commands use the files earlier ones made."""
+    """All in one test, in order: later commands use the files earlier ones made. Each runs with only what its
+    section says it needs: torch, transformers and matplotlib fail to import unless the section's "Needs:" names
+    them, so a section that silently needs one fails here."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1",
            "COLUMNS": "100", "PYTHONWARNINGS": "ignore"}
     said = ""
-    for cmd, code in COMMANDS:
-        proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], cwd=workdir, env=env,
+    site = workdir / "_blocker"  # a sitecustomize that makes the packages a section does not name missing
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    for cmd, code, extras in commands_by_section(README):
+        blocked = ",".join(sorted(set(EXTRAS) - extras))
+        run_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH", "")])),
+                   "ATTNCLI_TEST_BLOCKED": blocked}
+        proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], cwd=workdir, env=run_env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, f"{cmd!r} exited {proc.returncode}, expected {code}:\n{proc.stderr[-2000:]}"
         assert "Traceback" not in proc.stderr, proc.stderr

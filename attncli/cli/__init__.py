@@ -24,7 +24,7 @@ from attncli.io import session
 app = typer.Typer(
     name="attncli",
     help="Compute attention on matrices you supply, and explain every step.\n\n"
-         "Examples:\n\n  attncli run examples/cat_milk_sweet.yaml\n\n"
+         "Examples:\n\n  attncli examples run cat_milk_sweet\n\n"
          "  attncli run q.npy k.npy v.npy --valid-lens 2,3 --format json\n\n"
          "  attncli examples\n\n  attncli run --help",
     no_args_is_help=True,
@@ -114,7 +114,7 @@ def main_callback(
 ) -> None:
     """Compute attention on matrices you supply, and explain every step.
 
-    Example: attncli run examples/cat_milk_sweet.yaml
+    Example: attncli examples run cat_milk_sweet
     """
 
 

@@ -49,9 +49,9 @@ class Verify:
 
     expected: str | None = option(
         None, "Expected numbers inline, e.g. \"[[0.625, 1.375], [0.089, 1.911]]\" (YAML/JSON list), or a file; "
-              "then every argument is an input.", CHECK, short="-e")
+              "then every argument is an input.", CHECK, short="-e", essential=True)
     what: str = option(
-        "output", "The step to compare: output (default), weights, scores, or any step of `attncli run`.", CHECK)
+        "output", "The step to compare: output (default), weights, scores, or any step of `attncli run`.", CHECK, essential=True)
     atol: float | None = option(
         None, "Absolute tolerance (default: half a unit of the last decimal the expected numbers are written with; "
               "for binary files and whole numbers, torch.testing's float default).", CHECK, min=0.0)
@@ -70,7 +70,7 @@ class Verify:
         flag="--explain")
     format: str = option(
         "rich", "rich: a report; json: one JSON object on stdout (verdict, errors, explanations).", CHECK, short="-f",
-        choices=lambda: list(CHECK_FORMATS))  # the check renderers' registry
+        essential=True, choices=lambda: list(CHECK_FORMATS))  # the check renderers' registry
     precision: int = option(4, "Decimals shown in the report.", CHECK, short="-p", min=0, max=17)
     quiet: bool = option(False, "Print nothing; only the exit code tells (as cmp -s).", CHECK, short="-q")
 
@@ -84,7 +84,7 @@ CHECK_HELP = (
     "(float defaults), or - for stdin.\n\n"
     "Exit codes: 0 match, 1 mismatch (a verdict on stdout), 2 bad input, 70 an internal error.\n\n"
     "Examples:\n\n"
-    "  attncli check examples/cat_milk_sweet.yaml --what weights\n\n"
+    "  attncli examples show cat_milk_sweet | attncli check - --what weights\n\n"
     "  attncli check -e \"[[0.5, 0.5], [0.25, 0.75]]\" q.npy k.npy --what weights\n\n"
     "  attncli check expected.npy q.npy k.npy v.npy --valid-lens 2,3 --format json\n\n"
     "  attncli check kernel_out.pt q.pt k.pt v.pt --causal --precision-of bfloat16\n"

@@ -88,6 +88,28 @@ def is_multihead(content: Any, opts: ProblemArgs) -> bool:
             or (isinstance(content, dict) and "x" in content and "q" not in content))
 
 
+def stdin_once(inputs: list[str], opts: ProblemArgs) -> None:
+    """Refuse a second ``-``: standard input can be read once (the argument or flag that names it again is
+    said)."""
+    given = [(f"argument {k + 1}", x) for k, x in enumerate(inputs)]
+    given += [(f"--{name.replace('_', '-')}", getattr(opts, name)) for name in STDIN_FLAGS]
+    named = [where for where, x in given if isinstance(x, str) and x == "-"]
+    if len(named) > 1:
+        raise InputError(f"'-' (standard input) is given again, after {named[0]}; stdin can be read once: "
+                         "give this input as a file", named[1])
+
+
+STDIN_FLAGS = ("valid_lens", "mask", "memory", "values", "key_padding_mask", "alibi_slopes", "sinks")
+
+
+def did_you_mean(name: str, choices: Any) -> str:
+    """'did you mean 'score'?' for a near miss among ``choices`` (difflib), else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(map(str, choices)), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
 def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihead: bool | None = None) -> Problem:
     """The Problem described by 1–3 input files (or ``-``) and the options (a flag wins over the file).
 
@@ -98,6 +120,7 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     if not 1 <= len(inputs) <= 3:
         what = "X [MEMORY [VALUES]]" if multihead else "Q [K [V]]"
         raise InputError(f"expected 1 to 3 inputs ({what}), got {len(inputs)}", "arguments")
+    stdin_once(inputs, opts)
     content = reader.read(inputs[0])
     file_source = reader.source(inputs[0])
     heads_mode = is_multihead(content, opts) if multihead is None else multihead
@@ -108,8 +131,11 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
         allowed = MULTIHEAD_KEYS if heads_mode else PROBLEM_KEYS
         unknown = set(map(str, doc)) - allowed
         if unknown:
-            shown = ", ".join(sorted(unknown)[:8])
             kind = "a multi-head file" if heads_mode else "a problem file"
+            hint = did_you_mean(sorted(unknown)[0], allowed)
+            if hint:
+                raise InputError(f"unknown entry {sorted(unknown)[0]!r}; {hint}", file_source)
+            shown = ", ".join(sorted(unknown)[:8])
             raise InputError(f"has unknown entries {shown}; {kind} holds {', '.join(sorted(allowed))}", file_source)
     sources: dict[str, str] = {}
     arrays: dict[str, Any] = {}

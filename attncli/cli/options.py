@@ -89,9 +89,9 @@ class ProblemArgs:
               "sum to less than 1. With self, also read from --weights (sinks).", TODAY)
     # projections and heads: `self`, `check` and `examples run`
     heads: int | None = option(
-        None, "Multi-head attention with H heads (as `attncli self`; must divide d_k and d_v). Inputs are then "
-              "X [MEMORY [VALUES]] and --weights holds the projections W_q, W_k, W_v (W_o, biases).", MULTIHEAD,
-        commands=PROJECTING, min=1)
+        None, "Multi-head attention with H heads (dividing d_k and d_v): inputs X [MEMORY [VALUES]], --weights "
+              "the projections W_q, W_k, W_v (W_o, biases).", MULTIHEAD,
+        commands=PROJECTING, min=1, essential=True)
     memory: str | None = option(
         None, "Cross-attention: keys and values are projected from this (B, S, D_k) instead of X.", MULTIHEAD,
         commands=PROJECTING)
@@ -139,12 +139,12 @@ class View:
         None, "Show only this head's steps in the terminal view (JSON, NPZ and --save keep every head).", MULTIHEAD,
         commands=ONE_HEAD, min=0)
     format: str = option(
-        "rich", "rich: the step-by-step view; json: one JSON object; npz: an NPZ archive; latex, markdown: "
-                "the worked solution as a document (all on stdout).", OUTPUT, short="-f", essential=True,
+        "rich", "On stdout: rich, the step-by-step view; json or npz, every step; latex or markdown, the worked "
+                "solution as a document.", OUTPUT, short="-f", essential=True,
         choices=lambda: list(FORMAT_MODULES))  # the renderers' registry: a new renderer needs no edit here
     save: Path | None = option(
-        None, "Also write every step to FILE (.npz, .json, .tex or .md), atomically; FILE.npy holds the "
-              "output alone (then the weights are never held: large inputs run in blocks).", OUTPUT, short="-o",
+        None, "Also write every step to FILE (.npz, .json, .tex or .md); FILE.npy holds the output alone (then "
+              "large inputs run in blocks).", OUTPUT, short="-o",
         essential=True)
     precision: int = option(
         4, "Decimals shown in the terminal view (JSON and NPZ keep full precision).", OUTPUT, short="-p",
@@ -154,8 +154,8 @@ class View:
     full: bool = option(False, "Show every row, column and batch entry of big matrices.", OUTPUT)
     quiet: bool = option(False, "No terminal view and no warnings on stderr (use with --save).", OUTPUT, short="-q")
     explain: tuple[str, ...] = option(
-        (), "Explain one score and weight cell: QUERY,KEY by labels (it,milk) or indices (2,1); "
-            "batched inputs take a batch prefix, e.g. 0:2,1 (or 0,1:2,1). Repeatable.", EXPLAIN, short="-x",
+        (), "Explain one score and weight cell: QUERY,KEY by labels (it,milk) or indices (2,1), "
+            "BATCH:QUERY,KEY when batched (0:2,1). Repeatable.", EXPLAIN, short="-x",
         essential=True)
     explain_row: tuple[str, ...] = option(
         (), "Explain one query row: its whole softmax and its output as a weighted sum of value rows "
@@ -177,8 +177,8 @@ class View:
     figsize: str | None = option(
         None, "Size of --plot's figure in inches, WIDTH,HEIGHT (default: 3 per panel).", PICTURES)
     html: Path | None = option(
-        None, "Write an interactive page (one self-contained file): every step as a heatmap, "
-              "the arithmetic of a cell on click.", PICTURES, essential=True)
+        None, "Write an interactive page (one file): every step as a heatmap, a cell's arithmetic on click.",
+        PICTURES, essential=True)
     svg: Path | None = option(
         None, "Save the terminal view as an SVG picture, --width columns wide.", PICTURES)
     theme: str | None = option(
@@ -329,28 +329,60 @@ def takes_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., 
 class HelpCommand(TyperCommand):
     """``--help`` laid out to fit any width: option names on their own line when long, the
     description below them and wrapped at spaces only (never inside a word or an option name),
-    choices listed in the description (aliases left out), one section per help panel, and nothing
-    read as markup (so ``pip install 'attncli[plot]'`` prints as written). Paragraphs of a
-    command's help are re-flowed to the width; indented lines (examples) keep their indentation."""
+    choices listed in the description (aliases left out), and nothing read as markup (so
+    ``pip install 'attncli[plot]'`` prints as written). Paragraphs of a command's help are
+    re-flowed to the width; indented lines (examples) keep their indentation.
+
+    Plain ``--help`` shows the command's essential options (declared ``essential=True``) in one
+    section and a line pointing to ``--help-all``, which shows every option, one section per help
+    panel in PANELS' order (the common tasks first)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        help_option = self.get_help_option(ctx)
+        if help_option is None:
+            return params  # type: ignore[no-any-return]
+        if getattr(self, "_help_all_option", None) is None:
+            # the help option's own class (click's, or typer's vendored copy): --help-all is another such flag
+            self._help_all_option = type(help_option)(
+                param_decls=[HELP_ALL], is_flag=True, expose_value=False, is_eager=True, callback=_show_all,
+                help="Show every option, grouped by task, and exit.")
+        return [*params, self._help_all_option]
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         width = max(40, min(formatter.width or 80, 100))
         self.format_usage(ctx, formatter)
         lines: list[str] = []
-        for para in (self.help or "").strip().split("\n\n"):
+        everything = bool(ctx.meta.get(HELP_ALL))
+        essential = essentials(ctx)
+        paras = (self.help or "").strip().split("\n\n")
+        if not everything and essential is not None:  # the first two paragraphs and the examples
+            examples = next((i for i, p in enumerate(paras) if p.strip() == "Examples:"), len(paras))
+            paras = paras[:min(2, examples)] + [p for p in paras[2:examples] if p.startswith("Exit codes")] \
+                + paras[examples:]
+        for para in paras:
             if para.startswith("  "):  # an example: its own lines, continued 6 spaces in
                 for line in para.splitlines():
                     lines += wrap(line.strip(), width, "    ", "      ")
             else:
                 lines += wrap(" ".join(para.split()), width, "  ", "  ")
             lines.append("")
+        left_out: dict[str, int] = {}  # panel -> options --help leaves out
         sections: dict[str, list[tuple[str, str]]] = {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is None:
                 continue
-            name = getattr(param, "rich_help_panel", None) or (
-                "Arguments" if getattr(param, "param_type_name", "") == "argument" else "Options")
+            if getattr(param, "param_type_name", "") == "argument":
+                name = "Arguments"
+            elif everything or essential is None:
+                name = getattr(param, "rich_help_panel", None) or "Options"
+            elif param.name in essential or getattr(param, "rich_help_panel", None) is None:
+                name = "Options"  # the essentials, and the options no panel holds (--help, --help-all)
+            else:
+                panel = getattr(param, "rich_help_panel", None) or "Options"
+                left_out[panel] = left_out.get(panel, 0) + 1
+                continue
             sections.setdefault(name, []).append(help_record(param, record))
         for name, rows in sections.items():
             lines.append(f"{name}:")
@@ -363,7 +395,39 @@ class HelpCommand(TyperCommand):
                     lines += wrap(first, width, "  ", "      ")
                     lines += wrap(text, width, " " * NAMES_WIDTH, " " * NAMES_WIDTH)
             lines.append("")
+        if left_out:
+            lines += wrap(f"{sum(left_out.values())} more options, by task, and the details: {ctx.command_path} "
+                          f"{HELP_ALL}", width, "", "  ")
         formatter.write("\n" + "\n".join(lines).rstrip() + "\n")
+
+
+HELP_ALL = "--help-all"
+
+
+def _show_all(ctx: Any, param: Any, value: bool) -> None:
+    """``--help-all``: the help with every option, then exit (as --help does)."""
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        typer.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
+
+
+def command_key(ctx: Any) -> str:
+    """The command's name as OFFERED knows it ('run', 'examples run'): the names below the program's."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(reversed(names))
+
+
+def essentials(ctx: Any) -> set[str] | None:
+    """The names of the essential options of the command ``ctx`` runs (None: it declares none, so --help
+    shows all)."""
+    specs = OFFERED.get(command_key(ctx))
+    if specs is None:
+        return None
+    return {s.name for s in specs if s.essential}
 
 
 NAMES_WIDTH = 30  # columns of option names before their descriptions

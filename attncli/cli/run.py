@@ -24,7 +24,7 @@ two are Q and K (K is also V); three are Q, K, V.
 
 Examples:
 
-  attncli run examples/cat_milk_sweet.yaml
+  attncli examples show cat_milk_sweet | attncli run -
 
   attncli run --score scaled-dot q.npy k.npy v.npy --valid-lens 2,3
 

@@ -28,11 +28,11 @@ use --mask-convention drop for it), all shared by every head.
 
 Examples:
 
-  attncli self attncli/examples/multihead_cat_milk.yaml
+  attncli examples show multihead_cat_milk | attncli self -
 
-  attncli self x.npy --weights mha.pt --heads 4 --key-padding-mask pad.npy --format json
+  attncli self x.npy --weights mha.pt --heads 4 --format json
 
-  attncli self x.npy --memory y.npy --heads 5 --d-k 100 --seed 0 --valid-lens 3,2 --save run.npz
+  attncli self x.npy --memory y.npy --heads 5 --seed 0 --save run.npz
 """
 
 

@@ -44,7 +44,8 @@ COMPUTING = frozenset({"run", "self", "check", "examples run"})  # the commands 
 PROJECTING = frozenset({"self", "check", "examples run"})  # those that take projections and heads flags
 NO_FLAG = frozenset[str]()  # an option of files and attend() only
 
-# help panels, in the order --help shows them
+# help panels, in the order --help-all shows them: the common tasks first (--help shows the essential options)
+SCORING = "Scores"
 COMPUTE = "Computation"
 MASKING = "Masks and valid lengths"
 LABELS = "Labels"
@@ -55,7 +56,7 @@ OUTPUT = "Output"
 EXPLAIN = "Explanations"
 PICTURES = "Pictures"
 CHECK = "Check"
-PANELS = (COMPUTE, MASKING, LABELS, PARAMS, TODAY, MULTIHEAD, OUTPUT, EXPLAIN, PICTURES, CHECK)
+PANELS = (CHECK, SCORING, MASKING, OUTPUT, EXPLAIN, PICTURES, MULTIHEAD, PARAMS, LABELS, TODAY, COMPUTE)
 
 
 @dataclass(frozen=True)
@@ -355,16 +356,16 @@ class Options:
     COMMANDS: ClassVar[frozenset[str]] = COMPUTING  # the commands whose flags offer these (unless a field says)
 
     score: str = option(
-        "scaled-dot", "Scoring function (default scaled-dot).", COMPUTE, short="-s", essential=True,
+        "scaled-dot", "Scoring function (default scaled-dot).", SCORING, short="-s", essential=True,
         choices=_keys(SCORES), hidden=_keys(ALIASES), check=_check_score)
     scale: float | None = option(  # multiply the scores by this instead of the score's scaling
-        None, "Multiply the scores by this instead of the score's own scaling (e.g. 1/sqrt(d)).", COMPUTE,
+        None, "Multiply the scores by this instead of the score's own scaling (e.g. 1/sqrt(d)).", SCORING,
         check=_check_scale)
     scaling: str | None = option(  # a SCALINGS key; None: the score's default
-        None, "Scaling rule: sqrt-d (scaled-dot's default), none, seq (sqrt(d)·sqrt(n)), norm (‖S‖_F).", COMPUTE,
+        None, "Scaling rule: sqrt-d (scaled-dot's default), none, seq (sqrt(d)·sqrt(n)), norm (‖S‖_F).", SCORING,
         choices=_keys(SCALINGS))
     temperature: float | None = option(  # divide the (scaled) scores by this
-        None, "Divide the (scaled) scores by T before the softmax.", COMPUTE, short="-t",
+        None, "Divide the (scaled) scores by T before the softmax.", SCORING, short="-t",
         check=_check_temperature)
     mask_convention: MaskConvention = option(  # a 1/True in a boolean mask means keep (SDPA) or drop
         "keep", "keep (default, as PyTorch SDPA): 1/True takes part. drop (as key_padding_mask and the notes' "
@@ -461,6 +462,11 @@ class Options:
         specs = declared(Options)
         unknown = sorted(set(overrides) - set(specs))
         if unknown:
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], list(specs), n=1, cutoff=0.6)
+            if close:  # a typo: scor -> score
+                raise InputError(f"unknown option {unknown[0]!r}; did you mean {close[0]!r}?", source)
             shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
             raise InputError(f"unknown option(s) {shown}", source)
         changes = {}

@@ -43,9 +43,18 @@ MATH_SYMBOLS = {"·": r"\cdot ", "×": r"\times ", "−": "-", "→": r"\to ", "
 FUNCTIONS = {"exp": r"\exp", "max": r"\max", "min": r"\min", "cos": r"\cos", "tanh": r"\tanh", "ln": r"\ln",
              "softmax": r"\operatorname{softmax}", "sqrt": r"\sqrt"}
 LETTER = "A-Za-z\u00c0-\u024f"  # Latin letters: words of these are text; σ, ² and other scripts are math
-WORDS = re.compile(rf"((?:\s*[{LETTER}]{{2,}}[{LETTER}0-9]*[',;:.]?)+\s*)")
+# a word: two letters or more (not a subscript's: s_ij, d_model), or a one-letter English word before a word
+_WORD = rf"(?<![\w\x05])[{LETTER}]{{2,}}[{LETTER}0-9]*(?:-[{LETTER}]{{2,}}[{LETTER}0-9]*)*[',;:.]?"  # scaled-dot too
+_ONE_LETTER_WORD = rf"(?<![\w(\x05])[aAI](?=\s+[{LETTER}]{{2}})"
+WORDS = re.compile(rf"((?:\s*(?:{_WORD}|{_ONE_LETTER_WORD}))+\s*)")
 ROOT = re.compile(r"√\(?([\w.]+)\)?")
-SUB_SUP = re.compile(r"([_^])(?![\w(])")
+SUB_SUP = re.compile(r"([_^])(?![\w(\x05\x07])")
+SUBSCRIPT = re.compile(r"(?<=[A-Za-z0-9)])_([A-Za-z0-9]+)")  # s_ij, d_model: a subscript of letters and digits
+SUPERSCRIPT = re.compile(r"\^\(([^()]*)\)")  # 10000^(-2k/8): the whole parenthesis is the exponent
+SCIENTIFIC = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([+-]?\d+)(?![\w.])")  # 5.989e-6, -1e+06
+INFINITY = re.compile(r"(?<![\w.])inf(?![\w])")
+ASCII_MATH = (("->", "→"), ("<=", "≤"), (">=", "≥"), ("...", "…"), (") x (", ") × ("))
+SQRT = re.compile(r"\bsqrt\(([\w.]+)\)")  # sqrt(d) -> √(d), then \sqrt{d}
 
 
 def text(s: str) -> str:
@@ -67,10 +76,53 @@ def in_math(s: str) -> str:
     return "".join(out) + (r"\text{" + text(run) + "}" if run else "")
 
 
-def math_text(line: str) -> str:
-    """A line of --explain (or a formula) as LaTeX math: words in \\text{}, symbols as commands."""
-    line = ROOT.sub(lambda m: f"\x00{m.group(1)}\x01", escape.terminal(line))  # √4 -> \sqrt{4}, after escaping
-    line = re.sub(r"\s{2,}", "\x02", line.strip())  # a gap between the text's columns: \quad
+def _normalised(line: str) -> str:
+    """An --explain line or a formula with its ASCII math spelled as the symbols it means (-> is →, sqrt(d) is
+    √(d), 5.989e-6 a power of ten, inf ∞), after escaping the terminal's controls."""
+    line = escape.terminal(line)
+    for a, b in ASCII_MATH:
+        line = line.replace(a, b)
+    line = SQRT.sub(r"√(\1)", line)
+    line = INFINITY.sub("∞", line)
+    return SCIENTIFIC.sub(lambda m: f"{m.group(1)}\x0e{int(m.group(2))}\x0f", line)
+
+
+def _labelled(line: str, labels: tuple[str, ...]) -> list[tuple[bool, str]]:
+    """``line`` cut into (is a label, text) pieces: a label (from a file: data, whatever its characters, such as
+    u_alpha or c^hotel) is set as text, never read as math. Labels that are numbers or one letter are left to the
+    formula (they cannot be told from it)."""
+    names = sorted({x for x in labels if len(x) > 1 and not _number(x)}, key=len, reverse=True)
+    if not names:
+        return [(False, line)]
+    pattern = re.compile(r"(?<![\w])(" + "|".join(map(re.escape, names)) + r")(?![\w])")
+    out: list[tuple[bool, str]] = []
+    last = 0
+    for m in pattern.finditer(line):
+        out += [(False, line[last:m.start()]), (True, m.group(1))]
+        last = m.end()
+    return [*out, (False, line[last:])]
+
+
+def _number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def math_text(line: str, labels: tuple[str, ...] = ()) -> str:
+    """A line of --explain (or a formula) as LaTeX math: words and ``labels`` in \\text{}, symbols as commands,
+    subscripts braced, e-notation as powers of ten."""
+    return "".join(in_math(part) if label else _math(_normalised(part))
+                   for label, part in _labelled(escape.terminal(line), labels))
+
+
+def _math(line: str) -> str:
+    line = ROOT.sub(lambda m: f"\x00{m.group(1)}\x01", line)  # √4 -> \sqrt{4}
+    line = SUPERSCRIPT.sub(lambda m: f"\x07{m.group(1)}\x08", line)
+    line = SUBSCRIPT.sub(lambda m: f"\x05{m.group(1)}\x06", line)
+    line = re.sub(r"\s{2,}", "\x02", line)  # a gap between the text's columns: \quad
     out = []
     for k, part in enumerate(WORDS.split(line)):
         if k % 2 and part.strip() in FUNCTIONS:  # exp, max, softmax: operators, with their spaces
@@ -84,8 +136,78 @@ def math_text(line: str) -> str:
                     else c for c in part)
         s = "".join(c if c.isascii() or c in "\x00\x01" else r"\text{" + text(c) + "}" for c in s)
         out.append(s.replace("\x00", r"\sqrt{").replace("\x01", "}").replace("\x02", r"\quad ")
-                   .replace("\x03", r"\_").replace("\x04", r"\hat{}"))
+                   .replace("\x03", r"\_").replace("\x04", r"\hat{}").replace("\x07", "^{").replace("\x08", "}")
+                   .replace("\x0e", r"\times 10^{").replace("\x0f", "}"))
+    return re.sub("\x05([^\x06]*)\x06", _subscript, "".join(out))
+
+
+def _subscript(m: re.Match[str]) -> str:
+    body = m.group(1)
+    return "_{" + (r"\text{" + body + "}" if len(body) > 2 and body.isalpha() else body) + "}"
+
+
+MATHY = re.compile(r"[A-Za-z=+\-*/^_<>|\\\x00-\x1f]|[^\x00-\x7f]")  # a piece with these is a formula
+
+
+IDENTIFIER = re.compile(r"(?<![\w\\])([A-Za-z]{2,}_[A-Za-z0-9_]+)(?![\w])")  # a step's name: avg_weights, head_0
+
+
+def _identifiers(part: str) -> list[tuple[bool, str]]:
+    """``part`` cut into (False, text) pieces, a step's name (avg_weights) a piece of its own."""
+    return [(False, x) for x in IDENTIFIER.split(part) if x]
+
+
+def mixed(s: str, labels: tuple[str, ...] = ()) -> str:
+    """Text with formulas in it (a step's title, the score's formula) for LaTeX's text mode: the words (and
+    ``labels``) as text, breakable, the formulas between them in math mode ($...$)."""
+    out: list[str] = []
+    formula = ""  # the formula being gathered (raw), set in math when text follows
+
+    def flush() -> None:
+        nonlocal formula
+        if formula.strip():
+            body = formula.rstrip()
+            out.append("$" + _math(body) + "$" + formula[len(body):])
+        else:
+            out.append(formula)
+        formula = ""
+
+    for label, part in (x for y, p in _labelled(escape.terminal(s), labels)
+                        for x in ([(y, p)] if y else _identifiers(p))):
+        if label or IDENTIFIER.fullmatch(part):
+            flush()
+            out.append(breakable(part))
+            continue
+        for k, piece in enumerate(WORDS.split(_normalised(part))):
+            if k % 2 and piece.strip() in FUNCTIONS:  # softmax(...), exp(...): part of the formula
+                formula += piece
+            elif k % 2 or not MATHY.search(piece):
+                if formula and not piece.strip():
+                    formula += piece
+                    continue
+                flush()
+                out.append(breakable(piece))
+            else:
+                lead, body, trail = re.fullmatch(r"(\s*)(.*?)([\s,;:.]*)", piece, flags=re.S).groups()  # type: ignore[union-attr]
+                if not formula:
+                    out.append(lead)
+                    lead = ""
+                formula += lead + body
+                if trail:
+                    flush()
+                    out.append(breakable(trail))
+    flush()
     return "".join(out)
+
+
+LONG_WORD = 24  # characters of a word without spaces (a long label) before LaTeX may break it
+
+
+def breakable(s: str) -> str:
+    """Text for LaTeX's text mode, words longer than LONG_WORD characters allowed to break every 16."""
+    words = re.split(r"(\s+)", s)
+    return "".join(r"\allowbreak{}".join(text(w[i:i + 16]) for i in range(0, len(w), 16))
+                   if len(w) > LONG_WORD else text(w) for w in words)
 
 
 def _labels(trace: Trace, axis: str, count: int) -> list[str]:
@@ -97,7 +219,21 @@ def matrix(a: np.ndarray, rows: list[str], cols: list[str], precision: int, hidd
     """(bmatrix with row labels beside it, 'columns: ...') for the 2-D ``a``; masked cells are 0 written
     as \\cdot, the middle of a big matrix as \\cdots / \\vdots."""
     m, n = a.shape
-    ri, ci = shown(m, MAX_SIDE, full), shown(n, MAX_SIDE, full)
+    side = MAX_SIDE
+    while True:
+        tex, names = _matrix(a, rows, cols, precision, hidden, full, side)
+        if full or side <= 2 or fits(SYMBOL_ROOM + tex, SIZES[-2][1]):  # fits at \scriptsize: keep these columns
+            return tex, names
+        side -= 2
+
+
+SYMBOL_ROOM = "A = \\operatorname{softmax}(S') [batch 0] =\n"  # room kept for the step's symbol before a matrix
+
+
+def _matrix(a: np.ndarray, rows: list[str], cols: list[str], precision: int, hidden: np.ndarray | None,
+            full: bool, side: int) -> tuple[str, str]:
+    m, n = a.shape
+    ri, ci = shown(m, MAX_SIDE, full), shown(n, side, full)
     hid = np.zeros(a.shape, dtype=bool) if hidden is None else hidden
     good = [float(a[i, j]) for i in ri if i is not None for j in ci if j is not None and not hid[i, j]]
     integers = all_whole(good)
@@ -133,12 +269,12 @@ STEP_SYMBOLS = {"scores": r"S = Q K^{\top}", "scaled": "S'", "masked": r"S'_{\te
 
 
 def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
-    """The document as ('heading' | 'para' | 'math' | 'lines', content) blocks, for LaTeX and Markdown alike."""
+    """The document as ('heading' | 'para' | 'formula' | 'math' | 'lines', content) blocks, for LaTeX and Markdown alike."""
     out: list[tuple[str, Any]] = []
     meta = trace.meta
     out.append(("heading", f"Attention, step by step ({meta.score or 'attention'})"))
     if meta.score_formula:
-        out.append(("para", f"Score: {meta.score_formula}"))
+        out.append(("formula", f"Score: {meta.score_formula}"))  # a paragraph with a formula in it
     note = seed_note(meta)
     if note:
         out.append(("para", note))
@@ -176,52 +312,170 @@ def _step_blocks(trace: Trace, title: str, symbol: str, a: np.ndarray, axes: Any
     out: list[tuple[str, Any]] = [("heading2", title)]
     lead = a.shape[:-2]
     entries = list(np.ndindex(*lead)) if lead else [()]
-    rows, cols = _labels(trace, axes[0], a.shape[-2]), _labels(trace, axes[1], a.shape[-1])
+    rows, legend = short_labels(_labels(trace, axes[0], a.shape[-2]))
+    cols, more = short_labels(_labels(trace, axes[1], a.shape[-1]))
+    legend += [x for x in more if x not in legend]
     limit = len(entries) if opts.full else MAX_ENTRIES
     for idx in entries[:limit]:
         tex, names = matrix(a[idx], rows, cols, p, hid[idx] if hid is not None else None, opts.full)
-        where = panel_title(trace, idx) if len(idx) == len(trace.weights.shape[:-2]) else ", ".join(map(str, idx))
+        where = (panel_title(trace, idx) if "weights" in trace and len(idx) == len(trace.weights.shape[:-2])
+                 else ", ".join(map(str, idx)))  # --steps without the weights: the entry's indices
         label = f"{symbol}\\;[{in_math(where)}]" if idx else symbol
         out.append(("math", f"{label} =\n{tex}"))
         out.append(("para", f"columns ({axes[1]}): {names}" + (f"; {where}" if idx else "")))
     if len(entries) > limit:
         out.append(("para", f"… {len(entries) - limit} more not written (--full writes every one)"))
+    if legend:
+        out.append(("para", "labels shortened above: " + "; ".join(f"{short} = {full}" for short, full in legend)))
     return out
 
 
+LABEL_MAX = 16  # characters of a label written whole in a matrix; a longer one is shortened, with a legend
+
+
+def short_labels(labels: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """``labels`` with those longer than LABEL_MAX shortened to their start and '…' (made unique with the
+    position), and the legend of the shortened ones: (short, full)."""
+    shorts = [x if len(x) <= LABEL_MAX else x[:LABEL_MAX - 4] + "…" for x in labels]
+    shared = {x for x in shorts if shorts.count(x) > 1} | {x for x, full in zip(shorts, labels) if x != full and x in labels}
+    out: list[str] = []
+    legend: list[tuple[str, str]] = []
+    for k, (x, short) in enumerate(zip(labels, shorts)):
+        if short in shared and short != x:
+            short = f"{x[:LABEL_MAX - 8]}…{k}"  # shortened alike: told apart by their position
+        out.append(short)
+        if short != x:
+            legend.append((short, x))
+    return out, legend
+
+
 def latex_document(trace: Trace, opts: RenderOptions) -> str:
+    labels = trace_labels(trace)
     parts = [r"\documentclass[11pt]{article}", r"\usepackage[utf8]{inputenc}", r"\usepackage{amsmath,amssymb}",
-             r"\usepackage[margin=1.5cm]{geometry}", r"\allowdisplaybreaks", r"\begin{document}"]
+             r"\usepackage[margin=1.5cm]{geometry}", r"\allowdisplaybreaks",
+             r"\sloppy", r"\begin{document}"]  # \sloppy: a paragraph of long labels breaks, never overflows
     for kind, content in blocks(trace, opts):
         if kind == "heading":
-            parts.append(r"\section*{" + text(content) + "}")
+            parts.append(r"\section*{" + mixed(content, labels) + "}")
         elif kind == "heading2":
-            parts.append(r"\subsection*{" + text(content) + "}")
-        elif kind == "para":
-            parts.append(text(content) + "\n")
+            parts.append(r"\subsection*{" + mixed(content, labels) + "}")
+        elif kind == "formula":
+            parts.append(mixed(content, labels) + "\n")
+        elif kind == "para":  # text (label lists among it): never read as math
+            parts.append(breakable(content) + "\n")
         elif kind == "math":
-            parts.append("\\[\n" + content + "\n\\]")
+            size = font_size(content)
+            display = "\\[\n" + content + "\n\\]"
+            parts.append(display if size is None else "{" + size + "\n" + display + "\\par}")
         elif kind == "lines":
-            parts.append("{\\small\n\\begin{align*}\n" + " \\\\\n".join("& " + math_text(s.strip()) for s in content)
-                         + "\n\\end{align*}}")
+            parts.append("{\\small\n\\begin{align*}\n" + aligned_lines(content, labels) + "\n\\end{align*}}")
     parts.append(r"\end{document}")
     return "\n".join(parts) + "\n"
 
 
+def trace_labels(trace: Trace) -> tuple[str, ...]:
+    """The query and key labels an explanation may name (given, or the q0, k1 the views write)."""
+    if "weights" not in trace:
+        return tuple(trace.query_labels or ()) + tuple(trace.key_labels or ())
+    m, n = trace.weights.shape[-2:]
+    return tuple(axis_labels(trace, QUERIES, m)) + tuple(axis_labels(trace, KEYS, n))
+
+
+LINE_CHARS = 92  # characters of an --explain line set on one line of the page (\small, A4 less 3 cm)
+BREAKS = (" = ", " + ", "; ", ", ", " ")  # where a long line is broken, best first (outside parentheses first)
+
+
+def split_line(line: str, limit: int = LINE_CHARS) -> list[str]:
+    """A long --explain line as pieces of at most ``limit`` characters where it can be: broken before '=' or
+    '+', else after a comma, else at a space, outside parentheses when it can; a piece starts with its operator."""
+    pieces = []
+    while len(line) > limit:
+        depth, spots = 0, []
+        for i, c in enumerate(line):
+            depth += (c in "([") - (c in ")]")
+            for rank, d in enumerate(BREAKS):
+                if line.startswith(d, i) and limit // 3 <= i <= limit:
+                    spots.append((depth > 0, rank, -i, i + (len(d) if d in ("; ", ", ") else 0)))
+        if not spots:
+            break
+        cut = min(spots)[3]
+        pieces.append(line[:cut].rstrip())
+        line = line[cut:].lstrip()
+    return [*pieces, line]
+
+
+def aligned_lines(content: list[str], labels: tuple[str, ...]) -> str:
+    """The lines of an explanation as the rows of an align*/aligned block, long ones broken (continued
+    indented by a \\qquad)."""
+    rows = []
+    for line in content:
+        for k, piece in enumerate(split_line(line.strip())):
+            rows.append(("& " if k == 0 else r"& \qquad ") + math_text(piece, labels))
+    return " \\\\\n".join(rows)
+
+
+TEXT_WIDTH = 500.0  # pt a display may take: A4 (597 pt) less 1.5 cm margins each side, and a little room
+SIZES = ((None, 1.0), (r"\small", 10 / 10.95), (r"\footnotesize", 9 / 10.95), (r"\scriptsize", 8 / 10.95),
+         (r"\tiny", 6 / 10.95))
+
+
+def font_size(tex: str) -> str | None:
+    """The largest font size (None: the document's) at which the display ``tex`` (a label, a bmatrix and its row
+    labels) fits the text width, by an estimate of its width."""
+    for size, scale in SIZES:
+        if fits(tex, scale):
+            return size
+    return SIZES[-1][0]
+
+
+def fits(tex: str, scale: float) -> bool:
+    glyphs, gaps = display_width(tex)
+    return glyphs * scale + gaps <= TEXT_WIDTH
+
+
+def display_width(tex: str) -> tuple[float, float]:
+    """Width in points of a display ('SYMBOL =', a bmatrix, a matrix of row labels): (its glyphs at 11 pt,
+    which scale with the font size; the gaps between columns, which do not)."""
+    head, _, rest = tex.partition("\\begin{bmatrix}\n")
+    body, _, labels = rest.partition("\n\\end{bmatrix}")
+    columns: list[float] = []
+    for row in body.split(" \\\\\n"):
+        for j, cell in enumerate(row.split(" & ")):
+            w = _cell_width(cell.strip())
+            columns += [0.0] * (j + 1 - len(columns))
+            columns[j] = max(columns[j], w)
+    label_texts = re.findall(r"\\text\{((?:[^{}]|\{[^{}]*\})*)\}", labels)
+    label_w = max((_plain_width(x) for x in label_texts), default=0.0)
+    return _plain_width(head) + sum(columns) + 15.0 + label_w, 10.0 * len(columns) + 20.0
+
+
+def _cell_width(cell: str) -> float:
+    mant, times, exp = cell.partition(r"\times 10^{")
+    if cell in (r"\cdots", r"\ddots"):
+        return 13.0
+    return _plain_width(mant) + (20.0 + 4.0 * len(exp.strip("}")) if times else 0.0)
+
+
+def _plain_width(tex: str) -> float:
+    """About 5.5 pt per character written (commands and braces not counted, a command as one character)."""
+    return 5.5 * len(re.sub(r"\\[A-Za-z]+\s*", "x", tex).replace("{", "").replace("}", "").replace(";", ""))
+
+
 def markdown_document(trace: Trace, opts: RenderOptions) -> str:
+    labels = trace_labels(trace)
     parts = []
     for kind, content in blocks(trace, opts):
         if kind == "heading":
             parts.append(f"## {_md(content)}\n")
         elif kind == "heading2":
             parts.append(f"### {_md(content)}\n")
-        elif kind == "para":
+        elif kind in ("para", "formula"):
             parts.append(_md(content) + "\n")
         elif kind == "math":
             parts.append("$$\n" + escape.markdown_math(content) + "\n$$\n")
         elif kind == "lines":
-            parts.append("$$\n" + escape.markdown_math("\\begin{aligned}\n" + " \\\\\n".join(
-                "& " + math_text(s.strip()) for s in content) + "\n\\end{aligned}") + "\n$$\n")
+            parts.append("$$\n" + escape.markdown_math("\\begin{aligned}\n" + aligned_lines(content, labels)
+                                                       + "\n\\end{aligned}") + "\n$$\n")
     return "\n".join(parts)
 
 
