@@ -234,7 +234,50 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "deep.txt").write_text('{"factor": ' + "[" * 30_000 + "]" * 30_000 + "}", encoding="utf-8")
     (d / "big.txt").write_text('{"rope_type": "linear", "factor": ' + "9" * 400 + "}", encoding="utf-8")
     np.save(d / "no_sink.npy", np.array([-np.inf]))
+    checkpoints(d)
     return d
+
+
+def raw_safetensors(path: Path, header: bytes | str, data: bytes = b"") -> None:
+    """A .safetensors file written by hand: 8-byte little-endian length, the header as given, data."""
+    h = header.encode() if isinstance(header, str) else header
+    path.write_bytes(len(h).to_bytes(8, "little") + h + data)
+
+
+def entry(dtype: Any = '"F32"', shape: Any = "[1]", offsets: Any = "[0, 4]") -> str:
+    return f'{{"dtype": {dtype}, "shape": {shape}, "data_offsets": {offsets}}}'
+
+
+def checkpoints(d: Path) -> None:
+    """The checkpoint corpus of issue 22: headers with wrong types, huge numbers, a tensor named twice;
+    indexes whose weight_map lies, that are devices, whose shards are a folder or a FIFO; a model folder
+    whose weights are a FIFO; a real layer saved as .safetensors and .pt (read through pipes)."""
+    for name, one in (("dtype-list", entry(dtype='["F32"]')), ("dtype-map", entry(dtype='{"F32": 1}')),
+                      ("shape-5000", entry(shape="[" + "9" * 5000 + "]")),
+                      ("offsets-5000", entry(offsets="[0, " + "9" * 5000 + "]")),
+                      ("twice", entry() + ', "a": ' + entry())):
+        raw_safetensors(d / f"{name}.safetensors", '{"a": ' + one + "}", b"\0" * 4)
+    llama_layer(d / "layer")
+    for name, value in (("number", 1), ("null", None), ("list", ["layer.safetensors"]), ("mapping", {"a": 1})):
+        folder = d / f"map-{name}"
+        folder.mkdir()
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"model.layers.0.self_attn.q_proj.weight": value}}), encoding="utf-8")
+    os.symlink("/dev/zero", d / "zero.index.json")
+    (d / "zero-index").mkdir()
+    os.symlink("/dev/zero", d / "zero-index" / "model.safetensors.index.json")
+    for kind in ("dir", "fifo"):
+        folder = d / f"shard-{kind}"
+        folder.mkdir()
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"model.layers.0.self_attn.q_proj.weight": "s.safetensors"}}), encoding="utf-8")
+        (os.mkdir if kind == "dir" else os.mkfifo)(folder / "s.safetensors")
+    (d / "fifo-model").mkdir()
+    os.mkfifo(d / "fifo-model" / "model.safetensors")
+    (d / "fifo-model" / "config.json").write_text(json.dumps(LLAMA), encoding="utf-8")
+
+
+LLAMA = {"model_type": "llama", "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 8}
 
 
 # (id, command, expected exit code, words the message must name, memory cap, seconds)
@@ -272,6 +315,39 @@ REFUSALS: list[tuple[str, str, int, tuple[str, ...], int, float]] = [
      "\"original_max_position_embeddings\": 0}'", 2, ("--rope-scaling", "original_max_position_embeddings"),
      512 * MiB, 20),
     ("figsize-1e-9", "attncli run qk.json --figsize 1e-9,1e-9 --plot p.png", 2, ("--figsize", "inches"), 1 << 30, 30),
+    # checkpoints: exit 70 (unhashable dtype, 5,000 digits, weight_map values), silent misreads (a tensor named
+    # twice), hangs (a FIFO in a model folder), unbounded reads (/dev/zero as an index), wrong culprits (a
+    # shard that is a folder or a FIFO was "missing")
+    ("st-dtype-list", "attncli inspect dtype-list.safetensors", 2, ("dtype-list.safetensors", "'a'", "dtype"),
+     512 * MiB, 20),
+    ("st-dtype-mapping", "attncli inspect dtype-map.safetensors", 2, ("dtype-map.safetensors", "'a'", "dtype"),
+     512 * MiB, 20),
+    ("st-shape-5000-digits", "attncli inspect shape-5000.safetensors", 2, ("shape-5000.safetensors", "5000 digits"),
+     512 * MiB, 20),
+    ("st-offsets-5000-digits", "attncli inspect offsets-5000.safetensors", 2,
+     ("offsets-5000.safetensors", "5000 digits"), 512 * MiB, 20),
+    ("st-tensor-named-twice", "attncli inspect twice.safetensors", 2, ("twice.safetensors", "'a' twice"), 512 * MiB, 20),
+    ("weight-map-number", "attncli inspect map-number", 2, ("map-number/model.safetensors.index.json", "q_proj",
+                                                            "weight_map"), 512 * MiB, 20),
+    ("weight-map-null", "attncli inspect map-null", 2, ("map-null/model.safetensors.index.json", "null"), 512 * MiB, 20),
+    ("weight-map-list", "attncli inspect map-list", 2, ("map-list/model.safetensors.index.json", "weight_map"),
+     512 * MiB, 20),
+    ("weight-map-mapping", "attncli inspect map-mapping", 2, ("map-mapping/model.safetensors.index.json", "weight_map"),
+     512 * MiB, 20),
+    ("index-dev-zero", "attncli inspect zero.index.json", 2, ("zero.index.json", "device"), 512 * MiB, 20),
+    ("folder-index-dev-zero", "attncli inspect zero-index", 2, ("zero-index/model.safetensors.index.json", "device"),
+     512 * MiB, 20),
+    ("shard-is-a-folder", "attncli inspect shard-dir", 2, ("shard-dir/model.safetensors.index.json", "s.safetensors",
+                                                           "a directory"), 512 * MiB, 20),
+    ("shard-is-a-fifo", "attncli inspect shard-fifo", 2, ("shard-fifo/model.safetensors.index.json", "s.safetensors",
+                                                          "a FIFO"), 512 * MiB, 20),
+    ("folder-weights-fifo", "attncli inspect fifo-model", 2, ("fifo-model/model.safetensors", "a FIFO"), 512 * MiB, 20),
+    ("self-folder-weights-fifo", "attncli self q.npy --weights fifo-model", 2, ("fifo-model/model.safetensors", "FIFO"),
+     512 * MiB, 20),
+    ("checkpoint-pipe-of-zeros", "attncli inspect <(cat /dev/zero)", 2, ("/dev/fd/", "neither"), 512 * MiB, 20),
+    ("checkpoint-empty-pipe", "attncli inspect <(true)", 2, ("/dev/fd/", "empty pipe"), 512 * MiB, 20),
+    ("checkpoint-pipe-zip-then-zeros", "attncli inspect <(printf PK; cat /dev/zero)", 2, ("/dev/fd/", "more than"),
+     512 * MiB, 20),
 ]
 
 
@@ -332,3 +408,112 @@ def test_no_sink_in_json_is_null_and_changes_nothing(corpus: Path) -> None:
     qk = json.loads((corpus / "qk.json").read_text(encoding="utf-8"))
     q, k = np.asarray(qk["q"]), np.asarray(qk["k"])
     np.testing.assert_allclose(output_of(r.stdout), sdpa64(q, k, k), rtol=1e-9, atol=1e-12)
+
+
+def weights_step(stdout: str, name: str) -> np.ndarray:
+    steps = {s["name"]: s for s in json.loads(stdout)["steps"]}
+    return np.asarray(steps[name]["values"], dtype=np.float64)
+
+
+def test_safetensors_from_a_pipe_is_read_once(corpus: Path) -> None:
+    """`self --weights <(cat model.safetensors)`: read once into memory (a pipe cannot be opened twice); W_q is
+    the saved q_proj.weight transposed (the textbook convention), as safetensors' own reader gives it."""
+    from safetensors.numpy import load_file
+
+    saved = load_file(str(corpus / "layer" / "model.safetensors"))
+    r = child("attncli self q2.npy --weights <(cat layer/model.safetensors) --layer 0 --heads 2 --format json",
+              corpus, 1 << 30, 20) if (corpus / "q2.npy").exists() else None
+    if r is None:
+        np.save(corpus / "q2.npy", np.random.default_rng(4).standard_normal((3, 8)))
+        try:
+            r = child("attncli self q2.npy --weights <(cat layer/model.safetensors) --layer 0 --heads 2 --format json",
+                      corpus, 1 << 30, 20)
+        finally:
+            (corpus / "q2.npy").unlink()
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(weights_step(r.stdout, "W_q"), saved["model.layers.0.self_attn.q_proj.weight"].T)
+    np.testing.assert_array_equal(weights_step(r.stdout, "W_v"), saved["model.layers.0.self_attn.v_proj.weight"].T)
+
+
+@pytest.mark.slow
+def test_torch_checkpoint_from_a_pipe_is_read_once(corpus: Path) -> None:
+    """`inspect <(cat layer.pt)` and `self --weights <(cat layer.pt) --layer 0` used to read the magic bytes, close
+    the pipe and have torch.load reopen it (blocking forever): now read once, loaded from memory."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    saved = load_file(str(corpus / "layer" / "model.safetensors"))
+    torch.save({k: torch.from_numpy(v) for k, v in saved.items()}, corpus / "layer.pt")
+    np.save(corpus / "x8.npy", np.random.default_rng(5).standard_normal((3, 8)))
+    try:
+        r = child("attncli inspect <(cat layer.pt) --format json", corpus, 1 << 30, 60)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["tensors"] == len(saved)
+        r = child("attncli self x8.npy --weights <(cat layer.pt) --layer 0 --heads 2 --format json", corpus, 1 << 30, 60)
+    finally:
+        (corpus / "layer.pt").unlink()
+        (corpus / "x8.npy").unlink()
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(weights_step(r.stdout, "W_k"), saved["model.layers.0.self_attn.k_proj.weight"].T)
+
+
+@pytest.mark.slow
+def test_huge_headers_and_60000_shards_are_bounded(tmp_path: Path) -> None:
+    """A 99 MB header of {} (under the package's 100,000,000-byte limit) peaked at 2.6 GB: refused from a count
+    of its values before parsing. An index of 60,000 one-tensor shards was quadratic (still running at 25 s):
+    linear now, read (or refused) within the time limit."""
+    raw_safetensors(tmp_path / "braces.safetensors", b'{"x": [' + b"{}," * 33_000_000 + b"{}]}")
+    r = child("attncli inspect braces.safetensors", tmp_path, 512 * MiB, 20)
+    assert r.returncode == 2 and "braces.safetensors" in r.stderr and "JSON values" in r.stderr, r.stderr
+    (tmp_path / "braces.safetensors").unlink()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    weight_map = {}
+    for i in range(60_000):
+        name = f"s{i:05d}.safetensors"
+        raw_safetensors(shards / name, f'{{"t{i}": {entry()}}}', b"\0" * 4)
+        weight_map[f"t{i}"] = name
+    (shards / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}), encoding="utf-8")
+    r = child("attncli inspect shards --format json", tmp_path, 1 << 30, 20)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tensors"] == 60_000
+
+
+def test_safetensors_headers_of_random_json_never_crash(tmp_path: Path) -> None:
+    """Hypothesis: random JSON values in dtype / shape / data_offsets, random names and data lengths. Each header
+    either reads (and then every tensor lies inside the data, and its size is its shape times its item size) or
+    is refused with one InputError naming the file: never another exception (exit 70)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from attncli.errors import InputError
+    from attncli.io.checkpoint import DTYPES, read_safetensors_header
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+                        st.sampled_from(list(DTYPES)))
+    values = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c,
+                                                                                        max_size=3), max_leaves=8)
+    small = st.integers(min_value=0, max_value=64)
+    tensor = st.fixed_dictionaries({"dtype": st.one_of(st.sampled_from(list(DTYPES)), values),
+                                    "shape": st.one_of(st.lists(small, max_size=3), values),
+                                    "data_offsets": st.one_of(st.lists(small, min_size=2, max_size=2), values)})
+    header = st.dictionaries(st.text(max_size=6), st.one_of(tensor, values), max_size=4)
+    path = tmp_path / "h.safetensors"
+
+    @settings(max_examples=int(os.environ.get("ATTNCLI_FUZZ_EXAMPLES", "50")), deadline=None,
+              derandomize="ATTNCLI_FUZZ_EXAMPLES" not in os.environ, suppress_health_check=[HealthCheck.too_slow])
+    @given(header=header, data=st.integers(min_value=0, max_value=300))
+    def run(header: dict[str, Any], data: int) -> None:
+        raw_safetensors(path, json.dumps(header), b"\0" * data)
+        try:
+            infos = read_safetensors_header(path)
+        except InputError as e:
+            assert str(path) in str(e) and "\n" not in str(e)
+            return
+        for name, t in infos.items():
+            item = DTYPES[header[name]["dtype"]][1]  # bytes per element, from the format's table
+            assert t.stop - t.start == int(np.prod(t.shape, dtype=np.int64)) * item
+            assert path.stat().st_size >= t.stop
+
+    run()

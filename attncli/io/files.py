@@ -77,12 +77,20 @@ TEXT_LIMITS = {".yaml": (MAX_YAML_BYTES, "YAML"), ".yml": (MAX_YAML_BYTES, "YAML
 
 
 def memory_limit() -> int:
-    """Bytes an array read into memory may take: the machine's free physical memory now (a
-    declared size above it is refused before anything is allocated or decompressed)."""
+    """Bytes an array read into memory may take: the machine's free physical memory now, or the
+    process's address-space limit (``ulimit -v``) where that is lower (a declared size above it is
+    refused before anything is allocated or decompressed)."""
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
+        free = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return 1 << 40
+        free = 1 << 40
+    try:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):
+        return free
+    return free if cap == resource.RLIM_INFINITY or cap <= 0 else min(free, cap)
 
 
 MAX_DIMS = 32  # numpy's limit before 2.0 and the most any attention input needs
