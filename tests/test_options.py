@@ -82,7 +82,7 @@ def test_format_choices_are_the_renderers_registries() -> None:
 
 # one rule per option, whatever its origin: the message differs only in where the value came from
 BAD = [("temperature", "-1", -1, "temperature must be a positive number, got -1"),
-       ("window", "0", 0, "the sliding window must be a whole number of keys >= 1"),
+       ("window", "0", 0, "the sliding window must be a whole number of keys from 1 to"),
        ("softcap", "0", 0.0, "the soft-cap must be a finite number > 0"),
        ("mask_value", "5", 5.0, "mask value must be a negative number or -inf"),
        ("bandwidth", "nan", float("nan"), "bandwidth must be a positive number, got nan")]

@@ -8,6 +8,7 @@ X [MEMORY [VALUES]] of self-, cross- and multi-head attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attncli.cli.options import ProblemArgs
-from attncli.core.options import Options
+from attncli.core.options import Options, declared
 from attncli.core.problem import Problem, numeric_array
 from attncli.core.projections import Projections, init_projections, projections_from
 from attncli.core.validate import width as check_width
@@ -168,7 +169,10 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     sources.setdefault("query_labels", file_source)
     sources.setdefault("key_labels", file_source)
 
-    options = Options().merged(_file_options(doc.get("options"), file_source), file_source)
+    file_options = _file_options(doc.get("options"), file_source)
+    options = Options().merged(file_options, file_source)
+    _option_origins(sources, file_options, lambda n: f"{file_source}: option {n}")
+    _option_origins(sources, flags, _flag)
     common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab,
                                   sources=sources, padding=padding, sinks=sinks, alibi_slopes=slopes)
     if not heads_mode:
@@ -188,6 +192,10 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
                          "--from-residual")  # a post-norm layer (BERT) takes the residual as it is
     sources["weights"] = layer.projections.source
     if layer.model is not None:  # config.json's facts over the file's options, under the flags
+        config = layer.model.config_source
+        _option_origins(sources, layer.model.options, lambda n: f"{config}: {n}")
+        _option_origins(sources, flags, _flag)  # a flag wins over config.json
+        sources["pre_norm"] = config
         options = layer.model.config_options(options).merged(flags, "command line", flags=True)
         return layer.model.problem(arrays["q"], arrays.get("k"), arrays.get("v"), options=options, heads=given_heads,
                                    from_residual=bool(opts.from_residual), batch_first=opts.batch_first, **common)
@@ -195,6 +203,18 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     heads = given_heads or 1
     return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
                          batch_first=opts.batch_first, options=options, **common)
+
+
+def _flag(name: str) -> str:
+    return declared(Options)[name].long
+
+
+def _option_origins(sources: dict[str, str], values: dict[str, Any], where: Callable[[str], str]) -> None:
+    """Record where each option given in ``values`` came from (``sources["option NAME"]``), over what an earlier
+    (lower) layer said: messages about an option name its file and key, never a flag the user did not give."""
+    for name, value in values.items():
+        if value is not None:
+            sources[f"option {name}"] = where(name)
 
 
 @dataclass
