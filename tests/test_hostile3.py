@@ -283,9 +283,23 @@ def checkpoints(d: Path) -> None:
     np.save(d / "h.npy", np.random.default_rng(6).standard_normal((3, 8)))
     np.save(d / "slopes3.npy", np.ones(3))
     np.save(d / "slopes-nan.npy", np.array([np.nan]))
+    round_two(d)
     (d / "fifo-model").mkdir()
     os.mkfifo(d / "fifo-model" / "model.safetensors")
     (d / "fifo-model" / "config.json").write_text(json.dumps(LLAMA), encoding="utf-8")
+
+
+def round_two(d: Path) -> None:
+    """Round two's leftovers: a YAML merge key inside options, 1_000, heads: 0 in a file, 33-dimension arrays."""
+    q = "q: [[1.0, 0.0], [0.0, 1.0]]\n"
+    (d / "merge.yaml").write_text(q + "options:\n  <<: {temperature: 2}\n  causal: true\n", encoding="utf-8")
+    (d / "underscore.yaml").write_text(q + "options:\n  window: 1_000\n", encoding="utf-8")
+    (d / "underscore-q.yaml").write_text("q: [[1_000, 0.0], [0.0, 1.0]]\n", encoding="utf-8")
+    (d / "heads0.yaml").write_text("x: [[1.0, 0.0], [0.0, 1.0]]\nheads: 0\n", encoding="utf-8")
+    (d / "d33.yaml").write_text("q: " + "[" * 33 + "1.0" + "]" * 33 + "\n", encoding="utf-8")
+    header = "{'descr': '<f8', 'fortran_order': False, 'shape': (" + "1, " * 33 + "), }"  # the .npy format, by hand
+    header = header.ljust(-(-(len(header) + 11) // 64) * 64 - 11) + "\n"
+    (d / "d33.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(8))
 
 
 LLAMA = {"model_type": "llama", "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 8}
@@ -366,6 +380,16 @@ REFUSALS: list[tuple[str, str, int, tuple[str, ...], int, float]] = [
      ("cfg-rotary-3", "config.json", "rotary_dim"), 512 * MiB, 20),
     ("config-rms-norm-eps-minus-1", "attncli self h.npy --weights cfg-eps-minus-1 --layer 0 --from-residual", 2,
      ("cfg-eps-minus-1", "config.json", "eps"), 512 * MiB, 20),
+    # round two's leftovers
+    ("yaml-merge-key-in-options", "attncli run merge.yaml", 2, ("merge.yaml", "merge key", "line 3"), 512 * MiB, 20),
+    ("underscore-number-option", "attncli run underscore.yaml", 2, ("underscore.yaml", "1_000", "line 3"), 512 * MiB, 20),
+    ("underscore-number-array", "attncli run underscore-q.yaml", 2, ("underscore-q.yaml", "1_000", "line 1"),
+     512 * MiB, 20),
+    ("heads-0-in-a-file", "attncli self heads0.yaml", 2, ("heads0.yaml", "'heads'"), 512 * MiB, 20),
+    ("seed-2**70", f"attncli run qk.json --seed {2**70}", 2, ("--seed",), 512 * MiB, 20),
+    ("d-v-3-heads-2", "attncli self h.npy --d-v 3 --heads 2", 2, ("--d-v", "W_v", "2 K/V heads"), 512 * MiB, 20),
+    ("npy-33-dimensions", "attncli run d33.npy", 2, ("d33.npy", "33 dimensions"), 512 * MiB, 20),
+    ("yaml-33-dimensions", "attncli run d33.yaml", 2, ("d33.yaml", "33 dimensions"), 512 * MiB, 20),
     ("checkpoint-pipe-zip-then-zeros", "attncli inspect <(printf PK; cat /dev/zero)", 2, ("/dev/fd/", "more than"),
      512 * MiB, 20),
 ]
@@ -373,7 +397,7 @@ REFUSALS: list[tuple[str, str, int, tuple[str, ...], int, float]] = [
 
 # words the message must not name: what used to be blamed (a flag not given, the input)
 NOT_BLAMED = {"alibi-slopes-shape": ("sinks",), "alibi-slopes-nan": ("sinks",), "config-rotary-dim-3": ("--rotary-dim",),
-              "config-rms-norm-eps-minus-1": ("h.npy", "overflow")}
+              "config-rms-norm-eps-minus-1": ("h.npy", "overflow"), "d-v-3-heads-2": ("--seed",)}
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c[0] for c in REFUSALS])
@@ -544,3 +568,35 @@ def test_safetensors_headers_of_random_json_never_crash(tmp_path: Path) -> None:
             assert path.stat().st_size >= t.stop
 
     run()
+
+
+def test_a_tab_after_a_colon_is_separation(corpus: Path) -> None:
+    """`temperature:<TAB>2` is YAML 1.2 separation white space: the value is 2, used as such (softmax(s / 2),
+    with s = q·k/√d computed here in float64)."""
+    (corpus / "tab.yaml").write_text("q: [[1.0, 0.0], [0.5, 2.0]]\noptions:\n  temperature:\t2\n", encoding="utf-8")
+    try:
+        r = child("attncli run tab.yaml --format json", corpus, 1 << 30, 20)
+    finally:
+        (corpus / "tab.yaml").unlink()
+    assert r.returncode == 0, r.stderr
+    q = np.array([[1.0, 0.0], [0.5, 2.0]])
+    s = q @ q.T / np.sqrt(2) / 2  # (2, 2) x (2, 2) -> (2, 2), at temperature 2
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(weights_step(r.stdout, "weights"), w / w.sum(axis=1, keepdims=True), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_explain_row_with_100000_key_labels_is_quick(tmp_path: Path) -> None:
+    """`--explain-row 0 --html` over 10⁵ labelled keys took 48 s (every exp() of the row formatted for each
+    explained cell, then elided): now only the shown terms are formatted. The row lists the key a float64
+    softmax computed here weighs most."""
+    rng = np.random.default_rng(7)
+    q, k = rng.standard_normal((2, 4)), rng.standard_normal((100_000, 4))
+    (tmp_path / "keys.json").write_text(json.dumps({"q": q.tolist(), "k": k.tolist(),
+                                                    "key_labels": [f"key{i}" for i in range(len(k))]}), encoding="utf-8")
+    r = child("attncli run keys.json --explain-row 0 --html page.html", tmp_path, 1 << 30, 20)
+    assert r.returncode == 0, r.stderr
+    p = tags_of((tmp_path / "page.html").read_text(encoding="utf-8"))
+    rows = json.loads(p.scripts[0])["rows"]
+    strongest = int(np.argmax(q[0] @ k.T))  # softmax keeps the order of the scores
+    assert any(line.lstrip().startswith(f"key{strongest}:") for line in rows[0][0]), rows[0][0][:4]

@@ -21,7 +21,7 @@ from attncli.core.problem import Problem, numeric_array
 from attncli.core.projections import Projections, init_projections, projections_from
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
-from attncli.errors import InputError
+from attncli.errors import InputError, printable
 from attncli.io.files import LOADERS, SMALL_ARRAY_BYTES, STDIN, Reader
 
 if TYPE_CHECKING:
@@ -183,8 +183,11 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
         options = options.merged(flags, "command line", flags=True)
         return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
     given_heads = opts.heads if opts.heads is not None else doc.get("heads")
-    if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)):
-        raise InputError(f"'heads' must be a whole number, got {given_heads!r}", file_source)
+    heads_source = "--heads" if opts.heads is not None else file_source
+    if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)
+                                    or not 1 <= given_heads <= MAX_HEADS):
+        raise InputError(f"'heads' must be a whole number from 1 to {MAX_HEADS:,}, got {printable(repr(given_heads), 40)}",
+                         heads_source)  # 0 was taken for 1
     layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True),
                          given_heads or 1)
     if opts.from_residual and layer.model is None:
@@ -201,8 +204,19 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
                                    from_residual=bool(opts.from_residual), batch_first=opts.batch_first, **common)
     options = options.merged(flags, "command line", flags=True)
     heads = given_heads or 1
-    return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
-                         batch_first=opts.batch_first, options=options, **common)
+    try:
+        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
+                             batch_first=opts.batch_first, options=options, **common)
+    except InputError as e:  # drawn projections whose widths --d-k / --d-v chose: those flags are the culprit
+        widths = [f for f, v in (("--d-k", opts.d_k), ("--d-v", opts.d_v)) if v is not None]
+        if e.source != SEEDED or not widths:
+            raise
+        flag = "--d-v" if "W_v" in str(e) and "--d-v" in widths else widths[0]
+        raise InputError(str(e).removeprefix(f"{SEEDED}: ") + f" ({flag} sets that width)", flag) from None
+
+
+SEEDED = "--seed"  # the source of projections drawn at random (core.projections.init_projections)
+MAX_HEADS = 1 << 20
 
 
 def _flag(name: str) -> str:
