@@ -101,12 +101,12 @@ def report(width: int) -> str:
     from attncli.check.verdict import check as run_check
     from attncli.check.verdict import infer_tolerance
     from attncli.cli.inputs import build_problem
-    from attncli.cli.options import Args
+    from attncli.cli.options import ProblemArgs
     from attncli.io.files import Reader
     from attncli.render.check import CHECK_FORMATS
 
     path = Path(__file__).resolve().parent.parent / "attncli" / "examples" / "cat_milk_sweet.yaml"
-    problem = build_problem([str(path)], Args(), Reader())
+    problem = build_problem([str(path)], ProblemArgs(), Reader())
     written = [f"{x:.3f}" if x else "0" for row in PUBLISHED for x in row]
     verdict = run_check(problem, np.array(PUBLISHED), tolerance=infer_tolerance(written, source="published.yaml"))
     buf = io.StringIO()
