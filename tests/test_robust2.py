@@ -264,8 +264,9 @@ YAML_12 = [
     ("1e3", 1000.0), (".5", 0.5), ("-.inf", float("-inf")), ("1.", 1.0),
     ("true", True), ("False", False), ("null", None), ("~", None),
     ("1:20", "1:20"), ("on", "on"), ("no", "no"), ("yes", "yes"), ("y", "y"), ("2001-12-14", "2001-12-14"),
-    ("0b101", "0b101"), ("1_000", "1_000"),
+    ("0b101", "0b101"),
 ]
+# 1_000 is text in YAML 1.2 and 1000 in YAML 1.1: refused with its line (tests/test_hostile3.py), not guessed
 
 
 @pytest.mark.parametrize(("text", "value"), YAML_12)

@@ -8,6 +8,7 @@ X [MEMORY [VALUES]] of self-, cross- and multi-head attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attncli.cli.options import ProblemArgs
-from attncli.core.options import Options
+from attncli.core.options import Options, declared
 from attncli.core.problem import Problem, numeric_array
 from attncli.core.projections import Projections, init_projections, projections_from
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
-from attncli.errors import InputError
+from attncli.errors import InputError, printable
 from attncli.io.files import LOADERS, SMALL_ARRAY_BYTES, STDIN, Reader
 
 if TYPE_CHECKING:
@@ -194,7 +195,10 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     sources.setdefault("query_labels", file_source)
     sources.setdefault("key_labels", file_source)
 
-    options = Options().merged(_file_options(doc.get("options"), file_source), file_source)
+    file_options = _file_options(doc.get("options"), file_source)
+    options = Options().merged(file_options, file_source)
+    _option_origins(sources, file_options, lambda n: f"{file_source}: option {n}")
+    _option_origins(sources, flags, _flag)
     common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab,
                                   sources=sources, padding=padding, sinks=sinks, alibi_slopes=slopes)
     if not heads_mode:
@@ -205,8 +209,11 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
         options = options.merged(flags, "command line", flags=True)
         return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
     given_heads = opts.heads if opts.heads is not None else doc.get("heads")
-    if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)):
-        raise InputError(f"'heads' must be a whole number, got {given_heads!r}", file_source)
+    heads_source = "--heads" if opts.heads is not None else file_source
+    if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)
+                                    or not 1 <= given_heads <= MAX_HEADS):
+        raise InputError(f"'heads' must be a whole number from 1 to {MAX_HEADS:,}, got {printable(repr(given_heads), 40)}",
+                         heads_source)  # 0 was taken for 1
     layer = _projections(arrays, doc, file_source, opts, reader, options.merged(flags, "command line", flags=True),
                          given_heads or 1)
     if opts.from_residual and layer.model is None:
@@ -214,13 +221,40 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
                          "--from-residual")  # a post-norm layer (BERT) takes the residual as it is
     sources["weights"] = layer.projections.source
     if layer.model is not None:  # config.json's facts over the file's options, under the flags
+        config = layer.model.config_source
+        _option_origins(sources, layer.model.options, lambda n: f"{config}: {n}")
+        _option_origins(sources, flags, _flag)  # a flag wins over config.json
+        sources["pre_norm"] = config
         options = layer.model.config_options(options).merged(flags, "command line", flags=True)
         return layer.model.problem(arrays["q"], arrays.get("k"), arrays.get("v"), options=options, heads=given_heads,
                                    from_residual=bool(opts.from_residual), batch_first=opts.batch_first, **common)
     options = options.merged(flags, "command line", flags=True)
     heads = given_heads or 1
-    return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
-                         batch_first=opts.batch_first, options=options, **common)
+    try:
+        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
+                             batch_first=opts.batch_first, options=options, **common)
+    except InputError as e:  # drawn projections whose widths --d-k / --d-v chose: those flags are the culprit
+        widths = [f for f, v in (("--d-k", opts.d_k), ("--d-v", opts.d_v)) if v is not None]
+        if e.source != SEEDED or not widths:
+            raise
+        flag = "--d-v" if "W_v" in str(e) and "--d-v" in widths else widths[0]
+        raise InputError(str(e).removeprefix(f"{SEEDED}: ") + f" ({flag} sets that width)", flag) from None
+
+
+SEEDED = "--seed"  # the source of projections drawn at random (core.projections.init_projections)
+MAX_HEADS = 1 << 20
+
+
+def _flag(name: str) -> str:
+    return declared(Options)[name].long
+
+
+def _option_origins(sources: dict[str, str], values: dict[str, Any], where: Callable[[str], str]) -> None:
+    """Record where each option given in ``values`` came from (``sources["option NAME"]``), over what an earlier
+    (lower) layer said: messages about an option name its file and key, never a flag the user did not give."""
+    for name, value in values.items():
+        if value is not None:
+            sources[f"option {name}"] = where(name)
 
 
 @dataclass

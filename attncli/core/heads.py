@@ -51,18 +51,20 @@ def check_kv_heads(q_heads: int, kv_heads: int, source: str = "--kv-heads") -> i
     return q_heads // kv_heads
 
 
-def check_rope(head_dim: int, rotary_dim: int | None, mode: str) -> int:
-    """The rotary width (head_dim when not given), or an InputError: odd widths, too wide, unknown mode."""
-    check_rope_mode(mode)
+def check_rope(head_dim: int, rotary_dim: int | None, mode: str, source: str = "--rotary-dim",
+               mode_source: str = "--rope") -> int:
+    """The rotary width (head_dim when not given), or an InputError: odd widths, too wide, unknown mode.
+    ``source``: where the rotary width came from (a flag, a file's option, config.json); ``mode_source``: the mode."""
+    check_rope_mode(mode, mode_source)
     if rotary_dim is None:
         if head_dim % 2:
             raise InputError(f"RoPE rotates pairs of features but the head width is {head_dim} (odd); "
-                             "use an even head width or --rotary-dim with an even part of it", "--rope")
+                             "use an even head width or --rotary-dim with an even part of it", mode_source)
         return head_dim
     if rotary_dim < 2 or rotary_dim % 2:
-        raise InputError(f"the rotary width must be even and at least 2 (RoPE rotates pairs), got {rotary_dim}", "--rotary-dim")
+        raise InputError(f"the rotary width must be even and at least 2 (RoPE rotates pairs), got {rotary_dim}", source)
     if rotary_dim > head_dim:
-        raise InputError(f"the rotary width {rotary_dim} is larger than the head width {head_dim}", "--rotary-dim")
+        raise InputError(f"the rotary width {rotary_dim} is larger than the head width {head_dim}", source)
     return rotary_dim
 
 
@@ -71,15 +73,19 @@ def check_rope_dim(dim: int, source: str) -> None:
         raise InputError(f"the rotary width must be even and at least 2, got {dim}", source)
 
 
-def check_sinks(sinks: Any, heads: int, source: str = "--sinks") -> np.ndarray:
-    """The sinks as a float64 (H,) array, or an InputError: wrong count, not a vector, not finite-or--inf."""
+def check_sinks(sinks: Any, heads: int, source: str = "--sinks", what: str = "sinks") -> np.ndarray:
+    """The sinks (or, ``what="ALiBi slopes"``, the slopes) as a float64 (H,) array, or an InputError naming
+    ``what`` and ``source``: wrong count, not a vector, not finite-or--inf (slopes: not finite)."""
+    one = "slope" if what != "sinks" else "logit"
     a = np.asarray(sinks)
     if a.dtype.kind not in "fiu":
-        raise InputError(f"sinks must be numbers (one logit per head), got dtype {a.dtype}", source)
+        raise InputError(f"{what} must be numbers (one {one} per head), got dtype {a.dtype}", source)
     a = a.astype(np.float64).reshape(-1) if a.ndim <= 1 else a
     if a.ndim != 1 or a.shape[0] != heads:
-        raise InputError(f"sinks have shape {tuple(np.shape(sinks))} but attention has {heads} query heads; "
-                         f"give one logit per head, shape ({heads},)", source)
+        raise InputError(f"{what} have shape {tuple(np.shape(sinks))} but attention has {heads} query heads; "
+                         f"give one {one} per head, shape ({heads},)", source)
+    if what != "sinks" and not np.isfinite(a).all():
+        raise InputError(f"{what} hold NaN or an infinity; each must be a finite number", source)
     if np.isnan(a).any() or (np.isinf(a) & (a > 0)).any():
         raise InputError("sinks hold NaN or +inf; each must be a finite logit (or -inf for no sink)", source)
     return a

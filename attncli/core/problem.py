@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +176,11 @@ class Problem:
         """The file (or stdin / option) an array came from, for error messages."""
         return self.sources.get(name, "input")
 
+    def origin(self, option: str) -> str:
+        """Where the option ``option`` came from, for messages: what the caller recorded in ``sources`` as
+        ``"option NAME"`` (a file's option, config.json), else its flag (``--rotary-dim``)."""
+        return self.sources.get(f"option {option}", "--" + option.replace("_", "-"))
+
     def _fail(self, name: str, message: str) -> InputError:
         return InputError(message, self.where(name))
 
@@ -326,28 +332,32 @@ class _Draft(Problem):
         o, score = self.options, get_score(self.options.score).name
         H, d = self.head_count, self.d_qk
         if self.projections is None and o.kv_heads is not None and o.kv_heads != (self.kv_heads or H):
-            raise InputError(f"K and V have {self.kv_heads or H} heads on axis -3 (Q has {H}); --kv-heads {o.kv_heads} "
-                             "does not match them", "--kv-heads")
+            raise InputError(f"K and V have {self.kv_heads or H} heads on axis -3 (Q has {H}); K/V heads {o.kv_heads} "
+                             "does not match them", self.origin("kv_heads"))
         if o.rope is not None:
             heads.check_positional(score, "rope")
             sc = dict(o.rope_scaling or {})
             theta, part = sc.get("rope_theta"), sc.get("partial_rotary_factor")
             if theta is not None and o.rope_base != Options().rope_base and float(theta) != o.rope_base:
-                raise InputError(f"rope_theta {theta:g} in the rope scaling differs from --rope-base {o.rope_base:g}; "
-                                 "give one of the two", "--rope-scaling")
+                raise InputError(f"rope_theta {theta:g} in the rope scaling differs from the RoPE base {o.rope_base:g} "
+                                 f"({self.origin('rope_base')}); give one of the two", self.origin("rope_scaling"))
             if part is not None and o.rotary_dim is not None and int(d * part) != o.rotary_dim:
                 raise InputError(f"partial_rotary_factor {part:g} of head width {d} is {int(d * part)} features, but "
-                                 f"--rotary-dim is {o.rotary_dim}; give one of the two", "--rope-scaling")
-            heads.check_rope(d, self.rope_settings()[1], o.rope)
+                                 f"the rotary width is {o.rotary_dim} ({self.origin('rotary_dim')}); give one of the two",
+                                 self.origin("rope_scaling"))
+            width = self.rope_settings()[1]
+            heads.check_rope(d, width, o.rope, self.origin("rotary_dim" if o.rotary_dim is not None else "rope_scaling"),
+                             self.origin("rope"))
         elif o.rotary_dim is not None:
-            raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved", "--rotary-dim")
+            raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved",
+                             self.origin("rotary_dim"))
         elif o.rope_scaling is not None:
             raise InputError("applies to rotary position embeddings: add --rope half or --rope interleaved",
-                             "--rope-scaling")
+                             self.origin("rope_scaling"))
         if o.alibi or self.alibi_slopes is not None:
             heads.check_positional(score, "alibi")
         if self.alibi_slopes is not None:
-            a = heads.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"))
+            a = heads.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"), "ALiBi slopes")
             if not np.isfinite(a).all():
                 raise InputError("ALiBi slopes must be finite numbers", self.where("alibi_slopes"))
             self.alibi_slopes = a
@@ -413,6 +423,10 @@ class _Draft(Problem):
             self.mask = head_mask(mask_array(self.mask, "mask", self.where("mask")), B, self.heads, self.where("mask"))
         if self.padding is not None:
             self.padding = padding_mask(self.padding, B, S, self.batched, self.where("key_padding_mask"))
+        eps = self.pre_norm.eps if self.pre_norm is not None else 1.0
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):  # sqrt(var + eps): NaN or inf
+            raise InputError(f"the pre-attention norm's eps is {eps!r}; it must be a positive "
+                             "finite number (x / sqrt(mean(x²) + eps))", self.sources.get("pre_norm", self.where("weights")))
         if self.pre_norm is not None and self.pre_norm.w.shape != (X.shape[2],):
             raise InputError(f"the pre-attention norm has {self.pre_norm.w.shape[0]} weights but X has width {X.shape[2]}",
                              self.where("weights"))

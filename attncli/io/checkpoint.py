@@ -12,17 +12,22 @@ Opening a checkpoint reads headers only; :meth:`Checkpoint.tensor` reads one ten
 reading one layer of a multi-GB file pages in that layer and nothing else. Tensors come back
 in their stored dtype, read-only (bfloat16 and float8 through ``ml_dtypes``); the caller
 converts to its compute dtype. Headers are checked strictly before the package sees them, so
-that each lie has its own line: a header or offsets beyond the file, overlapping tensors, an
-unknown dtype or a size that disagrees with shape x dtype is a one-line :class:`InputError`
-naming the file and tensor; what the package refuses beyond that (gaps, bytes after the last
-tensor) is one line too.
+that each lie has its own line naming the file and tensor: a header or offsets beyond the file,
+overlapping tensors or gaps, an unknown dtype (or one that is not a string), a size that
+disagrees with shape x dtype, a tensor named twice. Headers and indexes are parsed within
+bounds (at most the package's 100,000,000 bytes, MAX_JSON_VALUES values counted before
+parsing, MAX_DIGITS digits a number); only regular files are opened (O_NONBLOCK: a FIFO in a
+model folder is said, never waited on); a checkpoint from a pipe (``<(cat model.pt)``) is read
+once into memory, bounded, and never reopened.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from attncli.errors import InputError
+from attncli.errors import InputError, printable
 from attncli.io import session
 from attncli.io.config import read_json_file
+from attncli.io.files import _kind as file_kinds
+from attncli.io.files import memory_limit, open_regular, read_bounded
 
 # safetensors dtype -> (numpy dtype name or ml_dtypes name, item size in bytes)
 DTYPES: dict[str, tuple[str, int]] = {
@@ -43,7 +50,12 @@ DTYPES: dict[str, tuple[str, int]] = {
 }
 ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
-MAX_HEADER = 100 << 20  # the safetensors library's own limit on a header (100 MB)
+MAX_HEADER = 100_000_000  # the safetensors package's own limit on a header (MAX_HEADER_SIZE in its source)
+# JSON values ("{", "[" and "," counted before parsing) a header or an index may hold: a real header has
+# about 9 per tensor (200,000 tensors fit); parsing a 99 MB header of "{}"s would take 2.6 GB, this takes
+# about 300 MB at the limit.
+MAX_JSON_VALUES = 2_000_000
+MAX_DIGITS = 20  # an integer in a header or an index: 2**64 has 20 digits
 MAX_INDEX = 64 << 20
 CONFIG = "config.json"
 # What a save_pretrained folder may hold, in the order they are looked for.
@@ -92,6 +104,7 @@ class Checkpoint:
     config_path: str | None = None
     files: list[Path] = field(default_factory=list)
     _torch: dict[Path, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _bytes: dict[Path, bytes | bytearray] = field(default_factory=dict, repr=False)  # a safetensors file read from a pipe
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -101,6 +114,12 @@ class Checkpoint:
         info = self.tensors.get(name)
         if info is None:
             raise InputError(f"has no tensor {name!r}", self.source)
+        if info.file in self._bytes:  # read once from a pipe: sliced from memory
+            data = self._bytes[info.file]
+            dt = numpy_dtype(info.dtype, str(info.file))
+            a = np.frombuffer(data, dt, (info.stop - info.start) // dt.itemsize, info.start).reshape(info.shape)
+            a.flags.writeable = False
+            return a
         if info.file.suffix == ".safetensors":
             return self._safetensor(info)
         return self._torch_tensor(info)
@@ -139,46 +158,95 @@ class Checkpoint:
 
 # ---- safetensors -----------------------------------------------------------------------------
 
-def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
-    """The tensors a .safetensors file declares, checked against the file's size; reads the header only."""
+def read_safetensors_header(path: Path, data: bytes | bytearray | None = None) -> dict[str, TensorInfo]:
+    """The tensors a .safetensors file declares, checked against the file's size; reads the header only.
+    ``data``: the whole file, already read (from a pipe): checked the same way, and fully, here."""
     source = str(path)
-    session.record_read(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        if data is not None:
+            session.record_read(path)
+            size, head = len(data), bytes(data[:8])
+        else:
+            f = open_regular(path, source)  # never blocks: a FIFO in a model folder is said, not waited on
+            session.record_read_fd(f)  # the file itself (by inode: no path resolved again per shard)
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
-            if len(head) < 8:
-                raise InputError(f"is {size} bytes, too short for a safetensors header (8-byte length first)", source)
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise InputError(f"declares a header of {n} bytes but the file holds {size - 8} after the length "
-                                 "(truncated, or not a safetensors file)", source)
-            if n > MAX_HEADER:
-                raise InputError(f"declares a header of {n} bytes, more than the {MAX_HEADER} a safetensors header may have",
-                                 source)
-            raw = f.read(n)
+        if len(head) < 8:
+            raise InputError(f"is {size} bytes, too short for a safetensors header (8-byte length first)", source)
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise InputError(f"declares a header of {n} bytes but the file holds {size - 8} after the length "
+                             "(truncated, or not a safetensors file)", source)
+        if n > MAX_HEADER:
+            raise InputError(f"declares a header of {n} bytes, more than the {MAX_HEADER} a safetensors header may "
+                             "have", source)
+        if data is not None:
+            raw = bytes(data[8:8 + n])
+        else:
+            with f:
+                raw = f.read(n)
     except OSError as e:
         raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", source) from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise InputError(f"has a header that is not JSON ({_one_line(e)[:100]}); not a safetensors file?", source) from None
+    header = parse_json(raw, source, "its header")
     if not isinstance(header, dict):
         raise InputError("has a header that is not a JSON object; not a safetensors file?", source)
-    base, data = 8 + n, size - 8 - n
+    base, length = 8 + n, size - 8 - n
     out: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        out[name] = _entry(name, entry, path, base, data)
+        out[name] = _entry(name, entry, path, base, length)
     spans = sorted((t.start, t.stop, t.name) for t in out.values() if t.stop > t.start)
     for (_, e0, a), (s1, _, b) in zip(spans, spans[1:]):
         if s1 < e0:
-            raise InputError(f"tensors {a!r} and {b!r} overlap (bytes {s1 - base}..{e0 - base} of the data); "
-                             "the header is corrupt", source)
-    with _safe_open(path):  # what the package refuses beyond the checks above (gaps, bytes after the last tensor)
-        pass
+            raise InputError(f"tensors {a[:80]!r} and {b[:80]!r} overlap (bytes {s1 - base}.."
+                             f"{e0 - base} of the data); the header is corrupt", source)
+    # What the package checks too (it checks again when a tensor is read): the tensors tile the data, in order
+    end = base
+    for s0, e0, a in spans:
+        if s0 != end:
+            raise InputError(f"leaves bytes {end - base}..{s0 - base} of the data to no tensor (before "
+                             f"{a[:80]!r}); the header is corrupt", source)
+        end = e0
+    if end != size:
+        raise InputError(f"holds {size - end} bytes after its last tensor; the header is corrupt", source)
     return out
+
+
+class _Refused(Exception):
+    """A JSON document parse_json refuses for a reason of ours (said by parse_json, with its source)."""
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Refused(f"has the name {k[:80]!r} twice in one object", "each name may appear once")
+        out[k] = v
+    return out
+
+
+def _int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_DIGITS:
+        raise _Refused(f"holds a whole number of {len(digits.lstrip('-'))} digits",
+                       f"sizes, offsets and counts have at most {MAX_DIGITS}")
+    return int(digits)
+
+
+def parse_json(raw: bytes, source: str, where: str) -> Any:
+    """``raw`` (a safetensors header, an index) parsed within bounds: at most MAX_JSON_VALUES values (counted
+    before parsing, so memory stays near the text's size), whole numbers of at most MAX_DIGITS digits, each
+    name once per object (a tensor named twice is refused, not silently the last)."""
+    values = raw.count(b",") + raw.count(b"{") + raw.count(b"[")
+    if values > MAX_JSON_VALUES:
+        raise InputError(f"has {values:,} JSON values in {where}, more than the {MAX_JSON_VALUES:,} any checkpoint "
+                         "needs (about 9 per tensor); not a checkpoint?", source)
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_pairs, parse_int=_int)
+    except _Refused as e:
+        raise InputError(f"{e.args[0]} in {where}; {e.args[1]}", source) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:
+        raise InputError(f"has {where} that is not JSON ({_one_line(e)[:100]})", source) from None
 
 
 def _safe_open(path: Path) -> Any:
@@ -202,15 +270,18 @@ def _entry(name: str, entry: Any, path: Path, base: int, data: int) -> TensorInf
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
         raise InputError(f"{where} has no dtype, shape and data_offsets in the header", source)
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
-        raise InputError(f"{where} has dtype {str(dtype)[:20]!r}, which attncli does not know "
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        said = repr(dtype[:20]) if isinstance(dtype, str) else printable(json.dumps(dtype), 30)
+        raise InputError(f"{where} has dtype {said}, which attncli does not know "
                          f"(known: {', '.join(DTYPES)})", source)
     if (not isinstance(shape, list) or len(shape) > 16
             or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 62 for s in shape)):
-        raise InputError(f"{where} has shape {str(shape)[:60]}; expected a list of non-negative integers", source)
+        raise InputError(f"{where} has shape {printable(json.dumps(shape), 60)}; expected a list of at most 16 "
+                         "non-negative integers", source)
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-        raise InputError(f"{where} has data_offsets {str(offsets)[:60]}; expected [begin, end]", source)
+        raise InputError(f"{where} has data_offsets {printable(json.dumps(offsets), 60)}; expected [begin, end]",
+                         source)
     begin, end = offsets
     np_name, item = DTYPES[dtype]
     need = math.prod(shape) * item
@@ -226,8 +297,9 @@ def _entry(name: str, entry: Any, path: Path, base: int, data: int) -> TensorInf
 
 # ---- PyTorch state dicts ---------------------------------------------------------------------
 
-def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
-    """``torch.load(weights_only=True, mmap=True)``: the state dict (unnested) and where it was found."""
+def _torch_state_dict(path: Path, data: bytes | bytearray | None = None) -> tuple[dict[str, Any], str]:
+    """``torch.load(weights_only=True, mmap=True)``: the state dict (unnested) and where it was found.
+    ``data``: the file already read (from a pipe), loaded from memory: a pipe cannot be opened twice."""
     from attncli.core.backend import TORCH_HINT, torch_available
 
     source = str(path)
@@ -240,8 +312,11 @@ def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
 
     session.record_read(path)
     try:
-        with open(path, "rb") as f:
-            magic = f.read(2)
+        if data is not None:
+            magic = bytes(data[:2])
+        else:
+            with open_regular(path, source) as f:
+                magic = f.read(2)
     except OSError as e:
         raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", source) from None
     if magic[:1] != b"\x80" and magic != b"PK":
@@ -251,7 +326,10 @@ def _torch_state_dict(path: Path) -> tuple[dict[str, Any], str]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                if data is not None:
+                    obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                else:
+                    obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as e:  # a legacy (non-zip) file cannot be memory-mapped
                 if "mmap" not in str(e):
                     raise
@@ -308,8 +386,9 @@ def _torch_numpy(t: Any, name: str, source: str) -> np.ndarray:
     return t.numpy()
 
 
-def _torch_infos(path: Path, keep: dict[Path, dict[str, Any]]) -> dict[str, TensorInfo]:
-    sd, _ = _torch_state_dict(path)  # memory-mapped: the tensors' bytes are not read here
+def _torch_infos(path: Path, keep: dict[Path, dict[str, Any]], data: bytes | bytearray | None = None
+                 ) -> dict[str, TensorInfo]:
+    sd, _ = _torch_state_dict(path, data)  # memory-mapped: the tensors' bytes are not read here
     keep[path] = sd
     return {k: TensorInfo(k, tuple(int(s) for s in v.shape), _TORCH_NAMES.get(str(v.dtype).removeprefix("torch."),
                                                                                str(v.dtype).removeprefix("torch.")), path)
@@ -319,18 +398,21 @@ def _torch_infos(path: Path, keep: dict[Path, dict[str, Any]]) -> dict[str, Tens
 # ---- opening ---------------------------------------------------------------------------------
 
 def _read_json(path: Path, what: str, limit: int = MAX_INDEX) -> dict[str, Any]:
+    """An index (or other JSON object beside the weights): read as config.json is (attncli.io.config)."""
     session.record_read(path)
+    return read_json_file(path, what, limit)
+
+
+def file_kind(path: Path) -> str | None:
+    """None for a regular file (or a link to one); else what ``path`` is ("missing", "a FIFO", "a directory",
+    "a device ..."), known from stat alone: nothing is opened."""
     try:
-        if path.stat().st_size > limit:
-            raise InputError(f"is larger than {limit >> 20} MiB; not a {what}?", str(path))
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing" if not os.path.islink(path) else "a broken link"
     except OSError as e:
-        raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", str(path)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise InputError(f"is not valid JSON ({_one_line(e)[:100]})", str(path)) from None
-    if not isinstance(doc, dict):
-        raise InputError(f"is not a JSON object; expected a {what}", str(path))
-    return doc
+        return f"unreadable ({e.strerror or _one_line(e)})"
+    return None if stat.S_ISREG(mode) else file_kinds(mode)
 
 
 def _sharded(index: Path, keep: dict[Path, dict[str, Any]]) -> tuple[dict[str, TensorInfo], list[Path]]:
@@ -338,25 +420,77 @@ def _sharded(index: Path, keep: dict[Path, dict[str, Any]]) -> tuple[dict[str, T
     weight_map = doc.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError("has no weight_map (name -> shard file); not a sharded checkpoint index", str(index))
-    shards = sorted({str(v) for v in weight_map.values()})
+    by_shard: dict[str, list[str]] = {}  # one pass: linear in the tensors, whatever the number of shards
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise InputError(f"maps tensor {name[:80]!r} to {printable(json.dumps(shard), 40)} in weight_map; "
+                             "expected a shard's file name", str(index))
+        by_shard.setdefault(shard, []).append(name)
     out: dict[str, TensorInfo] = {}
     files: list[Path] = []
-    for shard in shards:
-        if Path(shard).name != shard:
+    for shard in sorted(by_shard):
+        names = by_shard[shard]
+        if not shard or Path(shard).name != shard or shard in (".", ".."):
             raise InputError(f"names shard {shard[:80]!r}, which is not a file name in its folder", str(index))
         p = index.parent / shard
-        if not p.is_file():
-            names = [k for k, v in weight_map.items() if v == shard]
-            raise InputError(f"names shard {shard!r} (for {names[0]!r}{' and others' if len(names) > 1 else ''}), "
-                             "which is missing", str(index))
+        kind = file_kind(p)
+        if kind is not None:
+            others = " and others" if len(names) > 1 else ""
+            what = kind if kind.startswith(("missing", "a broken", "unreadable")) else f"{kind}, not a file"
+            raise InputError(f"names shard {shard[:80]!r} (for {names[0][:80]!r}{others}), which is {what}", str(index))
         infos = read_safetensors_header(p) if p.suffix == ".safetensors" else _torch_infos(p, keep)
         files.append(p)
-        for name, shard_of in weight_map.items():
-            if shard_of == shard:
-                if name not in infos:
-                    raise InputError(f"maps tensor {name!r} to {shard!r}, which does not hold it", str(index))
-                out[name] = infos[name]
+        for name in names:
+            if name not in infos:
+                raise InputError(f"maps tensor {name[:80]!r} to {shard[:80]!r}, which does not hold it", str(index))
+            out[name] = infos[name]
     return out, files
+
+
+PIPE_FORMATS = "a PyTorch file (.pt) nor a .safetensors file"
+
+
+def _from_pipe(path: Path, keep: dict[Path, dict[str, Any]], memory: dict[Path, bytes | bytearray]
+               ) -> dict[str, TensorInfo]:
+    """A checkpoint from a pipe (``<(cat model.pt)``): read once into memory, bounded by half the free memory,
+    its format known from its first bytes; never reopened (a pipe cannot be read twice)."""
+    source = str(path)
+    limit = memory_limit() // 2
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            os.set_blocking(fd, True)  # a writer that is there is waited for; none: nothing to read
+            head = f.read(1 << 16) or b""
+            safetensors = len(head) > 8 and head[8:9] == b"{"  # (its length's first byte may be 0x80, as a pickle's)
+            if not head:
+                raise InputError("is an empty pipe; expected a PyTorch file (.pt) or a .safetensors file", source)
+            if not safetensors and head[:2] != b"PK" and head[:1] != b"\x80":  # known before the rest is read
+                raise InputError(f"is a pipe that holds neither {PIPE_FORMATS} (a sharded index is read from its "
+                                 "folder)", source)
+            try:
+                data = read_bounded(f, limit, source, head=head)
+            except InputError:
+                raise InputError(f"sends more than {limit >> 20} MiB (half the memory free to it); give the checkpoint's "
+                                 "file, which is read one tensor at a time", source) from None
+    except OSError as e:
+        raise InputError(f"cannot be read ({e.strerror or _one_line(e)})", source) from None
+    session.record_read(path)
+    if safetensors:
+        infos = read_safetensors_header(path, data)
+        memory[path] = data
+        return infos
+    return _torch_infos(path, keep, data)
+
+
+
+
+def _weights_file(p: Path) -> bool:
+    """``p`` is a regular file; absent: False; a FIFO, a directory or a device where weights belong: one line
+    naming it (a folder's model.safetensors that is a FIFO would block the first open forever)."""
+    kind = file_kind(p)
+    if kind in (None, "missing"):
+        return kind is None
+    raise InputError(f"is {kind}, not a weights file", str(p))
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
@@ -368,9 +502,10 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     folder = p if p.is_dir() else p.parent
     target = p
     if p.is_dir():
-        found = [folder / f for f in FOLDER_FILES if (folder / f).is_file()]
+        found = [folder / f for f in FOLDER_FILES if _weights_file(folder / f)]
         if not found:
-            found = sorted(folder.glob("*.safetensors")) or sorted(q for e in (".pt", ".pth") for q in folder.glob("*" + e))
+            found = (sorted(q for q in folder.glob("*.safetensors") if _weights_file(q))
+                     or sorted(q for e in (".pt", ".pth") for q in folder.glob("*" + e) if _weights_file(q)))
             if len(found) > 1:
                 raise InputError(f"holds several weight files ({', '.join(q.name for q in found[:4])}) and no "
                                  "model.safetensors.index.json; give one file", source)
@@ -380,7 +515,13 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         target = found[0]
     name = target.name
     keep: dict[Path, dict[str, Any]] = {}
-    if name.endswith(".index.json"):
+    memory: dict[Path, bytes | bytearray] = {}
+    kind = file_kind(target)
+    if kind == "a FIFO":  # `inspect <(cat model.pt)`: read once, into memory
+        tensors, files = _from_pipe(target, keep, memory), [target]
+    elif kind is not None:
+        raise InputError(f"is {kind}, not a checkpoint file", source)
+    elif name.endswith(".index.json"):
         tensors, files = _sharded(target, keep)
     elif target.suffix == ".safetensors":
         tensors, files = read_safetensors_header(target), [target]
@@ -406,4 +547,4 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         if config is not None and isinstance(text, dict) and "num_attention_heads" not in config:
             config = {**text, "model_type": text.get("model_type", config.get("model_type")),
                       "architectures": config.get("architectures")}
-    return Checkpoint(source, tensors, config, config_path, files, _torch=keep)
+    return Checkpoint(source, tensors, config, config_path, files, _torch=keep, _bytes=memory)

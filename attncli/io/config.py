@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attncli.errors import InputError
+from attncli.io.files import open_regular
 
 MAX_CONFIG = 1 << 20  # a config.json is a few KiB; 1 MiB is generous
 MAX_WHOLE = 1 << 40  # integers in a config (heads, widths, windows, positions) stay below this
@@ -203,7 +204,7 @@ def read_json_file(path: Path, what: str, limit: int = MAX_CONFIG) -> dict[str, 
     if st.st_size > limit:
         raise InputError(f"is {st.st_size} bytes, larger than the {limit >> 10} KiB a {what} may have", source)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, source) as f:  # a FIFO swapped in after the stat is said, never waited on
             raw = f.read(limit + 1)
     except OSError as e:
         raise InputError(f"cannot be read ({e.strerror or e})", source) from None

@@ -77,12 +77,20 @@ TEXT_LIMITS = {".yaml": (MAX_YAML_BYTES, "YAML"), ".yml": (MAX_YAML_BYTES, "YAML
 
 
 def memory_limit() -> int:
-    """Bytes an array read into memory may take: the machine's free physical memory now (a
-    declared size above it is refused before anything is allocated or decompressed)."""
+    """Bytes an array read into memory may take: the machine's free physical memory now, or the
+    process's address-space limit (``ulimit -v``) where that is lower (a declared size above it is
+    refused before anything is allocated or decompressed)."""
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
+        free = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return 1 << 40
+        free = 1 << 40
+    try:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):
+        return free
+    return free if cap == resource.RLIM_INFINITY or cap <= 0 else min(free, cap)
 
 
 MAX_DIMS = 32  # numpy's limit before 2.0 and the most any attention input needs
@@ -330,6 +338,8 @@ def _big_int(digits: str) -> int | float:
 
 
 _YAML_LOADER: Any = None
+MERGE_TAG = "tag:yaml.org,2002:merge"
+UNDERSCORED = "tag:attncli,2024:underscored-number"  # resolved only to be refused, with its line
 
 
 def _yaml_loader() -> Any:
@@ -358,8 +368,11 @@ def _yaml_loader() -> Any:
                                                             node.start_mark)
                 mapping: dict[Any, Any] = {}
                 for key_node, value_node in node.value:
-                    key = self.construct_object(key_node, deep=deep)
                     line = key_node.start_mark.line + 1
+                    if key_node.tag == MERGE_TAG or (key_node.value == "<<" and not key_node.style):  # plain: None or ""
+                        raise _Refused(f"uses a YAML merge key (<<) at line {line}, which YAML 1.2 does not have; "
+                                       "write the keys out")
+                    key = self.construct_object(key_node, deep=deep)
                     try:
                         hash(key)
                     except TypeError:
@@ -379,6 +392,10 @@ def _yaml_loader() -> Any:
                           r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+0123456789.")
         Loader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"),
                                      ["~", "n", "N", ""])
+        # 1_000 or 3.141_5: numbers in YAML 1.1, text in YAML 1.2; neither reading is safe to guess
+        Loader.add_implicit_resolver(UNDERSCORED, re.compile(r"^[-+]?(?:[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?"
+                                                             r"|[0-9]*\.[0-9_]*_[0-9_]*)(?:[eE][-+]?[0-9]+)?$"),
+                                     list("-+0123456789."))
 
         def scalar(fn: Callable[[str], Any]) -> Callable[[Any, Any], Any]:
             return lambda loader, node: fn(loader.construct_scalar(node))
@@ -394,6 +411,12 @@ def _yaml_loader() -> Any:
                 return -math.inf if low.startswith("-") else math.inf
             return math.nan if low == ".nan" else float(v)
 
+        def underscored(loader: Any, node: Any) -> Any:
+            text = printable(str(node.value), 40)
+            raise _Refused(f"holds {text} at line {node.start_mark.line + 1}: a number with underscores is a number in "
+                           f"YAML 1.1 and text in YAML 1.2; write it without them ({text.replace('_', '')}), or quote it")
+
+        Loader.add_constructor(UNDERSCORED, underscored)
         Loader.add_constructor("tag:yaml.org,2002:bool", scalar(lambda v: v.lower() == "true"))
         Loader.add_constructor("tag:yaml.org,2002:int", scalar(as_int))
         Loader.add_constructor("tag:yaml.org,2002:float", scalar(as_float))

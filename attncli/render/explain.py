@@ -61,6 +61,14 @@ def elide(terms: list[str], total: int | None = None, joiner: str = " + ") -> st
     return joiner.join([*terms[:4], "…", *terms[-2:]]) + f"   ({total} terms)"
 
 
+def elide_each(values: Any, fmt: Callable[[Any], str], joiner: str = " + ") -> str:
+    """:func:`elide` of ``fmt(v)`` for each value, formatting only the terms it shows (a row of 10⁵ keys: six)."""
+    n = len(values)
+    if n <= MAX_TERMS:
+        return elide([fmt(v) for v in values], n, joiner)
+    return joiner.join([*(fmt(v) for v in values[:4]), "…", *(fmt(v) for v in values[-2:])]) + f"   ({n} terms)"
+
+
 @dataclass
 class Cell:
     """One (batch..., query i, key j) position of the weights, with what the explainers need."""
@@ -398,12 +406,12 @@ def softmax_lines(c: Cell) -> list[str]:
                 f"{num(float(ex[c.j]), p)} / ({num(es, p)} + {num(float(np.sum(ex)), p)}) = {num(w, p)}",
                 f"    the sink takes {num(es / zz, p)} of the row: its weights sum to {num(1 - es / zz, p)}"]
     xj = x[c.j]
-    terms_x = elide([f"exp({num(v, p)})" for v in x], len(x))
+    terms_x = elide_each(x, lambda v: f"exp({num(v, p)})")
     lines = [f"weight = exp({num(xj, p)}) / Σ exp(row) over the {len(x)} keys of {c.query}"]
     if mx <= OVERFLOW_SAFE:
         ex = np.exp(np.where(np.isfinite(x), x, -np.inf))
         lines.append(f"    Σ exp(row) = {terms_x}")
-        lines.append(f"               = {elide([num(v, p) for v in ex], len(x))} = {num(float(np.sum(ex)), p)}")
+        lines.append(f"               = {elide_each(ex, lambda v: num(v, p))} = {num(float(np.sum(ex)), p)}")
         lines.append(f"    weight = {num(float(ex[c.j]), p)} / {num(float(np.sum(ex)), p)} = {num(w, p)}")
     lines.append(f"    stable form: the row max {num(mx, p)} is subtracted first (the weights stay the same)")
     lines.append(f"        exp({num(xj, p)} − {fac(mx, p)}) / Σ exp(row − {fac(mx, p)})")
@@ -490,7 +498,8 @@ def explain_row(c: Cell) -> list[str]:
     more = ""
     if len(nz) > MAX_TERMS:  # the strongest terms, in key order, and the rest summed up
         shown_terms = [j for j in strongest(w) if w[j] != 0]
-        others = [j for j in nz if j not in set(shown_terms)]
+        shown_set = set(shown_terms)
+        others = [j for j in nz if j not in shown_set]
         part = np.asarray(w)[others] @ v[others]  # (r,) x (r, d_v) -> (d_v,)
         more = f" + [{len(others)} smaller terms: {vec(part, p)}]"
         nz = shown_terms
