@@ -4,9 +4,11 @@ it, the typed value a command receives, and the check that flags, problem files 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Annotated, ClassVar
 
+import numpy as np
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -139,3 +141,25 @@ def test_commands_receive_typed_groups() -> None:
     res = runner.invoke(app, ["run", CAT, "-x", "it,milk", "-x", "cat,cat", "-f", "json", "-t", "2"])
     assert res.exit_code == 0, res.output
     assert ProblemArgs().options == {}  # no flag given: the file's options and the defaults apply
+
+
+@pytest.mark.parametrize(("name", "text"), [("window", "1_000"), ("temperature", "1_0"), ("q_offset", " 3"),
+                                             ("softcap", "５")])
+def test_a_number_written_as_text_must_be_plain_digits(tmp_path: Path, name: str, text: str) -> None:
+    """Python's int()/float() read '1_000', blanks and full-width digits; a file's quoted value is refused instead."""
+    problem = tmp_path / "p.json"
+    problem.write_text(json.dumps({"q": [[1.0, 0.0], [0.0, 1.0]], "options": {name: text}}))
+    res = runner.invoke(app, ["run", str(problem)])
+    assert res.exit_code == 2 and f"p.json: option {name}" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_a_quoted_plain_number_is_that_number(tmp_path: Path) -> None:
+    q = np.array([[1.0, 0.0], [0.5, 2.0]])
+    problem = tmp_path / "p.json"
+    problem.write_text(json.dumps({"q": q.tolist(), "options": {"temperature": "2.5e0"}}))
+    res = runner.invoke(app, ["run", str(problem), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    s = q @ q.T / np.sqrt(2) / 2.5  # float64 by hand: scaled by 1/sqrt(d), then divided by T
+    want = np.exp(s - s.max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(json.loads(res.stdout)["weights"], want, rtol=0, atol=1e-12)

@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import numbers
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, get_args, get_origin
@@ -127,9 +128,22 @@ class _Bad(Exception):
     """What is wrong with one option's value; check_option names the option and where it came from."""
 
 
+# A number written as text (a quoted value in a file): plain decimal notation only. Python's float() and int()
+# also take '1_000', full-width digits and surrounding blanks, which no file format means as a number.
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
+                          re.IGNORECASE | re.ASCII)
+
+
+def _plain(value: Any, what: str) -> Any:
+    if isinstance(value, str) and not _NUMBER_TEXT.fullmatch(value):
+        raise _Bad(f"must be {what}, got {_short(value)} (write plain digits, e.g. 1000)")
+    return value
+
+
 def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise _Bad(f"must be a number, got {_short(value)}")
+    value = _plain(value, "a number")
     try:
         x = float(value)
     except (ValueError, OverflowError):
@@ -140,6 +154,7 @@ def _number(value: Any, where: str) -> float:
 def _whole(value: Any, where: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise _Bad(f"must be a whole number, got {_short(value)}")
+    value = _plain(value, "a whole number")
     try:
         n = int(value) if isinstance(value, int) else int(float(value)) if float(value) == int(float(value)) else None
     except (ValueError, OverflowError):
@@ -252,10 +267,9 @@ def check_q_offset(offset: Any, where: str = "--q-offset") -> int:
 def _integral(value: Any) -> Any:
     """A whole number given as a float or a string (YAML, the command line) as an int; else as it is."""
     if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
+        if not _NUMBER_TEXT.fullmatch(value):  # '1_000', ' 7 ': left as text, which the check refuses
             return value
+        value = float(value)
     if isinstance(value, float) and math.isfinite(value) and value == int(value):
         return int(value)
     return value
