@@ -148,6 +148,13 @@ def _index(trace: Trace, name: str) -> int:
 # ---- 1) project, 2) split ---------------------------------------------------------------------
 
 
+def produce(layer: Layer, backend: Backend | None = None) -> Problem:
+    """The core Problem ``layer`` produces: Q = X W_q + b_q (after its pre-norm), K, V, split into
+    heads (B, H, T, d) and (B, G, S, d), every mask, bias and option handed on (steps not kept)."""
+    be = backend or get_backend(layer.options.backend, layer.options.device)
+    return _project_inputs(layer, be, Trace())[0]
+
+
 def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, Any, Any, dict[str, Any]]:
     """Project X, Y, Z and split them into heads: the steps x, W_*, q, k, v; returns the problem the
     layer produces (its Q, K, V the split projections) and the split arrays on the backend."""
