@@ -143,26 +143,8 @@ class Layer(Shared):
                                                                          "weights")}
         halves = {half_type(a) for a in (x, memory, values)}
         result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
-        X = input_matrix(x, "X", src["q"])
-        Y = X if k_is_q else input_matrix(memory, "memory", src["k"])
-        Z = Y if v_is_k else input_matrix(values, "values", src["v"])
-        batched = X.ndim == 3
-        for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
-            if a.ndim != X.ndim:
-                raise InputError(f"{name} has shape {a.shape} but X has shape {X.shape}: both batched (B, T, D) or both "
-                                 "not", src[key])
-        if batched and not batch_first:
-            X, Y, Z = (np.swapaxes(a, 0, 1) for a in (X, Y, Z))  # (T, B, D) -> (B, T, D)
-        if not batched:
-            X, Y, Z = X[None], Y[None], Z[None]  # (T, D) -> (1, T, D)
+        X, Y, Z, batched = _inputs(x, memory, values, batch_first, src)
         B, T, S = X.shape[0], X.shape[1], Y.shape[1]
-        for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
-            if a.shape[0] != B:
-                raise InputError(f"{name} has batch size {a.shape[0]} but X has {B}", src[key])
-        if Z.shape[1] != S:
-            raise InputError(f"values have {Z.shape[1]} rows but memory has {S}: each key needs one value row", src["v"])
-        Y = X if k_is_q else Y
-        Z = Y if v_is_k else Z
         what = ("X", "X" if k_is_q else "memory", "X" if k_is_q and v_is_k else ("memory" if v_is_k else "values"))
         projections.check(X.shape[2], Y.shape[2], Z.shape[2], heads, what, o.kv_heads)
         if pre_norm is not None and pre_norm.w.shape != (X.shape[2],):
@@ -185,6 +167,31 @@ class Layer(Shared):
         checked = Problem.shaped(*layer.shapes(), layer.dtype, **{n: getattr(layer, n) for n in HANDED})
         return cls(X, Y, Z, projections, heads, pre_norm, batch_first,
                    **{n: getattr(checked, n) for n in HANDED if n not in ("padding",)}, padding=pad)
+
+
+def _inputs(x: Any, memory: Any, values: Any, batch_first: bool, src: dict[str, str]) -> tuple[Any, Any, Any, bool]:
+    """X, Y, Z checked and held (B, T, D) batch first (Y is X, Z is Y where they were given as one); batched."""
+    k_is_q, v_is_k = memory is x, values is memory
+    X = input_matrix(x, "X", src["q"])
+    Y = X if k_is_q else input_matrix(memory, "memory", src["k"])
+    Z = Y if v_is_k else input_matrix(values, "values", src["v"])
+    batched = X.ndim == 3
+    for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
+        if a.ndim != X.ndim:
+            raise InputError(f"{name} has shape {a.shape} but X has shape {X.shape}: both batched (B, T, D) or both "
+                             "not", src[key])
+    if batched and not batch_first:
+        X, Y, Z = (np.swapaxes(a, 0, 1) for a in (X, Y, Z))  # (T, B, D) -> (B, T, D)
+    if not batched:
+        X, Y, Z = X[None], Y[None], Z[None]  # (T, D) -> (1, T, D)
+    B, S = X.shape[0], Y.shape[1]
+    for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
+        if a.shape[0] != B:
+            raise InputError(f"{name} has batch size {a.shape[0]} but X has {B}", src[key])
+    if Z.shape[1] != S:
+        raise InputError(f"values have {Z.shape[1]} rows but memory has {S}: each key needs one value row", src["v"])
+    Y = X if k_is_q else Y
+    return X, Y, Y if v_is_k else Z, batched
 
 
 Subject: TypeAlias = Problem | Layer  # what engine.run computes: a core problem, or a layer that produces one
