@@ -19,6 +19,7 @@ import torch
 
 from attncli.check.verdict import Tolerance, check
 from attncli.core import chain, engine
+from attncli.core.layer import Layer
 from attncli.core.options import Options
 from attncli.core.plan import Needs, plan
 from attncli.core.problem import Problem
@@ -103,7 +104,7 @@ def _t5_layer(seed: int = 3) -> tuple[Any, dict[str, np.ndarray]]:
 def _t5_problem(x: np.ndarray, w: dict[str, np.ndarray]) -> Problem:
     rb = RelativeBias(w["table"], bidirectional=True, num_buckets=BUCKETS, max_distance=DISTANCE)
     proj = Projections(W_q=w["W_q"], W_k=w["W_k"], W_v=w["W_v"], W_o=w["W_o"])
-    return Problem.build(x, projections=proj, heads=H, relative_bias=rb, options=Options(scale=1.0))  # T5: no 1/√d
+    return Layer.build(x, projections=proj, heads=H, relative_bias=rb, options=Options(scale=1.0))  # T5: no 1/√d
 
 
 def _without_bias(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from attncli.check.verdict import Tolerance, check
 from attncli.cli import app
+from attncli.core.layer import Layer
 from attncli.core.problem import Options, Problem
 from attncli.core.projections import Projections
 
@@ -173,7 +174,7 @@ def mh_weights(d_model: int, d: int, seed: int = 5) -> dict[str, np.ndarray]:
 def case_query_pre_attn_scalar() -> tuple[Problem, np.ndarray, np.ndarray]:
     # model width 12, 2 heads of width 4: Gemma 2's query_pre_attn_scalar = 12 / 2 = 6, not the head width 4
     x, w = rand(2, 5, 12, seed=6), mh_weights(12, 8)
-    problem = Problem.build(x, projections=Projections(**w), heads=2)
+    problem = Layer.build(x, projections=Projections(**w), heads=2)
     return problem, mha(x, w, 2, scale=6 ** -0.5), mha(x, w, 2)
 
 
@@ -181,7 +182,7 @@ def case_key_padding_ignored() -> tuple[Problem, np.ndarray, np.ndarray]:
     x, w = rand(2, 5, 8, seed=7), mh_weights(8, 8)
     pad = np.zeros((2, 5), bool)
     pad[0, 3:] = pad[1, 1] = True
-    problem = Problem.build(x, projections=Projections(**w), heads=2, padding=pad)
+    problem = Layer.build(x, projections=Projections(**w), heads=2, padding=pad)
     return problem, mha(x, w, 2), mha(x, w, 2, padding=pad)
 
 
@@ -244,7 +245,7 @@ def pair_cases() -> dict[str, tuple[Problem, np.ndarray, set[str]]]:
         "mask inverted, no scaling": (build(q, k, v, mask=mask), attention(q, k, v, ~mask, scale=1.0),
                                       {"mask-inverted", "no-scaling"}),
         "causal mask missing, heads not transposed": (
-            Problem.build(x, projections=Projections(**w), heads=2, options=Options(causal=True)), untransposed,
+            Layer.build(x, projections=Projections(**w), heads=2, options=Options(causal=True)), untransposed,
             {"causal-missing", "heads-not-transposed"}),
         "causal added, scale after the softmax": (
             build(q, k, v), softmax(np.where(causal_keep(5, 5, 0), q @ k.T, -np.inf)) @ v / 2.0,
@@ -425,7 +426,7 @@ def gqa_case(tiled: bool) -> tuple[Problem, np.ndarray]:
     k, v = (torch.from_numpy(x @ w[n]).view(2, 5, 2, 2).transpose(1, 2) for n in ("W_k", "W_v"))  # (B, G, T, d)
     k, v = (a.repeat(1, 2, 1, 1) if tiled else repeat_kv(a, 2) for a in (k, v))
     o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 5, 8).numpy()
-    return Problem.build(x, projections=Projections(**w), heads=4), o @ w["W_o"]
+    return Layer.build(x, projections=Projections(**w), heads=4), o @ w["W_o"]
 
 
 def test_gqa_by_tiling_is_named() -> None:
@@ -497,7 +498,7 @@ def test_qk_norm_over_the_model_width_is_named() -> None:
 def test_modern_pairs_are_named_together() -> None:
     # GQA tiled and the causal mask missing, in one model
     problem, _ = gqa_case(tiled=False)
-    causal = Problem.build(problem.q, projections=problem.projections, heads=4, options=Options(causal=True))
+    causal = Layer.build(problem.x, projections=problem.projections, heads=4, options=Options(causal=True))
     assert frozenset({"causal-missing", "kv-heads-tiled"}) in names(causal, gqa_case(tiled=True)[1])
 
 
@@ -525,6 +526,6 @@ def test_key_padding_inverted_beside_a_mask_is_named() -> None:
                 for h in range(2)]
         return np.concatenate(outs, axis=-1) @ w["W_o"]
 
-    problem = Problem.build(x, projections=Projections(**w), heads=2, padding=pad, mask=causal)
+    problem = Layer.build(x, projections=Projections(**w), heads=2, padding=pad, mask=causal)
     assert check(problem, by_hand(pad), tolerance=TOL).match
     assert names(problem, by_hand(~pad)) == one("key-padding-inverted")

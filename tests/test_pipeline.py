@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from attncli.cli import app
 from attncli.core.engine import run
+from attncli.core.layer import Layer
 from attncli.core.plan import Needs, Plan, plan
 from attncli.core.problem import Options, Problem
 from attncli.core.projections import Projections
@@ -219,7 +220,7 @@ def test_every_path_gives_the_same_answer(tmp_path: Path, causal: bool) -> None:
     assert plan(Problem.build(x, options=Options(causal=causal, backend="torch")), Needs(weights=False)).path == "sdpa"
     sdpa = run(Problem.build(x, options=Options(causal=causal, dtype="float64", backend="torch")), Plan("sdpa"))
     eye = Projections(W_q=np.eye(d), W_k=np.eye(d), W_v=np.eye(d))
-    heads = run(Problem.build(x, projections=eye, heads=1, options=Options(causal=causal, dtype="float64")))
+    heads = run(Layer.build(x, projections=eye, heads=1, options=Options(causal=causal, dtype="float64")))
     corner = run(base, Plan("blocked", rows=(0, m - 1)))
 
     np.testing.assert_allclose(explicit.weights, w_ref, rtol=0, atol=1e-12)

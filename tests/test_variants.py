@@ -286,10 +286,10 @@ def mha_by_hand(x: np.ndarray, w: dict[str, np.ndarray], heads: int, *, scale_wi
 
 
 def mh_named(expected: np.ndarray, w: dict[str, np.ndarray], x: np.ndarray, heads: int) -> set[str]:
-    from attncli.core.problem import Problem
+    from attncli.core.layer import Layer
     from attncli.core.projections import Projections
 
-    setup = Problem.build(x, projections=Projections(**w), heads=heads)
+    setup = Layer.build(x, projections=Projections(**w), heads=heads)
     verdict = check(setup, expected, tolerance=TOL)
     assert not verdict.match
     return {e.name for e in verdict.explanations}
@@ -304,11 +304,11 @@ def mh_inputs(seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
 
 def test_multihead_reference_matches_the_module() -> None:
     # sanity: the hand-written reference is what attncli computes (else the cases below prove nothing)
-    from attncli.core.problem import Problem
+    from attncli.core.layer import Layer
     from attncli.core.projections import Projections
 
     x, w = mh_inputs(30)
-    assert check(Problem.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2), tolerance=TOL).match
+    assert check(Layer.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2), tolerance=TOL).match
 
 
 @pytest.mark.parametrize("case,kw,heads", [
@@ -331,7 +331,7 @@ def test_multihead_q_k_swapped() -> None:
 
 
 def test_multihead_key_padding_mask_inverted() -> None:
-    from attncli.core.problem import Problem
+    from attncli.core.layer import Layer
     from attncli.core.projections import Projections
 
     x, w = mh_inputs(46)
@@ -345,16 +345,16 @@ def test_multihead_key_padding_mask_inverted() -> None:
         s = np.where(pad[:, None, :], q[..., sl] @ T(k[..., sl]) / 2.0, -np.inf)  # (B, T, T), √4 = 2
         heads.append(softmax(s) @ v[..., sl])
     expected = np.concatenate(heads, axis=-1) @ w["W_o"] + w["b_o"]
-    verdict = check(Problem.build(x, projections=Projections(**w), heads=2, padding=pad), expected, tolerance=TOL)
+    verdict = check(Layer.build(x, projections=Projections(**w), heads=2, padding=pad), expected, tolerance=TOL)
     assert {e.name for e in verdict.explanations} == {"mask-inverted"}
 
 
 def test_wrong_head_order_is_spelled_out() -> None:
-    from attncli.core.problem import Problem
+    from attncli.core.layer import Layer
     from attncli.core.projections import Projections
 
     x, w = mh_inputs(40)
-    verdict = check(Problem.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2, order=(1, 0)), tolerance=TOL)
+    verdict = check(Layer.build(x, projections=Projections(**w), heads=2), mha_by_hand(x, w, 2, order=(1, 0)), tolerance=TOL)
     assert "head 1, head 0 instead of head 0, head 1" in verdict.explanations[0].explanation
 
 

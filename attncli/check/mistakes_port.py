@@ -24,7 +24,7 @@ import numpy as np
 from attncli.check.compare import errors, within
 from attncli.check.variants import Context, NotApplicable, Result, _remask, variant
 from attncli.core import stages
-from attncli.core.problem import Problem
+from attncli.core.layer import Subject
 
 COMMON_BASES = (10000.0, 500000.0, 1000000.0, 100000.0, 50000.0, 5000000.0, 250000.0, 2000000.0, 8000000.0,
                 20000.0, 1000.0)
@@ -110,7 +110,7 @@ def rope_added(c: Context) -> Result:
     return c.rerun(rope=mode, rope_base=base)
 
 
-def _shifted_causal(c: Context, shift: int) -> Problem:
+def _shifted_causal(c: Context, shift: int) -> Subject:
     p, o = c.problem, c.options
     if not o.causal:
         raise NotApplicable("no causal mask here")

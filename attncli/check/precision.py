@@ -32,8 +32,8 @@ import numpy as np
 
 from attncli.core.backend import PRECISIONS, Backend, numpy_namespace, round_bfloat16
 from attncli.core.engine import run
+from attncli.core.layer import Subject
 from attncli.core.plan import Plan
-from attncli.core.problem import Problem
 from attncli.core.trace import Trace
 from attncli.errors import InputError
 
@@ -148,7 +148,7 @@ def naive_backend(precision: str) -> NaiveBackend:
     return NaiveBackend("numpy", numpy_namespace(), None, precision)
 
 
-def naive_run(problem: Problem, precision: str) -> Trace:
+def naive_run(problem: Subject, precision: str) -> Trace:
     """Every stage of ``problem`` (numpy, the explicit path) as a plain implementation in ``precision``:
     a Trace whose steps are float64 arrays holding that precision's numbers."""
     o = replace(problem.options, backend="numpy", device="cpu", dtype="float32" if precision != "float64" else "float64",

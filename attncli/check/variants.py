@@ -28,6 +28,7 @@ import numpy as np
 from attncli.check.compare import Explanation, Tolerance, errors, within
 from attncli.core import chain, stages
 from attncli.core.engine import run
+from attncli.core.layer import Layer, Subject
 from attncli.core.options import Options
 from attncli.core.problem import Problem
 from attncli.core.scoring import get_score
@@ -87,18 +88,18 @@ class Context:
     """What a variant gets: the problem (numpy, float64; single- or multi-head), the expected
     numbers, the compared step, the tolerance and (lazily) the correct computation."""
 
-    problem: Problem
+    problem: Subject  # a core Problem, or a Layer (projections and heads) that produces one
     expected: np.ndarray
     what: str
     tol: Tolerance
     _ref: Trace | None = None
-    changed: Problem | None = None  # the problem the last rerun computed (a variant that is only a change)
+    changed: Subject | None = None  # the problem the last rerun computed (a variant that is only a change)
     note: str = ""  # what a variant found (a fitted base), for its explanation's {detail}
     hint: str | None = None  # the options that make the problem match, when a variant found them
     correct: np.ndarray | None = None  # for a pair's second mistake: the correct result of the original problem
 
     @classmethod
-    def of(cls, subject: Problem, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
+    def of(cls, subject: Subject, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
         o = replace(subject.options, backend="numpy", device="cpu", dtype="float64", keep_weights=True)
         return cls(replace(subject, options=o, result_dtype=None), expected, what, tol)
 
@@ -111,17 +112,23 @@ class Context:
 
     @property
     def heads(self) -> bool:
-        return self.problem.projections is not None
+        return isinstance(self.problem, Layer)
+
+    @property
+    def core(self) -> Problem:
+        """The problem of the attention itself: this one, or the one a Layer produces (its Q, K, V
+        zeros of their shapes: for masks, scales and sizes, not numbers)."""
+        return self.problem.problem() if isinstance(self.problem, Layer) else self.problem
 
     def single(self) -> Problem:
         """The single-head Problem, or NotApplicable for multi-head attention."""
-        if self.heads:
+        if isinstance(self.problem, Layer):
             raise NotApplicable("single-head attention only")
         return self.problem
 
-    def multi(self) -> Problem:
-        """The multi-head Problem (with projections), or NotApplicable."""
-        if not self.heads:
+    def multi(self) -> Layer:
+        """The multi-head Layer (projections and heads), or NotApplicable."""
+        if not isinstance(self.problem, Layer):
             raise NotApplicable("multi-head attention only")
         return self.problem
 
@@ -129,7 +136,7 @@ class Context:
     def options(self) -> Options:
         return self.problem.options
 
-    def rerun(self, problem: Problem | None = None, **options: Any) -> Trace:
+    def rerun(self, problem: Subject | None = None, **options: Any) -> Trace:
         """The pipeline on ``problem`` (default: this one) with ``options`` replaced."""
         p = problem or self.problem
         self.changed = replace(p, options=replace(p.options, **options))
@@ -143,7 +150,7 @@ class Context:
     @property
     def d_v(self) -> int:
         p = self.problem
-        return p.projections.d_v // p.heads if p.projections is not None else int(p.v.shape[-1])
+        return p.projections.d_v // p.heads if isinstance(p, Layer) else int(p.v.shape[-1])
 
     @property
     def m(self) -> int:
@@ -155,7 +162,7 @@ class Context:
 
     def factor(self) -> Any:
         """The factor the engine multiplies the scores by (None: no scaling)."""
-        return stages.scale_factor(self.problem, np, self.ref["scores"])[0]
+        return stages.scale_factor(self.core, np, self.ref["scores"])[0]
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
@@ -167,7 +174,7 @@ class Context:
         o = self.options
         facts = {"d": self.d, "sqrt_d": f"{math.sqrt(self.d):.4g}", "d_v": self.d_v, "n": self.n, "m": self.m,
                  "T": f"{o.temperature:g}" if o.temperature else "1"}
-        if self.problem.projections is not None:
+        if isinstance(self.problem, Layer):
             facts.update(H=self.problem.heads, d_model=self.problem.projections.d_k)
         return facts
 
@@ -177,7 +184,7 @@ class Context:
             with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
                 return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         v = self.ref["v"]  # (B, S, d_v) or unbatched (S, d_v)
-        vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.problem.heads)  # (B, H, S, d_v/H)
+        vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.multi().heads)  # (B, H, S, d_v/H)
         vh = vh if v.ndim == 3 else vh[0]
         return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
 
@@ -299,13 +306,12 @@ def softmax_over_queries(c: Context) -> Result:
 def q_k_swapped(c: Context) -> Result:
     """softmax(K Qᵀ / √d)·V"""
     if c.heads:  # self-attention: swapping Q and K is swapping W_q and W_k
-        p = c.multi()
-        proj = p.projections
-        assert proj is not None
-        if p.k is not p.q or proj.W_q.shape != proj.W_k.shape:
+        mh = c.multi()
+        proj = mh.projections
+        if mh.memory is not mh.x or proj.W_q.shape != proj.W_k.shape:
             raise NotApplicable("cross-attention: Q and K come from different inputs")
         swapped = replace(proj, W_q=proj.W_k, W_k=proj.W_q, b_q=proj.b_k, b_k=proj.b_q)
-        return c.rerun(replace(p, projections=swapped))
+        return c.rerun(replace(mh, projections=swapped))
     p = c.single()
     if p.m != p.n:
         raise NotApplicable("Q and K have different numbers of rows, so K Qᵀ does not fit V")
@@ -414,23 +420,24 @@ def nan_rows(c: Context) -> Result:
     return c.with_output(w)
 
 
-def _keep_changes(c: Context, problem: Problem) -> bool:
+def _keep_changes(c: Context, problem: Subject) -> bool:
     """Whether ``problem``'s keep-mask differs from this problem's."""
-    a, _ = stages.keep_mask(c.problem, c.problem.n)
-    b, _ = stages.keep_mask(problem, problem.n)
+    core = problem.problem() if isinstance(problem, Layer) else problem
+    a, _ = stages.keep_mask(c.core, c.problem.n)
+    b, _ = stages.keep_mask(core, problem.n)
     shape = c.problem.batch_shape + (c.problem.m, c.problem.n)
     a = np.ones(shape, bool) if a is None else np.broadcast_to(a, shape)
     b = np.ones(shape, bool) if b is None else np.broadcast_to(b, shape)
     return not np.array_equal(a, b)
 
 
-def _remask(c: Context, problem: Problem) -> Result:
+def _remask(c: Context, problem: Subject) -> Result:
     if not _keep_changes(c, problem):
         raise NotApplicable("it masks the same keys here")
     return c.rerun(problem)
 
 
-def _with(c: Context, **options: Any) -> Problem:
+def _with(c: Context, **options: Any) -> Subject:
     return replace(c.problem, options=replace(c.options, **options))
 
 
@@ -528,7 +535,7 @@ def query_pre_attn_scalar(c: Context) -> Result:
     """softmax(QKᵀ / √(d_model/H))·V"""
     mh = c.multi()
     c.requires_sqrt_d()
-    width = int(mh.q.shape[-1]) / mh.heads
+    width = int(mh.x.shape[-1]) / mh.heads
     if width == c.d:
         raise NotApplicable("the model width per head is the head width")
     return c.rerun(scale=1.0 / math.sqrt(width))
@@ -661,7 +668,6 @@ def sqrt_model_width(c: Context) -> Result:
     """concat_h softmax(Q_h K_hᵀ / √d_model)·V_h, then W_o"""
     mh = c.multi()
     c.requires_sqrt_d()
-    assert mh.projections is not None
     if mh.heads == 1:
         raise NotApplicable("one head: the head width is the model width")
     return c.rerun(scale=1.0 / math.sqrt(mh.projections.d_k))
@@ -716,7 +722,7 @@ def kv_heads_tiled(c: Context) -> Result:
     p = c.problem
     if p.n_rep == 1:
         raise NotApplicable("K and V have as many heads as Q")
-    if p.projections is not None:  # W_k's (and W_v's) head blocks side by side r times: block h is h % G
+    if isinstance(p, Layer):  # W_k's (and W_v's) head blocks side by side r times: block h is h % G
         r, proj = p.n_rep, p.projections
         blocks: dict[str, Any] = {n: np.tile(a, (1, r) if a.ndim == 2 else (r,)) for n in ("W_k", "W_v", "b_k", "b_v")
                                   if (a := getattr(proj, n)) is not None}
@@ -939,7 +945,7 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
     flipped = f"its 1/True entries were taken as '{other}' (as --mask-convention {other})"
     if c.problem.mask is None and c.problem.padding is not None:
         flipped = "the key padding mask's True entries were kept instead of ignored"
-    pre_attn = f"{int(c.problem.q.shape[-1]) / c.problem.heads:g}" if c.heads else ""
+    pre_attn = f"{int(c.problem.x.shape[-1]) / c.problem.heads:g}" if isinstance(c.problem, Layer) else ""
     facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped,
                  scale=f"{o.scale:.4g}" if o.scale is not None else "", pre_attn=pre_attn,
                  G=c.problem.kv_heads or 1, r=c.problem.n_rep, W=o.window, W1=(o.window or 0) + 1, rope=o.rope,
@@ -956,7 +962,7 @@ class _Try:
     explanation: Explanation | None = None
     match: bool = False
     skipped: str | None = None  # why it was not tried
-    changed: Problem | None = None  # the variant is this change of the problem alone (composable)
+    changed: Subject | None = None  # the variant is this change of the problem alone (composable)
 
 
 def _try(v: Variant, c: Context) -> _Try:
@@ -990,7 +996,7 @@ def _try(v: Variant, c: Context) -> _Try:
     return _Try(ex, bool(within(expected, got, tol).all()), changed=changed)
 
 
-def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3,
+def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3,
              pairs: bool = True) -> Diagnosis:
     """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``.
 
@@ -1000,7 +1006,7 @@ def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, 
     c = Context.of(problem, expected, what, tol)
     out = Diagnosis()
     misses: list[Explanation] = []
-    changes: list[tuple[Variant, Problem]] = []
+    changes: list[tuple[Variant, Subject]] = []
     for v in VARIANTS.values():
         t = _try(v, c)
         if t.skipped is not None:
@@ -1028,7 +1034,7 @@ def diagnose(problem: Problem, expected: np.ndarray, what: str, tol: Tolerance, 
     return out
 
 
-def _pairs(c: Context, changes: list[tuple[Variant, Problem]], out: Diagnosis, misses: list[Explanation]) -> None:
+def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, misses: list[Explanation]) -> None:
     """Two mistakes: the change of ``a`` (a re-run) with every other pairable variant ``b`` on top of it."""
     order = list(VARIANTS)
     p = c.problem

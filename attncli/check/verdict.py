@@ -37,7 +37,7 @@ from attncli.check.compare import (
 from attncli.check.precision import FACTOR, FLOOR, HEAD_FACTOR, ROW_FACTOR, SCALED_HEAD_MIN, SCALED_HEAD_Z, naive_run
 from attncli.check.variants import NEAREST_FACTOR, Context, diagnose
 from attncli.core.engine import run
-from attncli.core.problem import Problem
+from attncli.core.layer import Layer, Subject
 from attncli.core.trace import Trace
 from attncli.errors import InputError
 
@@ -229,7 +229,7 @@ def fit_shape(expected: np.ndarray, shape: tuple[int, ...], what: str, source: s
     raise InputError(message, source)
 
 
-def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: Tolerance | None = None,
+def check(problem: Subject, expected: Any, *, what: str = "output", tolerance: Tolerance | None = None,
           trace: Trace | None = None, source: str = "expected", explain: bool = True,
           precision: str | None = None, precision_source: str = "--precision-of", pairs: bool = True) -> Verdict:
     """Compare ``expected`` with step ``what`` of ``problem``'s computation; on a mismatch, name the variants
@@ -238,7 +238,8 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
     ``precision`` (bfloat16, float16, float32, float64): the expected numbers come from an implementation
     in that precision; they are compared with the float64 reference and judged against the error of a
     plain implementation in that precision (:class:`Precision`), not against a fixed tolerance."""
-    if problem.batched and not problem.batch_first and what == "output" and np.ndim(expected) == 3:  # (T, B, E)
+    if isinstance(problem, Layer) and problem.batched and not problem.batch_first and what == "output" and \
+            np.ndim(expected) == 3:  # (T, B, E)
         expected = np.swapaxes(np.asarray(expected), 0, 1)  # compared (and searched) batch first: (B, T, E)
         problem, trace = replace(problem, batch_first=True), None
     if trace is None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attncli.cli.options import ProblemArgs
+from attncli.core.layer import Layer
 from attncli.core.options import Options, declared
 from attncli.core.problem import Problem, numeric_array
 from attncli.core.projections import Projections, init_projections, projections_from
@@ -111,7 +112,7 @@ def did_you_mean(name: str, choices: Any) -> str:
     return f"did you mean {close[0]!r}?" if close else ""
 
 
-def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihead: bool | None = None) -> Problem:
+def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihead: bool | None = None) -> Problem | Layer:
     """The Problem described by 1–3 input files (or ``-``) and the options (a flag wins over the file).
 
     Single-head: one input is a problem file (q, k, v, ...) or one matrix used as Q, K and V; two
@@ -231,8 +232,8 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     options = options.merged(flags, "command line", flags=True)
     heads = given_heads or 1
     try:
-        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
-                             batch_first=opts.batch_first, options=options, **common)
+        return Layer.build(arrays["q"], arrays.get("k"), arrays.get("v"), projections=layer.projections, heads=heads,
+                           batch_first=opts.batch_first, options=options, **common)
     except InputError as e:  # drawn projections whose widths --d-k / --d-v chose: those flags are the culprit
         widths = [f for f, v in (("--d-k", opts.d_k), ("--d-v", opts.d_v)) if v is not None]
         if e.source != SEEDED or not widths:
@@ -258,7 +259,7 @@ def _option_origins(sources: dict[str, str], values: dict[str, Any], where: Call
 
 
 @dataclass
-class Layer:
+class Weights:
     """The projections of a problem: given, drawn from a seed, or one layer of a checkpoint (``model``)."""
 
     projections: Projections
@@ -281,7 +282,7 @@ def _rope_scaling(text: str, reader: Reader) -> Any:
 
 
 def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: ProblemArgs, reader: Reader,
-                 options: Options, heads: int = 1) -> Layer:
+                 options: Options, heads: int = 1) -> Weights:
     """W_q, W_k, W_v (W_o, biases) from --weights (textbook arrays, a state dict, or one layer of a
     checkpoint), the file's weights: entry, or drawn from --seed."""
     given = [f for f, v in (("--d-k", opts.d_k), ("--d-v", opts.d_v)) if v is not None]
@@ -300,14 +301,14 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Pr
         spec = str(weights)
         if opts.layer is not None or _checkpoint_path(spec):
             return checkpoint_layer(spec, opts.layer, prefix, opts.heads, opts.layout)
-        return Layer(projections_from(reader.read(spec), reader.source(spec), prefix))
+        return Weights(projections_from(reader.read(spec), reader.source(spec), prefix))
     if "weights" in doc:
-        return Layer(projections_from(doc, src, prefix))
+        return Weights(projections_from(doc, src, prefix))
     widths = [_width(arrays[s], t, src) if s in arrays else None for s, t in (("q", "X"), ("k", "memory"), ("v", "values"))]
     d_q = widths[0] or 1
     d_kv = widths[1] or d_q
     d_vv = widths[2] or d_kv
-    return Layer(init_projections(d_q, d_kv, d_vv, d_k=opts.d_k, d_v=opts.d_v, seed=options.seed,
+    return Weights(init_projections(d_q, d_kv, d_vv, d_k=opts.d_k, d_v=opts.d_v, seed=options.seed,
                                   init=opts.init, bias=opts.bias,
                                   out_proj=opts.out_proj, heads=heads, kv_heads=options.kv_heads))
 
@@ -319,12 +320,12 @@ def _checkpoint_path(spec: str) -> bool:
 
 
 def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None,
-                     layout: str | None = None) -> Layer:
+                     layout: str | None = None) -> Weights:
     """One layer of a checkpoint (attncli.io.model.load_layer): its projections, config facts, pre-norm, bias."""
     from attncli.io.model import load_layer
 
     model = load_layer(spec, layer, prefix, heads=heads, layout=layout)
-    return Layer(model.projections, model)
+    return Weights(model.projections, model)
 
 
 def _width(a: Any, title: str, source: str) -> int | None:

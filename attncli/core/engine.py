@@ -22,6 +22,7 @@ import numpy as np
 
 from attncli.core import blocked, chain, stages
 from attncli.core.backend import Backend, get_backend, to_numpy
+from attncli.core.layer import Layer
 from attncli.core.options import Options
 from attncli.core.params import (
     AlibiFacts,
@@ -81,13 +82,13 @@ def multihead(x: Any, memory: Any = None, values: Any = None, *, weights: Projec
               options: Options | None = None, sources: dict[str, str] | None = None,
               batch_first: bool = True, sinks: Any = None, alibi_slopes: Any = None) -> Trace:
     """Multi-head attention of X over memory Y (values Z; both default to X), step by step: the
-    same pipeline as :func:`attend`, with the projections and heads as part of the problem."""
+    same pipeline as :func:`attend`, on the problem a :class:`Layer` of projections and heads produces."""
     src = {"q": "X", "k": "memory", "v": "values", **_renamed(sources or {})}
-    problem = Problem.build(x, memory, values, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
-                            key_labels=key_labels, options=options or Options(), sources=src, projections=weights,
-                            heads=heads, padding=key_padding_mask, batch_first=batch_first, sinks=sinks,
-                            alibi_slopes=alibi_slopes)
-    return run(problem)
+    layer = Layer.build(x, memory, values, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
+                        key_labels=key_labels, options=options or Options(), sources=src, projections=weights,
+                        heads=heads, padding=key_padding_mask, batch_first=batch_first, sinks=sinks,
+                        alibi_slopes=alibi_slopes)
+    return run(layer)
 
 
 def _api_sources() -> dict[str, str]:
@@ -101,11 +102,12 @@ def _renamed(sources: dict[str, str]) -> dict[str, str]:
     return {names.get(k, k): v for k, v in sources.items()}
 
 
-def run(problem: Problem, how: Plan | None = None, backend: Backend | None = None,
+def run(problem: Problem | Layer, how: Plan | None = None, backend: Backend | None = None,
         progress: Progress | None = None) -> Trace:
     """Every stage of ``problem`` on its backend, as the plan says (default :func:`attncli.core.plan.plan`
     of what the problem's options ask for), and the Trace (``progress(done, total)`` hears about
-    blocks of queries on the output-only path)."""
+    blocks of queries on the output-only path). A :class:`Layer` first projects and splits (steps x,
+    x_norm, W_*, q, k, v), its heads' Problem runs the same pipeline, and the heads are merged."""
     o = problem.options
     how = how or plan(problem)
     be = backend or get_backend(o.backend, o.device)
@@ -114,8 +116,8 @@ def run(problem: Problem, how: Plan | None = None, backend: Backend | None = Non
     score = get_score(o.score)
     m = trace.meta
     m.score, m.score_formula, m.backend, m.device, m.dtype = score.name, score.formula, be.name, be.device_name(), dt
-    projected = problem.projections is not None
-    if projected:
+    projected = isinstance(problem, Layer)
+    if isinstance(problem, Layer):
         core, q, k, v, w = _project_inputs(problem, be, trace)
     else:
         core, w = problem, {}
@@ -131,7 +133,7 @@ def run(problem: Problem, how: Plan | None = None, backend: Backend | None = Non
     params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
     record_params(problem, params, trace)
     out = _attention(core, be, q, k, v, params, trace, how, progress, "head_output" if projected else "output")
-    if projected:
+    if isinstance(problem, Layer):
         _merge(problem, be, trace, out, w)
     if problem.result_dtype:  # half inputs: computed in float32, the output rounded back
         final = trace.step("output")
@@ -146,26 +148,32 @@ def _index(trace: Trace, name: str) -> int:
 # ---- 1) project, 2) split ---------------------------------------------------------------------
 
 
-def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, Any, Any, Any, dict[str, Any]]:
-    """Project X, Y, Z and split them into heads: the steps x, W_*, q, k, v; returns the problem of
-    the per-head attention (its Q, K, V the split projections) and the split arrays on the backend."""
-    proj = problem.projections
-    assert proj is not None
-    xp, dt, H = be.xp, problem.dtype, problem.heads
-    memory, values = problem.k is not problem.q, problem.v is not problem.k
+def produce(layer: Layer, backend: Backend | None = None) -> Problem:
+    """The core Problem ``layer`` produces: Q = X W_q + b_q (after its pre-norm), K, V, split into
+    heads (B, H, T, d) and (B, G, S, d), every mask, bias and option handed on (steps not kept)."""
+    be = backend or get_backend(layer.options.backend, layer.options.device)
+    return _project_inputs(layer, be, Trace())[0]
+
+
+def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, Any, Any, dict[str, Any]]:
+    """Project X, Y, Z and split them into heads: the steps x, W_*, q, k, v; returns the problem the
+    layer produces (its Q, K, V the split projections) and the split arrays on the backend."""
+    proj = layer.projections
+    xp, dt, H = be.xp, layer.dtype, layer.heads
+    memory, values = layer.memory is not layer.x, layer.values is not layer.memory
     w = {n: be.asarray(a, dt) for n, a in proj.arrays().items()}
-    X = be.asarray(problem.q, dt)
-    residual = problem.pre_norm is not None
-    lead = _lead(problem)
-    t.meta.shapes = {"x": list(np.shape(lead(problem.q)))} | (
-        {"memory": list(np.shape(lead(problem.k)))} if memory else {}) | (
-        {"values": list(np.shape(lead(problem.v)))} if values else {})
+    X = be.asarray(layer.x, dt)
+    residual = layer.pre_norm is not None
+    lead = _lead(layer)
+    t.meta.shapes = {"x": list(np.shape(lead(layer.x)))} | (
+        {"memory": list(np.shape(lead(layer.memory)))} if memory else {}) | (
+        {"values": list(np.shape(lead(layer.values)))} if values else {})
     t.add("x", f"X: the {'residual stream entering the layer' if residual else 'input'}, "
-          f"{'(B, T, d_model)' if problem.batched else '(T, d_model)'}", X, (QUERIES, FEATURES))
-    if problem.pre_norm is not None:  # --from-residual: the layer's own pre-attention norm
-        X = _pre_norm(problem.pre_norm, be, X, dt, t)
-    Y = X if not memory else be.asarray(problem.k, dt)
-    Z = Y if not values else be.asarray(problem.v, dt)
+          f"{'(B, T, d_model)' if layer.batched else '(T, d_model)'}", X, (QUERIES, FEATURES))
+    if layer.pre_norm is not None:  # --from-residual: the layer's own pre-attention norm
+        X = _pre_norm(layer.pre_norm, be, X, dt, t)
+    Y = X if not memory else be.asarray(layer.memory, dt)
+    Z = Y if not values else be.asarray(layer.values, dt)
     if memory:
         t.add("memory", "Y: the memory that keys (and values) are projected from", Y, (KEYS, FEATURES))
     if values:
@@ -181,18 +189,18 @@ def _project_inputs(problem: Problem, be: Backend, t: Trace) -> tuple[Problem, A
            + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None, _projection(proj, w, "X", "q"))
     t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
     t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES), params=_projection(proj, w, z_name, "v"))
-    G = problem.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
+    G = layer.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
     qh = stages.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
     kh, vh = stages.split_heads(xp, k, G), stages.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
     m = t.meta
     m.heads, m.head_width = H, {"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H}
-    m.self_attention, m.batched, m.weights_format, m.weights_source = (problem.self_attention, problem.batched,
+    m.self_attention, m.batched, m.weights_format, m.weights_source = (layer.self_attention, layer.batched,
                                                                         proj.kind, proj.source)
     m.config = dict(proj.config) if proj.config else None
     if proj.kind.startswith("init"):
-        m.seed = DEFAULT_SEED if problem.options.seed is None else problem.options.seed
-    m.batch_axes, m.head_axis = (["batch", "head"], 1) if problem.batched else (["head"], 0)
-    core = problem.per_head(to_numpy(qh), to_numpy(kh), to_numpy(vh))  # the attention of each head
+        m.seed = DEFAULT_SEED if layer.options.seed is None else layer.options.seed
+    m.batch_axes, m.head_axis = (["batch", "head"], 1) if layer.batched else (["head"], 0)
+    core = layer.problem(to_numpy(qh), to_numpy(kh), to_numpy(vh))  # the attention of each head
     return core, qh, kh, vh, w
 
 
@@ -414,12 +422,11 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
 # ---- 9) merge ---------------------------------------------------------------------------------------
 
 
-def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> None:
+def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> None:
     """The heads side by side (concat), W_o and b_o, the head-averaged weights; the per-head steps
     marked as such; an unbatched input's batch axis dropped from every step."""
     xp, H = be.xp, problem.heads
     proj = problem.projections
-    assert proj is not None
     concat = stages.merge_heads(xp, heads_out)  # (B, H, T, d_v/H) -> (B, T, d_v)
     start = _index(t, "v") + 1
     split = _split_note(H, proj.d_k // H, proj.d_v // H)
@@ -463,7 +470,7 @@ def _merge(problem: Problem, be: Backend, t: Trace, heads_out: Any, w: dict[str,
 
 
 
-def _output_rows_note(problem: Problem, dead: np.ndarray, has_b_o: bool, has_o: bool) -> list[str]:
+def _output_rows_note(problem: Layer, dead: np.ndarray, has_b_o: bool, has_o: bool) -> list[str]:
     """What a query whose every head is fully masked gets as its output row: b_o (or zero)."""
     every = np.asarray(np.broadcast_to(dead, problem.batch_shape + (problem.m,)).all(axis=1))  # (B, T)
     labels, out = problem.query_labels, []
@@ -477,7 +484,7 @@ def _output_rows_note(problem: Problem, dead: np.ndarray, has_b_o: bool, has_o: 
     return out
 
 
-def _lead(problem: Problem) -> Callable[[Any], Any]:
+def _lead(problem: Layer) -> Callable[[Any], Any]:
     def lead(a: Any) -> Any:  # the shape as the user gave it (an unbatched input has no batch axis)
         return a if problem.batched else a[0]
 
@@ -493,11 +500,11 @@ def _split_note(H: int, dh: int, dvh: int) -> str:
     return f"each head takes its own {dh} feature(s) of Q and K: {shown}{', …' if H > 8 else ''}"
 
 
-def record_params(problem: Problem, params: dict[str, Any], trace: Trace) -> None:
+def record_params(problem: Problem | Layer, params: dict[str, Any], trace: Trace) -> None:
     """The score weights used: in ``trace.inputs`` (NPZ) and ``trace.extra["params"]`` (JSON)."""
     if not params:
         return
-    prefix = "score_" if problem.projections is not None else ""
+    prefix = "score_" if isinstance(problem, Layer) else ""
     trace.inputs.update({prefix + n: a for n, a in params.items()})
     trace.extra["params"] = {name: to_numpy(w).tolist() for name, w in params.items()}
     if problem.initialised:

@@ -16,6 +16,7 @@ from typing import Literal
 
 from attncli.core import blocked
 from attncli.core.backend import get_backend
+from attncli.core.layer import Layer
 from attncli.core.problem import Problem
 
 Path = Literal["explicit", "blocked", "sdpa"]
@@ -45,9 +46,11 @@ class Plan:
         return self.path == "explicit" or self.rows is not None
 
 
-def plan(problem: Problem, needs: Needs | None = None) -> Plan:
+def plan(problem: Problem | Layer, needs: Needs | None = None) -> Plan:
     """The path for ``problem`` given ``needs`` (default: the weights unless the problem's options say
-    ``keep_weights=False``)."""
+    ``keep_weights=False``); for a Layer, the path of the problem of its heads."""
+    if isinstance(problem, Layer):
+        problem = problem.problem()
     needs = needs or Needs(weights=problem.options.keep_weights)
     limit = VIEW_CELLS if needs.limit is None else needs.limit
     cells = math.prod(problem.batch_shape) * problem.m * problem.n

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,7 +15,7 @@ from attncli.core import validate as check
 from attncli.core.arrays import mask_array, numeric_array, printable
 from attncli.core.backend import half_type
 from attncli.core.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
-from attncli.core.projections import Norm, Projections, RelativeBias, head_mask, input_matrix, padding_mask
+from attncli.core.projections import RelativeBias
 from attncli.core.scoring import get_score
 from attncli.core.weights import prepare
 from attncli.errors import InputError
@@ -27,100 +26,30 @@ __all__ = ["ARRAY_TITLES", "CAUSAL_ALIGNS", "MASK_CONVENTIONS", "Options", "Prob
 ARRAY_TITLES = {"q": "Q", "k": "K", "v": "V", "valid_lens": "valid lengths", "mask": "mask"}
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Validated inputs (numpy, host), masks, labels, options and where each array came from: frozen.
+class Shared:
+    """What a core :class:`Problem` and a projected :class:`attncli.core.layer.Layer` answer alike, from
+    their sizes (``m``, ``n``, ``head_count``, ``d_qk``) and the fields they share by name."""
 
-    ``Problem.build`` is the one way in: it validates what it is given and returns a frozen value.
-    The derived fields (``batch_shape``, ``axis_names``, ``kv_heads``, ``query_limit``) are computed
-    from the others by the constructor, so ``dataclasses.replace`` recomputes them and cannot patch them.
-
-    Single-head attention: ``q``, ``k``, ``v`` are Q (..., m, d_q), K (..., n, d_k), V (..., n, d_v).
-    With ``projections`` (self-, cross- and multi-head attention) they are the inputs X, Y, Z
-    (B, T, D) that the pipeline's first stage projects to Q, K, V and splits into ``heads``:
-    one pipeline, the projections and heads an optional part of the problem.
-    """
-
-    q: np.ndarray  # (..., m, d_q); with projections: X (B, T, D)
-    k: np.ndarray  # (..., n, d_k); with projections: Y (B, S, D_k), the memory
-    v: np.ndarray  # (..., n, d_v); with projections: Z (B, S, D_v), the values' input
-    valid_lens: np.ndarray | None = None  # as given: (B,), (B, m), batch or batch + (m,)
-    mask: np.ndarray | None = None  # bool or float, broadcastable to (..., m, n) (multi-head: (B, H, T, S))
-    query_labels: list[str] | None = None
-    key_labels: list[str] | None = None
-    options: Options = field(default_factory=Options)
-    params: dict[str, np.ndarray] = field(default_factory=dict)  # the score's learned weights
-    sources: dict[str, str] = field(default_factory=dict)
-    projections: Projections | None = None  # W_q, W_k, W_v (W_o, biases): Q = X W_q + b_q, ...
-    heads: int = 1
-    padding: np.ndarray | None = None  # key padding mask (B, S) as given, True = ignore (PyTorch)
-    batch_first: bool = True  # projected inputs given (B, T, D); False: (T, B, D), PyTorch's default (held (B, T, D)
-    # here all the same; the output is returned (T, B, E), as nn.MultiheadAttention(batch_first=False) returns it)
-    pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
-    relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
-    sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss); --sinks, or the weights' sinks
-    alibi_slopes: np.ndarray | None = None  # (H,) ALiBi slopes as given; None: the paper's (options.alibi)
-    q_norm: np.ndarray | None = None  # (d,) QK-norm weights of each head's q (and k); None: 1 (rms), 0 (rms1p)
-    k_norm: np.ndarray | None = None
-
-    # ---- facts about the inputs as given, found by build() ----
-    batched: bool = True  # X had a batch axis (the steps of a layer drop it when not)
-    result_dtype: str | None = None  # float16/bfloat16: every input came in it; computed in float32, cast back
-    initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
-
-    # ---- derived: computed from the fields above by the constructor (never given, never patched) ----
-    batch_shape: tuple[int, ...] = field(init=False, default=())  # leading axes of the attention arrays ((B, H))
-    axis_names: tuple[str, ...] = field(init=False, default=())  # their names, for messages and views
-    kv_heads: int | None = field(init=False, default=None)  # K/V heads when fewer than the query heads, else None
-    query_limit: np.ndarray | None = field(init=False, default=None)  # (..., m): keys j >= limit are masked
-
-    def __post_init__(self) -> None:
-        if self.projections is not None:
-            H = self.heads
-            dh = self.projections.d_k // H
-            kv = int(self.projections.W_k.shape[1]) // dh
-            derived: dict[str, Any] = {"batch_shape": (int(self.q.shape[0]), H), "kv_heads": kv if kv != H else None,
-                                       "axis_names": ("batch" if self.batched else "", "head")}
-        else:
-            q, k, v = self.q, self.k, self.v
-            G = _kv_heads(q.shape, k.shape, v.shape)
-            kb, vb = (k.shape[:-3] + (int(q.shape[-3]),), v.shape[:-3] + (int(q.shape[-3]),)) if G else \
-                (k.shape[:-2], v.shape[:-2])
-            batch = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
-            names = ("batch",) * len(batch)
-            if len(batch) >= 2 and (q.ndim >= 4 or G):  # (B, H, T, d): axis -3 holds heads
-                names = ("batch" if self.batched else "",) * (len(batch) - 1) + ("head",)
-            derived = {"batch_shape": batch, "kv_heads": G, "axis_names": names}
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "query_limit", self._valid_lens_limit())
-
-    def per_head(self, q: Any, k: Any, v: Any) -> Problem:
-        """The attention of each head of this layer: Q (B, H, T, d), K and V (B, G, S, d) from the
-        projections, every mask, bias and option as they are (the layer's own part dropped)."""
-        return replace(self, q=q, k=k, v=v, projections=None, pre_norm=None)
+    options: Options
+    alibi_slopes: np.ndarray | None
+    sources: dict[str, str]
+    kv_heads: int | None
 
     @property
     def m(self) -> int:
-        return int(self.q.shape[-2])
+        raise NotImplementedError
 
     @property
     def n(self) -> int:
-        return int(self.k.shape[-2])
+        raise NotImplementedError
 
     @property
     def d_qk(self) -> int:
-        """The width of a query (per head): what √d scales by."""
-        if self.projections is not None:
-            return self.projections.d_k // self.heads
-        return int(self.q.shape[-1])
+        raise NotImplementedError
 
     @property
     def head_count(self) -> int:
-        """Query heads: --heads with projections; else the axis -3 of Q (4-D (B, H, T, d) or 3-D (H, T, d)), or 1."""
-        if self.projections is not None:
-            return self.heads
-        return int(self.q.shape[-3]) if self.q.ndim >= 3 else 1
+        raise NotImplementedError
 
     @property
     def n_rep(self) -> int:
@@ -153,25 +82,6 @@ class Problem:
             return None
         return heads.alibi_slopes(self.head_count)
 
-    @property
-    def self_attention(self) -> bool:
-        """Q, K and V (or X, Y, Z) are one and the same matrix."""
-        return self.k is self.q and self.v is self.k
-
-    @property
-    def dtype(self) -> str:
-        """The dtype computed in: --dtype, else float32 when every input (and every given weight) is
-        float32 or a half type, else float64. One rule for single- and multi-head attention."""
-        if self.options.dtype:
-            return self.options.dtype
-        every = [self.q, self.k, self.v]
-        if self.projections is not None and not self.projections.kind.startswith("init"):
-            every += list(self.projections.arrays().values())
-        return "float32" if all(a.dtype in (np.float32, np.float16) or half_type(a) for a in every) else "float64"
-
-    def largest_input(self) -> float:
-        return max(float(np.abs(a).max()) for a in (self.q, self.k))
-
     def where(self, name: str) -> str:
         """The file (or stdin / option) an array came from, for error messages."""
         return self.sources.get(name, "input")
@@ -180,6 +90,93 @@ class Problem:
         """Where the option ``option`` came from, for messages: what the caller recorded in ``sources`` as
         ``"option NAME"`` (a file's option, config.json), else its flag (``--rotary-dim``)."""
         return self.sources.get(f"option {option}", "--" + option.replace("_", "-"))
+
+
+@dataclass(frozen=True)
+class Problem(Shared):
+    """Validated inputs (numpy, host), masks, labels, options and where each array came from: frozen.
+
+    ``Problem.build`` is the one way in: it validates what it is given and returns a frozen value.
+    The derived fields (``batch_shape``, ``axis_names``, ``kv_heads``, ``query_limit``) are computed
+    from the others by the constructor, so ``dataclasses.replace`` recomputes them and cannot patch them.
+
+    ``q``, ``k``, ``v`` are always Q (..., m, d_q), K (..., n, d_k), V (..., n, d_v): (B, H, T, d) for
+    the heads of a layer. Projections from X, Y, Z are their own part, :class:`attncli.core.layer.Layer`,
+    whose projection step produces this problem (``Layer.problem(q, k, v)``).
+    """
+
+    q: np.ndarray  # (..., m, d_q)
+    k: np.ndarray  # (..., n, d_k)
+    v: np.ndarray  # (..., n, d_v)
+    valid_lens: np.ndarray | None = None  # as given: (B,), (B, m), batch or batch + (m,)
+    mask: np.ndarray | None = None  # bool or float, broadcastable to (..., m, n) (a layer's: (B, H, T, S))
+    query_labels: list[str] | None = None
+    key_labels: list[str] | None = None
+    options: Options = field(default_factory=Options)
+    params: dict[str, np.ndarray] = field(default_factory=dict)  # the score's learned weights
+    sources: dict[str, str] = field(default_factory=dict)
+    padding: np.ndarray | None = None  # a layer's key padding (B, 1, 1, n), True = ignore (PyTorch); Layer only
+    relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
+    sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss); --sinks, or the weights' sinks
+    alibi_slopes: np.ndarray | None = None  # (H,) ALiBi slopes as given; None: the paper's (options.alibi)
+    q_norm: np.ndarray | None = None  # (d,) QK-norm weights of each head's q (and k); None: 1 (rms), 0 (rms1p)
+    k_norm: np.ndarray | None = None
+
+    # ---- facts about the inputs as given, found by build() ----
+    batched: bool = True  # the input had a batch axis (a layer's steps drop it when not)
+    result_dtype: str | None = None  # float16/bfloat16: every input came in it; computed in float32, cast back
+    initialised: list[str] = field(default_factory=list)  # score weights drawn from --seed, not given
+
+    # ---- derived: computed from the fields above by the constructor (never given, never patched) ----
+    batch_shape: tuple[int, ...] = field(init=False, default=())  # leading axes of the attention arrays ((B, H))
+    axis_names: tuple[str, ...] = field(init=False, default=())  # their names, for messages and views
+    kv_heads: int | None = field(init=False, default=None)  # K/V heads when fewer than the query heads, else None
+    query_limit: np.ndarray | None = field(init=False, default=None)  # (..., m): keys j >= limit are masked
+
+    def __post_init__(self) -> None:
+        q, k, v = self.q, self.k, self.v
+        G = _kv_heads(q.shape, k.shape, v.shape)
+        kb, vb = (k.shape[:-3] + (int(q.shape[-3]),), v.shape[:-3] + (int(q.shape[-3]),)) if G else \
+            (k.shape[:-2], v.shape[:-2])
+        batch = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
+        names = ("batch",) * len(batch)
+        if len(batch) >= 2 and (q.ndim >= 4 or G):  # (B, H, T, d): axis -3 holds heads
+            names = ("batch" if self.batched else "",) * (len(batch) - 1) + ("head",)
+        for name, value in (("batch_shape", batch), ("kv_heads", G), ("axis_names", names)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "query_limit", self._valid_lens_limit())
+
+    @property
+    def m(self) -> int:
+        return int(self.q.shape[-2])
+
+    @property
+    def n(self) -> int:
+        return int(self.k.shape[-2])
+
+    @property
+    def d_qk(self) -> int:
+        """The width of a query (per head): what √d scales by."""
+        return int(self.q.shape[-1])
+
+    @property
+    def head_count(self) -> int:
+        """Query heads: the axis -3 of Q (4-D (B, H, T, d) or 3-D (H, T, d)), or 1."""
+        return int(self.q.shape[-3]) if self.q.ndim >= 3 else 1
+
+    @property
+    def self_attention(self) -> bool:
+        """Q, K and V are one and the same matrix."""
+        return self.k is self.q and self.v is self.k
+
+    @property
+    def dtype(self) -> str:
+        """The dtype computed in: --dtype, else float32 when every input (and every given weight) is
+        float32 or a half type, else float64. One rule for single- and multi-head attention (Layer.dtype)."""
+        return computed_dtype(self.options, [self.q, self.k, self.v])
+
+    def largest_input(self) -> float:
+        return max(float(np.abs(a).max()) for a in (self.q, self.k))
 
     def _fail(self, name: str, message: str) -> InputError:
         return InputError(message, self.where(name))
@@ -191,6 +188,16 @@ class Problem:
         v = k if v is None else v
         draft = _Draft(q=q, k=k, v=v, **kw)
         draft.validate()
+        return cls(**{f.name: getattr(draft, f.name) for f in fields(cls) if f.init})
+
+    @classmethod
+    def shaped(cls, q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], dtype: str, **kw: Any) -> Problem:
+        """The problem of a layer's heads before its Q, K, V are computed: every mask, label, bias and
+        option validated against their shapes (Q, K, V here: zeros of those shapes, no memory)."""
+        zero = np.zeros((1,) * len(q), dtype)
+        qa, ka, va = (np.broadcast_to(zero, s) for s in (q, k, v))
+        draft = _Draft(q=qa, k=ka, v=va, **kw)
+        draft.validate(arrays=False)
         return cls(**{f.name: getattr(draft, f.name) for f in fields(cls) if f.init})
 
     def _valid_lens_limit(self) -> np.ndarray | None:
@@ -224,6 +231,11 @@ class Problem:
         raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
 
 
+def computed_dtype(o: Options, every: list[np.ndarray]) -> str:
+    """--dtype, else float32 when every array is float32 or a half type, else float64."""
+    if o.dtype:
+        return o.dtype
+    return "float32" if all(a.dtype in (np.float32, np.float16) or half_type(a) for a in every) else "float64"
 
 
 def _kv_heads(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int | None:
@@ -252,7 +264,6 @@ class _Draft(Problem):
     key_labels: list[str] | None
     params: dict[str, np.ndarray]
     padding: np.ndarray | None
-    batch_first: bool
     sinks: np.ndarray | None
     alibi_slopes: np.ndarray | None
     q_norm: np.ndarray | None
@@ -271,42 +282,41 @@ class _Draft(Problem):
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
 
-    def validate(self) -> None:
-        """Check and normalise every field in place: only on the draft :meth:`build` makes."""
+    def validate(self, arrays: bool = True) -> None:
+        """Check and normalise every field in place: only on the draft :meth:`build` makes (``arrays``
+        False: Q, K, V are a layer's shapes, not yet computed; only the rest is checked against them)."""
         o = self.options
         score = get_score(o.score)
-        k_is_q, v_is_k = self.k is self.q, self.v is self.k
-        halves = {half_type(a) for a in (self.q, self.k, self.v)}
-        self.result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
-        if self.projections is not None:
-            self._validate_projected(k_is_q, v_is_k)
-        else:
+        if arrays:
+            k_is_q, v_is_k = self.k is self.q, self.v is self.k
+            halves = {half_type(a) for a in (self.q, self.k, self.v)}
+            self.result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
             self.q = self._matrix("q", self.q)
             self.k = self.q if k_is_q else self._matrix("k", self.k)
             self.v = self.k if v_is_k else self._matrix("v", self.v)
-            q, k, v = self.q, self.k, self.v
-            if score.same_width and q.shape[-1] != k.shape[-1]:
-                raise self._fail("k", f"K has width {k.shape[-1]} but Q has width {q.shape[-1]}; --score {score.name} "
-                                      "needs equal widths (use --score additive for different widths)")
-            if k.shape[-2] != v.shape[-2]:
-                raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
-            kb, vb = self._grouped_heads_checked(q, k, v)
-            try:
-                self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
-            except ValueError:
-                raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
-                                      "(leading axes must be equal or 1)") from None
-            self.axis_names = ("batch",) * len(self.batch_shape)
-            if len(self.batch_shape) >= 2 and (q.ndim >= 4 or self.kv_heads):  # (B, H, T, d): axis -3 holds heads
-                self.axis_names = ("batch",) * (len(self.batch_shape) - 1) + ("head",)
-            if self.padding is not None:
-                raise InputError("a key padding mask needs projections (attncli self); use --mask here", "--key-padding-mask")
+        q, k, v = self.q, self.k, self.v
+        if score.same_width and q.shape[-1] != k.shape[-1]:
+            raise self._fail("k", f"K has width {k.shape[-1]} but Q has width {q.shape[-1]}; --score {score.name} "
+                                  "needs equal widths (use --score additive for different widths)")
+        if k.shape[-2] != v.shape[-2]:
+            raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
+        kb, vb = self._grouped_heads_checked(q, k, v)
+        try:
+            self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
+        except ValueError:
+            raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
+                                  "(leading axes must be equal or 1)") from None
+        self.axis_names = ("batch",) * len(self.batch_shape)
+        if len(self.batch_shape) >= 2 and (q.ndim >= 4 or self.kv_heads):  # (B, H, T, d): axis -3 holds heads
+            self.axis_names = ("batch",) * (len(self.batch_shape) - 1) + ("head",)
+        if self.padding is not None:
+            raise InputError("a key padding mask needs projections (attncli self); use --mask here", "--key-padding-mask")
         self._check_labels()
         self.query_limit = self._valid_lens_limit()
         self.mask = self._check_mask()
         if self.relative_bias is not None:
             self._check_relative_bias(self.relative_bias)
-        d_k = self.d_qk if self.projections is not None else int(self.k.shape[-1])
+        d_k = int(self.k.shape[-1])
         self.params, self.initialised = prepare(score, self.params, self.d_qk, d_k, o, self.where("weights"))
         self._check_today()
 
@@ -331,7 +341,7 @@ class _Draft(Problem):
         one sink per head, the query offset against the causal alignment, QK-norm weights."""
         o, score = self.options, get_score(self.options.score).name
         H, d = self.head_count, self.d_qk
-        if self.projections is None and o.kv_heads is not None and o.kv_heads != (self.kv_heads or H):
+        if o.kv_heads is not None and o.kv_heads != (self.kv_heads or H):
             raise InputError(f"K and V have {self.kv_heads or H} heads on axis -3 (Q has {H}); K/V heads {o.kv_heads} "
                              "does not match them", self.origin("kv_heads"))
         if o.rope is not None:
@@ -380,56 +390,6 @@ class _Draft(Problem):
                 raise InputError(f"{name} has shape {np.shape(getattr(self, name))}; QK-norm normalises each head's "
                                  f"{d} features: expected ({d},)", self.where("weights"))
             setattr(self, name, w)
-
-    def _validate_projected(self, k_is_q: bool, v_is_k: bool) -> None:
-        """X, Y, Z as (B, T, D); the projections against their widths and the heads; masks per head."""
-        src = {n: self.where(n) for n in ("q", "k", "v")}
-        X = input_matrix(self.q, "X", src["q"])
-        Y = X if k_is_q else input_matrix(self.k, "memory", src["k"])
-        Z = Y if v_is_k else input_matrix(self.v, "values", src["v"])
-        self.batched = X.ndim == 3
-        for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
-            if a.ndim != X.ndim:
-                raise InputError(f"{name} has shape {a.shape} but X has shape {X.shape}: both batched (B, T, D) or both not",
-                                 src[key])
-        if self.batched and not self.batch_first:
-            X, Y, Z = (np.swapaxes(a, 0, 1) for a in (X, Y, Z))  # (T, B, D) -> (B, T, D)
-        if not self.batched:
-            X, Y, Z = X[None], Y[None], Z[None]  # (T, D) -> (1, T, D)
-        B, S = X.shape[0], Y.shape[1]
-        for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
-            if a.shape[0] != B:
-                raise InputError(f"{name} has batch size {a.shape[0]} but X has {B}", src[key])
-        if Z.shape[1] != S:
-            raise InputError(f"values have {Z.shape[1]} rows but memory has {S}: each key needs one value row", src["v"])
-        self.q = X
-        self.k = X if k_is_q else Y
-        self.v = self.k if v_is_k else Z
-        what = ("X", "X" if k_is_q else "memory", "X" if k_is_q and v_is_k else ("memory" if v_is_k else "values"))
-        assert self.projections is not None
-        G = self.projections.check(X.shape[2], Y.shape[2], Z.shape[2], self.heads, what, self.options.kv_heads)
-        self.kv_heads = G if G != self.heads else None
-        for name, a in self.projections.extras().items():  # QK-norm weights and sinks that came with the weights
-            if getattr(self, name) is None:
-                setattr(self, name, a)
-                self.sources[name] = self.projections.source
-        self.batch_shape = (B, self.heads)
-        self.axis_names = ("batch", "head") if self.batched else ("", "head")
-        if self.valid_lens is not None and not self.batched:
-            vl = np.asarray(self.valid_lens)
-            if vl.ndim == 1 and vl.shape[0] == self.m and self.m > 1:
-                self.valid_lens = vl[None]  # one length per query of the single sequence
-        if self.mask is not None:
-            self.mask = head_mask(mask_array(self.mask, "mask", self.where("mask")), B, self.heads, self.where("mask"))
-        if self.padding is not None:
-            self.padding = padding_mask(self.padding, B, S, self.batched, self.where("key_padding_mask"))
-        eps = self.pre_norm.eps if self.pre_norm is not None else 1.0
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):  # sqrt(var + eps): NaN or inf
-            raise InputError(f"the pre-attention norm's eps is {eps!r}; it must be a positive "
-                             "finite number (x / sqrt(mean(x²) + eps))", self.sources.get("pre_norm", self.where("weights")))
-        if self.pre_norm is not None and self.pre_norm.w.shape != (X.shape[2],):
-            raise InputError(f"the pre-attention norm has {self.pre_norm.w.shape[0]} weights but X has width {X.shape[2]}",
-                             self.where("weights"))
 
     # ---- pieces of validate ----
 

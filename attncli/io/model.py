@@ -4,7 +4,7 @@ computes on (io layer).
     layer = load_layer("./tiny-llama", 3)           # a folder, .safetensors, a sharded index, .pt/.bin
     layer.options                                   # config.json's facts as Options fields (rope, window, ...)
     layer.projections, layer.norm, layer.relative_bias
-    problem = layer.problem(x)                      # x: (T, E) or (B, T, E) -> a validated Problem
+    problem = layer.problem(x)                      # x: (T, E) or (B, T, E) -> a validated core.layer.Layer
     problem = layer.problem(h, from_residual=True)  # h = hidden_states[3]: the layer's pre-norm first
 
 The layout is read by attncli.io.layouts (one registry); this module turns its textbook arrays and
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from attncli.core.layer import Layer
 from attncli.core.options import Options
-from attncli.core.problem import Problem
 from attncli.core.projections import Norm, Projections, RelativeBias
 from attncli.errors import InputError
 from attncli.io.checkpoint import ML_DTYPES, Checkpoint
@@ -59,11 +59,12 @@ class CheckpointLayer:
         return (base or Options()).merged(self.options, self.config_source) if self.options else (base or Options())
 
     def problem(self, x: Any, memory: Any = None, values: Any = None, *, options: Options | None = None,
-                heads: int | None = None, from_residual: bool = False, **kw: Any) -> Problem:
-        """The validated Problem of this layer on inputs ``x`` (T, E) or (B, T, E) (``memory``, ``values``
-        for cross-attention). ``options``: what to compute with (default: :meth:`config_options`);
-        ``heads`` when no config.json says it; ``from_residual``: ``x`` is the residual stream
-        (``hidden_states[N]``) and the layer's pre-norm is applied first. ``kw`` goes to Problem.build
+                heads: int | None = None, from_residual: bool = False, **kw: Any) -> Layer:
+        """The validated :class:`attncli.core.layer.Layer` (projections, heads, pre-norm, bias) of this
+        checkpoint layer on inputs ``x`` (T, E) or (B, T, E) (``memory``, ``values`` for cross-attention).
+        ``options``: what to compute with (default: :meth:`config_options`); ``heads`` when no config.json
+        says it; ``from_residual``: ``x`` is the residual stream
+        (``hidden_states[N]``) and the layer's pre-norm is applied first. ``kw`` goes to Layer.build
         (mask, valid_lens, labels, batch_first, ...)."""
         h = heads or self.heads
         if h is None:
@@ -73,10 +74,10 @@ class CheckpointLayer:
         if from_residual and missing:
             raise InputError(f"has no {missing}, which --from-residual applies first", self.source)
         inside = bool(self.facts.extra.get("norm_inside"))  # pre-LN BERTs: the norm belongs to the module
-        return Problem.build(x, memory, values, projections=self.projections, heads=h,
-                             options=options if options is not None else self.config_options(),
-                             pre_norm=self.norm if from_residual or inside else None,
-                             relative_bias=self.relative_bias, **kw)
+        return Layer.build(x, memory, values, projections=self.projections, heads=h,
+                           options=options if options is not None else self.config_options(),
+                           pre_norm=self.norm if from_residual or inside else None,
+                           relative_bias=self.relative_bias, **kw)
 
 
 def numbers(a: np.ndarray) -> np.ndarray:

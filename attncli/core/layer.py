@@ -1,0 +1,202 @@
+"""Layer: the projections of self-, cross- and multi-head attention, the part that produces the core problem.
+
+    x_norm = norm(X)                       (a checkpoint's pre-attention norm, --from-residual)
+    Q = X W_q + b_q,  K = Y W_k + b_k,  V = Z W_v + b_v      (Y = Z = X for self-attention)
+    (B, T, H·d) -> (B, H, T, d); K and V: G heads          -> Layer.problem(Q, K, V): the core Problem
+    output = concat(head_0, ..., head_{H-1}) W_o + b_o
+
+A Layer holds X, Y, Z, the projections, the heads, the pre-norm and the key padding mask, and what it
+hands on to the attention of its heads (masks, lengths, labels, biases, options) under the same names
+as :class:`attncli.core.problem.Problem`'s fields. ``Layer.build`` validates all of it; the engine
+projects and splits (attncli.core.engine) and computes the Problem that ``problem(q, k, v)`` returns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
+
+from attncli.core.arrays import mask_array
+from attncli.core.backend import half_type
+from attncli.core.options import Options
+from attncli.core.problem import Problem, Shared, computed_dtype
+from attncli.core.projections import Norm, Projections, RelativeBias, head_mask, input_matrix, padding_mask
+from attncli.errors import InputError
+
+# what a layer hands on to the Problem of its heads, by the Problem's own field names
+HANDED = tuple(f.name for f in fields(Problem) if f.init and f.name not in ("q", "k", "v"))
+
+
+@dataclass(frozen=True)
+class Layer(Shared):
+    """X, memory Y and values Z (held (B, T, D), batch first), the projections and heads: frozen.
+
+    ``Layer.build`` is the one way in. ``problem(Q, K, V)`` is the core problem of its heads, Q
+    (B, H, T, d) and K, V (B, G, S, d), with every mask, bias and option this layer hands on.
+    """
+
+    x: np.ndarray  # X (B, T, D); an unbatched (T, D) input held as (1, T, D)
+    memory: np.ndarray  # Y (B, S, D_k), keys (and values) are projected from it; is x in self-attention
+    values: np.ndarray  # Z (B, S, D_v), values are projected from it; is memory unless given
+    projections: Projections  # W_q, W_k, W_v (W_o, biases): Q = X W_q + b_q, ...
+    heads: int = 1
+    pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
+    batch_first: bool = True  # X given (B, T, D); False: (T, B, D), PyTorch's default (held (B, T, D) here all
+    # the same; the output is returned (T, B, E), as nn.MultiheadAttention(batch_first=False) returns it)
+
+    # ---- handed on to the Problem of the heads (the same names and meanings as its fields) ----
+    valid_lens: np.ndarray | None = None
+    mask: np.ndarray | None = None  # broadcastable to the per-head scores (B, H, T, S)
+    query_labels: list[str] | None = None
+    key_labels: list[str] | None = None
+    options: Options = field(default_factory=Options)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # q, k, v: where X, Y, Z came from
+    padding: np.ndarray | None = None  # key padding mask (B, 1, 1, S), True = ignore (PyTorch)
+    relative_bias: RelativeBias | None = None
+    sinks: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    batched: bool = True  # X had a batch axis (the steps drop it when not)
+    result_dtype: str | None = None
+    initialised: list[str] = field(default_factory=list)
+
+    # ---- derived ----
+    kv_heads: int | None = field(init=False, default=None)  # K/V heads when fewer than the query heads, else None
+    batch_shape: tuple[int, ...] = field(init=False, default=())  # (B, H): the heads' batch axes
+    axis_names: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        H, dh = self.heads, self.projections.d_k // self.heads
+        kv = int(self.projections.W_k.shape[1]) // dh
+        derived = (("kv_heads", kv if kv != H else None), ("batch_shape", (int(self.x.shape[0]), H)),
+                   ("axis_names", ("batch" if self.batched else "", "head")))
+        for name, value in derived:
+            object.__setattr__(self, name, value)
+
+    @property
+    def m(self) -> int:
+        return int(self.x.shape[1])
+
+    @property
+    def n(self) -> int:
+        return int(self.memory.shape[1])
+
+    @property
+    def d_qk(self) -> int:
+        """The width of a query per head: what √d scales by."""
+        return self.projections.d_k // self.heads
+
+    @property
+    def head_count(self) -> int:
+        return self.heads
+
+    @property
+    def query_limit(self) -> np.ndarray | None:
+        """The valid lengths as a per-query key limit (B, H, T), as the heads' problem has it."""
+        return self.problem().query_limit
+
+    @property
+    def self_attention(self) -> bool:
+        """X, Y and Z are one and the same matrix."""
+        return self.memory is self.x and self.values is self.memory
+
+    @property
+    def dtype(self) -> str:
+        """The dtype computed in: as :attr:`Problem.dtype`, over X, Y, Z and every given weight."""
+        every = [self.x, self.memory, self.values]
+        if not self.projections.kind.startswith("init"):
+            every += list(self.projections.arrays().values())
+        return computed_dtype(self.options, every)
+
+    def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The shapes of Q (B, H, T, d), K (B, G, S, d) and V (B, G, S, d_v) the projections produce."""
+        B, H, G = int(self.x.shape[0]), self.heads, self.kv_heads or self.heads
+        p = self.projections
+        return (B, H, self.m, p.d_k // H), (B, G, self.n, p.d_k // H), (B, G, self.n, int(p.W_v.shape[1]) // G)
+
+    def problem(self, q: Any = None, k: Any = None, v: Any = None) -> Problem:
+        """The core problem of the heads: Q (B, H, T, d), K and V (B, G, S, d) as computed from this
+        layer's projections, every mask, bias and option handed on. Without q, k, v: zeros of their
+        shapes (no memory), for planning before they are computed."""
+        if q is None or k is None or v is None:
+            zero = np.zeros((1, 1, 1, 1), self.dtype)
+            q, k, v = (np.broadcast_to(zero, s) for s in self.shapes())
+        return Problem(q, k, v, **{n: getattr(self, n) for n in HANDED})
+
+    @classmethod
+    def build(cls, x: Any, memory: Any = None, values: Any = None, *, projections: Projections, heads: int = 1,
+              padding: Any = None, pre_norm: Norm | None = None, batch_first: bool = True, **core: Any) -> Layer:
+        """A validated, frozen Layer; memory and values default to x (self-attention). ``core``: the
+        fields handed on to the heads' Problem (mask, valid_lens, labels, options, sinks, ...)."""
+        memory = x if memory is None else memory
+        values = memory if values is None else values
+        k_is_q, v_is_k = memory is x, values is memory
+        o: Options = core.get("options") or Options()
+        src = {n: (core.get("sources") or {}).get(n, "input") for n in ("q", "k", "v", "mask", "key_padding_mask",
+                                                                         "weights")}
+        halves = {half_type(a) for a in (x, memory, values)}
+        result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
+        X, Y, Z, batched = _inputs(x, memory, values, batch_first, src)
+        B, T, S = X.shape[0], X.shape[1], Y.shape[1]
+        what = ("X", "X" if k_is_q else "memory", "X" if k_is_q and v_is_k else ("memory" if v_is_k else "values"))
+        projections.check(X.shape[2], Y.shape[2], Z.shape[2], heads, what, o.kv_heads)
+        eps = pre_norm.eps if pre_norm is not None else 1.0
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):  # sqrt(var + eps): NaN or inf
+            raise InputError(f"the pre-attention norm's eps is {eps!r}; it must be a positive finite number "
+                             "(x / sqrt(mean(x²) + eps))", (core.get("sources") or {}).get("pre_norm", src["weights"]))
+        if pre_norm is not None and pre_norm.w.shape != (X.shape[2],):
+            raise InputError(f"the pre-attention norm has {pre_norm.w.shape[0]} weights but X has width {X.shape[2]}",
+                             src["weights"])
+        core = dict(core, sources=dict(core.get("sources") or {}), result_dtype=result_dtype, batched=batched)
+        for name, a in projections.extras().items():  # QK-norm weights and sinks that came with the weights
+            if core.get(name) is None:
+                core[name] = a
+                core["sources"][name] = projections.source
+        vl = core.get("valid_lens")
+        if vl is not None and not batched:
+            vl = np.asarray(vl)
+            if vl.ndim == 1 and vl.shape[0] == T and T > 1:
+                core["valid_lens"] = vl[None]  # one length per query of the single sequence
+        if core.get("mask") is not None:
+            core["mask"] = head_mask(mask_array(core["mask"], "mask", src["mask"]), B, heads, src["mask"])
+        pad = None if padding is None else padding_mask(padding, B, S, batched, src["key_padding_mask"])
+        layer = cls(X, Y, Z, projections, heads, pre_norm, batch_first, **core)
+        checked = Problem.shaped(*layer.shapes(), layer.dtype, **{n: getattr(layer, n) for n in HANDED})
+        return cls(X, Y, Z, projections, heads, pre_norm, batch_first,
+                   **{n: getattr(checked, n) for n in HANDED if n not in ("padding",)}, padding=pad)
+
+
+def _inputs(x: Any, memory: Any, values: Any, batch_first: bool, src: dict[str, str]) -> tuple[Any, Any, Any, bool]:
+    """X, Y, Z checked and held (B, T, D) batch first (Y is X, Z is Y where they were given as one); batched."""
+    k_is_q, v_is_k = memory is x, values is memory
+    X = input_matrix(x, "X", src["q"])
+    Y = X if k_is_q else input_matrix(memory, "memory", src["k"])
+    Z = Y if v_is_k else input_matrix(values, "values", src["v"])
+    batched = X.ndim == 3
+    for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
+        if a.ndim != X.ndim:
+            raise InputError(f"{name} has shape {a.shape} but X has shape {X.shape}: both batched (B, T, D) or both "
+                             "not", src[key])
+    if batched and not batch_first:
+        X, Y, Z = (np.swapaxes(a, 0, 1) for a in (X, Y, Z))  # (T, B, D) -> (B, T, D)
+    if not batched:
+        X, Y, Z = X[None], Y[None], Z[None]  # (T, D) -> (1, T, D)
+    B, S = X.shape[0], Y.shape[1]
+    for name, key, a in (("memory", "k", Y), ("values", "v", Z)):
+        if a.shape[0] != B:
+            raise InputError(f"{name} has batch size {a.shape[0]} but X has {B}", src[key])
+    if Z.shape[1] != S:
+        raise InputError(f"values have {Z.shape[1]} rows but memory has {S}: each key needs one value row", src["v"])
+    Y = X if k_is_q else Y
+    return X, Y, Y if v_is_k else Z, batched
+
+
+Subject: TypeAlias = Problem | Layer  # what engine.run computes: a core problem, or a layer that produces one
