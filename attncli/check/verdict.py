@@ -41,7 +41,7 @@ from attncli.core.problem import Problem
 from attncli.core.trace import Trace
 from attncli.errors import InputError
 
-__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Tolerance", "Verdict", "check", "decimals",
+__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Steps", "Tolerance", "Verdict", "check", "decimals",
            "default_judgement", "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
 
 OWN_PRECISIONS = ("float32", "float16", "bfloat16")  # judged by their own precision; float64 stays strict
@@ -203,6 +203,26 @@ class Verdict:
             "warnings": self.warnings,
             "errors": [],
         }
+
+
+@dataclass
+class Steps:
+    """Several expected steps of one problem file (scores, weights, output, ...), each with its own verdict."""
+
+    verdicts: list[Verdict]
+
+    @property
+    def match(self) -> bool:
+        return all(v.match for v in self.verdicts)
+
+    @property
+    def mismatched(self) -> list[str]:
+        return [v.what for v in self.verdicts if not v.match]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": "match" if self.match else "mismatch", "match": self.match,
+                "steps": {v.what: v.to_dict() for v in self.verdicts}, "mismatched_steps": self.mismatched,
+                "errors": []}
 
 
 def fits(expected_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:

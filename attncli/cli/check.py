@@ -50,8 +50,9 @@ class Verify:
     expected: str | None = option(
         None, "Expected numbers inline, e.g. \"[[0.625, 1.375], [0.089, 1.911]]\" (YAML/JSON list), or a file; "
               "then every argument is an input.", CHECK, short="-e")
-    what: str = option(
-        "output", "The step to compare: output (default), weights, scores, or any step of `attncli run`.", CHECK)
+    what: str | None = option(
+        None, "The step to compare: output, weights, scores, or any step of `attncli run` (default: every step a "
+              "problem file's `expected:` names, each with its own verdict; else the output).", CHECK)
     atol: float | None = option(
         None, "Absolute tolerance (default: half a unit of the last decimal the expected numbers are written with; "
               "for binary files and whole numbers, torch.testing's float default).", CHECK, min=0.0)
@@ -137,7 +138,7 @@ def _print_error(kind: str, message: str) -> None:
 
 def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     """Split the arguments, read the expected numbers and the problem, and check."""
-    from attncli.check.verdict import check, default_judgement
+    from attncli.check.verdict import Steps, check, default_judgement
     from attncli.cli.inputs import build_problem
     from attncli.core.engine import run
     from attncli.io.files import Reader
@@ -152,14 +153,30 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
         raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
                          "not both", "--precision-of")
     spec, inputs = split_arguments(args, opts.expected, reader)
-    what = opts.what
-    expected, written, source, half = read_expected(spec, opts.expected, reader, what)
+    steps = [opts.what] if opts.what is not None else expected_steps(spec, reader) or ["output"]
     subject = build_problem(inputs, problem, reader)
     trace = run(subject)
-    tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.get("dtype")),
-                                                         source, given, precision)
-    return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
-                 explain=opts.search, precision=precision, precision_source=precision_source, pairs=opts.pairs)
+    verdicts = []
+    for what in steps:  # each expected step of a problem file, in the file's order: its own verdict
+        if opts.what is None and what not in trace:
+            raise InputError(f"expected: names the step {what!r}, which this computation does not have; it has "
+                             f"{', '.join(trace.names())}", reader.source(spec))
+        expected, written, source, half = read_expected(spec, opts.expected, reader, what)
+        tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.get("dtype")),
+                                                             source, given, opts.precision_of)
+        verdicts.append(check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
+                              explain=opts.search, precision=precision, precision_source=precision_source,
+                              pairs=opts.pairs))
+    return verdicts[0] if len(verdicts) == 1 else Steps(verdicts)
+
+
+def expected_steps(spec: str | None, reader: Any) -> list[str]:
+    """The steps a problem file's ``expected:`` mapping names (e.g. scores, weights, output); [] otherwise."""
+    if spec is None:
+        return []
+    content = reader.read(spec)
+    value = content.get("expected") if isinstance(content, dict) else None
+    return [str(k) for k in value] if isinstance(value, dict) else []
 
 
 def split_arguments(args: list[str], inline: str | None, reader: Any) -> tuple[str | None, list[str]]:
