@@ -41,8 +41,8 @@ from attncli.core.problem import Problem
 from attncli.core.trace import Trace
 from attncli.errors import InputError
 
-__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Steps", "Tolerance", "Verdict", "check", "decimals",
-           "default_judgement", "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
+__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Steps", "Tolerance", "Verdict", "check",
+           "decimals", "default_judgement", "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
 
 OWN_PRECISIONS = ("float32", "float16", "bfloat16")  # judged by their own precision; float64 stays strict
 
@@ -166,6 +166,7 @@ class Verdict:
     search: str = ""  # how the search for pairs of mistakes was bounded
     distribution: Divergence | None = None  # where the errors are, by row / column / head
     baseline: float = 0.0  # the largest error of the correct computation (no change), which a near miss must beat
+    searched: bool = False  # the catalogue was searched (not with --no-search, nor on a match)
 
     @property
     def match(self) -> bool:
@@ -199,6 +200,7 @@ class Verdict:
             "precision": self.precision.to_dict() if self.precision else None,
             "candidates": [e.to_dict() for e in self.candidates],
             "search": self.search,
+            "searched": self.searched,
             "distribution": self.distribution.to_dict() if self.distribution else None,
             "warnings": self.warnings,
             "errors": [],
@@ -288,6 +290,7 @@ def check(problem: Problem, expected: Any, *, what: str = "output", tolerance: T
     verdict.distribution.heads = verdict.distribution.heads or heads_through_output(trace, exp, computed)
     diag_tol = tol if judged is None else Tolerance(tol.atol, 0.0, tol.origin)  # variants: the overall bound
     found = diagnose(problem, exp, what, diag_tol, pairs=pairs)
+    verdict.searched = True
     verdict.explanations, verdict.nearest = found.matches, found.nearest
     verdict.tried, verdict.skipped = found.tried, found.skipped
     verdict.candidates, verdict.search = found.candidates, found.search

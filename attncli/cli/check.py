@@ -152,6 +152,8 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     if precision is not None and given:
         raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
                          "not both", "--precision-of")
+    if problem.layer is not None and problem.layer.strip().lower() == "all":
+        return check_all_layers(args, problem, opts, reader, given)
     spec, inputs = split_arguments(args, opts.expected, reader)
     steps = [opts.what] if opts.what is not None else expected_steps(spec, reader) or ["output"]
     subject = build_problem(inputs, problem, reader)
@@ -160,7 +162,7 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     for what in steps:  # each expected step of a problem file, in the file's order: its own verdict
         if opts.what is None and what not in trace:
             raise InputError(f"expected: names the step {what!r}, which this computation does not have; it has "
-                             f"{', '.join(trace.names())}", reader.source(spec))
+                             f"{', '.join(trace.names())}", reader.source(spec or INLINE))
         expected, written, source, half = read_expected(spec, opts.expected, reader, what)
         tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.get("dtype")),
                                                              source, given, opts.precision_of)
@@ -168,6 +170,32 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
                               explain=opts.search, precision=precision, precision_source=precision_source,
                               pairs=opts.pairs))
     return verdicts[0] if len(verdicts) == 1 else Steps(verdicts)
+
+
+def check_all_layers(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any, given: dict[str, float]) -> Any:
+    """``check OUTS HIDDEN --weights MODEL --layer all``: every layer's output against its checkpoint layer."""
+    from attncli.check.layers import check_layers, per_layer
+    from attncli.cli.inputs import _rope_scaling
+
+    if problem.weights is None:
+        raise InputError("all needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
+    if opts.expected is not None or len(args) != 2:
+        raise InputError(f"--layer all takes OUTS HIDDEN (each layer's attention output, and the hidden states "
+                         f"entering each layer), got {len(args)} argument{'s' if len(args) != 1 else ''}"
+                         + (" and --expected" if opts.expected is not None else ""), "arguments")
+    for flag, value in (("--what", opts.what not in (None, "output")), ("--valid-lens", problem.valid_lens),
+                        ("--mask", problem.mask)):
+        if value:
+            raise InputError("is not offered with --layer all (each layer's output is compared)", flag)
+    outs = per_layer(reader.read(args[0]), reader.source(args[0]), "attention outputs")
+    hidden = per_layer(reader.read(args[1]), reader.source(args[1]), "hidden states")
+    flags = dict(problem.options)
+    if flags.get("rope_scaling") is not None:
+        flags["rope_scaling"] = _rope_scaling(flags["rope_scaling"], reader)
+    return check_layers(outs, hidden, str(problem.weights), flags=flags, prefix=problem.prefix, heads=problem.heads,
+                        from_residual=problem.from_residual, batch_first=problem.batch_first, given=given,
+                        precision=opts.precision_of, search=opts.search, pairs=opts.pairs,
+                        sources=(reader.source(args[0]), reader.source(args[1])))
 
 
 def expected_steps(spec: str | None, reader: Any) -> list[str]:
