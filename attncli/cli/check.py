@@ -141,6 +141,7 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     from attncli.check.verdict import Steps, check, default_judgement
     from attncli.cli.inputs import build_problem
     from attncli.core.engine import run
+    from attncli.core.plan import Needs, plan
     from attncli.io.files import Reader
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
@@ -157,7 +158,7 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     spec, inputs = split_arguments(args, opts.expected, reader)
     steps = [opts.what] if opts.what is not None else expected_steps(spec, reader) or ["output"]
     subject = build_problem(inputs, problem, reader)
-    trace = run(subject)
+    trace = run(subject, plan(subject, Needs(weights=steps != ["output"])))  # the output alone: no (m, n) matrix
     verdicts = []
     for what in steps:  # each expected step of a problem file, in the file's order: its own verdict
         if opts.what is None and what not in trace:
