@@ -68,7 +68,7 @@ class Verify:
         True, "When no single mistake of the catalogue reproduces the numbers, try two together (default on).", CHECK)
     search: bool = option(
         True, "On a mismatch, try the catalogue of known variants and mistakes (default on).", CHECK,
-        flag="--explain")
+        flag="--search")
     format: str = option(
         "rich", "rich: a report; json: one JSON object on stdout (verdict, errors, explanations).", CHECK, short="-f",
         choices=lambda: list(CHECK_FORMATS))  # the check renderers' registry
