@@ -199,6 +199,38 @@ def test_the_example_file_carries_correct_expected_numbers(what: str) -> None:
     assert json.loads(r.stdout)["match"] is True
 
 
+def test_every_expected_step_of_a_problem_file_is_checked(tmp_path: Path) -> None:
+    # The README's cat/milk numbers, by hand: scores QKᵀ (milk: 8 10 8 12), weights(milk) = softmax(4, 5, 4, 6)
+    x = np.array([[0, 2, 2, 0], [0, 1, 3, 0], [0, 2, 2, 0], [0, 0, 4, 0]], dtype=float)
+    s = np.array([4.0, 5, 4, 6])
+    milk = np.exp(s) / np.exp(s).sum()
+    assert np.round(milk, 4).tolist() == [0.0826, 0.2245, 0.0826, 0.6103]
+    assert (x @ x.T)[1].tolist() == [8, 10, 8, 12] and np.round(sdpa(x, x, x)[1], 4).tolist() == [0, 0.5549, 3.4451, 0]
+    text = Path(CAT).read_text()
+    assert "0.6103]" in text
+    r = runner.invoke(app, ["check", CAT, "-f", "json"])  # the correct file: every step MATCH
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["verdict"] == "match"
+    assert list(doc["steps"]) == ["scores", "weights", "output"]
+    assert all(v["match"] for v in doc["steps"].values())
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("0.6103]", "0.6200]"))  # one expected weight changed
+    r = runner.invoke(app, ["check", str(bad)])
+    assert r.exit_code == 1
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("MISMATCH: 1 of 3 expected steps") and "(weights)" in lines[0]
+    assert [ln.split(":")[0] for ln in lines if ln.startswith(("MATCH:", "MISMATCH:"))][1:] == \
+        ["MATCH", "MISMATCH", "MATCH"]
+    assert "the weights differ from the expected numbers in 1 of 16 cells" in r.stdout
+    assert "[milk, sweet]" in r.stdout
+    doc = json.loads(runner.invoke(app, ["check", str(bad), "-f", "json"]).stdout)
+    assert doc["mismatched_steps"] == ["weights"]
+    worst = doc["steps"]["weights"]["worst_cell"]
+    assert worst["label"] == "[milk, sweet]" and worst["computed"] == pytest.approx(milk[3], abs=1e-12)
+    # --what still picks one step: the output alone agrees
+    assert runner.invoke(app, ["check", str(bad), "--what", "output"]).exit_code == 0
+
+
 # ---- exit codes and JSON for bad input ----------------------------------------------------------
 
 BAD = [
@@ -327,7 +359,7 @@ def test_rounding_property(seed: int, places: int, m: int, n: int, cell: int) ->
 
 
 def test_no_explain_and_rtol_alone() -> None:
-    r = runner.invoke(app, ["check", "--no-explain", "-e", json.dumps(CAT_PUBLISHED), CAT, "-f", "json"])
+    r = runner.invoke(app, ["check", "--no-search", "-e", json.dumps(CAT_PUBLISHED), CAT, "-f", "json"])
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and doc["explanations"] == [] and doc["variants_tried"] == []
     # largest relative error: sweet's first shown dimension, |0.010 - 0.1780| / 0.1780 = 0.944 (correct value from

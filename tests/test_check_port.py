@@ -96,7 +96,7 @@ def test_explicit_tolerances_still_decide(tmp_path: Path) -> None:
     np.save(tmp_path / "resid.npy", resid)
     np.save(tmp_path / "out.npy", y.numpy())
     args = ["check", str(tmp_path / "out.npy"), str(tmp_path / "resid.npy"), "--weights", str(tmp_path / "model"),
-            "--layer", "2", "--from-residual", "--format", "json", "--no-explain"]
+            "--layer", "2", "--from-residual", "--format", "json", "--no-search"]
     r = runner.invoke(app, [*args, "--atol", "1e-12"])
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and doc["rule"] == "tolerance" and doc["precision"] is None

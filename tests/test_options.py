@@ -49,7 +49,7 @@ OFFERED = [
      {"--heads", "--kv-heads", "--head", "--layer", "--expected", "--keep-weights"}),
     (("self",), {"--temperature", "--heads", "--kv-heads", "--head", "--format", "--plot"},
      {"--expected", "--what", "--keep-weights"}),
-    (("check",), {"--temperature", "--heads", "--kv-heads", "--expected", "--what", "--format", "--explain"},
+    (("check",), {"--temperature", "--heads", "--kv-heads", "--expected", "--what", "--format", "--search"},
      {"--svg", "--plot", "--html", "--head", "--steps", "--save", "--explain-row", "--similarity", "--full"}),
     (("examples", "run"), {"--temperature", "--heads", "--head", "--format", "--html"}, {"--expected", "--atol"}),
     (("inspect",), {"--format"}, {"--temperature", "--heads", "--steps", "--save", "--quiet"}),

@@ -160,6 +160,21 @@ def naive_run(problem: Subject, precision: str) -> Trace:
     return trace
 
 
+def naive_step(problem: Subject, precision: str, what: str, cells: int = 1 << 22) -> np.ndarray:
+    """Step ``what`` of :func:`naive_run`; the output of a large problem is computed in blocks of query rows (each
+    row against every key: the same numbers), so no (m, n) matrix of the whole problem is held."""
+    total = int(np.prod(problem.batch_shape)) * problem.m * problem.n
+    if what != "output" or total <= cells:
+        return naive_run(problem, precision)[what]
+    o = replace(problem.options, backend="numpy", device="cpu", dtype="float32" if precision != "float64" else "float64",
+                keep_weights=True)
+    p = replace(problem, options=o, result_dtype=None)
+    step = max(1, cells // max(1, int(np.prod(problem.batch_shape)) * problem.n))
+    parts = [np.asarray(run(p, Plan("explicit", tuple(range(i, min(p.m, i + step)))), naive_backend(precision))[what],
+                        dtype=np.float64) for i in range(0, p.m, step)]
+    return np.concatenate(parts, axis=-2)
+
+
 def softmax_in(xp_softmax: Callable[[Any, Any], Any], s: np.ndarray, precision: str) -> np.ndarray:
     """``xp_softmax(numpy, s)`` computed in ``precision`` (its inputs rounded, every operation too), as float64."""
     with np.errstate(over="ignore", invalid="ignore"):

@@ -30,6 +30,7 @@ from attncli.core import chain, stages
 from attncli.core.engine import run
 from attncli.core.layer import Layer, Subject
 from attncli.core.options import Options
+from attncli.core.plan import Plan
 from attncli.core.problem import Problem
 from attncli.core.scoring import get_score
 from attncli.core.trace import Trace
@@ -61,6 +62,7 @@ class Variant:
     explanation: str
     possible: bool = False  # reported as a possibility, not a reproduction
     pairable: bool = True  # tried as the second mistake of a pair (False: a search of its own, too costly)
+    local: bool = True  # each query's row of its result depends on that query alone (screened on sampled rows)
 
     @property
     def formula(self) -> str:
@@ -73,11 +75,13 @@ VARIANTS: dict[str, Variant] = {}
 VariantFn = Callable[["Context"], Result]
 
 
-def variant(name: str, explanation: str, possible: bool = False, pairable: bool = True) -> Callable[[VariantFn], VariantFn]:
-    """Register a variant under ``name`` with the sentence that explains it."""
+def variant(name: str, explanation: str, possible: bool = False, pairable: bool = True,
+            local: bool = True) -> Callable[[VariantFn], VariantFn]:
+    """Register a variant under ``name`` with the sentence that explains it (``local=False``: a row of its result
+    depends on other queries too, so it cannot be screened on sampled rows)."""
 
     def deco(fn: VariantFn) -> VariantFn:
-        VARIANTS[name] = Variant(name, fn, explanation, possible, pairable and not possible)
+        VARIANTS[name] = Variant(name, fn, explanation, possible, pairable and not possible, local)
         return fn
 
     return deco
@@ -97,17 +101,23 @@ class Context:
     note: str = ""  # what a variant found (a fitted base), for its explanation's {detail}
     hint: str | None = None  # the options that make the problem match, when a variant found them
     correct: np.ndarray | None = None  # for a pair's second mistake: the correct result of the original problem
+    rows: tuple[int, ...] | None = None  # only these queries are computed (a sampled screen); expected holds them
 
     @classmethod
-    def of(cls, subject: Subject, expected: np.ndarray, what: str, tol: Tolerance) -> Context:
+    def of(cls, subject: Subject, expected: np.ndarray, what: str, tol: Tolerance,
+           rows: tuple[int, ...] | None = None) -> Context:
         o = replace(subject.options, backend="numpy", device="cpu", dtype="float64", keep_weights=True)
-        return cls(replace(subject, options=o, result_dtype=None), expected, what, tol)
+        return cls(replace(subject, options=o, result_dtype=None), expected, what, tol, rows=rows)
+
+    @property
+    def plan(self) -> Plan | None:
+        return None if self.rows is None else Plan("explicit", self.rows)
 
     @property
     def ref(self) -> Trace:
-        """The correct computation on numpy float64."""
+        """The correct computation on numpy float64 (of the sampled rows alone with ``rows``)."""
         if self._ref is None:
-            self._ref = run(self.problem)
+            self._ref = run(self.problem, self.plan)
         return self._ref
 
     @property
@@ -140,7 +150,7 @@ class Context:
         """The pipeline on ``problem`` (default: this one) with ``options`` replaced."""
         p = problem or self.problem
         self.changed = replace(p, options=replace(p.options, **options))
-        return run(self.changed)
+        return run(self.changed, self.plan)
 
     @property
     def d(self) -> int:
@@ -154,7 +164,7 @@ class Context:
 
     @property
     def m(self) -> int:
-        return int(self.ref["weights"].shape[-2])
+        return int(self.problem.m)
 
     @property
     def n(self) -> int:
@@ -291,7 +301,7 @@ def temperature_multiplied(c: Context) -> Result:
 # ---- softmax --------------------------------------------------------------------------
 
 @variant("softmax-over-queries", "the softmax ran over the wrong axis: over the queries (columns of each key "
-                                 "sum to 1) instead of over the keys")
+                                 "sum to 1) instead of over the keys", local=False)
 def softmax_over_queries(c: Context) -> Result:
     """softmax(QKᵀ / √d, axis=queries)·V"""
     if c.m == 1:
@@ -674,7 +684,7 @@ def sqrt_model_width(c: Context) -> Result:
 
 
 @variant("heads-not-transposed", "the heads were concatenated without transposing back: the (heads, tokens, "
-                                 "width) array was reshaped straight to (tokens, heads·width)")
+                                 "width) array was reshaped straight to (tokens, heads·width)", local=False)
 def heads_not_transposed(c: Context) -> Result:
     """reshape(head outputs (H, T, d_v/H) -> (T, d_v))·W_o, without the transpose"""
     if c.multi().heads == 1:
@@ -996,26 +1006,117 @@ def _try(v: Variant, c: Context) -> _Try:
     return _Try(ex, bool(within(expected, got, tol).all()), changed=changed)
 
 
+SCREEN_CELLS = 1 << 22  # score cells (batch × m × n) beyond which the catalogue is screened on sampled rows first
+SCREEN_ROWS = 32  # ...rows spread evenly over the queries, and as many of the rows where no change errs most
+
+
+@dataclass
+class _Screen:
+    """A large problem's search: every candidate is first computed on a sample of query rows (``rows``: spread over
+    the queries, plus the rows where the correct result errs most, so the sample holds the worst cell). A candidate
+    can match only if it matches on the sample, and be a near miss only if its sampled error is
+    ``NEAREST_FACTOR``× below no change's: the others are ruled out exactly (each row of a local variant depends
+    on its own query alone). Survivors are computed in full: a change of the problem on the output-only path,
+    any other in blocks of rows."""
+
+    full: Context  # the whole problem (its reference is never run explicitly)
+    sample: Context
+    correct: np.ndarray  # the correct output of the whole problem (output-only path)
+    baseline: float
+    survivors: int = 0
+    ruled_out: int = 0
+
+    @classmethod
+    def of(cls, c: Context) -> _Screen | None:
+        p = c.problem
+        cells = int(np.prod(p.batch_shape)) * p.m * p.n
+        if c.what != "output" or cells <= SCREEN_CELLS or p.m <= 2 * SCREEN_ROWS:
+            return None
+        correct = np.asarray(run(replace(p, options=replace(p.options, keep_weights=False)))["output"], dtype=np.float64)
+        if correct.shape != c.expected.shape:
+            return None
+        err = errors(c.expected, correct)
+        by_row = np.moveaxis(np.nan_to_num(err, nan=np.inf), -2, 0).reshape(p.m, -1).max(axis=1)  # (m,)
+        spread = np.linspace(0, p.m - 1, SCREEN_ROWS).round().astype(int)
+        worst = np.argsort(-by_row, kind="stable")[:SCREEN_ROWS]
+        rows = tuple(int(i) for i in np.unique(np.concatenate([spread, worst])))
+        sample = Context.of(p, np.take(c.expected, rows, axis=-2), c.what, c.tol, rows=rows)
+        return cls(c, sample, correct, float(err.max()))
+
+    def survives(self, t: _Try) -> bool:
+        e = t.explanation
+        keep = e is not None and (t.match or e.max_abs_error * NEAREST_FACTOR <= self.baseline)
+        self.survivors += keep
+        self.ruled_out += not keep
+        return keep
+
+    def confirm(self, v: Variant, t: _Try, base: Subject | None = None) -> _Try:
+        """``t`` (tried on the sample) computed on every row: ``base`` is the problem it was tried on."""
+        c = self.full
+        if isinstance(t.explanation, Explanation) and t.explanation.possible:
+            return t  # a fit of its own (dropout): judged on the sample
+        if t.changed is not None:  # a change of the problem: its output on the output-only path
+            p = t.changed
+            got = np.asarray(run(replace(p, options=replace(p.options, keep_weights=False)))[c.what], dtype=np.float64)
+        else:
+            p = base or c.problem
+            step = max(1, SCREEN_CELLS // max(1, int(np.prod(p.batch_shape)) * p.n))
+            parts = []
+            for i in range(0, p.m, step):
+                rows = tuple(range(i, min(p.m, i + step)))
+                ctx = Context(p, np.take(c.expected, rows, axis=-2), c.what, c.tol, rows=rows)
+                r = v.fn(ctx)
+                if not isinstance(r, (dict, Trace)):
+                    return t  # a fit (Reproduced) or nothing: as on the sample
+                parts.append(np.asarray((r.arrays() if isinstance(r, Trace) else r)[c.what], dtype=np.float64))
+            got = np.concatenate(parts, axis=-2)
+        if got.shape != c.expected.shape:
+            return _Try(skipped=f"it gives shape {got.shape}")
+        if within(got, self.correct, c.tol).all():
+            return _Try(skipped=f"it changes nothing here: its {c.what} equals the correct one within the tolerance")
+        assert t.explanation is not None
+        ex = replace(t.explanation, max_abs_error=float(errors(c.expected, got).max()))
+        return _Try(ex, bool(within(c.expected, got, c.tol).all()), changed=t.changed)
+
+    def sentence(self, variants: int, pairs: int) -> str:
+        return (f"searched {variants} variants and {pairs} pairs on {len(self.sample.rows or ())} sampled rows of "
+                f"{self.full.problem.m} ({SCREEN_ROWS} spread over the queries and the {SCREEN_ROWS} where no change errs "
+                f"most); {self.ruled_out} ruled out there (no match possible, not {NEAREST_FACTOR:g}× closer than no "
+                f"change), {self.survivors} checked in full")
+
+
 def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, nearest: int = 3,
              pairs: bool = True) -> Diagnosis:
     """Try every catalogued variant on ``problem``; report each that reproduces ``expected`` within ``tol``.
 
     When none does (and ``pairs``), two mistakes together: each variant that is a change of the
     problem alone (its options, masks or inputs: a re-run of the pipeline) is applied, and every other
-    variant is tried on the changed problem; bounded by ``MAX_PAIR_RUNS`` and ``PAIR_CELL_BUDGET``."""
+    variant is tried on the changed problem; bounded by ``MAX_PAIR_RUNS`` and ``PAIR_CELL_BUDGET``.
+    A large problem is screened on sampled rows first (:class:`_Screen`)."""
     c = Context.of(problem, expected, what, tol)
+    screen = _Screen.of(c)
+    work = screen.sample if screen is not None else c
     out = Diagnosis()
     misses: list[Explanation] = []
     changes: list[tuple[Variant, Subject]] = []
+    no_change = float(errors(work.expected, work.ref[what]).max())
     for v in VARIANTS.values():
-        t = _try(v, c)
+        if screen is not None and not v.local:
+            out.skipped[v.name] = "not tried at this size: a row of its result depends on every query"
+            continue
+        t = _try(v, work)
         if t.skipped is not None:
             out.skipped[v.name] = t.skipped
             continue
         out.tried.append(v.name)
-        if t.changed is not None and t.explanation is not None and \
-                t.explanation.max_abs_error != float(errors(expected, c.ref[what]).max()):
+        if t.changed is not None and t.explanation is not None and t.explanation.max_abs_error != no_change:
             changes.append((v, t.changed))  # a change that changes nothing here makes no pair
+        if screen is not None:
+            if not screen.survives(t):
+                continue
+            t = screen.confirm(v, t)
+            if t.skipped is not None:
+                continue
         if t.explanation is None:
             continue
         out.candidates.append(t.explanation)
@@ -1023,24 +1124,28 @@ def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, 
             out.matches.append(t.explanation)
         elif not v.possible:
             misses.append(t.explanation)
+    runs = 0
     if not out.matches and pairs:
-        _pairs(c, changes, out, misses)
+        runs = _pairs(work, changes, out, misses, screen)
+    if screen is not None:
+        out.search = screen.sentence(len(out.tried), runs) + (f"; {out.search}" if out.search else "")
     out.candidates.sort(key=lambda e: e.max_abs_error)
     if not out.matches:  # only what is clearly closer than no change at all
-        base = float(errors(expected, np.asarray(c.ref[what], dtype=np.float64)).max())
+        base = screen.baseline if screen is not None else float(errors(expected, np.asarray(c.ref[what], dtype=np.float64)).max())
         out.nearest = sorted((e for e in misses if e.max_abs_error * NEAREST_FACTOR <= base),
                              key=lambda e: e.max_abs_error)[:nearest]
         out.baseline = base
     return out
 
 
-def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, misses: list[Explanation]) -> None:
+def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, misses: list[Explanation],
+           screen: _Screen | None = None) -> int:
     """Two mistakes: the change of ``a`` (a re-run) with every other pairable variant ``b`` on top of it."""
     order = list(VARIANTS)
     p = c.problem
-    cells = max(1, int(np.prod(p.batch_shape)) * p.m * p.n)
+    cells = max(1, int(np.prod(p.batch_shape)) * len(c.rows or range(p.m)) * p.n)
     budget = min(MAX_PAIR_RUNS, PAIR_CELL_BUDGET // cells)
-    second = [v for v in VARIANTS.values() if v.pairable]
+    second = [v for v in VARIANTS.values() if v.pairable and (screen is None or v.local)]
     composable = {x.name for x, _ in changes}
 
     def new(a: Variant, b: Variant) -> bool:  # a change with an earlier change: the same pair the other way round
@@ -1049,7 +1154,7 @@ def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, m
     total = sum(1 for a, _ in changes for b in second if new(a, b))
     runs = 0
     for a, changed in changes:
-        ca = Context(changed, c.expected, c.what, c.tol, correct=c.ref[c.what])
+        ca = Context(changed, c.expected, c.what, c.tol, correct=c.ref[c.what], rows=c.rows)
         for b in second:
             if not new(a, b):
                 continue
@@ -1059,7 +1164,14 @@ def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, m
             t = _try(b, ca)
             if t.explanation is None:
                 continue
+            if screen is not None:
+                if not screen.survives(t):
+                    continue
+                t = screen.confirm(b, t, changed)
+                if t.explanation is None:
+                    continue
             e = t.explanation
+            assert e is not None
             first = _explain(a, c, e.max_abs_error)
             pair = Explanation(f"{a.name} + {b.name}", f"{a.formula}, and {b.formula}",
                                f"two mistakes together: {first.explanation}; and {e.explanation}", e.max_abs_error)
@@ -1071,4 +1183,5 @@ def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, m
     out.search = (f"pairs of mistakes: {runs} of {total} tried (each of the {len(changes)} variants that only change the "
                   f"problem, re-run once, with every other variant on top; at most {MAX_PAIR_RUNS} pairs and "
                   f"{PAIR_CELL_BUDGET:.3g} score cells in all)")
+    return runs
 

@@ -34,15 +34,16 @@ from attncli.check.compare import (
     infer_tolerance,
     written_numbers,
 )
-from attncli.check.precision import FACTOR, FLOOR, HEAD_FACTOR, ROW_FACTOR, SCALED_HEAD_MIN, SCALED_HEAD_Z, naive_run
+from attncli.check.precision import FACTOR, FLOOR, HEAD_FACTOR, ROW_FACTOR, SCALED_HEAD_MIN, SCALED_HEAD_Z, naive_step
 from attncli.check.variants import NEAREST_FACTOR, Context, diagnose
 from attncli.core.engine import run
 from attncli.core.layer import Layer, Subject
+from attncli.core.plan import Plan
 from attncli.core.trace import Trace
 from attncli.errors import InputError
 
-__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Tolerance", "Verdict", "check", "decimals",
-           "default_judgement", "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
+__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Steps", "Tolerance", "Verdict", "check",
+           "decimals", "default_judgement", "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
 
 OWN_PRECISIONS = ("float32", "float16", "bfloat16")  # judged by their own precision; float64 stays strict
 
@@ -166,6 +167,7 @@ class Verdict:
     search: str = ""  # how the search for pairs of mistakes was bounded
     distribution: Divergence | None = None  # where the errors are, by row / column / head
     baseline: float = 0.0  # the largest error of the correct computation (no change), which a near miss must beat
+    searched: bool = False  # the catalogue was searched (not with --no-search, nor on a match)
 
     @property
     def match(self) -> bool:
@@ -199,10 +201,31 @@ class Verdict:
             "precision": self.precision.to_dict() if self.precision else None,
             "candidates": [e.to_dict() for e in self.candidates],
             "search": self.search,
+            "searched": self.searched,
             "distribution": self.distribution.to_dict() if self.distribution else None,
             "warnings": self.warnings,
             "errors": [],
         }
+
+
+@dataclass
+class Steps:
+    """Several expected steps of one problem file (scores, weights, output, ...), each with its own verdict."""
+
+    verdicts: list[Verdict]
+
+    @property
+    def match(self) -> bool:
+        return all(v.match for v in self.verdicts)
+
+    @property
+    def mismatched(self) -> list[str]:
+        return [v.what for v in self.verdicts if not v.match]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": "match" if self.match else "mismatch", "match": self.match,
+                "steps": {v.what: v.to_dict() for v in self.verdicts}, "mismatched_steps": self.mismatched,
+                "errors": []}
 
 
 def fits(expected_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -247,12 +270,16 @@ def check(problem: Subject, expected: Any, *, what: str = "output", tolerance: T
     if what not in trace:
         raise InputError(f"this computation has no step {what!r}; it has {', '.join(trace.names())}", "--what")
     exp = np.asarray(expected, dtype=np.float64)
+    if not fits(exp.shape, trace[what].shape) and "weights" not in trace:
+        trace = run(problem, Plan("explicit"))  # an output-only run: every step, to name those the numbers fit
     exp = fit_shape(exp, trace[what].shape, what, source, trace)
     judged = None
     if precision is not None:
-        reference = Context.of(problem, exp, what, Tolerance(0.0, 0.0, "")).ref
+        ctx = Context.of(problem, exp, what, Tolerance(0.0, 0.0, ""))
+        reference = run(replace(ctx.problem, options=replace(ctx.problem.options, keep_weights=False))) \
+            if what == "output" else ctx.ref  # the output alone: the output-only path (no (m, n) matrix held)
         computed = reference[what].astype(np.float64)
-        tol, judged = _precision(exp, computed, naive_run(problem, precision)[what], precision, precision_source,
+        tol, judged = _precision(exp, computed, naive_step(problem, precision, what), precision, precision_source,
                                  CellNamer.for_step(trace, what), reference if what == "output" else None)
     else:
         computed = trace[what].astype(np.float64)
@@ -272,6 +299,7 @@ def check(problem: Subject, expected: Any, *, what: str = "output", tolerance: T
     verdict.distribution.heads = verdict.distribution.heads or heads_through_output(trace, exp, computed)
     diag_tol = tol if judged is None else Tolerance(tol.atol, 0.0, tol.origin)  # variants: the overall bound
     found = diagnose(problem, exp, what, diag_tol, pairs=pairs)
+    verdict.searched = True
     verdict.explanations, verdict.nearest = found.matches, found.nearest
     verdict.tried, verdict.skipped = found.tried, found.skipped
     verdict.candidates, verdict.search = found.candidates, found.search

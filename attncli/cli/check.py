@@ -50,8 +50,10 @@ class Verify:
     expected: str | None = option(
         None, "Expected numbers inline, e.g. \"[[0.625, 1.375], [0.089, 1.911]]\" (YAML/JSON list), or a file; "
               "then every argument is an input.", CHECK, short="-e", essential=True)
-    what: str = option(
-        "output", "The step to compare: output (default), weights, scores, or any step of `attncli run`.", CHECK, essential=True)
+    what: str | None = option(
+        None, "The step to compare: output, weights, scores, or any step of `attncli run` (default: every step a "
+              "problem file's `expected:` names, each with its own verdict; else the output).", CHECK,
+        essential=True)
     atol: float | None = option(
         None, "Absolute tolerance (default: half a unit of the last decimal the expected numbers are written with; "
               "for binary files and whole numbers, torch.testing's float default).", CHECK, min=0.0)
@@ -67,7 +69,7 @@ class Verify:
         True, "When no single mistake of the catalogue reproduces the numbers, try two together (default on).", CHECK)
     search: bool = option(
         True, "On a mismatch, try the catalogue of known variants and mistakes (default on).", CHECK,
-        flag="--explain")
+        flag="--search")
     format: str = option(
         "rich", "rich: a report; json: one JSON object on stdout (verdict, errors, explanations).", CHECK, short="-f",
         essential=True, choices=lambda: list(CHECK_FORMATS))  # the check renderers' registry
@@ -137,9 +139,10 @@ def _print_error(kind: str, message: str) -> None:
 
 def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     """Split the arguments, read the expected numbers and the problem, and check."""
-    from attncli.check.verdict import check, default_judgement
+    from attncli.check.verdict import Steps, check, default_judgement
     from attncli.cli.inputs import build_problem
     from attncli.core.engine import run
+    from attncli.core.plan import Needs, plan
     from attncli.io.files import Reader
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
@@ -151,15 +154,59 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
     if precision is not None and given:
         raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
                          "not both", "--precision-of")
+    if problem.layer is not None and problem.layer.strip().lower() == "all":
+        return check_all_layers(args, problem, opts, reader, given)
     spec, inputs = split_arguments(args, opts.expected, reader)
-    what = opts.what
-    expected, written, source, half = read_expected(spec, opts.expected, reader, what)
+    steps = [opts.what] if opts.what is not None else expected_steps(spec, reader) or ["output"]
     subject = build_problem(inputs, problem, reader)
-    trace = run(subject)
-    tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.dtype),
-                                                         source, given, precision)
-    return check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
-                 explain=opts.search, precision=precision, precision_source=precision_source, pairs=opts.pairs)
+    trace = run(subject, plan(subject, Needs(weights=steps != ["output"])))  # the output alone: no (m, n) matrix
+    verdicts = []
+    for what in steps:  # each expected step of a problem file, in the file's order: its own verdict
+        if opts.what is None and what not in trace:
+            raise InputError(f"expected: names the step {what!r}, which this computation does not have; it has "
+                             f"{', '.join(trace.names())}", reader.source(spec or INLINE))
+        expected, written, source, half = read_expected(spec, opts.expected, reader, what)
+        tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.dtype),
+                                                             source, given, opts.precision_of)
+        verdicts.append(check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
+                              explain=opts.search, precision=precision, precision_source=precision_source,
+                              pairs=opts.pairs))
+    return verdicts[0] if len(verdicts) == 1 else Steps(verdicts)
+
+
+def check_all_layers(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any, given: dict[str, float]) -> Any:
+    """``check OUTS HIDDEN --weights MODEL --layer all``: every layer's output against its checkpoint layer."""
+    from attncli.check.layers import check_layers, per_layer
+    from attncli.cli.inputs import _rope_scaling
+
+    if problem.weights is None:
+        raise InputError("all needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
+    if opts.expected is not None or len(args) != 2:
+        raise InputError(f"--layer all takes OUTS HIDDEN (each layer's attention output, and the hidden states "
+                         f"entering each layer), got {len(args)} argument{'s' if len(args) != 1 else ''}"
+                         + (" and --expected" if opts.expected is not None else ""), "arguments")
+    for flag, value in (("--what", opts.what not in (None, "output")), ("--valid-lens", problem.valid_lens),
+                        ("--mask", problem.mask)):
+        if value:
+            raise InputError("is not offered with --layer all (each layer's output is compared)", flag)
+    outs = per_layer(reader.read(args[0]), reader.source(args[0]), "attention outputs")
+    hidden = per_layer(reader.read(args[1]), reader.source(args[1]), "hidden states")
+    flags = dict(problem.options)
+    if flags.get("rope_scaling") is not None:
+        flags["rope_scaling"] = _rope_scaling(flags["rope_scaling"], reader)
+    return check_layers(outs, hidden, str(problem.weights), flags=flags, prefix=problem.prefix, heads=problem.heads,
+                        from_residual=problem.from_residual, batch_first=problem.batch_first, given=given,
+                        precision=opts.precision_of, search=opts.search, pairs=opts.pairs,
+                        sources=(reader.source(args[0]), reader.source(args[1])))
+
+
+def expected_steps(spec: str | None, reader: Any) -> list[str]:
+    """The steps a problem file's ``expected:`` mapping names (e.g. scores, weights, output); [] otherwise."""
+    if spec is None:
+        return []
+    content = reader.read(spec)
+    value = content.get("expected") if isinstance(content, dict) else None
+    return [str(k) for k in value] if isinstance(value, dict) else []
 
 
 def split_arguments(args: list[str], inline: str | None, reader: Any) -> tuple[str | None, list[str]]:

@@ -203,7 +203,8 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     common: dict[str, Any] = dict(valid_lens=valid_lens, mask=mask, query_labels=qlab, key_labels=klab,
                                   sources=sources, padding=padding, sinks=sinks, alibi_slopes=slopes)
     if not heads_mode:
-        for flag, value in (("--layer", opts.layer), ("--from-residual", opts.from_residual), ("--layout", opts.layout)):
+        for flag, value in (("--layer", opts.layer is not None), ("--from-residual", opts.from_residual),
+                            ("--layout", opts.layout)):
             if value:
                 raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)", flag)
         params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
@@ -300,7 +301,7 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Pr
     if weights is not None:
         spec = str(weights)
         if opts.layer is not None or _checkpoint_path(spec):
-            return checkpoint_layer(spec, opts.layer, prefix, opts.heads, opts.layout)
+            return checkpoint_layer(spec, layer_number(opts.layer), prefix, opts.heads, opts.layout)
         return Weights(projections_from(reader.read(spec), reader.source(spec), prefix))
     if "weights" in doc:
         return Weights(projections_from(doc, src, prefix))
@@ -311,6 +312,20 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Pr
     return Weights(init_projections(d_q, d_kv, d_vv, d_k=opts.d_k, d_v=opts.d_v, seed=options.seed,
                                   init=opts.init, bias=opts.bias,
                                   out_proj=opts.out_proj, heads=heads, kv_heads=options.kv_heads))
+
+
+def layer_number(text: str | None) -> int | None:
+    """--layer N as a number (None: not given); 'all' is `attncli check`'s alone (every layer at once)."""
+    if text is None:
+        return None
+    t = text.strip()
+    if t.isdigit() and len(t) < 10:
+        return int(t)
+    if t.lower() == "all":
+        raise InputError("'all' checks every layer at once, with `attncli check OUTS HIDDEN --weights MODEL "
+                         "--layer all`; here give one layer number", "--layer")
+    raise InputError(f"must be a layer number 0, 1, ... (or 'all' with check), got {printable(text, 40)!r}",
+                     "--layer")
 
 
 def _checkpoint_path(spec: str) -> bool:

@@ -117,10 +117,11 @@ class ProblemArgs:
     layout: str | None = option(
         None, "With a checkpoint whose config.json model_type attncli does not declare: read it as this declared "
               "family (e.g. llama), at your own risk.", MULTIHEAD, commands=PROJECTING)
-    layer: int | None = option(
+    layer: str | None = option(
         None, "With a checkpoint (--weights MODEL_FOLDER, .safetensors, sharded index, .bin/.pt state dict): "
-              "the layer whose attention to compute (its config.json supplies heads, RoPE, window, ...).",
-        MULTIHEAD, commands=PROJECTING, min=0)
+              "the layer whose attention to compute (its config.json supplies heads, RoPE, window, ...); "
+              "check: 'all' checks every layer at once (OUTS HIDDEN, one array per layer).",
+        MULTIHEAD, commands=PROJECTING)
     from_residual: bool = option(
         False, "X is the residual stream entering the layer (hidden_states[N]): apply the layer's own "
                "pre-attention norm from the checkpoint first.", MULTIHEAD, commands=PROJECTING)

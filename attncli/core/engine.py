@@ -313,7 +313,10 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
     """Scores to output, on the path the plan names: the output (..., m, d_v)."""
     if how.path == "explicit":
         k, v = _expanded(problem, be, k), _expanded(problem, be, v)
-        w = attention_weights(problem, be, q, k, params, trace)
+        if how.rows is not None:  # the queries ``rows`` alone, each against every key (check's sampled screen)
+            index = np.asarray(how.rows)
+            q = be.xp.take(q, be.asarray(index, "int64") if be.name == "torch" else index, axis=-2)  # (..., rows, d)
+        w = attention_weights(problem, be, q, k, params, trace, rows=None if how.rows is None else np.asarray(how.rows))
         out = stages.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         if problem.result_dtype:
             trace.warnings.extend(m for m in [blocked.score_overflow(problem, trace.step("scores").values)] if m)

@@ -35,7 +35,8 @@ class Needs:
 @dataclass(frozen=True)
 class Plan:
     """How the engine computes: ``path``, and with an output-only path the queries ``rows`` whose
-    steps up to the weights are computed as well (each row against every key: exact numbers)."""
+    steps up to the weights are computed as well (each row against every key: exact numbers); with the
+    explicit path, ``rows`` are the only queries computed (every step has those rows alone)."""
 
     path: Path = "explicit"
     rows: tuple[int, ...] | None = None

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI reads CHECK_FORMATS' names for --format: importing this module stays light
-    from attncli.check.verdict import Verdict
+    from attncli.check.layers import LayerVerdicts
+    from attncli.check.verdict import Steps, Verdict
 
-CheckFormatter = Callable[["Verdict", int, Any], None]
+CheckFormatter = Callable[["Verdict | Steps | LayerVerdicts", int, Any], None]
 CHECK_FORMATS: dict[str, CheckFormatter] = {}
 SHOWN_RTOL = 1e-8  # a relative tolerance below this (a float-rounding hair) is left out of the report
 RULES = {
@@ -43,8 +44,80 @@ def verdict_json(doc: dict[str, Any]) -> str:
     return json.dumps(doc, ensure_ascii=False, allow_nan=False)
 
 
+def plural(what: str) -> bool:
+    """Whether a step's name reads as a plural (weights, scores: 'the weights differ')."""
+    return what.endswith("s") and not what.endswith("ss")
+
+
+def verb(what: str, singular: str, many: str) -> str:
+    return many if plural(what) else singular
+
+
 @check_format("rich")
-def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
+def print_rich(verdict: Verdict | Steps | LayerVerdicts, precision: int, console: Any) -> None:
+    from attncli.check.layers import LayerVerdicts
+    from attncli.check.verdict import Steps
+    from attncli.render.wrap import say as wrapped
+
+    if isinstance(verdict, LayerVerdicts):
+        print_layers(verdict, precision, console)
+        return
+    if not isinstance(verdict, Steps):
+        print_verdict(verdict, precision, console)
+        return
+    say = functools.partial(wrapped, console, align=True)
+    n, bad = len(verdict.verdicts), verdict.mismatched
+    from rich.text import Text
+
+    head = Text()
+    if verdict.match:
+        head.append("MATCH", style="bold green")
+        head.append(f": every expected step agrees ({', '.join(v.what for v in verdict.verdicts)})")
+    else:
+        head.append("MISMATCH", style="bold red")
+        head.append(f": {len(bad)} of {n} expected steps {'differ' if len(bad) > 1 else 'differs'} ({', '.join(bad)})")
+    say(head)
+    for v in verdict.verdicts:
+        console.print()
+        print_verdict(v, precision, console)
+
+
+def print_layers(result: LayerVerdicts, precision: int, console: Any) -> None:
+    """One row per layer (verdict, largest error, the rule that decided), then the first diverging layer's report."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from attncli.render.terminal import fmt
+    from attncli.render.wrap import say as wrapped
+
+    say = functools.partial(wrapped, console, align=True)
+    n, first = len(result.verdicts), result.first
+    head = Text()
+    if first is None:
+        head.append("MATCH", style="bold green")
+        head.append(f": every layer's attention output agrees ({n} layers of {result.source})")
+    else:
+        bad = result.mismatched
+        head.append("MISMATCH", style="bold red")
+        head.append(f": {len(bad)} of {n} layers differ; the first that diverges is layer {first}")
+    say(head)
+    table = Table(title=f"Attention output by layer ({result.source})", title_justify="left")
+    for col in ("layer", "verdict", "largest error", "bound", "decided by", "worst cell"):
+        table.add_column(col, justify="right" if col in ("layer", "largest error", "bound") else "left", no_wrap=True)
+    for i, v in enumerate(result.verdicts):
+        c = v.comparison
+        table.add_row(str(i), Text("MATCH", style="green") if v.match else Text("MISMATCH", style="bold red"),
+                      fmt(c.max_abs_error, precision), f"{v.tolerance.atol:.3g}", v.rule,
+                      Text(c.worst.label if c.worst is not None else ""))
+    console.print(table)
+    if first is None:
+        return
+    console.print()
+    say(Text(f"Layer {first}, the first that diverges:", style="bold"))
+    print_verdict(result.verdicts[first], precision, console)
+
+
+def print_verdict(verdict: Verdict, precision: int, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -63,11 +136,14 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
     share = f"{100 * c.mismatched / c.cells:.3g}%" if c.cells else "0%"
     if verdict.match:
         head.append("MATCH", style="bold green")
-        head.append(f": the {verdict.what} agrees with the expected numbers ({c.cells} cells)" if pr is None else
-                    f": the {verdict.what} is consistent with {pr.dtype} arithmetic ({c.cells} cells)")
+        head.append(f": the {verdict.what} {verb(verdict.what, 'agrees', 'agree')} with the expected numbers "
+                    f"({c.cells} cells)" if pr is None else
+                    f": the {verdict.what} {verb(verdict.what, 'is', 'are')} consistent with {pr.dtype} arithmetic "
+                    f"({c.cells} cells)")
     else:
         head.append("MISMATCH", style="bold red")
-        head.append(f": the {verdict.what} differs from the expected numbers in {c.mismatched} of {c.cells} cells ({share})")
+        head.append(f": the {verdict.what} {verb(verdict.what, 'differs', 'differ')} from the expected numbers in "
+                    f"{c.mismatched} of {c.cells} cells ({share})")
     say(head)
     say(f"  computed as    {verdict.formula}, shape {tuple(verdict.shape)}" +
         (" (the float64 reference)" if pr is not None else ""))
@@ -122,6 +198,9 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
         if verdict.search and any(" + " in e.name for e in verdict.explanations):
             say(f"  ({verdict.search})")
         return
+    if not verdict.searched:
+        say("  (the catalogue of mistakes was not searched)")
+        return
     say(Text(f"No catalogued mistake explains it ({len(verdict.tried)} tried: "
                        f"{', '.join(verdict.tried) or 'none'}).", style="bold"))
     if verdict.search:
@@ -143,5 +222,5 @@ def print_rich(verdict: Verdict, precision: int, console: Any) -> None:
 
 
 @check_format("json")
-def print_json(verdict: Verdict, precision: int, out: Any) -> None:
+def print_json(verdict: Verdict | Steps | LayerVerdicts, precision: int, out: Any) -> None:
     out.write(verdict_json(verdict.to_dict()) + "\n")
