@@ -33,6 +33,7 @@ import numpy as np
 from attncli.core.diagnostics import masked_cells
 from attncli.core.trace import Trace
 from attncli.errors import InputError
+from attncli.render import colours
 
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 PLOT_HINT = r"matplotlib is not installed; install it with: pip install 'attncli\[plot]' (or pip install matplotlib)"
@@ -42,8 +43,8 @@ BAR = 1.0  # inches added to the width for the colour bar
 TOP = 0.5  # inches added to the height for the title
 MAX_PANELS = 64  # beyond this many batch/head entries only the first are drawn (the title says so)
 MAX_TICKS = 30  # label every query/key up to this many; beyond it matplotlib picks the ticks
-CMAP = "Reds"  # d2l's show_heatmaps colour map
-MASKED_COLOUR = "#b0b0b0"  # grey: outside the colour map (Reds runs white -> dark red)
+CMAP = colours.CMAP  # viridis, as every view (attncli.render.colours says why)
+MASKED_COLOUR = "#b0b0b0"  # grey: a colour viridis never takes
 TICK_POINTS = 8.0  # tick label font size
 CHAR_WIDTH = 0.62  # width of an average character in font sizes (for "does a label fit its cell")
 THEMES = ("dark", "light")
