@@ -98,7 +98,52 @@ def plot_section(tmp: Path) -> None:
     row("  peak RSS", f"{r['rss_kb'] / 1024:.0f} MB", "", None)
 
 
-SECTIONS = {"plot": plot_section}
+def viewer_section(tmp: Path) -> None:
+    import signal
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    print("viewer")
+    x = tmp / "h32x2048.npy"
+    np.save(x, np.random.default_rng(0).standard_normal((1, 32, 2048, 64)).astype(np.float32))
+    proc = subprocess.Popen(cli("view", str(x), "--causal", "--no-open"), stdout=subprocess.PIPE, text=True, env=env())
+    assert proc.stdout is not None
+    url = proc.stdout.readline().split(": ", 1)[1].strip()
+    t0 = time.perf_counter()
+    base, token = url.split("/?token=")
+
+    def get(path: str) -> bytes:
+        with urllib.request.urlopen(f"{base}{path}&token={token}", timeout=600) as r:
+            return bytes(r.read())
+
+    try:
+        get("/api/meta?")
+        tiles = [f"/api/tile?layer=0&entry=0,{h}&step=weights&r0=0&r1=2048&c0=0&c1=2048&w=160&h=160" for h in range(32)]
+        with ThreadPoolExecutor(6) as ex:  # as a browser: 6 connections to one host
+            list(ex.map(get, tiles))
+        first = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        get("/api/tile?layer=0&entry=0,5&step=weights&r0=1000&r1=1040&c0=900&c1=940&w=640&h=640")
+        zoom = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        get("/api/explain?layer=0&entry=0,5&i=1020&j=910")
+        explain = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        get("/api/tile?layer=0&entry=0,5&step=scores&r0=0&r1=2048&c0=0&c1=2048&w=160&h=160")
+        step = time.perf_counter() - t1
+        peak = int(next(line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                        if line.startswith("VmHWM")))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    row("view, 32 heads × 2048 tokens (d = 64): first paint (32 tiles)", f"{first:.2f} s", "<= 3 s", first <= 3)
+    row("  a zoomed-in tile (exact rows)", f"{zoom:.2f} s", "", None)
+    row("  a cell's arithmetic", f"{explain:.2f} s", "", None)
+    row("  another step's overview (scores, every row)", f"{step:.2f} s", "", None)
+    row("  server peak RSS", f"{peak / 1024:.0f} MB", "<= 1536 MB", peak / 1024 <= 1536)
+
+
+SECTIONS = {"plot": plot_section, "viewer": viewer_section}
 
 
 def main() -> None:
