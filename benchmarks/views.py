@@ -98,6 +98,56 @@ def plot_section(tmp: Path) -> None:
     row("  peak RSS", f"{r['rss_kb'] / 1024:.0f} MB", "", None)
 
 
+def page_section(tmp: Path) -> None:
+    print("page")
+    rng = np.random.default_rng(0)
+    x512, x2048 = tmp / "p128.npy", tmp / "p2048.npy"
+    np.save(x512, rng.standard_normal((1, 32, 128, 8)).astype(np.float32))
+    np.save(x2048, rng.standard_normal((1, 32, 2048, 64)).astype(np.float32))
+    old_module(tmp, "attncli/render/page.py", "page_before")
+    before = ("import sys; sys.path.insert(0, sys.argv[1]); import numpy as np, attncli, page_before as p; "
+              "from attncli.core.diagnostics import attach; t = attncli.attend(np.load(sys.argv[2]), causal=True); "
+              "attach(t); open(sys.argv[3], 'w').write(p.page(t))")
+    b = measure([sys.executable, "-c", before, str(tmp), str(x512), str(tmp / "b128.html")])
+    size = (tmp / "b128.html").stat().st_size
+    row("T = 128 × 32 heads: before (tables of the first 64 × 64 of 16 heads)", f"{b['s']:.2f} s", "", None)
+    row("  its peak RSS and size", f"{b['rss_kb'] / 1024:.0f} MB, {size / 1e6:.1f} MB", "", None)
+    a = measure(cli("run", str(x512), "--causal", "-q", "--html", str(tmp / "a128.html")))
+    size = (tmp / "a128.html").stat().st_size
+    row("T = 128 × 32 heads: after (every head, first/last rows exact)", f"{a['s']:.2f} s",
+        f"{b['s'] / a['s']:.1f}x faster", None)
+    row("  its peak RSS and size", f"{a['rss_kb'] / 1024:.0f} MB, {size / 1e6:.1f} MB", "", None)
+    r = measure(cli("run", str(x2048), "--causal", "-q", "--html", str(tmp / "a2048.html")))
+    size = (tmp / "a2048.html").stat().st_size
+    row("attncli run, T = 2048 × 32 heads, --html", f"{r['s']:.2f} s", "<= 10 s", r["s"] <= 10)
+    row("  file size", f"{size / 1e6:.1f} MB", "<= 25 MB", size <= 25e6)
+    row("  peak RSS", f"{r['rss_kb'] / 1024:.0f} MB", "", None)
+    opened = open_in_chromium(tmp / "a2048.html")
+    if opened is not None:
+        row("  opens in chromium (load event)", f"{opened:.2f} s", "<= 3 s", opened <= 3)
+
+
+def open_in_chromium(path: Path) -> float | None:
+    import shutil
+
+    exe = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if exe is None:
+        return None
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        page = b.new_page()
+        t = time.perf_counter()
+        page.goto(path.as_uri())
+        page.wait_for_load_state("load")
+        took = time.perf_counter() - t
+        b.close()
+    return took
+
+
 def viewer_section(tmp: Path) -> None:
     import signal
     import urllib.request
@@ -143,7 +193,7 @@ def viewer_section(tmp: Path) -> None:
     row("  server peak RSS", f"{peak / 1024:.0f} MB", "<= 1536 MB", peak / 1024 <= 1536)
 
 
-SECTIONS = {"plot": plot_section, "viewer": viewer_section}
+SECTIONS = {"plot": plot_section, "page": page_section, "viewer": viewer_section}
 
 
 def main() -> None:

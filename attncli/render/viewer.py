@@ -142,6 +142,8 @@ class Layer:
         self.ready = {s: threading.Event() for s in self.steps}
         self.lock = threading.Lock()
         self.failed: str | None = None
+        self._steps64: list[Step] | None = None
+        self._inputs64: dict[str, Any] = {}
 
     # ---- computing ----
 
@@ -215,8 +217,9 @@ class Layer:
         (i, j) or row i is exactly the engine's numbers for query i."""
         base = self.p.trace
         part = self._part(np.array([i]))
-        t = Trace(steps=list(base.steps), query_labels=base.query_labels, key_labels=base.key_labels,
-                  warnings=[], meta={**base.meta}, inputs=base.inputs, extra={**base.extra})
+        steps, inputs = self._base64()
+        t = Trace(steps=list(steps), query_labels=base.query_labels, key_labels=base.key_labels,
+                  warnings=[], meta={**base.meta}, inputs=inputs, extra={**base.extra})
         for k in ("weights_step", "scaling", "sinks"):
             if k in part.meta:
                 t.meta[k] = part.meta[k]
@@ -234,6 +237,16 @@ class Layer:
             t.steps = [s if s.name in PARAMETERS else Step(s.name, s.formula, to_numpy(s.values)[0], s.axes, s.notes)
                        for s in t.steps]
         return t
+
+    def _base64(self) -> tuple[list[Step], dict[str, Any]]:
+        """The steps before the scores and the inputs as float64 numpy arrays, made once: the explanations
+        read them as float64 (a row's output reads every value row), and then read them without a copy."""
+        if self._steps64 is None:
+            base = self.p.trace
+            self._steps64 = [Step(s.name, s.formula, np.asarray(to_numpy(s.values), dtype=np.float64), s.axes,
+                                  list(s.notes)) for s in base.steps]
+            self._inputs64 = {k: np.asarray(to_numpy(v), dtype=np.float64) for k, v in base.inputs.items()}
+        return self._steps64, self._inputs64
 
     def explain(self, entry: tuple[int, ...], i: int, j: int | None, precision: int = 4) -> dict[str, Any]:
         from attncli.render.explain import Cell, explain_cell, explain_row, heading
