@@ -58,6 +58,7 @@ HEAD_VIEW_MAX = 512  # the head view draws lines for at most this many queries a
 HEAD_VIEW_TOP = 8  # lines per query and head: its strongest keys ...
 HEAD_VIEW_MIN = 0.02  # ... of at least this weight
 MAX_TILE = 2048  # pixels per axis of one tile
+CLIP = 99.5  # percentile of a step's overview that takes the brightest colour
 PARAMETERS = {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}  # steps an unbatched run keeps whole
 WORKERS = max(1, min(4, os.cpu_count() or 1))  # blocks computed side by side in a sweep
 
@@ -114,6 +115,7 @@ class Overview:
     fc: int
     lo: float = math.inf
     hi: float = -math.inf
+    top: float = -math.inf  # the CLIP percentile of the overview's values: the colour scale's bright end
 
 
 class Layer:
@@ -197,6 +199,8 @@ class Layer:
                 with ThreadPoolExecutor(WORKERS) as pool_:
                     for lo, hi in pool_.map(one, range(0, self.m, self.block)):
                         ov.lo, ov.hi = min(ov.lo, lo), max(ov.hi, hi)
+                finite = ov.values[np.isfinite(ov.values)]
+                ov.top = float(np.percentile(finite, CLIP)) if finite.size else ov.hi
                 self.overviews[step] = ov
             except Exception as e:  # said on the page, never a half-drawn map
                 self.failed = f"{type(e).__name__}: {e}"
@@ -204,10 +208,14 @@ class Layer:
                 self.ready[step].set()
 
     def range(self, step: str) -> tuple[float, float]:
+        """The colour scale of ``step``: its smallest value to the CLIP percentile of its overview (a few
+        strong cells, such as the first query's weight 1 under a causal mask, would leave every other
+        cell dark); brighter values take the brightest colour."""
         ov = self.overviews[step]
         if not math.isfinite(ov.lo):
             return 0.0, 1.0
-        return ov.lo, ov.hi if ov.hi > ov.lo else ov.lo + 1.0
+        hi = ov.top if ov.top > ov.lo else ov.hi
+        return ov.lo, hi if hi > ov.lo else ov.lo + 1.0
 
     # ---- explanations ----
 
@@ -373,6 +381,12 @@ class Viewer:
         a = self.exact.rows(layer, li, step, r0, r1)[e][:, c0:c1]
         return png_of(pool(a, fr, fc), lo, hi)
 
+    def scale(self, q: dict[str, str]) -> dict[str, Any]:
+        """The colour scale of a step (after its overview is made)."""
+        _, layer, step = self.layer(q)
+        lo, hi = layer.range(step)
+        return {"lo": lo, "hi": hi, "max": layer.overviews[step].hi, "clip": CLIP}
+
     def cells(self, q: dict[str, str]) -> dict[str, Any]:
         """Exact values of a small region (what the page writes in the cells when they are big enough)."""
         li, layer, step = self.layer(q)
@@ -494,7 +508,8 @@ class Handler(BaseHTTPRequestHandler):
         q = {k: v[0] for k, v in parse_qs(parts.query).items()}
         viewer = self.server.viewer
         routes = {"/api/meta": lambda: viewer.meta(), "/api/cells": lambda: viewer.cells(q),
-                  "/api/explain": lambda: viewer.explain(q), "/api/heads": lambda: viewer.heads(q)}
+                  "/api/explain": lambda: viewer.explain(q), "/api/heads": lambda: viewer.heads(q),
+                  "/api/scale": lambda: viewer.scale(q)}
         try:
             if parts.path == "/":
                 from attncli.render.viewer_page import page

@@ -132,6 +132,17 @@ JS = r"""
     });
     $("status").textContent = `${layer.name}: ${layer.entries.length} map(s) of ${layer.m} queries × ${layer.n} keys` +
       (layer.block[0] > 1 || layer.block[1] > 1 ? "; thumbnails show the largest value of each block of cells" : "");
+    showScale();
+  }
+  async function showScale() {
+    const want = [S.layer, S.step].join("/");
+    try {
+      const d = await api("/api/scale", { layer: S.layer, step: S.step });
+      if ([S.layer, S.step].join("/") !== want) return;
+      $("legend-lo").textContent = d.lo.toPrecision(3);
+      const clipped = ` (the ${d.clip}th percentile; up to ${d.max.toPrecision(3)} drawn as bright)`;
+      $("legend-hi").textContent = d.hi.toPrecision(3) + (d.hi < d.max ? clipped : "");
+    } catch (err) { /* the tiles say it */ }
   }
 
   // ---- focus: one map, zoom and pan down to single cells ----
@@ -338,7 +349,8 @@ BODY = """<!doctype html>
   <button class="tab" id="tab-heads">head view</button>
   <label id="layer-label">layer <select id="layer"></select></label>
   <label>step <select id="step"></select></label>
-  <span class="legend">low <span class="bar" id="legend-bar"></span> high; grey: masked</span>
+  <span class="legend"><span id="legend-lo">low</span> <span class="bar" id="legend-bar"></span>
+    <span id="legend-hi">high</span>; grey: masked</span>
 </header>
 <main>
   <p id="status"></p>
