@@ -133,7 +133,7 @@ def layer_page(layer: Any, cells: list[str], rows: list[str], precision: int = 4
     if layer.failed:
         raise RuntimeError(layer.failed)
     ov = layer.overviews[step]
-    lo, hi = layer.range(step)
+    lo, hi = (ov.lo, ov.hi if ov.hi > ov.lo else ov.lo + 1.0) if math.isfinite(ov.lo) else (0.0, 1.0)  # as --plot
     entries = list(np.ndindex(*layer.lead)) if layer.lead else [()]
     t = layer.p.trace
     maps = [(panel_title(t, e, layer.lead) or "weights",
