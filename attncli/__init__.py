@@ -19,9 +19,26 @@ def __getattr__(name: str) -> Any:  # lazy: `attncli --help` need not import the
     if name == "attend":
         from attncli.core.engine import attend
 
+        _notebook()
         return attend
     if name == "Trace":
         from attncli.core.trace import Trace
 
+        _notebook()
         return Trace
     raise AttributeError(name)
+
+
+def _notebook() -> None:
+    """Let a Trace display itself in Jupyter (``_repr_html_``): core.trace holds a hook, filled here with the
+    page renderer (the top-level package may import any layer; core never imports render). The renderer
+    module is imported only when a notebook first shows a trace."""
+    from attncli.core import trace
+
+    if trace.HTML_VIEW is None:
+        def cell_html(t: Any) -> str:
+            from attncli.render.notebook import cell_html as render
+
+            return render(t)
+
+        trace.HTML_VIEW = cell_html

@@ -1,7 +1,7 @@
 """--plot on the pixels: the colour scale spans the data, masked cells are not the colour of 0,
 labels are drawn literally, and --dpi/--figsize/--plot-steps/--vmin/--vmax do what they say.
 
-The colour map is matplotlib's own "Reds" (d2l's show_heatmaps draws with it): a pixel's place
+The colour map is matplotlib's own "viridis" (every view's, attncli.render.colours): a pixel's place
 on the map is found by looking its colour up in matplotlib's table, not in ours.
 """
 
@@ -22,7 +22,7 @@ from PIL import Image  # noqa: E402  (matplotlib depends on Pillow)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "attncli" / "examples"
 runner = CliRunner()
-REDS = (np.asarray(colormaps["Reds"](np.linspace(0, 1, 256)))[:, :3] * 255).astype(np.int16)  # (256, 3)
+MAP = (np.asarray(colormaps["viridis"](np.linspace(0, 1, 256)))[:, :3] * 255).astype(np.int16)  # (256, 3)
 
 
 def pixels(path: Path, left: float = 1.0) -> np.ndarray:
@@ -33,10 +33,10 @@ def pixels(path: Path, left: float = 1.0) -> np.ndarray:
 
 
 def map_positions(px: np.ndarray) -> np.ndarray:
-    """Indices (0..255) into Reds of the pixels that are a colour of the map (within 2 per channel),
+    """Indices (0..255) into viridis of the pixels that are a colour of the map (within 2 per channel),
     pure white (the figure's background) left out."""
     px = np.unique(px[(px != 255).any(axis=1)], axis=0)
-    d = np.abs(px[:, None, :] - REDS[None, :, :]).max(axis=-1)  # (colours, 256)
+    d = np.abs(px[:, None, :] - MAP[None, :, :]).max(axis=-1)  # (colours, 256)
     near = d.min(axis=1) <= 2
     return d[near].argmin(axis=1)
 

@@ -34,13 +34,13 @@ def test_png_of_one_matrix(tmp_path: Path) -> None:
 
 
 def test_png_grid_of_batch_by_heads(tmp_path: Path) -> None:
-    # weights (2, 5, 6, 6): 2 rows (batch) x 5 columns (second axis), as d2l's show_heatmaps
+    # weights (2, 5, 6, 6): 10 panels in a near-square grid, ceil(sqrt(10)) = 4 across, 3 rows
     x = tmp_path / "x.npy"
     np.save(x, np.random.default_rng(0).standard_normal((2, 5, 6, 3)))
     out = tmp_path / "w.png"
     r = runner.invoke(app, ["run", str(x), "-q", "--plot", str(out)])
     assert r.exit_code == 0, r.output
-    assert png_size(out) == (5 * 300 + 100, 2 * 300 + 50)
+    assert png_size(out) == (4 * 300 + 100, 3 * 300 + 50)
 
 
 def test_multihead_example_plots_every_head(tmp_path: Path) -> None:

@@ -120,6 +120,7 @@ def main_callback(
 
 from attncli.cli import run as _run  # noqa: E402,F401  (registers the run command)
 from attncli.cli import selfattn as _selfattn  # noqa: E402,F401  (registers the self command)
+from attncli.cli import view as _view  # noqa: E402,F401  (registers the view command)
 
 # commands are listed in --help in registration order: run, self, check, examples
 # isort: split

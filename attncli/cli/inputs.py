@@ -322,9 +322,9 @@ def layer_number(text: str | None) -> int | None:
     if t.isdigit() and len(t) < 10:
         return int(t)
     if t.lower() == "all":
-        raise InputError("'all' checks every layer at once, with `attncli check OUTS HIDDEN --weights MODEL "
-                         "--layer all`; here give one layer number", "--layer")
-    raise InputError(f"must be a layer number 0, 1, ... (or 'all' with check), got {printable(text, 40)!r}",
+        raise InputError("'all' takes every layer at once, with `attncli check OUTS HIDDEN --weights MODEL --layer all` "
+                         "or `attncli view HIDDEN --weights MODEL --layer all`; here give one layer number", "--layer")
+    raise InputError(f"must be a layer number 0, 1, ... (or 'all' with check and view), got {printable(text, 40)!r}",
                      "--layer")
 
 

@@ -15,7 +15,7 @@ PyTorch's fused kernel (attncli.core.blocked), and which rows a big view compute
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -108,8 +108,40 @@ def run(problem: Problem | Layer, how: Plan | None = None, backend: Backend | No
     of what the problem's options ask for), and the Trace (``progress(done, total)`` hears about
     blocks of queries on the output-only path). A :class:`Layer` first projects and splits (steps x,
     x_norm, W_*, q, k, v), its heads' Problem runs the same pipeline, and the heads are merged."""
-    o = problem.options
     how = how or plan(problem)
+    p = prepare(problem, backend)
+    trace, be = p.trace, p.backend
+    out = _attention(p.core, be, p.q, p.k, p.v, p.params, trace, how, progress,
+                     "head_output" if p.projected else "output")
+    if isinstance(problem, Layer):
+        _merge(problem, be, trace, out, p.w)
+    if problem.result_dtype:  # half inputs: computed in float32, the output rounded back
+        final = trace.step("output")
+        final.values = be.cast(final.values, problem.result_dtype)
+    return trace
+
+
+@dataclass
+class Prepared:
+    """Every stage before the scores (projections, split, QK-norm, RoPE), done once: the per-head
+    problem ``core`` and its q, k, v on the backend, the score weights, and the trace so far.
+    :func:`run` goes on from here; a viewer computes the weights of some rows at a time from it
+    (:func:`attention_weights`)."""
+
+    core: Problem
+    backend: Backend
+    q: Any
+    k: Any
+    v: Any
+    params: dict[str, Any]
+    trace: Trace
+    projected: bool
+    w: dict[str, Any]
+
+
+def prepare(problem: Problem | Layer, backend: Backend | None = None) -> Prepared:
+    """The stages of ``problem`` before its scores (see :class:`Prepared`)."""
+    o = problem.options
     be = backend or get_backend(o.backend, o.device)
     dt = problem.dtype
     trace = Trace(query_labels=problem.query_labels, key_labels=problem.key_labels)
@@ -132,13 +164,7 @@ def run(problem: Problem | Layer, how: Plan | None = None, backend: Backend | No
         m.kv_heads, m.n_rep = core.kv_heads, core.n_rep
     params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
     record_params(problem, params, trace)
-    out = _attention(core, be, q, k, v, params, trace, how, progress, "head_output" if projected else "output")
-    if isinstance(problem, Layer):
-        _merge(problem, be, trace, out, w)
-    if problem.result_dtype:  # half inputs: computed in float32, the output rounded back
-        final = trace.step("output")
-        final.values = be.cast(final.values, problem.result_dtype)
-    return trace
+    return Prepared(core, be, q, k, v, params, trace, projected, w)
 
 
 def _index(trace: Trace, name: str) -> int:

@@ -41,8 +41,8 @@ MAX_POSITION = 1 << 53  # positions, offsets and windows: whole numbers float64 
 
 # ---- how an option is declared ------------------------------------------------------------
 
-COMPUTING = frozenset({"run", "self", "check", "examples run"})  # the commands that build a problem
-PROJECTING = frozenset({"self", "check", "examples run"})  # those that take projections and heads flags
+COMPUTING = frozenset({"run", "self", "check", "examples run", "view"})  # the commands that build a problem
+PROJECTING = frozenset({"self", "check", "examples run", "view"})  # those that take projections and heads flags
 NO_FLAG = frozenset[str]()  # an option of files and attend() only
 
 # help panels, in the order --help-all shows them: the common tasks first (--help shows the essential options)
@@ -57,7 +57,8 @@ OUTPUT = "Output"
 EXPLAIN = "Explanations"
 PICTURES = "Pictures"
 CHECK = "Check"
-PANELS = (CHECK, SCORING, MASKING, OUTPUT, EXPLAIN, PICTURES, MULTIHEAD, PARAMS, LABELS, TODAY, COMPUTE)
+VIEWER = "Viewer"
+PANELS = (CHECK, VIEWER, SCORING, MASKING, OUTPUT, EXPLAIN, PICTURES, MULTIHEAD, PARAMS, LABELS, TODAY, COMPUTE)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ names of its two last axes (so a renderer can label rows and columns) and notes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -132,3 +133,11 @@ class Trace:
         if "weights" not in out and "weights" in self:
             out["weights"] = self.weights
         return out
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter's rich display: the page's view of this trace, by the renderer that attncli/__init__.py
+        registers in ``HTML_VIEW`` (core imports no renderer); None (plain repr) when none is set."""
+        return HTML_VIEW(self) if HTML_VIEW is not None else None
+
+
+HTML_VIEW: Callable[[Trace], str] | None = None  # set by attncli/__init__.py: attncli.render.notebook.cell_html

@@ -208,12 +208,14 @@ JS = r"""
                                    sel.appendChild(o); });
   if (D.entries.length < 2) $("entry-label").style.display = "none";
   let pinned = null;
-  // Reds, as the --plot heatmaps: white -> dark red
-  const STOPS = [[255, 245, 240], [252, 187, 161], [251, 106, 74], [203, 24, 29], [103, 0, 13]];
+  // viridis, the colour map of every view (attncli/render/colours.py)
+  const STOPS = [[68,1,84], [72,24,106], [71,45,123], [66,64,134], [59,82,139], [51,99,141], [44,114,142], [38,130,142],
+                 [33,145,140], [31,160,136], [40,174,128], [63,188,115], [94,201,98],
+                 [132,212,75], [173,220,48], [216,226,25], [253,231,37]];
   function colour(t) {
     const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2);
     const f = x - i, c = STOPS[i].map((a, k) => Math.round(a + (STOPS[i + 1][k] - a) * f));
-    return [`rgb(${c.join(",")})`, t > 0.55 ? "#fff" : "#000"];
+    return [`rgb(${c.join(",")})`, 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] <= 140 ? "#fff" : "#000"];
   }
   function show(lines, el) {
     const box = $("explain");

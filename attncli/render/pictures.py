@@ -70,10 +70,12 @@ class Pictures:
             with atomic_write(self.svg, protect=protect) as f:
                 f.write(svg_view(render, self.width, self.theme).encode())
         if self.html is not None:
+            from attncli.render.bigpage import big_page, too_big
             from attncli.render.page import page
 
+            text = big_page(trace) if too_big(trace) else page(trace)  # beyond a page of tables: heatmaps
             with atomic_write(self.html, protect=protect) as f:
-                f.write(page(trace).encode())
+                f.write(text.encode())
         if self.plot_path is not None:
             with atomic_write(self.plot_path, protect=protect) as f:
                 heatmaps.plot_steps(trace, f, PLOT_FORMATS[self.plot_path.suffix.lower()], self.plot)

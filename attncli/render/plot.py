@@ -8,8 +8,14 @@ Heatmap rules (each is tested on the pixels):
 
 - the colour scale runs from the smallest to the largest value drawn (masked and non-finite
   cells left out), shared by the panels of one step; ``--vmin/--vmax`` fix either end;
-- masked cells (from the trace's ``masked`` step) are grey and hatched, never the colour of 0,
-  and the legend says so;
+- masked cells (from the trace's ``masked`` step) are grey, never a colour of the map, and the
+  legend says so: they are the image's "bad" cells (one layer, whatever the size), never one patch
+  per cell;
+- panels (batch entries × heads) form a near-square grid with one colour bar per step; a panel's
+  title names the batch entry only when there are several;
+- a map larger than its panel's pixels is downsampled to them before drawing: each pixel shows the
+  largest value of its block of cells (grey only when every cell of the block is masked), and the
+  figure's title says so;
 - a label is written horizontally when every label fits its cell's width, else turned 90°;
 - labels are drawn literally (``parse_math=False``): ``$x^{$`` is text, not mathtext.
 """
@@ -27,6 +33,7 @@ import numpy as np
 from attncli.core.diagnostics import masked_cells
 from attncli.core.trace import Trace
 from attncli.errors import InputError
+from attncli.render import colours
 
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 PLOT_HINT = r"matplotlib is not installed; install it with: pip install 'attncli\[plot]' (or pip install matplotlib)"
@@ -36,9 +43,8 @@ BAR = 1.0  # inches added to the width for the colour bar
 TOP = 0.5  # inches added to the height for the title
 MAX_PANELS = 64  # beyond this many batch/head entries only the first are drawn (the title says so)
 MAX_TICKS = 30  # label every query/key up to this many; beyond it matplotlib picks the ticks
-CMAP = "Reds"  # d2l's show_heatmaps colour map
-MASKED_COLOUR = "#b0b0b0"  # grey, hatched: outside the colour map (Reds runs white -> dark red)
-MASKED_HATCH = "////"
+CMAP = colours.CMAP  # viridis, as every view (attncli.render.colours says why)
+MASKED_COLOUR = "#b0b0b0"  # grey: a colour viridis never takes
 TICK_POINTS = 8.0  # tick label font size
 CHAR_WIDTH = 0.62  # width of an average character in font sizes (for "does a label fit its cell")
 THEMES = ("dark", "light")
@@ -79,33 +85,57 @@ def parse_figsize(text: str | None) -> tuple[float, float] | None:
 
 
 def grid(lead: tuple[int, ...]) -> tuple[int, int, int]:
-    """Panels as (rows, cols, count): one matrix 1×1; a batch (or head) axis of b in rows of at most 4;
-    batch × heads as rows × columns (as d2l's show_heatmaps); more axes: the last one across. At most
-    MAX_PANELS panels are drawn (count), the first ones in row-major order."""
+    """Panels as (rows, cols, count): every batch entry and head (row-major) in a near-square grid,
+    ceil(sqrt(count)) across, as few rows as hold them; at most MAX_PANELS panels are drawn (count),
+    the first ones."""
     total = int(np.prod(lead)) if lead else 1
-    cols = min(total, 4) if len(lead) <= 1 else lead[-1]
     count = min(total, MAX_PANELS)
-    cols = min(cols, count)
+    cols = math.ceil(math.sqrt(count))
     return math.ceil(count / cols), cols, count
 
 
+def panel_inches(cols: int) -> float:
+    """Inches per panel: PANEL up to 4 across, then smaller so the figure stays about 12 inches wide
+    (never below 1.5)."""
+    return PANEL if cols <= 4 else max(1.5, 12.0 / cols)
+
+
 def figure_size(weights_shape: tuple[int, ...], steps: int = 1) -> tuple[float, float]:
-    """Figure size in inches: PANEL per panel, plus BAR across for the colour bar and TOP for the title;
-    several steps are stacked."""
+    """Figure size in inches: panel_inches per panel each way, plus BAR across for the colour bar and
+    TOP for the title; several steps are stacked."""
     rows, cols, _ = grid(tuple(weights_shape[:-2]))
-    return cols * PANEL + BAR, steps * (rows * PANEL + TOP)
+    p = panel_inches(cols)
+    return cols * p + BAR, steps * (rows * p + TOP)
 
 
-def panel_title(trace: Trace, idx: tuple[int, ...]) -> str:
-    """'head 1', 'batch 0, head 1', 'batch 2': what a panel shows."""
+def panel_title(trace: Trace, idx: tuple[int, ...], lead: tuple[int, ...] | None = None) -> str:
+    """'head 1', 'batch 0, head 1', 'batch 2': what a panel shows. An axis of one entry (``lead``:
+    the sizes of the leading axes) is left out: 'batch 0' only when there are several batch entries."""
     names = trace.meta.batch_axes  # e.g. ["batch", "head"] when a command names its leading axes
     if not idx:
         return ""
-    if isinstance(names, list) and len(names) == len(idx):
-        return ", ".join(f"{n} {i}" for n, i in zip(names, idx))
-    if len(idx) == 2 and trace.meta.heads:
-        return f"batch {idx[0]}, head {idx[1]}"
-    return "batch " + ", ".join(map(str, idx))
+    if not (isinstance(names, list) and len(names) == len(idx)):
+        names = ["batch", "head"] if len(idx) == 2 and trace.meta.heads else ["batch"] * len(idx)
+    keep = [k for k in range(len(idx)) if lead is None or lead[k] > 1] or ([] if lead else list(range(len(idx))))
+    parts = [(str(names[k]), idx[k]) for k in keep]
+    if parts and all(n == "batch" for n, _ in parts):
+        return "batch " + ", ".join(str(i) for _, i in parts)
+    return ", ".join(f"{n} {i}" for n, i in parts)
+
+
+def downsample(a: np.ndarray, hidden: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """``a`` (m, n) shrunk to at most (rows, cols): each output cell the largest finite, unmasked value
+    of its block of cells (NaN when the block has none), and the block's size (fr, fc). Unchanged
+    (as floats, hidden cells NaN) when it already fits."""
+    m, n = a.shape
+    fr, fc = max(1, math.ceil(m / max(rows, 1))), max(1, math.ceil(n / max(cols, 1)))
+    shown = np.where(hidden | ~np.isfinite(a), np.nan, a)
+    if fr == 1 and fc == 1:
+        return shown, 1, 1
+    pad = np.full((math.ceil(m / fr) * fr, math.ceil(n / fc) * fc), -np.inf)
+    pad[:m, :n] = np.where(np.isnan(shown), -np.inf, shown)
+    big = pad.reshape(pad.shape[0] // fr, fr, pad.shape[1] // fc, fc).max(axis=(1, 3))
+    return np.where(np.isneginf(big), np.nan, big), fr, fc
 
 
 def labels_fit(labels: Sequence[str], panel_inches: float) -> bool:
@@ -139,9 +169,10 @@ def plot_weights(trace: Trace, out: IO[bytes], fmt: str = "png") -> None:
     plot_steps(trace, out, fmt, PlotOptions())
 
 
-def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> None:
+def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> list[tuple[int, int, int, int]]:
     """Draw ``opts.steps`` (each (..., m, n)) as heatmaps into ``out`` in ``fmt`` (png, svg, pdf):
-    one row of panels per step (heads across, batch entries down), a colour bar per step."""
+    per step a near-square grid of panels (batch entries × heads) and one colour bar. Returns each
+    drawn panel's image area in the picture's pixels, (left, top, right, bottom), in drawing order."""
     import matplotlib as mpl
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed (Agg)
     from matplotlib.patches import Patch
@@ -159,25 +190,29 @@ def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> Non
     masked = masked_cells(trace)
     any_masked = False
     panel_width = (size[0] - BAR) / cols
+    panel_px = max(8, int(panel_width * opts.dpi))  # the most pixels a panel's image can show each way
     fit = labels_fit(klab, panel_width)
     cmap = mpl.colormaps[CMAP].with_extremes(bad=MASKED_COLOUR)
+    areas: list[Any] = []
     for name, sub in zip(opts.steps, subs):
         a = np.broadcast_to(np.asarray(trace[name], dtype=np.float64), w.shape)
         hidden = masked if masked is not None else np.zeros(w.shape, dtype=bool)
         lo, hi = colour_range(a, hidden, opts)
         axes = sub.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
-        image = None
+        image, block = None, (1, 1)
         for k, ax in enumerate(axes.flat):
             if k >= len(drawn):
                 ax.set_visible(False)
                 continue
             idx = drawn[k]
-            cells = np.ma.masked_array(a[idx], mask=hidden[idx] | ~np.isfinite(a[idx]))
-            image = ax.imshow(cells, cmap=cmap, vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
-            for i, j in np.argwhere(np.ma.getmaskarray(cells)):
-                any_masked = True
-                ax.add_patch(_masked_patch(j, i))
-            title = panel_title(trace, idx)
+            cells, fr, fc = downsample(a[idx], hidden[idx], panel_px, panel_px)
+            block = max(block, (fr, fc))
+            any_masked = any_masked or bool(hidden[idx].any())
+            # one image: masked and non-finite cells are its "bad" cells (grey), whatever their number
+            image = ax.imshow(np.ma.masked_invalid(cells), cmap=cmap, vmin=lo, vmax=hi, aspect="auto",
+                              interpolation="nearest", extent=(-0.5, n - 0.5, m - 0.5, -0.5))
+            areas.append(ax)
+            title = panel_title(trace, idx, lead)
             if title:
                 ax.set_title(title, fontsize=9, parse_math=False)
             r, c = divmod(k, cols)
@@ -193,19 +228,20 @@ def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> Non
         sub_title = f"{head} ({trace.meta.score or 'attention'})"
         if len(drawn) < len(entries):
             sub_title += f": first {len(drawn)} of {len(entries)} panels"
+        if block != (1, 1):
+            sub_title += (f"\n{m}×{n} cells downsampled to the picture's pixels: each pixel shows the largest value "
+                          f"of {block[0]}×{block[1]} cells")
         sub.suptitle(sub_title, fontsize=10, parse_math=False)
         if image is not None:
             bar = sub.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
             bar.set_label(STEP_LABELS.get(name, name), parse_math=False)
     if any_masked:
-        fig.legend(handles=[Patch(facecolor=MASKED_COLOUR, hatch=MASKED_HATCH, edgecolor="#606060",
-                                  label="masked key")], loc="outside lower right", fontsize=8,
-                   frameon=False)
+        fig.legend(handles=[Patch(facecolor=MASKED_COLOUR, edgecolor="#606060", label="masked key")],
+                   loc="outside lower right", fontsize=8, frameon=False)
     fig.savefig(out, format=fmt, dpi=opts.dpi, facecolor="white")
-
-
-def _masked_patch(j: int, i: int) -> Any:
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="none", edgecolor="#606060", hatch=MASKED_HATCH,
-                     linewidth=0)
+    height = fig.bbox.height
+    boxes = []
+    for ax in areas:  # after drawing: where constrained layout put each image, in the picture's pixels
+        b = ax.get_window_extent()
+        boxes.append((round(b.x0), round(height - b.y1), round(b.x1), round(height - b.y0)))
+    return boxes

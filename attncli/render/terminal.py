@@ -22,7 +22,7 @@ from rich.text import Text
 from attncli.core.diagnostics import SATURATION, masked_cells, query_labels
 from attncli.core.params import Meta
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
-from attncli.render import RenderOptions, escape, output_format
+from attncli.render import RenderOptions, colours, escape, output_format
 from attncli.render.numbers import MASKED, all_whole, column_format, num
 from attncli.render.wrap import say
 
@@ -66,20 +66,15 @@ def axis_labels(trace: Trace, axis: str, count: int) -> list[str]:
 HEAT_LEGEND = "colour: weight 0 dark purple → 1 yellow (viridis); bold: each row's largest"
 HEATMAP_STEPS = ("weights", "hard", "dropout", "avg_weights")  # steps shown as heatmaps (values are weights)
 
-# Heatmap of weights in [0, 1]: viridis stops, as d2l's show_heatmaps draws them.
-VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
+# Heatmap of weights in [0, 1]: viridis, the colour map of every view (attncli.render.colours).
 
 
 def heat_style(w: float, strongest: bool) -> Style:
     """Background colour for a weight in [0, 1] (viridis), readable text on it; bold for the row's strongest."""
     if not math.isfinite(w) or w <= 0:
         return Style(dim=True)
-    t = min(max(w, 0.0), 1.0) * (len(VIRIDIS) - 1)
-    i = min(int(t), len(VIRIDIS) - 2)
-    f = t - i
-    r, g, b = (round(c0 + (c1 - c0) * f) for c0, c1 in zip(VIRIDIS[i], VIRIDIS[i + 1]))
-    dark_text = 0.299 * r + 0.587 * g + 0.114 * b > 140
-    return Style(bgcolor=Color.from_rgb(r, g, b), color="black" if dark_text else "white", bold=strongest)
+    r, g, b = colours.rgb(w)
+    return Style(bgcolor=Color.from_rgb(r, g, b), color="white" if colours.dark(r, g, b) else "black", bold=strongest)
 
 
 def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptions,

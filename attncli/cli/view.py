@@ -1,0 +1,145 @@
+"""``attncli view``: a local viewer of every head of a layer, or of every layer of a model."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, ClassVar
+
+import typer
+
+from attncli.cli import app, handles_errors
+from attncli.cli.options import ProblemArgs, takes_options
+from attncli.core.options import VIEWER, option
+from attncli.errors import InputError
+
+VIEW_HELP = """Look at every head of a layer in the browser: a local viewer on 127.0.0.1.
+
+The same inputs and options as run (Q [K [V]]) and self (X with --heads, --weights, a checkpoint with \
+--layer N). The page shows every head and batch entry as heatmaps, zooms from the whole map down to \
+single cells (click one for its arithmetic, a query's label for its row), every step (scores, \
+scaled, masked, weights, ...), and a head view (lines from each query to the keys it attends) up \
+to 512 tokens. With --layer all, HIDDEN holds the hidden states of every layer (stacked \
+(layers + 1, [batch,] T, E), or an .npz with members 0, 1, ...) and the page starts with the \
+model view: layers × heads.
+
+The server listens on 127.0.0.1 only and answers only requests with the random token of the URL it \
+prints; it is read-only, and stops on Ctrl-C. Memory stays bounded: the weights are computed a block \
+of queries at a time; an overview of each step is kept (at most 512 × 512 values per head) and at \
+most 256 MB of exact rows.
+
+Examples:
+
+  attncli view q.npy k.npy v.npy --causal
+
+  attncli view x.npy --weights MODEL_FOLDER --layer 3 --from-residual
+
+  attncli view hidden.npz --weights MODEL_FOLDER --layer all --from-residual --no-open
+"""
+
+@dataclass(frozen=True)
+class Serve:
+    """The viewer's own options."""
+
+    COMMANDS: ClassVar[frozenset[str]] = frozenset({"view"})
+
+    port: int = option(0, "Port on 127.0.0.1 (default 0: a free one).", VIEWER, min=0, max=65535)
+    open: bool = option(True, "Open the page in the browser.", VIEWER, off="--no-open")
+
+
+@app.command("view", help=VIEW_HELP)
+@handles_errors
+@takes_options("view")
+def view_command(
+    inputs: Annotated[list[str], typer.Argument(metavar="Q [K [V]] | X | HIDDEN", show_default=False,
+                                                help="Input files, or - for stdin.")],
+    problem: ProblemArgs,
+    serving: Serve,
+) -> None:
+    from attncli.cli.inputs import build_problem
+    from attncli.io.files import Reader
+
+    reader = Reader()
+    layer = problem.layer
+    if layer is not None and layer.strip().lower() == "all":
+        layers, model = model_layers(inputs, replace(problem, layer=None), reader), True
+    else:
+        built = build_problem(inputs, problem, reader)
+        layers, model = [(f"layer {layer}" if layer is not None else "attention", built)], False
+    serve(layers, model, serving.port, serving.open)
+
+
+def model_layers(inputs: list[str], opts: ProblemArgs, reader: Any) -> list[tuple[str, Any]]:
+    """Every layer's problem: X of layer l is HIDDEN[l] (stacked (L + 1, [B,] T, E), or an .npz with
+    members 0, 1, ...), with the checkpoint's layer l."""
+    import numpy as np
+
+    from attncli.cli.inputs import build_problem
+    from attncli.io.files import Reader
+
+    if len(inputs) != 1:
+        raise InputError("--layer all takes one input: HIDDEN, the hidden states of every layer", "arguments")
+    if opts.weights is None:
+        raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors)", "--layer")
+    spec = inputs[0]
+    content = reader.read(spec)
+    if isinstance(content, dict):
+        names = sorted((k for k in map(str, content) if k.isdigit()), key=int)
+        if not names or names != [str(i) for i in range(len(names))]:
+            raise InputError("an .npz of hidden states holds members 0, 1, ... (one per layer, and the last output)",
+                             reader.source(spec))
+        states = [np.asarray(content[k]) for k in names]
+    else:
+        a = np.asarray(content)
+        if a.ndim not in (3, 4):
+            raise InputError(f"hidden states are stacked (layers + 1, [batch,] T, E); got shape {a.shape}",
+                             reader.source(spec))
+        states = list(a)
+    count = len(states) - 1 if len(states) > 1 else 1  # hidden_states: the input of each layer, then the output
+    slices = {f"{spec}[{i}]": states[i] for i in range(count)}
+
+    class Slices(Reader):
+        """The reader of the run, that also knows HIDDEN[l] by name."""
+
+        def read(self, spec: str, cap: int | None = None) -> Any:
+            return slices[spec] if spec in slices else reader.read(spec, cap)
+
+        def source(self, name: str) -> str:
+            return name if name in slices else reader.source(name)
+
+    out = []
+    for i, name in enumerate(slices):
+        out.append((f"layer {i}", build_problem([name], replace(opts, layer=str(i)), Slices(), multihead=True)))
+    return out
+
+
+def serve(layers: list[tuple[str, Any]], model: bool, port: int, open_browser: bool) -> None:
+    """Start the viewer, print its URL, open it, and serve until Ctrl-C (then exit 0)."""
+    import secrets
+
+    from attncli.render.viewer import Layer, Server, Viewer
+
+    computed = [Layer(p, name) for name, p in layers]
+    viewer = Viewer(computed, secrets.token_urlsafe(24), model=model,
+                    title="attncli view: " + ("model" if model else layers[0][0]))
+    try:
+        server = Server(viewer, port)
+    except OSError as e:
+        raise InputError(f"cannot listen on 127.0.0.1:{port} ({e.strerror or e})", "--port") from None
+    viewer.start()
+    url = server.url()
+    sys.stdout.write(f"attncli view: {url}\n(Ctrl-C stops it)\n")
+    sys.stdout.flush()
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: stop serving, exit 0
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        sys.stderr.write("attncli: viewer stopped\n")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        server.server_close()

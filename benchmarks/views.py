@@ -1,0 +1,214 @@
+"""attncli benchmarks for the views of issue 21 (pictures, pages and the viewer at a real layer's size),
+each measured in one run, before and after where the "before" code can still be run.
+
+    python benchmarks/views.py                # everything (about a minute on 2 cores)
+    python benchmarks/views.py --only plot    # one section: plot, page, viewer (repeatable)
+
+Every figure comes from a child process: its wall time and its own peak RSS (ru_maxrss of that
+child alone, read by a small wrapper process). "before" runs the code of the commit named by
+BEFORE (git show) on a size it can still finish; "after" runs today's code on the same size and
+on the target size, so the ratio is measured side by side.
+
+Targets
+  plot    `attncli run X --causal --plot a.png`, T = 2048, one head: <= 3 s and <= 400 MB peak;
+          32 heads at T = 512: <= 10 s.
+  page    `attncli run X --html a.html`, T = 2048 × 32 heads: <= 10 s, <= 25 MB.
+  viewer  `attncli view` on a 32-head, 2048-token layer: the grid's first tiles served <= 3 s after
+          the URL is printed; server peak <= 1.5 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE = "0836ede"  # the commit before issue 21's views
+# runs argv[1:] as a child and prints its wall time and peak RSS (kB) as JSON on the last line
+WRAP = ("import json, resource, subprocess, sys, time; t = time.perf_counter(); "
+        "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE); "
+        "print(json.dumps({'s': time.perf_counter() - t, 'rss_kb': "
+        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, 'rc': r.returncode, "
+        "'err': r.stderr.decode()[-300:]}))")
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def measure(cmd: list[str], timeout: float = 900) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, env=env(),
+                         timeout=timeout)
+    res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if res["rc"] != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}: {res['err']}")
+    return res
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "attncli", *args]
+
+
+def old_module(tmp: Path, path: str, name: str) -> Path:
+    """The file ``path`` as it was at BEFORE, saved as ``tmp/name.py``."""
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+    (tmp / f"{name}.py").write_text(text)
+    return tmp
+
+
+ROWS: list[tuple[str, str, str, str]] = []
+
+
+def row(what: str, figure: str, limit: str, ok: bool | None) -> None:
+    ROWS.append((what, figure, limit, "" if ok is None else ("ok" if ok else "MISSED")))
+    print(f"  {what:<58} {figure:>20}  {limit:<16} {ROWS[-1][3]}", flush=True)
+
+
+def plot_section(tmp: Path) -> None:
+    print("plot")
+    rng = np.random.default_rng(0)
+    x128, x2048, h32 = tmp / "x128.npy", tmp / "x2048.npy", tmp / "h32.npy"
+    np.save(x128, rng.standard_normal((128, 16)).astype(np.float32))
+    np.save(x2048, rng.standard_normal((2048, 16)).astype(np.float32))
+    np.save(h32, rng.standard_normal((1, 32, 512, 16)).astype(np.float32))
+    old_module(tmp, "attncli/render/plot.py", "plot_before")
+    before = ("import sys; sys.path.insert(0, sys.argv[1]); import numpy as np, attncli, plot_before as p; "
+              "t = attncli.attend(np.load(sys.argv[2]), causal=True); "
+              "p.plot_steps(t, open(sys.argv[3], 'wb'), 'png', p.PlotOptions())")
+    after = before.replace("plot_before as p", "attncli.render.plot as p")
+    b = measure([sys.executable, "-c", before, str(tmp), str(x128), str(tmp / "b128.png")])
+    a = measure([sys.executable, "-c", after, str(tmp), str(x128), str(tmp / "a128.png")])
+    row("T = 128 causal, one head: before (per-cell hatched patches)", f"{b['s']:.2f} s", "", None)
+    row("T = 128 causal, one head: after (one image)", f"{a['s']:.2f} s", f"{b['s'] / a['s']:.0f}x faster", None)
+    r = measure(cli("run", str(x2048), "--causal", "-q", "--plot", str(tmp / "a2048.png")))
+    row("attncli run, T = 2048 causal, one head, --plot", f"{r['s']:.2f} s", "<= 3 s", r["s"] <= 3)
+    row("  peak RSS", f"{r['rss_kb'] / 1024:.0f} MB", "<= 400 MB", r["rss_kb"] / 1024 <= 400)
+    r = measure(cli("run", str(h32), "-q", "--plot", str(tmp / "h32.png")))
+    row("attncli run, 32 heads, T = 512, --plot", f"{r['s']:.2f} s", "<= 10 s", r["s"] <= 10)
+    row("  peak RSS", f"{r['rss_kb'] / 1024:.0f} MB", "", None)
+
+
+def page_section(tmp: Path) -> None:
+    print("page")
+    rng = np.random.default_rng(0)
+    x512, x2048 = tmp / "p128.npy", tmp / "p2048.npy"
+    np.save(x512, rng.standard_normal((1, 32, 128, 8)).astype(np.float32))
+    np.save(x2048, rng.standard_normal((1, 32, 2048, 64)).astype(np.float32))
+    old_module(tmp, "attncli/render/page.py", "page_before")
+    before = ("import sys; sys.path.insert(0, sys.argv[1]); import numpy as np, attncli, page_before as p; "
+              "from attncli.core.diagnostics import attach; t = attncli.attend(np.load(sys.argv[2]), causal=True); "
+              "attach(t); open(sys.argv[3], 'w').write(p.page(t))")
+    b = measure([sys.executable, "-c", before, str(tmp), str(x512), str(tmp / "b128.html")])
+    size = (tmp / "b128.html").stat().st_size
+    row("T = 128 × 32 heads: before (tables of the first 64 × 64 of 16 heads)", f"{b['s']:.2f} s", "", None)
+    row("  its peak RSS and size", f"{b['rss_kb'] / 1024:.0f} MB, {size / 1e6:.1f} MB", "", None)
+    a = measure(cli("run", str(x512), "--causal", "-q", "--html", str(tmp / "a128.html")))
+    size = (tmp / "a128.html").stat().st_size
+    row("T = 128 × 32 heads: after (every head, first/last rows exact)", f"{a['s']:.2f} s",
+        f"{b['s'] / a['s']:.1f}x faster", None)
+    row("  its peak RSS and size", f"{a['rss_kb'] / 1024:.0f} MB, {size / 1e6:.1f} MB", "", None)
+    r = measure(cli("run", str(x2048), "--causal", "-q", "--html", str(tmp / "a2048.html")))
+    size = (tmp / "a2048.html").stat().st_size
+    row("attncli run, T = 2048 × 32 heads, --html", f"{r['s']:.2f} s", "<= 10 s", r["s"] <= 10)
+    row("  file size", f"{size / 1e6:.1f} MB", "<= 25 MB", size <= 25e6)
+    row("  peak RSS", f"{r['rss_kb'] / 1024:.0f} MB", "", None)
+    opened = open_in_chromium(tmp / "a2048.html")
+    if opened is not None:
+        row("  opens in chromium (load event)", f"{opened:.2f} s", "<= 3 s", opened <= 3)
+
+
+def open_in_chromium(path: Path) -> float | None:
+    import shutil
+
+    exe = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if exe is None:
+        return None
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        page = b.new_page()
+        t = time.perf_counter()
+        page.goto(path.as_uri())
+        page.wait_for_load_state("load")
+        took = time.perf_counter() - t
+        b.close()
+    return took
+
+
+def viewer_section(tmp: Path) -> None:
+    import signal
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    print("viewer")
+    x = tmp / "h32x2048.npy"
+    np.save(x, np.random.default_rng(0).standard_normal((1, 32, 2048, 64)).astype(np.float32))
+    proc = subprocess.Popen(cli("view", str(x), "--causal", "--no-open"), stdout=subprocess.PIPE, text=True, env=env())
+    assert proc.stdout is not None
+    url = proc.stdout.readline().split(": ", 1)[1].strip()
+    t0 = time.perf_counter()
+    base, token = url.split("/?token=")
+
+    def get(path: str) -> bytes:
+        with urllib.request.urlopen(f"{base}{path}&token={token}", timeout=600) as r:
+            return bytes(r.read())
+
+    try:
+        get("/api/meta?")
+        tiles = [f"/api/tile?layer=0&entry=0,{h}&step=weights&r0=0&r1=2048&c0=0&c1=2048&w=160&h=160" for h in range(32)]
+        with ThreadPoolExecutor(6) as ex:  # as a browser: 6 connections to one host
+            list(ex.map(get, tiles))
+        first = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        get("/api/tile?layer=0&entry=0,5&step=weights&r0=1000&r1=1040&c0=900&c1=940&w=640&h=640")
+        zoom = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        get("/api/explain?layer=0&entry=0,5&i=1020&j=910")
+        explain = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        get("/api/tile?layer=0&entry=0,5&step=scores&r0=0&r1=2048&c0=0&c1=2048&w=160&h=160")
+        step = time.perf_counter() - t1
+        peak = int(next(line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                        if line.startswith("VmHWM")))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    row("view, 32 heads × 2048 tokens (d = 64): first paint (32 tiles)", f"{first:.2f} s", "<= 3 s", first <= 3)
+    row("  a zoomed-in tile (exact rows)", f"{zoom:.2f} s", "", None)
+    row("  a cell's arithmetic", f"{explain:.2f} s", "", None)
+    row("  another step's overview (scores, every row)", f"{step:.2f} s", "", None)
+    row("  server peak RSS", f"{peak / 1024:.0f} MB", "<= 1536 MB", peak / 1024 <= 1536)
+
+
+SECTIONS = {"plot": plot_section, "page": page_section, "viewer": viewer_section}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", choices=sorted(SECTIONS))
+    args = ap.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        for name in args.only or list(SECTIONS):
+            SECTIONS[name](Path(d))
+    print(f"load average after: {os.getloadavg()[0]:.2f}; {time.perf_counter() - start:.0f} s in all")
+    if any(r[3] == "MISSED" for r in ROWS):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
