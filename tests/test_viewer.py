@@ -185,7 +185,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_cells_arithmetic_is_the_explain_text(tmp_path: Path, case: str) -> None:
     from attncli.cli.inputs import build_problem
-    from attncli.cli.options import Args
+    from attncli.cli.options import ProblemArgs
     from attncli.io.files import Reader
 
     flags, shape = CASES[case]
@@ -196,7 +196,9 @@ def test_a_cells_arithmetic_is_the_explain_text(tmp_path: Path, case: str) -> No
     parsed = {"causal": "--causal" in flags, "rope": "half" if "--rope" in flags else None,
               "alibi": True if "--alibi" in flags else None, "softcap": 5.0 if "--softcap" in flags else None,
               "window": 3 if "--window" in flags else None, "valid_lens": "5,7" if "--valid-lens" in flags else None}
-    opts = Args(**{k: v for k, v in parsed.items() if v not in (None, False)})
+    given = {k: v for k, v in parsed.items() if v not in (None, False)}
+    valid_lens = given.pop("valid_lens", None)
+    opts = ProblemArgs(valid_lens=valid_lens, options=given)
     layer = Layer(build_problem([str(x)], opts, Reader()), "attention")
     lead = layer.lead
     entry = tuple(n - 1 for n in lead)
@@ -210,12 +212,12 @@ def test_a_cells_arithmetic_is_the_explain_text(tmp_path: Path, case: str) -> No
 
 def test_multihead_self_attention_cell_is_the_explain_text(tmp_path: Path) -> None:
     from attncli.cli.inputs import build_problem
-    from attncli.cli.options import Args
+    from attncli.cli.options import ProblemArgs
     from attncli.io.files import Reader
 
     x = tmp_path / "x.npy"
     np.save(x, np.random.default_rng(5).standard_normal((6, 8)))
-    opts = Args(heads=4, kv_heads=2, seed=3, causal=True)
+    opts = ProblemArgs(heads=4, options={"kv_heads": 2, "seed": 3, "causal": True})
     layer = Layer(build_problem([str(x)], opts, Reader(), multihead=True), "attention")
     args = ["self", str(x), "--heads", "4", "--kv-heads", "2", "--seed", "3", "--causal"]
     got = layer.explain((3,), 4, 2)

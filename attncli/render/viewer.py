@@ -235,14 +235,15 @@ class Layer:
             a = to_numpy(s.values)
             if s.axes[0] == QUERIES and a.ndim >= 2 and a.shape[-2] == 1:
                 a = np.broadcast_to(a, a.shape[:-2] + (self.m,) + a.shape[-1:])
-            t.steps.append(Step(s.name, s.formula, a, s.axes, list(s.notes)))
+            t.steps.append(Step(s.name, s.formula, a, s.axes, list(s.notes), params=s.params))
         w = part.step(part.meta.weights_step or "weights").values
         out = to_numpy(weighted_sum(w, self.v))  # (..., 1, n) x (..., n, d_v) -> (..., 1, d_v)
         name = "head_output" if self.p.projected else "output"
         t.steps.append(Step(name, f"{name} = {t.meta.weights_step or 'weights'} · V",
                             np.broadcast_to(out, out.shape[:-2] + (self.m,) + out.shape[-1:]), (QUERIES, FEATURES)))
         if self.unbatch:  # as the engine's merge: an unbatched input's batch axis dropped (not the weights')
-            t.steps = [s if s.name in PARAMETERS else Step(s.name, s.formula, to_numpy(s.values)[0], s.axes, s.notes)
+            t.steps = [s if s.name in PARAMETERS else Step(s.name, s.formula, to_numpy(s.values)[0], s.axes, s.notes,
+                                                              params=s.params)
                        for s in t.steps]
         return t
 
@@ -252,7 +253,7 @@ class Layer:
         if self._steps64 is None:
             base = self.p.trace
             self._steps64 = [Step(s.name, s.formula, np.asarray(to_numpy(s.values), dtype=np.float64), s.axes,
-                                  list(s.notes)) for s in base.steps]
+                                  list(s.notes), params=s.params) for s in base.steps]
             self._inputs64 = {k: np.asarray(to_numpy(v), dtype=np.float64) for k, v in base.inputs.items()}
         return self._steps64, self._inputs64
 
