@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from attncli.core.trace import Trace
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
-from attncli.core.trace import Trace
 
 SATURATION = 0.99  # a row whose largest weight exceeds this is (nearly) one-hot
 SPREAD_FACTOR = 2.0  # unscaled dot scores spreading over more than this many √d are flagged

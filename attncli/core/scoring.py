@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from attncli.core.params import Features
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.errors import InputError
 
@@ -214,6 +213,8 @@ def additive(s: ScoreInput) -> Any:
         f += p["b"]  # (..., m, n, h) + (h,), in place
     f = act(xp, f)
     plus_b = " + b" if "b" in p else ""
+    from attncli.core.params import Features  # here: `attncli --help` lists the scores without defining it
+
     s.add_step("features", f"features = {act_name}(q W_q + k W_k{plus_b}): h numbers per (query, key)",
                f, (KEYS, HIDDEN), notes=[f"shape {tuple(f.shape)} = (..., queries, keys, h): one table per query "
                                          "(the last index of each caption), rows keys, columns hidden units"],

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from attncli.core.params import Meta
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.core.backend import to_numpy
-from attncli.core.params import Meta
 
 # Names of the axes a step's last two dimensions run over; renderers map them to labels.
 QUERIES, KEYS, FEATURES = "queries", "keys", "features"
@@ -56,6 +57,12 @@ class StepName(str, Enum):
     __format__ = str.__format__  # type: ignore[assignment]
 
 
+def _meta() -> Meta:
+    from attncli.core.params import Meta  # here: `attncli --help` builds its options without defining every dataclass
+
+    return Meta()
+
+
 @dataclass
 class Step:
     """One named step of the computation: ``values`` has shape ``(..., rows, cols)``."""
@@ -80,7 +87,7 @@ class Trace:
     query_labels: list[str] | None = None
     key_labels: list[str] | None = None
     warnings: list[str] = field(default_factory=list)
-    meta: Meta = field(default_factory=Meta)  # score, backend, device, dtype, shapes, ...
+    meta: Meta = field(default_factory=lambda: _meta())  # score, backend, device, dtype, shapes, ...
     inputs: dict[str, Any] = field(default_factory=dict)  # q, k, v as computed on (backend arrays)
     extra: dict[str, Any] = field(default_factory=dict)  # more JSON fields (e.g. diagnostics)
     dead: Any = None  # (..., m) bool: the rows with every key masked (None: none, or not computed)
