@@ -210,6 +210,36 @@ def test_single_multihead_module(tmp_path: Path) -> None:
     np.testing.assert_array_equal(la.arrays["W_v"], mha.in_proj_weight.detach().numpy()[16:].T)
 
 
+def test_one_registry_reads_a_multihead_module_as_weights_file_and_checkpoint(tmp_path: Path) -> None:
+    """One nn.MultiheadAttention saved as a weights file (.pt) and as a checkpoint (.safetensors): the same entry
+    of the one registry (attncli.io.layouts.LAYOUTS) recognises both, and both give PyTorch's own matrices,
+    transposed (in_proj_weight = [W_q; W_k; W_v] by rows, out_proj (out, in))."""
+    from safetensors.torch import save_file
+
+    from attncli.io.files import Reader
+    from attncli.io.layouts import LAYOUTS, find_layouts, projections_from
+
+    mha = torch.nn.MultiheadAttention(8, 2)
+    torch.nn.init.uniform_(mha.in_proj_bias)  # zero by default: make the slices tell
+    sd = mha.state_dict()
+    pt, st = tmp_path / "mha.pt", tmp_path / "mha.safetensors"
+    torch.save(sd, pt)
+    save_file(sd, st)
+    names = list(sd)
+    as_file, as_ckpt = find_layouts(names, files=True), find_layouts(names)
+    assert len(as_file) == len(as_ckpt) == 1 and as_file[0].layout is as_ckpt[0].layout is LAYOUTS["mha-module"]
+    proj = projections_from(Reader().read(str(pt)), str(pt))
+    la = load_layer(st, None)
+    w, b = mha.in_proj_weight.detach().numpy(), mha.in_proj_bias.detach().numpy()
+    ref = {"W_q": w[:8].T, "W_k": w[8:16].T, "W_v": w[16:].T, "b_q": b[:8], "b_k": b[8:16], "b_v": b[16:],
+           "W_o": mha.out_proj.weight.detach().numpy().T, "b_o": mha.out_proj.bias.detach().numpy()}
+    for n, a in ref.items():
+        np.testing.assert_array_equal(getattr(proj, n), a, err_msg=n)
+        np.testing.assert_array_equal(la.arrays[n], a, err_msg=n)
+    assert (proj.kind, la.layout) == ("mha", "mha-module")
+    assert proj.origin["W_k"] == la.origin["W_k"] == "in_proj_weight[8:16]ᵀ"
+
+
 def test_nanogpt_linear_c_attn_is_gpt2_transposed(tmp_path: Path) -> None:
     """nanoGPT stores c_attn as nn.Linear (3E, E); HF GPT-2 as Conv1D (E, 3E): the same textbook matrices."""
     transformers = pytest.importorskip("transformers")

@@ -26,9 +26,10 @@ from attncli.cli import app
 from attncli.core import plan as plan_mod
 from attncli.core.engine import multihead
 from attncli.core.problem import Options
-from attncli.core.projections import init_projections, projections_from
+from attncli.core.projections import init_projections
 from attncli.errors import InputError
 from attncli.io.files import Reader
+from attncli.io.layouts import projections_from
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parent.parent / "attncli" / "examples"

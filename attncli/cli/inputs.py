@@ -19,7 +19,7 @@ from attncli.cli.options import ProblemArgs
 from attncli.core.layer import Layer
 from attncli.core.options import Options, declared
 from attncli.core.problem import Problem, numeric_array
-from attncli.core.projections import Projections, init_projections, projections_from
+from attncli.core.projections import Projections, init_projections
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
 from attncli.errors import InputError, printable
@@ -298,6 +298,8 @@ def _projections(arrays: dict[str, Any], doc: dict[str, Any], src: str, opts: Pr
         raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
     if opts.layout is not None and weights is None:
         raise InputError("needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layout")
+    from attncli.io.layouts import projections_from  # the one registry of weight layouts (imported when used)
+
     if weights is not None:
         spec = str(weights)
         if opts.layer is not None or _checkpoint_path(spec):

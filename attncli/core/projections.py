@@ -4,16 +4,14 @@
     output = concat(head_0, ..., head_{H-1}) W_o + b_o
 
 The computation itself is the one pipeline (attncli.core.engine). Weights use the textbook
-convention ``Q = X @ W_q`` (``W_q`` has shape ``(d_model, d_k)``). PyTorch state dicts of
-``nn.MultiheadAttention`` and of modules with ``nn.Linear`` layers named ``W_q, W_k, W_v, W_o``
-(d2l) or ``q, k, v`` (the notes) are recognised and converted (transposed); ``WEIGHT_FORMATS``
-is the registry of what is recognised.
+convention ``Q = X @ W_q`` (``W_q`` has shape ``(d_model, d_k)``). Reading them from a weights
+file or a checkpoint (``nn.MultiheadAttention``, d2l's and the notes' ``nn.Linear`` layers, ...) is
+the io layer's: attncli.io.layouts.LAYOUTS is the one registry of weight layouts.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +20,7 @@ import numpy as np
 from attncli.core.arrays import mask_array, numeric_array
 from attncli.core.heads import check_kv_heads
 from attncli.core.weights import linear_init, seeded_rng
-from attncli.errors import InputError, printable
+from attncli.errors import InputError
 
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 BIASES = ("b_q", "b_k", "b_v", "b_o")
@@ -127,175 +125,6 @@ class Projections:
                              f"each head takes d_v / heads features; choose a number of heads that divides {self.d_v}",
                              "--heads")
         return kv_heads
-
-
-Entries = Mapping[str, Any]
-Converter = Callable[[Entries, str, str], dict[str, Any]]  # (entries, prefix, source) -> {name: array}
-
-
-@dataclass(frozen=True)
-class WeightFormat:
-    name: str
-    marker: str  # the key (after a module prefix) that identifies this format
-    convert: Converter
-    description: str
-
-
-WEIGHT_FORMATS: dict[str, WeightFormat] = {}
-
-
-def weight_format(name: str, marker: str, description: str) -> Callable[[Converter], Converter]:
-    """Register a way of naming projection weights, recognised by its ``marker`` key."""
-
-    def deco(fn: Converter) -> Converter:
-        WEIGHT_FORMATS[name] = WeightFormat(name, marker, fn, description)
-        return fn
-
-    return deco
-
-
-def _get(entries: Entries, key: str, source: str, why: str) -> np.ndarray:
-    if key not in entries:
-        raise InputError(f"has {why} but no {key!r}: a state dict with this layout needs it "
-                         f"(it has {', '.join(map(str, entries))})", source)
-    return numeric_array(entries[key], key, source)
-
-
-def _opt(entries: Entries, key: str, source: str) -> np.ndarray | None:
-    return None if key not in entries else numeric_array(entries[key], key, source)
-
-
-def _t(a: np.ndarray | None) -> np.ndarray | None:
-    """An ``nn.Linear`` weight (out, in) in the textbook convention (in, out)."""
-    return None if a is None else (a.T if a.ndim == 2 else a)
-
-
-@weight_format("textbook", "W_q", "W_q, W_k, W_v (and W_o, b_q, b_k, b_v, b_o) with Q = X @ W_q")
-def _textbook(e: Entries, p: str, source: str) -> dict[str, Any]:
-    out: dict[str, Any] = {n: _get(e, p + n, source, "W_q") for n in ("W_q", "W_k", "W_v")}
-    out.update({n: _opt(e, p + n, source) for n in ("W_o", *BIASES, *EXTRAS)})
-    return out
-
-
-def _linear_layers(e: Entries, p: str, source: str, names: tuple[str, str, str, str], kind: str) -> dict[str, Any]:
-    q, k, v, o = names
-    out: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for t, layer in zip(PROJECTIONS, names):
-        key = f"{p}{layer}.weight"
-        w = _get(e, key, source, f"{p}{q}.weight ({kind})") if layer != o else _opt(e, key, source)
-        out[t] = _t(w)
-        origin[t] = f"{key}ᵀ"
-        b = _opt(e, f"{p}{layer}.bias", source)
-        out["b_" + t[-1]] = b
-        if b is not None:
-            origin["b_" + t[-1]] = f"{p}{layer}.bias"
-    out["origin"] = origin
-    return out
-
-
-@weight_format("d2l", "W_q.weight", "nn.Linear layers W_q, W_k, W_v, W_o (d2l's MultiHeadAttention)")
-def _d2l(e: Entries, p: str, source: str) -> dict[str, Any]:
-    return _linear_layers(e, p, source, ("W_q", "W_k", "W_v", "W_o"), "nn.Linear layers W_q, W_k, W_v")
-
-
-@weight_format("notes", "q.weight", "nn.Linear layers q, k, v (and o), as in the notes' MultiheadAttention")
-def _notes(e: Entries, p: str, source: str) -> dict[str, Any]:
-    return _linear_layers(e, p, source, ("q", "k", "v", "o"), "nn.Linear layers q, k, v")
-
-
-def _mha_rest(e: Entries, p: str, source: str, out: dict[str, Any], origin: dict[str, str], widths: list[int]) -> dict[str, Any]:
-    for extra in ("bias_k", "bias_v"):
-        if p + extra in e:
-            raise InputError(f"holds {p + extra}: nn.MultiheadAttention(add_bias_kv=True) is not supported", source)
-    bias = _opt(e, p + "in_proj_bias", source)
-    if bias is not None:
-        if bias.shape != (sum(widths),):
-            raise InputError(f"{p}in_proj_bias has shape {bias.shape}; expected ({sum(widths)},) "
-                             "(the q, k, v biases one after the other)", source)
-        start = 0
-        for n, w in zip(("b_q", "b_k", "b_v"), widths):
-            out[n], origin[n] = bias[start:start + w], f"{p}in_proj_bias[{start}:{start + w}]"
-            start += w
-    out["W_o"] = _t(_get(e, p + "out_proj.weight", source, "nn.MultiheadAttention weights"))
-    origin["W_o"] = f"{p}out_proj.weightᵀ"
-    out["b_o"] = _opt(e, p + "out_proj.bias", source)
-    if out["b_o"] is not None:
-        origin["b_o"] = f"{p}out_proj.bias"
-    out["origin"] = origin
-    return out
-
-
-@weight_format("mha", "in_proj_weight", "nn.MultiheadAttention: in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias")
-def _mha_packed(e: Entries, p: str, source: str) -> dict[str, Any]:
-    w = numeric_array(e[p + "in_proj_weight"], "in_proj_weight", source)
-    if w.ndim != 2 or w.shape[0] % 3:
-        raise InputError(f"{p}in_proj_weight has shape {w.shape}; expected (3·E, E) "
-                         "(the q, k and v projections stacked)", source)
-    d = w.shape[0] // 3
-    out: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for i, n in enumerate(("W_q", "W_k", "W_v")):
-        out[n], origin[n] = w[i * d:(i + 1) * d].T, f"{p}in_proj_weight[{i * d}:{(i + 1) * d}]ᵀ"
-    return _mha_rest(e, p, source, out, origin, [d, d, d])
-
-
-@weight_format("mha-kdim", "q_proj_weight",
-               "nn.MultiheadAttention with kdim/vdim: q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, out_proj")
-def _mha_separate(e: Entries, p: str, source: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for n, key in (("W_q", "q_proj_weight"), ("W_k", "k_proj_weight"), ("W_v", "v_proj_weight")):
-        out[n], origin[n] = _t(_get(e, p + key, source, "q_proj_weight (nn.MultiheadAttention with kdim/vdim)")), f"{p}{key}ᵀ"
-    widths = [int(out[n].shape[1]) if out[n].ndim == 2 else 0 for n in ("W_q", "W_k", "W_v")]
-    return _mha_rest(e, p, source, out, origin, widths)
-
-
-def _flatten(content: Any, source: str) -> dict[str, Any]:
-    """A weights file's entries: the mapping itself, or its ``weights:`` sub-mapping."""
-    if not isinstance(content, dict):
-        raise InputError("holds a single array; projection weights need named entries "
-                         "(W_q, W_k, W_v, ... or a PyTorch state dict)", source)
-    inner = content.get("weights")
-    if isinstance(inner, dict):
-        return inner
-    return content
-
-
-def projections_from(content: Any, source: str, prefix: str | None = None) -> Projections:
-    """Projection weights from a loaded file (npz/yaml/json mapping or a state dict), converted.
-
-    The layout is recognised by its marker key (``WEIGHT_FORMATS``), optionally under a module
-    prefix (``encoder.attn.in_proj_weight``); ``prefix`` picks one when several are present.
-    """
-    entries = _flatten(content, source)
-    found: list[tuple[str, WeightFormat]] = []
-    for key in map(str, entries):
-        for f in WEIGHT_FORMATS.values():
-            if key == f.marker or key.endswith("." + f.marker):
-                found.append((key[: len(key) - len(f.marker)], f))
-    if prefix is not None:
-        want = prefix if not prefix or prefix.endswith(".") else prefix + "."
-        found = [(p, f) for p, f in found if p == want]
-        if not found:
-            raise InputError(f"has no projection weights under the prefix {prefix!r}", source)
-    if not found:
-        layouts = ("W_q, W_k, W_v (textbook; d2l's nn.Linear), q, k, v (the notes), in_proj_weight or "
-                   "q_proj_weight (nn.MultiheadAttention)")  # a short line: WEIGHT_FORMATS' descriptions are long
-        have = printable(", ".join(list(map(str, entries))[:12]), 60)
-        raise InputError(f"has no projection weights (it has {have or 'nothing'}); expected one of: {layouts}", source)
-    if len({p for p, _ in found}) > 1:
-        raise InputError(f"holds the weights of several modules ({', '.join(sorted(p.rstrip('.') for p, _ in found))}); "
-                         "choose one with --prefix", source)
-    p, f = found[0]
-    parts = f.convert(entries, p, source)
-    origin = parts.pop("origin", {})
-    arrays = {n: (None if a is None else np.asarray(a)) for n, a in parts.items()}
-    for n in BIASES:  # a bias saved by --save as a (1, d) row
-        b = arrays.get(n)
-        if b is not None and b.ndim == 2 and b.shape[0] == 1:
-            arrays[n] = b[0]
-    return Projections(**arrays, source=source, origin=origin, kind=f.name)  # type: ignore[arg-type]
 
 
 def xavier_init(rng: np.random.Generator, shape: tuple[int, int], fan: tuple[int, int] | None = None) -> np.ndarray:

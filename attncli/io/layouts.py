@@ -14,10 +14,12 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
 A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
-whose marker tensor is present, picks the layer, and reads only that layer's tensors.
-:func:`inspect_checkpoint` reports the same from headers. Two helpers compute what the
-config describes: :func:`rope_frequencies` (RoPE inv_freq and attention factor for default,
-linear, llama3 and yarn scaling) and :func:`t5_position_bias` (T5's bucketed bias).
+whose marker tensor is present, picks the layer, and reads only that layer's tensors. The same
+registry, ``LAYOUTS``, holds the layouts of a weights file (one module's entries in memory,
+read from .npz/.yaml/.json/.pt: textbook, d2l, notes, mha-kdim, converted by attncli.io.weights;
+:func:`module_layout`), which :func:`projections_from` recognises by the same lookup
+(:func:`find_layouts`); nn.MultiheadAttention's entry (mha-module) reads both.
+:func:`inspect_checkpoint` reports the same from headers.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ from typing import Any
 import numpy as np
 
 from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
-from attncli.errors import InputError
+from attncli.core.projections import BIASES, Projections
+from attncli.errors import InputError, printable
 from attncli.io import config as cfgcheck
+from attncli.io import weights
 from attncli.io.checkpoint import Checkpoint, model_args, open_checkpoint
 from attncli.io.families import FAMILIES, REFUSED, Family, attention_keys, unsupported_key
+from attncli.io.weights import Converter, entries_of
 
 
 @dataclass
@@ -81,23 +86,53 @@ Reader = Callable[["Ctx"], None]
 
 @dataclass(frozen=True)
 class Layout:
+    """A way of naming attention weights. A checkpoint layout ``read``s layer N of a stack through a Ctx; a
+    module layout ``convert``s one module's entries held in memory (a weights file: .npz/.yaml/.json/.pt,
+    attncli.io.weights). nn.MultiheadAttention's is both: one reader for weights files and checkpoints."""
     name: str
     marker: re.Pattern[str]  # groups: stack (the prefix before the layer index), n (the layer index)
-    read: Reader
+    read: Reader | None
     description: str
+    convert: Converter | None = None  # (entries, prefix, source) -> {textbook name: array, "origin": {...}}
+    file_name: str = ""  # what a weights file read with ``convert`` is called (Projections.kind); default: name
+
+    def reader(self) -> Reader:
+        if self.read is None:
+            raise AssertionError(f"{self.name} is a weights-file layout, not a checkpoint's")
+        return self.read
+
+    def converter(self) -> Converter:
+        if self.convert is None:
+            raise AssertionError(f"{self.name} is a checkpoint layout, not a weights file's")
+        return self.convert
 
 
 LAYOUTS: dict[str, Layout] = {}
 
 
-def layout(name: str, marker: str, description: str) -> Callable[[Reader], Reader]:
-    """Register a checkpoint layout recognised by its ``marker`` (a regex over tensor names)."""
+def layout(name: str, marker: str, description: str, *, convert: Converter | None = None,
+           file_name: str = "") -> Callable[[Reader], Reader]:
+    """Register a checkpoint layout recognised by its ``marker`` (a regex over tensor names); ``convert``: it
+    also reads a weights file that holds one such module."""
 
     def deco(fn: Reader) -> Reader:
-        LAYOUTS[name] = Layout(name, re.compile(marker), fn, description)
+        LAYOUTS[name] = Layout(name, re.compile(marker), fn, description, convert, file_name)
         return fn
 
     return deco
+
+
+def module_layout(name: str, key: str, convert: Converter, description: str) -> None:
+    """Register a weights-file layout recognised by its marker ``key``, alone or under a module prefix
+    (``encoder.attn.W_q``)."""
+    LAYOUTS[name] = Layout(name, re.compile(rf"^(?P<stack>(?:.*\.)?){re.escape(key)}$"), None, description, convert)
+
+
+module_layout("textbook", "W_q", weights.textbook, "W_q, W_k, W_v (and W_o, b_q, b_k, b_v, b_o) with Q = X @ W_q")
+module_layout("d2l", "W_q.weight", weights.d2l, "nn.Linear layers W_q, W_k, W_v, W_o (d2l's MultiHeadAttention)")
+module_layout("notes", "q.weight", weights.notes, "nn.Linear layers q, k, v (and o), as in the notes' MultiheadAttention")
+module_layout("mha-kdim", "q_proj_weight", weights.mha_separate,
+              "nn.MultiheadAttention with kdim/vdim: q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, out_proj")
 
 
 # Layouts attncli recognises but does not read: a name pattern -> what it is and why.
@@ -701,12 +736,10 @@ def _mha(c: Ctx) -> None:
 
 def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
     """nn.MultiheadAttention's in_proj_weight (3E, E) = [W_q; W_k; W_v] by rows, each nn.Linear (out, in):
-    parsed by the one reader of that module (attncli.core.projections' "mha" weight format)."""
-    from attncli.core.projections import WEIGHT_FORMATS
-
+    parsed by the one reader of that module (attncli.io.weights.mha_packed, as in a weights file)."""
     names = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias", "bias_k", "bias_v")
     entries = {a + n: c.get(a + n) for n in names if c.has(a + n)}
-    parts = WEIGHT_FORMATS["mha"].convert(entries, a, c.ckpt.source)
+    parts = weights.mha_packed(entries, a, c.ckpt.source)
     origin = parts.pop("origin", {})
     for k, v in parts.items():
         if v is not None:
@@ -716,7 +749,8 @@ def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
 
 
 @layout("mha-module", r"^(?P<stack>(?:.*\.)?)in_proj_weight$",
-        "one nn.MultiheadAttention: in_proj_weight (3E, E), in_proj_bias, out_proj (a single layer)")
+        "one nn.MultiheadAttention: in_proj_weight (3E, E), in_proj_bias, out_proj (a single layer)",
+        convert=weights.mha_packed, file_name="mha")
 def _mha_module(c: Ctx) -> None:
     a = c.stack  # the module itself: no layer index in its names
     w = c.get(a + "in_proj_weight")
@@ -734,11 +768,14 @@ class Found:
     layers: list[int]
 
 
-def find_layouts(names: list[str]) -> list[Found]:
-    """Every (layout, stack) whose marker occurs, with the layer indices present."""
+def find_layouts(names: list[str], files: bool = False) -> list[Found]:
+    """Every (layout, stack) whose marker occurs, with the layer indices present: the checkpoint layouts, or
+    (``files``) those that read one module held in memory (a weights file)."""
     found: dict[tuple[str, str], set[int]] = {}
     for name in names:
         for lay in LAYOUTS.values():
+            if (lay.convert if files else lay.read) is None:
+                continue
             m = lay.marker.match(name)
             if m:
                 n = m.groupdict().get("n")
@@ -771,7 +808,7 @@ def _choose(ckpt: Checkpoint, prefix: str | None, want: str | None = None) -> Fo
         if found:
             complete = found  # the reader names what is missing
         else:
-            layouts = ", ".join(LAYOUTS)
+            layouts = ", ".join(n for n, lay in LAYOUTS.items() if lay.read is not None)
             sample = ", ".join(names[:6])
             raise InputError(f"holds no attention layout attncli knows ({layouts}); its tensors start {sample}",
                              ckpt.source)
@@ -781,6 +818,40 @@ def _choose(ckpt: Checkpoint, prefix: str | None, want: str | None = None) -> Fo
         stacks = ", ".join(f"{f.stack.rstrip('.')} ({f.layout.name}, {len(f.layers)} layers)" for f in complete)
         raise InputError(f"holds several attention stacks: {stacks}; choose one with --prefix", ckpt.source)
     return complete[0]
+
+
+# ---- a weights file: one module's entries, by the same registry ----------------------------------
+
+def projections_from(content: Any, source: str, prefix: str | None = None) -> Projections:
+    """Projection weights from a loaded file (npz/yaml/json mapping or a state dict), converted.
+
+    The layout is recognised by its marker key (the module layouts of ``LAYOUTS``), optionally under a
+    module prefix (``encoder.attn.in_proj_weight``); ``prefix`` picks one when several are present.
+    """
+    entries = entries_of(content, source)
+    found = [(f.stack, f.layout) for f in find_layouts(list(map(str, entries)), files=True)]
+    if prefix is not None:
+        want = prefix if not prefix or prefix.endswith(".") else prefix + "."
+        found = [(p, f) for p, f in found if p == want]
+        if not found:
+            raise InputError(f"has no projection weights under the prefix {prefix!r}", source)
+    if not found:
+        layouts = ("W_q, W_k, W_v (textbook; d2l's nn.Linear), q, k, v (the notes), in_proj_weight or "
+                   "q_proj_weight (nn.MultiheadAttention)")  # a short line: the descriptions are long
+        have = printable(", ".join(list(map(str, entries))[:12]), 60)
+        raise InputError(f"has no projection weights (it has {have or 'nothing'}); expected one of: {layouts}", source)
+    if len({p for p, _ in found}) > 1:
+        raise InputError(f"holds the weights of several modules ({', '.join(sorted(p.rstrip('.') for p, _ in found))}); "
+                         "choose one with --prefix", source)
+    p, f = found[0]
+    parts = f.converter()(entries, p, source)
+    origin = parts.pop("origin", {})
+    arrays = {n: (None if a is None else np.asarray(a)) for n, a in parts.items()}
+    for n in BIASES:  # a bias saved by --save as a (1, d) row
+        b = arrays.get(n)
+        if b is not None and b.ndim == 2 and b.shape[0] == 1:
+            arrays[n] = b[0]
+    return Projections(**arrays, source=source, origin=origin, kind=f.file_name or f.name)  # type: ignore[arg-type]
 
 
 def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -> Family | None:
@@ -849,7 +920,7 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     if heads is None and args is not None and args.get("n_head") is not None:  # nanoGPT's ckpt.pt says it
         heads = cfgcheck.value(args, "n_head", f"{ckpt.source} (model_args)")
     c = Ctx(ckpt, f.stack, layer, count, ckpt.config, heads_hint=heads, family=fam)
-    f.layout.read(c)
+    f.layout.reader()(c)
     if c.facts.heads is None:
         c.facts.extra.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
     _check_shapes(c)
@@ -921,7 +992,7 @@ def _facts_only(ckpt: Checkpoint, f: Found, layout: str | None = None) -> dict[s
     shadow = _HeaderOnly(ckpt)
     fam = resolve_family(ckpt, f.layout, layout)
     c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, ckpt.config, family=fam)  # type: ignore[arg-type]
-    f.layout.read(c)
+    f.layout.reader()(c)
     d = dict(c.facts.__dict__)
     d["first_layer"] = f.layers[0]
     d["origin"] = dict(c.origin)
