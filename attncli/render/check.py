@@ -221,6 +221,17 @@ def print_verdict(verdict: Verdict, precision: int, console: Any) -> None:
                           "a constant factor (a scaling applied to the output?)")
 
 
+def print_cells(cells: list[dict[str, Any]], console: Any) -> None:
+    """The arithmetic of the cells ``check --explain`` names, after the verdict (the lines of ``run --explain``)."""
+    from attncli.render.wrap import say
+
+    for e in cells:  # as render.explain.print_explanations writes them
+        console.print()
+        say(console, e["heading"], style="bold underline")
+        for line in e["lines"]:
+            say(console, line)
+
+
 @check_format("json")
 def print_json(verdict: Verdict | Steps | LayerVerdicts, precision: int, out: Any) -> None:
     out.write(verdict_json(verdict.to_dict()) + "\n")
