@@ -366,3 +366,38 @@ def test_no_explain_and_rtol_alone() -> None:
     # the example's comment, 0.1780 = sdpa by hand): a relative tolerance of 0.95 accepts them all, 0.9 does not
     assert runner.invoke(app, ["check", "--rtol", "0.95", "-e", json.dumps(CAT_PUBLISHED), CAT]).exit_code == 0
     assert runner.invoke(app, ["check", "--rtol", "0.9", "-e", json.dumps(CAT_PUBLISHED), CAT]).exit_code == 1
+
+
+def test_explain_cells_after_the_verdict_as_run_explains_them(tmp_path: Path) -> None:
+    """``check EXPECTED Q K V -x 1,2`` prints, after its verdict, the lines ``run Q K V -x 1,2`` prints (both from
+    render/explain.py), on a match and on a mismatch; the weight they end with is the float64 softmax by hand."""
+    inputs, truth = save_inputs(tmp_path)
+    np.save(tmp_path / "exact.npy", truth)
+    np.save(tmp_path / "off.npy", truth + 0.1)
+    ran = runner.invoke(app, ["run", *inputs, "-x", "1,2", "-x", "0,4"], env={"COLUMNS": "100"})
+    assert ran.exit_code == 0, ran.output
+    explained = ran.output[ran.output.index("Explain weight(q1, k2)"):].strip()
+    q, k, _ = rand()
+    s = q @ k.T / math.sqrt(q.shape[-1])
+    w = np.exp(s) / np.exp(s).sum(axis=-1, keepdims=True)
+    assert f"= {w[1, 2]:.4f}" in explained.split("Explain weight(q0, k4)")[0]
+    assert f"= {w[0, 4]:.4f}" in explained.split("Explain weight(q0, k4)")[1]
+    for expected, code in (("exact.npy", 0), ("off.npy", 1)):
+        r = runner.invoke(app, ["check", str(tmp_path / expected), *inputs, "-x", "1,2", "--explain", "0,4"],
+                          env={"COLUMNS": "100"})
+        assert r.exit_code == code, r.output
+        assert r.output.startswith("MATCH" if code == 0 else "MISMATCH")
+        assert r.output.strip().endswith(explained), r.output
+    r = runner.invoke(app, ["check", str(tmp_path / "exact.npy"), *inputs, "-x", "1,2", "-f", "json"])
+    doc = json.loads(r.output)
+    assert r.exit_code == 0 and doc["verdict"] == "match"
+    [cell] = doc["cells"]
+    assert (cell["query"], cell["key"]) == (1, 2) and any(f"= {w[1, 2]:.4f}" in line for line in cell["lines"])
+
+
+def test_explain_of_a_cell_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    inputs, truth = save_inputs(tmp_path)
+    np.save(tmp_path / "exact.npy", truth)
+    r = runner.invoke(app, ["check", str(tmp_path / "exact.npy"), *inputs, "-x", "7,0"])
+    assert r.exit_code == 2 and "--explain" in r.output and "out of range" in r.output, r.output
+    assert "MATCH" not in r.output

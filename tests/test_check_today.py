@@ -355,6 +355,32 @@ def test_precision_from_a_bfloat16_file_and_json(tmp_path: Path) -> None:
     assert 0 < doc["mismatched_percent"] <= 100
 
 
+@pytest.mark.parametrize(("shift", "rule"), [(0.01, "row bound"), (0.05, "overall")])
+def test_the_mismatching_cells_say_when_the_per_row_rule_decided(tmp_path: Path, shift: float, rule: str) -> None:
+    """SDPA's bfloat16 output with row [b1][q9] shifted: by 0.01, every cell's error (against a float64 loop) is within
+    the overall bound, and the table says each was held to its row's bound; by 0.05 the overall rule decides."""
+    rng = np.random.default_rng(11)
+    t = [torch.from_numpy(rng.normal(size=(2, 16, 32))).bfloat16() for _ in range(3)]
+    out = F.scaled_dot_product_attention(*t, is_causal=True).double().numpy()
+    out[1, 9] += shift
+    np.save(tmp_path / "out.npy", out)
+    for name, a in zip("qkv", t):
+        np.save(tmp_path / f"{name}.npy", a.double().numpy())
+    files = [str(tmp_path / f"{n}.npy") for n in ("out", "q", "k", "v")]
+    doc = json.loads(runner.invoke(app, ["check", *files, "--causal", "--precision-of", "bfloat16", "-f", "json"]).stdout)
+    q, k, v = (a.double().numpy() for a in t)
+    err = np.abs(out - attention(q, k, v, causal_keep(16, 16, 0)))
+    overall = doc["tolerance"]["atol"]
+    assert (err.max() <= overall) == (rule == "row bound")
+    assert doc["rule"] == ("per-row" if rule == "row bound" else "overall")
+    r = runner.invoke(app, ["check", *files, "--causal", "--precision-of", "bfloat16"], env={"COLUMNS": "200"})
+    assert r.exit_code == 1
+    table = r.stdout.split("First mismatching cells", 1)[1].split("\n\n")[0]
+    rows = [ln for ln in table.splitlines() if "[b1][q9" in ln]
+    assert rows and all(ln.split("│")[-2].strip() == rule for ln in rows), table
+    assert ("row bound: within the overall bound" in " ".join(r.stdout.split())) == (rule == "row bound")
+
+
 def test_float64_numbers_rounded_to_3_decimals_in_npy(tmp_path: Path) -> None:
     q, k, v = rand(3, 4), rand(5, 4, seed=1), rand(5, 2, seed=2)
     files = save(tmp_path, q=q, k=k, v=v)

@@ -284,8 +284,11 @@ def sqrt_key_count(c: Context) -> Result:
                                 "softmax(QKᵀ) and the output were divided by √d = {sqrt_d}")
 def scale_after_softmax(c: Context) -> Result:
     """softmax(QKᵀ)·V / √d"""
-    f = c.requires_scaling()
+    o = c.options
+    if o.scale is None and (o.scaling or get_score(o.score).scaling) == "none":
+        raise NotApplicable("the scores are not scaled here")
     t = c.rerun(scale=None, scaling="none")
+    f = stages.scale_factor(c.core, np, t["scores"])[0]  # the rerun's raw scores are the reference's: no reference run
     return c.with_output(t["weights"] * f)  # (W·f)·V = (W·V)·f
 
 

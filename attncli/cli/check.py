@@ -74,6 +74,10 @@ class Verify:
         "rich", "rich: a report; json: one JSON object on stdout (verdict, errors, explanations).", CHECK, short="-f",
         essential=True, choices=lambda: list(CHECK_FORMATS))  # the check renderers' registry
     precision: int = option(4, "Decimals shown in the report.", CHECK, short="-p", min=0, max=17)
+    explain: tuple[str, ...] = option(
+        (), "After the verdict, explain one score and weight cell of the computed attention (as `run --explain`): "
+            "QUERY,KEY by labels (it,milk) or indices (2,1), BATCH:QUERY,KEY when batched (0:2,1). Repeatable.",
+        CHECK, short="-x")
     quiet: bool = option(False, "Print nothing; only the exit code tells (as cmp -s).", CHECK, short="-q")
 
 
@@ -89,7 +93,8 @@ CHECK_HELP = (
     "  attncli examples show cat_milk_sweet | attncli check - --what weights\n\n"
     "  attncli check -e \"[[0.5, 0.5], [0.25, 0.75]]\" q.npy k.npy --what weights\n\n"
     "  attncli check expected.npy q.npy k.npy v.npy --valid-lens 2,3 --format json\n\n"
-    "  attncli check kernel_out.pt q.pt k.pt v.pt --causal --precision-of bfloat16\n"
+    "  attncli check kernel_out.pt q.pt k.pt v.pt --causal --precision-of bfloat16\n\n"
+    "  attncli check expected.npy q.npy k.npy v.npy -x 1,2\n"
 )
 
 INLINE = "--expected"
@@ -106,7 +111,7 @@ def check_command(
 ) -> None:
     fmt = opts.format
     try:
-        verdict = compute_verdict(args, problem, opts)
+        verdict, cells = compute_verdict(args, problem, opts)
     except AttnError as e:
         if fmt == "json" and not opts.quiet:
             _print_error("error", str(e))
@@ -123,7 +128,16 @@ def check_command(
         if fmt == "rich":
             from rich.console import Console
 
-            CHECK_FORMATS[fmt](verdict, opts.precision, Console(soft_wrap=False, markup=False, emoji=False))
+            from attncli.render.check import print_cells
+
+            console = Console(soft_wrap=False, markup=False, emoji=False)
+            CHECK_FORMATS[fmt](verdict, opts.precision, console)
+            print_cells(cells, console)
+        elif cells:  # JSON: the cells' arithmetic beside the verdict
+            from attncli.render.check import verdict_json
+
+            sys.stdout.write(verdict_json({**verdict.to_dict(), "cells": cells}) + "\n")
+            sys.stdout.flush()
         else:
             CHECK_FORMATS[fmt](verdict, opts.precision, sys.stdout)
             sys.stdout.flush()
@@ -137,13 +151,16 @@ def _print_error(kind: str, message: str) -> None:
     sys.stdout.flush()
 
 
-def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
-    """Split the arguments, read the expected numbers and the problem, and check."""
+def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tuple[Any, list[dict[str, Any]]]:
+    """Split the arguments, read the expected numbers and the problem, and check: (the verdict, the arithmetic of
+    the cells ``--explain`` names, each as ``run --explain`` gives it)."""
     from attncli.check.verdict import Steps, check, default_judgement
     from attncli.cli.inputs import build_problem
     from attncli.core.engine import run
     from attncli.core.plan import Needs, plan
     from attncli.io.files import Reader
+    from attncli.render import RenderOptions
+    from attncli.render.explain import explanations
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
     given: dict[str, float] = {f: float(v) for f, v in (("atol", opts.atol), ("rtol", opts.rtol)) if v is not None}
@@ -155,11 +172,16 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
         raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
                          "not both", "--precision-of")
     if problem.layer is not None and problem.layer.strip().lower() == "all":
-        return check_all_layers(args, problem, opts, reader, given)
+        if opts.explain:
+            raise InputError("is not offered with --layer all (which layer's cell?); check one layer with "
+                             "--layer N to explain its cells", "--explain")
+        return check_all_layers(args, problem, opts, reader, given), []
     spec, inputs = split_arguments(args, opts.expected, reader)
     steps = [opts.what] if opts.what is not None else expected_steps(spec, reader) or ["output"]
     subject = build_problem(inputs, problem, reader)
-    trace = run(subject, plan(subject, Needs(weights=steps != ["output"])))  # the output alone: no (m, n) matrix
+    # the output alone (and no cell to explain): no (m, n) matrix
+    trace = run(subject, plan(subject, Needs(weights=steps != ["output"] or bool(opts.explain))))
+    cells = explanations(trace, RenderOptions(precision=opts.precision, explain=list(opts.explain or [])))  # checked first
     verdicts = []
     for what in steps:  # each expected step of a problem file, in the file's order: its own verdict
         if opts.what is None and what not in trace:
@@ -171,7 +193,7 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> Any:
         verdicts.append(check(subject, expected, what=what, tolerance=tol, trace=trace, source=source,
                               explain=opts.search, precision=precision, precision_source=precision_source,
                               pairs=opts.pairs))
-    return verdicts[0] if len(verdicts) == 1 else Steps(verdicts)
+    return (verdicts[0] if len(verdicts) == 1 else Steps(verdicts)), cells
 
 
 def check_all_layers(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any, given: dict[str, float]) -> Any:

@@ -171,13 +171,21 @@ def print_verdict(verdict: Verdict, precision: int, console: Any) -> None:
             say("  errors by head   " + ", ".join(f"{k} {v:.2g}" for k, v in d.heads[:8]))
     if c.first:
         table = Table(title=f"First mismatching cells ({len(c.first)} of {c.mismatched})", title_justify="left")
-        cols = ("cell", "expected", "computed", "|error|") + (("bound",) if pr is not None else ())  # per row
+        cols = ("cell", "expected", "computed", "|error|") + (("bound", "rule") if pr is not None else ())  # per row
         for col in cols:
-            table.add_column(col, justify="left" if col == "cell" else "right", no_wrap=True)
+            table.add_column(col, justify="left" if col in ("cell", "rule") else "right", no_wrap=True)
+        by_row = 0
         for cell in c.first:
+            row = pr is not None and row_bound_decides(cell.error, cell.bound, tol.atol)
+            by_row += row
             table.add_row(Text(cell.label), f(cell.expected), f(cell.computed), f(cell.error),
-                          *((f"{cell.bound:.3g}",) if pr is not None else ()))
+                          *((f"{cell.bound:.3g}", "row bound" if row else "overall") if pr is not None else ()))
         console.print(table)
+        if by_row:
+            from attncli.check.precision import ROW_FACTOR
+
+            say(f"  row bound: within the overall bound ({tol.atol:.3g}), but the cell's row has an RMS error more "
+                f"than {ROW_FACTOR:g}× plain arithmetic's in that row, so its cells are held to that row's own, tighter bound")
     for warning in verdict.warnings:
         say(Text(f"  note: {warning}", style="italic"))
     if verdict.match:
@@ -219,6 +227,22 @@ def print_verdict(verdict: Verdict, precision: int, console: Any) -> None:
         if d.ratio is not None:
             say(f"  every expected number is the computed one times {d.ratio:.6g}: "
                           "a constant factor (a scaling applied to the output?)")
+
+
+def row_bound_decides(error: float, bound: float, overall: float) -> bool:
+    """Whether a mismatching cell fails only its row's own bound (the per-row rule), within the overall one."""
+    return bound < overall and error <= overall
+
+
+def print_cells(cells: list[dict[str, Any]], console: Any) -> None:
+    """The arithmetic of the cells ``check --explain`` names, after the verdict (the lines of ``run --explain``)."""
+    from attncli.render.wrap import say
+
+    for e in cells:  # as render.explain.print_explanations writes them
+        console.print()
+        say(console, e["heading"], style="bold underline")
+        for line in e["lines"]:
+            say(console, line)
 
 
 @check_format("json")
