@@ -69,3 +69,15 @@ def test_long_lines_wrap_instead_of_being_cut(tmp_path: Path) -> None:
     text = svg(tmp_path, None)
     cells = re.sub(r"<[^>]+>", "", text).replace("&#160;", " ")
     assert f"= {w:.4f}" in cells
+
+
+def test_table_borders_meet_between_rows(tmp_path: Path) -> None:
+    """A box-drawing glyph of a monospace font is about 1.17 em tall (DejaVu Sans Mono: ascent 0.928 +
+    descent 0.236): at the matrix's font size it must reach from one row of text to the next, or the
+    table's vertical borders show gaps between rows (as they did at rich's 20 px on 24.4 px lines)."""
+    root = ET.fromstring(svg(tmp_path, None))
+    style = "".join(s.text or "" for s in root.iter(f"{NS}style"))
+    size = float(re.search(r"-matrix \{[^}]*font-size: ([0-9.]+)px", style).group(1))  # type: ignore[union-attr]
+    rows = sorted({float(t.get("y", "nan")) for t in root.iter(f"{NS}text") if "│" in "".join(t.itertext())})
+    spacing = min(b - a for a, b in zip(rows, rows[1:]))
+    assert size * (0.928 + 0.236) >= spacing, (size, spacing)

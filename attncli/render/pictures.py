@@ -91,6 +91,10 @@ def svg_template() -> str:
     from rich._export_format import CONSOLE_SVG_FORMAT
 
     fmt = re.sub(r"\s*@font-face \{\{.*?\}\}", "", CONSOLE_SVG_FORMAT, flags=re.S)
+    # The rows of a table's borders meet: rich sets 20 px text on 24.4 px lines, and a monospace box-drawing
+    # glyph is about 1.17 em tall, so 20 px leaves a gap between rows; at 21.4 px it reaches the next line
+    # (each text run keeps its width: rich gives it a textLength).
+    fmt = fmt.replace("font-size: {char_height}px;", "font-size: 21.4px;", 1)
     return fmt.replace("font-family: Fira Code, monospace;", f"font-family: {MONOSPACE};").replace(
         "font-family: arial;", "font-family: sans-serif;")
 
