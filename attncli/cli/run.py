@@ -54,11 +54,12 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
     in the terminal view, every head in the files)."""
     from attncli.core.engine import run, select_head
     from attncli.core.plan import Needs, plan
-    from attncli.render.bigpage import write_for_problem
+    if opts.html is not None:
+        from attncli.render.bigpage import write_for_problem  # here: only a page needs it (and its viewer code)
 
-    if opts.html is not None and write_for_problem(problem, opts.html, list(opts.explain or []),
-                                                   list(opts.explain_row or []), opts.precision, protect):
-        opts = replace(opts, html=None)  # beyond a page of tables: written from blocks of queries, never all weights
+        if write_for_problem(problem, opts.html, list(opts.explain or []), list(opts.explain_row or []),
+                             opts.precision, protect):
+            opts = replace(opts, html=None)  # beyond a page of tables: written from blocks of queries, never all weights
     needs = Needs(weights=not output_only(opts), view_rows=corner_queries if default_view(opts) else None)
     how = plan(problem, needs)
     with progress_bar(opts.quiet) as progress:
