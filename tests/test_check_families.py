@@ -5,7 +5,8 @@ the model is run in float32, bfloat16 and float16 (module and checkpoint in that
 Hooks capture the tested layers' attention input, the output projection's input (the concatenated heads) and
 its output. The reference is transformers' own module:
 
-- its output, checked against the checkpoint layer with default options, must be MATCH (exit 0);
+- its output, checked against the checkpoint layer with default options, from the module's input and with
+  ``--from-residual`` from ``hidden_states[i]``, must be MATCH (exit 0);
 - the output with head ``BAD_HEAD`` 2% off (that head's slice of the projection's input scaled by 1.02, the
   projection applied by the test in the same dtype) must be MISMATCH (exit 1) naming that head.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
 import sys
 import tempfile
@@ -73,6 +75,7 @@ def _model(mt: str) -> tuple[Any, Any, dict[int, str]]:
 @dataclass
 class Layer:
     x: Any  # the attention module's input (T, E)
+    h: Any  # the residual entering the layer, hidden_states[i] (T, E)
     z: Any  # the output projection's input: the heads concatenated (T, H·d)
     y: Any  # the module's output (T, E), in the dtype
     proj: Any  # the output projection
@@ -104,18 +107,18 @@ def run_family(mt: str, dtype: Any, folder: Path) -> dict[int, Layer]:
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model(input_ids=ids)
+            res = model(input_ids=ids, output_hidden_states=True)
     finally:
         for h in handles:
             h.remove()
-    return {i: Layer(**g) for i, g in got.items()}
+    return {i: Layer(h=res.hidden_states[i][0], **g) for i, g in got.items()}
 
 
-def check(folder: Path, layer: int, x: Any, y: Any, work: Path) -> tuple[int, dict[str, Any]]:
+def check(folder: Path, layer: int, x: Any, y: Any, work: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     np.save(work / "x.npy", x.float().numpy())  # exact: every dtype here widens to float32
     torch.save(y.clone(), work / "y.pt")
     r = runner.invoke(app, ["check", str(work / "y.pt"), str(work / "x.npy"), "--weights", str(folder),
-                            "--layer", str(layer), "--format", "json"])
+                            "--layer", str(layer), "--format", "json", *extra])
     assert r.exit_code in (0, 1), (r.exit_code, r.stderr[-300:])
     return r.exit_code, json.loads(r.stdout)
 
@@ -130,7 +133,7 @@ def perturbed(lay: Layer, heads: int) -> Any:
 
 @dataclass
 class Row:
-    verdicts: list[str]  # per tested layer: "MATCH" / "false alarm"
+    verdicts: list[str]  # per tested layer, from its input and --from-residual: "MATCH" / "false alarm"
     named: str  # "MISMATCH-named" / "MISMATCH, head not named" / "missed (MATCH)"
     error: float  # the largest error of the module's own output
     bound: float
@@ -149,14 +152,18 @@ def sweep(mt: str, dtype_name: str) -> Row:
             raise Skip("dtype", f"{mt} does not run in {dtype_name} on CPU: {type(e).__name__}: {str(e)[:120]}") \
                 from e
         verdicts, errors, bounds, details = [], [], [], []
-        for i, lay in layers.items():
-            code, doc = check(work / "model", i, lay.x, lay.y, work)
+        for (i, lay), residual in itertools.product(layers.items(), (False, True)):
+            extra = ("--from-residual",) if residual else ()
+            code, doc = check(work / "model", i, lay.h if residual else lay.x, lay.y, work, *extra)
             verdicts.append("MATCH" if code == 0 else "false alarm")
             errors.append(doc["max_abs_error"])
             bounds.append(doc["tolerance"]["atol"])
             if code:
-                details.append(f"layer {i}: {doc['max_abs_error']:.2g} > {doc['tolerance']['atol']:.2g} "
-                               f"({doc['rule']}; rows over {doc['precision'] and doc['precision']['rows_over']})")
+                p = doc["precision"] or {}
+                details.append(f"layer {i}{' --from-residual' * residual}: {doc['rule']} rule, largest error "
+                               f"{doc['max_abs_error']:.2g} (bound {doc['tolerance']['atol']:.2g}), rows over "
+                               f"{[r['label'] for r in p.get('rows_over', [])]}, heads over "
+                               f"{[(h['label'], h['ratio']) for h in p.get('heads_over', [])]}")
         i, lay = max(layers.items())
         heads = _model(mt)[1].num_attention_heads
         code, doc = check(work / "model", i, lay.x, perturbed(lay, heads), work)
@@ -202,7 +209,7 @@ def main() -> None:  # python tests/test_check_families.py [families...]: the ta
                 print(f"| {mt} | {dt} | skipped | | | | {e.detail} |", flush=True)
                 continue
             own = "MATCH" if all(v == "MATCH" for v in r.verdicts) else "false alarm"
-            print(f"| {mt} | {dt} | {own} ({len(r.verdicts)} layer{'s' * (len(r.verdicts) > 1)}) | {r.error:.2g} "
+            print(f"| {mt} | {dt} | {own} ({len(r.verdicts)} checks) | {r.error:.2g} "
                   f"| {r.bound:.2g} | {r.named} | {r.detail} |", flush=True)
 
 
