@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,3 +22,25 @@ EXAMPLES = ROOT / "attncli" / "examples"
 @pytest.fixture
 def examples_dir() -> Path:
     return EXAMPLES
+
+
+def chromium() -> str | None:
+    """Debian's chromium (or another installed Chrome), never a downloaded browser."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless chromium driven by playwright (skips without chromium or playwright)."""
+    exe = chromium()
+    if exe is None:
+        pytest.skip("no chromium installed (.ci/run installs it where apt-get works)")
+    sync = pytest.importorskip("playwright.sync_api")
+    with sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        yield b
+        b.close()

@@ -12,8 +12,6 @@ import html
 import io
 import json
 import re
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,23 +92,6 @@ def test_without_named_rows_every_heads_first_and_last_row(tmp_path: Path) -> No
 # ---- notebooks ----
 
 
-def chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        if shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    exe = chromium()
-    if exe is None:
-        pytest.skip("no chromium installed (apt-get install chromium)")
-    sync = pytest.importorskip("playwright.sync_api")
-    with sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def test_a_trace_displays_itself_in_a_notebook_cell(browser: Any) -> None:

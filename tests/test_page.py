@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from attncli.cli import app
@@ -72,29 +70,9 @@ def test_labels_are_text_not_markup(tmp_path: Path) -> None:
     assert "</script><b>" not in text and "<img src=y>" not in text  # JSON with '</' escaped, shown by textContent
 
 
-def browser() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-@pytest.fixture(scope="module")
-def page_browser():  # type: ignore[no-untyped-def]
-    exe = browser()
-    if exe is None:
-        pytest.skip("no chromium installed (.ci/run installs it where apt-get works)")
-    sync = pytest.importorskip("playwright.sync_api")
-    with sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-def test_page_in_a_browser_cat_milk(tmp_path: Path, page_browser) -> None:  # type: ignore[no-untyped-def]
+def test_page_in_a_browser_cat_milk(tmp_path: Path, browser) -> None:  # type: ignore[no-untyped-def]
     out, data = make_page(tmp_path, "cat_milk_sweet")
-    page = page_browser.new_page(viewport={"width": 1024, "height": 768})
+    page = browser.new_page(viewport={"width": 1024, "height": 768})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(out.as_uri())
@@ -114,11 +92,11 @@ def test_page_in_a_browser_cat_milk(tmp_path: Path, page_browser) -> None:  # ty
     assert not errors
 
 
-def test_page_in_a_browser_switches_heads(tmp_path: Path, page_browser) -> None:  # type: ignore[no-untyped-def]
+def test_page_in_a_browser_switches_heads(tmp_path: Path, browser) -> None:  # type: ignore[no-untyped-def]
     out, data = make_page(tmp_path, "multihead_cat_milk")
     doc = json.loads(runner.invoke(app, ["examples", "run", "multihead_cat_milk", "-f", "json"]).stdout)
     w = np.asarray(next(s for s in doc["steps"] if s["name"] == "weights")["values"])  # (heads, 4, 4)
-    page = page_browser.new_page(viewport={"width": 1024, "height": 768})
+    page = browser.new_page(viewport={"width": 1024, "height": 768})
     page.goto(out.as_uri())
 
     def table() -> np.ndarray:

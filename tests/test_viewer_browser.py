@@ -8,9 +8,7 @@ own attention weights and ``attncli self --layer 2 --head 3``).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +22,6 @@ from attncli.cli import app
 runner = CliRunner()
 
 
-def chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    exe = chromium()
-    if exe is None:
-        pytest.skip("no chromium installed (apt-get install chromium)")
-    sync = pytest.importorskip("playwright.sync_api")
-    with sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
