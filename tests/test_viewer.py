@@ -270,3 +270,27 @@ def test_bad_view_options_are_one_line(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--layer" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["view", str(x), "--layer", "all", "--no-open"])
     assert r.exit_code == 2 and "--weights" in r.output
+
+
+@pytest.mark.parametrize(("shape", "fr", "fc"), [((2, 9, 13), 4, 4), ((3, 8, 12), 2, 3), ((5, 7), 1, 2), ((4, 6), 3, 1)])
+def test_pool_is_the_largest_value_of_each_block(shape: tuple[int, ...], fr: int, fc: int) -> None:
+    """The overview's max-pooling against a plain loop: NaN (masked) cells are ignored, a block of only NaN or
+    -inf is NaN, a last partial block takes what it has."""
+    from attncli.render.viewer import pool
+
+    a = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    a[..., 0, :3] = np.nan
+    a[..., 1:3, 2:6] = -np.inf
+    a[..., :fr, :fc] = np.nan  # one block wholly hidden
+    got = pool(a, fr, fc)
+    m, n = shape[-2:]
+    M, N = -(-m // fr), -(-n // fc)
+    want = np.full(shape[:-2] + (M, N), np.nan, dtype=np.float32)
+    for idx in np.ndindex(*shape[:-2]):
+        for i in range(M):
+            for j in range(N):
+                cells = [float(x) for x in a[idx][i * fr:(i + 1) * fr, j * fc:(j + 1) * fc].ravel()
+                         if not np.isnan(x) and x != -np.inf]
+                if cells:
+                    want[idx + (i, j)] = max(cells)
+    np.testing.assert_array_equal(got, want)

@@ -88,16 +88,19 @@ def colour(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 
 def pool(a: np.ndarray, fr: int, fc: int) -> np.ndarray:
-    """``a`` (..., m, n) in blocks of fr × fc: each the largest non-NaN value, NaN when all are NaN."""
+    """``a`` (..., m, n) in blocks of fr × fc: each the largest non-NaN value, NaN when all are NaN (or -inf)."""
     if fr == 1 and fc == 1:
         return a
     m, n = a.shape[-2:]
     M, N = math.ceil(m / fr), math.ceil(n / fc)
-    pad = np.full(a.shape[:-2] + (M * fr, N * fc), -np.inf, dtype=np.float32)
-    pad[..., :m, :n] = a
-    np.copyto(pad[..., :m, :n], -np.inf, where=np.isnan(a))
-    cols = pad.reshape(a.shape[:-2] + (M * fr, N, fc)).max(axis=-1)  # the contiguous axis first: faster
-    big = cols.reshape(a.shape[:-2] + (M, fr, N)).max(axis=-2)
+    if (m, n) != (M * fr, N * fc):  # a last partial block: NaN-padded (fmax ignores NaN)
+        pad = np.full(a.shape[:-2] + (M * fr, N * fc), np.nan, dtype=np.float32)
+        pad[..., :m, :n] = a
+        a = pad
+    cols = a[..., 0::fc]  # (..., M·fr, N): the columns of each block side by side, one strided slice at a time
+    for j in range(1, fc):  # ~10x faster than a reduction over a short last axis
+        cols = np.fmax(cols, a[..., j::fc])
+    big = np.asarray(np.fmax.reduce(cols.reshape(a.shape[:-2] + (M, fr, N)), axis=-2), dtype=np.float32)
     big[np.isneginf(big)] = np.nan
     return big
 
