@@ -260,7 +260,7 @@ JS = r"""
         });
       }
       wrap.appendChild(tab); root.appendChild(wrap);
-      const notes = [`colour from ${t.range[0]} (light) to ${t.range[1]} (dark)`];  // joined by "; "
+      const notes = [`colour from ${t.range[0]} (dark purple) to ${t.range[1]} (yellow), viridis`];  // joined by "; "
       if (t.cells[k].some((r) => r.includes("·"))) notes.push("· masked key (weight exactly 0)");
       if (t.cut) notes.push(`first ${t.rows.length} × ${t.cols.length} of ${t.cut[0]} × ${t.cut[1]} shown`);
       const p = document.createElement("p"); p.className = "note"; p.textContent = notes.join("; ");
