@@ -150,8 +150,10 @@ def test_unknown_layout_and_unsupported_one(tmp_path: Path) -> None:
         load_layer(f, 0)
     # Phi-3's fused qkv_proj is read, but its split needs the number of heads (config.json)
     safetensors_numpy.save_file({"model.layers.0.self_attn.qkv_proj.weight": np.ones((6, 2), np.float32)}, f)
+    with pytest.raises(InputError, match=r"has no config.json, and phi3 tensor names fit families"):
+        load_layer(f, 0)  # without config.json nothing settles its RoPE: refused
     with pytest.raises(InputError, match=r"qkv_proj.weight fuses q, k and v, so the number of heads is needed"):
-        load_layer(f, 0)
+        load_layer(f, 0, layout="phi3")
 
 
 torch = pytest.importorskip("torch")
@@ -416,9 +418,11 @@ def test_fused_heads_need_the_config_and_width_must_agree(tmp_path: Path) -> Non
     load_layer(tmp_path, 0)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").unlink()
+    with pytest.raises(InputError, match="has no config.json, and neox tensor names fit families"):
+        load_layer(tmp_path, 0)  # without config.json nothing settles rotary_pct and the base: refused
     with pytest.raises(InputError, match="interleaves q, k, v per head, so the number of heads is needed"):
-        load_layer(tmp_path, 0)
-    assert load_layer(tmp_path, 0, heads=2).facts.head_dim == 8
+        load_layer(tmp_path, 0, layout="gpt_neox")
+    assert load_layer(tmp_path, 0, heads=2, layout="gpt_neox").facts.head_dim == 8
     cfg["hidden_size"] = 24
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match="has 16 inputs but config.json says hidden_size = 24"):

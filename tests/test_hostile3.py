@@ -140,7 +140,8 @@ def test_inspect_shows_names_model_type_and_folder_visibly(hostile_checkpoint: d
 def test_self_view_svg_page_markdown_latex_of_a_hostile_checkpoint(hostile_checkpoint: dict[str, Path]) -> None:
     base, x = hostile_checkpoint["base"], str(hostile_checkpoint["x"])
     svg, page = base / "v.svg", base / "v.html"
-    r = runner.invoke(app, ["self", x, "--weights", str(hostile_checkpoint["file"]), "--heads", "2", "--svg", str(svg),
+    r = runner.invoke(app, ["self", x, "--weights", str(hostile_checkpoint["file"]), "--heads", "2",
+                            "--layout", "llama", "--svg", str(svg),
                             "--html", str(page)])
     assert r.exit_code == 0, r.output
     assert "W_q (from model" in r.stdout and invisible(r.stdout) == []
@@ -149,7 +150,8 @@ def test_self_view_svg_page_markdown_latex_of_a_hostile_checkpoint(hostile_check
     assert "\\x1b" in texts and invisible(texts) == [] and "<img" in texts.replace("\xa0", " ")  # as text, not a tag
     check_page(page.read_text(encoding="utf-8"))
     for fmt in ("markdown", "latex"):
-        r = runner.invoke(app, ["self", x, "--weights", str(hostile_checkpoint["file"]), "--heads", "2", "--format", fmt])
+        r = runner.invoke(app, ["self", x, "--weights", str(hostile_checkpoint["file"]), "--heads", "2",
+                            "--layout", "llama", "--format", fmt])
         assert r.exit_code == 0, r.output
         assert invisible(r.stdout) == []
         (check_markdown if fmt == "markdown" else check_latex)(r.stdout)
@@ -473,12 +475,14 @@ def test_safetensors_from_a_pipe_is_read_once(corpus: Path) -> None:
     from safetensors.numpy import load_file
 
     saved = load_file(str(corpus / "layer" / "model.safetensors"))
-    r = child("attncli self q2.npy --weights <(cat layer/model.safetensors) --layer 0 --heads 2 --format json",
+    r = child("attncli self q2.npy --weights <(cat layer/model.safetensors) --layer 0 --heads 2 --layout llama "
+                      "--format json",
               corpus, 1 << 30, 20) if (corpus / "q2.npy").exists() else None
     if r is None:
         np.save(corpus / "q2.npy", np.random.default_rng(4).standard_normal((3, 8)))
         try:
-            r = child("attncli self q2.npy --weights <(cat layer/model.safetensors) --layer 0 --heads 2 --format json",
+            r = child("attncli self q2.npy --weights <(cat layer/model.safetensors) --layer 0 --heads 2 --layout llama "
+                      "--format json",
                       corpus, 1 << 30, 20)
         finally:
             (corpus / "q2.npy").unlink()
@@ -501,7 +505,8 @@ def test_torch_checkpoint_from_a_pipe_is_read_once(corpus: Path) -> None:
         r = child("attncli inspect <(cat layer.pt) --format json", corpus, 1 << 30, 60)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["tensors"] == len(saved)
-        r = child("attncli self x8.npy --weights <(cat layer.pt) --layer 0 --heads 2 --format json", corpus, 1 << 30, 60)
+        r = child("attncli self x8.npy --weights <(cat layer.pt) --layer 0 --heads 2 --layout llama --format json", corpus,
+                  1 << 30, 60)
     finally:
         (corpus / "layer.pt").unlink()
         (corpus / "x8.npy").unlink()

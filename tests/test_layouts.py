@@ -346,7 +346,7 @@ def test_sharded_bfloat16_and_pytorch_bin(tmp_path: Path) -> None:
     _check("qwen3 .bin", load_layer(tmp_path / "bin", 0), got)
     model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     torch.save(model.state_dict(), tmp_path / "bf16.pt")  # bfloat16 through torch.load(mmap=True) too
-    np.testing.assert_array_equal(load_layer(tmp_path / "bf16.pt", 0, heads=4).arrays["W_o"].astype(np.float32),
+    np.testing.assert_array_equal(load_layer(tmp_path / "bf16.pt", 0, heads=4, layout="qwen3").arrays["W_o"].astype(np.float32),
                                   model.model.layers[0].self_attn.o_proj.weight.detach().float().numpy().T)
     la = load_layer(tmp_path / "bf16", 0)
     assert la.arrays["W_q"].dtype.name == "bfloat16"

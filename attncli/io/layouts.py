@@ -854,6 +854,16 @@ def projections_from(content: Any, source: str, prefix: str | None = None) -> Pr
     return Projections(**arrays, source=source, origin=origin, kind=f.file_name or f.name)  # type: ignore[arg-type]
 
 
+# Layouts whose tensor names alone leave the attention open: without config.json (and without --layout) a read
+# would guess these, so it is refused (mha, bert, gpt2, bloom, t5 and TransformerLens carry no such guess).
+CONFIG_DECIDES = {
+    "llama": "RoPE style and base, NoPE layers, window, scale",
+    "phi3": "RoPE base and partial rotary, window",
+    "gptj": "rotary_dim, RoPE base",
+    "neox": "rotary_pct, RoPE base",
+}
+
+
 def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -> Family | None:
     """The declaration that reads this checkpoint: config.json's model_type (checked by type first), or
     ``forced`` (--layout); None without a config (the tensor signature decides, as before). Refused in one
@@ -869,6 +879,10 @@ def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -
             known = ", ".join(sorted(FAMILIES)[:12])
             raise InputError(f"names {forced!r}, which is not a declared family (e.g. {known}, ...)", "--layout")
     elif cfg is None:
+        if found.name in CONFIG_DECIDES:
+            raise InputError(f"has no config.json, and {found.name} tensor names fit families whose attention differs "
+                             f"({CONFIG_DECIDES[found.name]}): put config.json beside it, or give --layout {found.name} "
+                             "for its defaults", ckpt.source)
         return None
     else:
         mt = cfg.get("model_type")
