@@ -957,6 +957,10 @@ def inspect_checkpoint(path: str | Path, layout: str | None = None) -> dict[str,
     }
     out.update(_family_report(ckpt, layout))
     found = find_layouts(names)
+    open_ = sorted({f.layout.name for f in found} & set(CONFIG_DECIDES))
+    if ckpt.config is None and layout is None and open_:  # what self and check would say: refused without --layout
+        out["family_status"] = (f"no config.json, and {open_[0]} tensor names fit families whose attention differs "
+                                f"({CONFIG_DECIDES[open_[0]]}): self and check refuse it without --layout {open_[0]}")
     out["stacks"] = []
     for f in found:
         entry: dict[str, Any] = {"layout": f.layout.name, "description": f.layout.description,
