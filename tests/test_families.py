@@ -214,6 +214,19 @@ def _tested_layers(cfg: Any, attn_layers: list[int]) -> dict[int, str]:
     return {i: k for k, i in picks.items()}
 
 
+def _plain_mask(m: Any, args: Any, kw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Falcon with ALiBi: FalconModel folds alibi / sqrt(d) into the mask it hands every layer, and the eager
+    FalconAttention (the path output_attentions takes) adds alibi again before scaling, so the eager model adds
+    it twice while its SDPA path (the default) and Falcon-RW's own code add it once. The reference is the module
+    on the plain causal mask: (q·k + alibi) / sqrt(d), once."""
+    mask = kw.get("attention_mask")
+    if mask is not None and mask.is_floating_point():
+        low = torch.finfo(mask.dtype).min
+        kw = dict(kw, attention_mask=torch.where(mask <= low / 2, torch.full((), low, dtype=mask.dtype),
+                                                 torch.zeros((), dtype=mask.dtype)))
+    return args, kw
+
+
 def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
     causal, masked = _mappings()
     try:
@@ -247,6 +260,8 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         copy.deepcopy(model).to(dtype).save_pretrained(folder)
     got: dict[int, dict[str, Any]] = {i: {} for i in tested}
     handles = []
+    if mt == "falcon" and getattr(cfg, "alibi", False):  # see _plain_mask
+        handles += [a.register_forward_pre_hook(_plain_mask, with_kwargs=True) for a, _ in found.values()]
     for i in tested:
         attn, out = found[i]
 
@@ -388,7 +403,19 @@ def test_family_agrees_or_refuses(mt: str) -> None:
 VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "gpt_bigcode-unscaled": ("gpt_bigcode", dict(multi_query=False, scale_attn_weights=False)),
             "olmo-no-clip": ("olmo", dict(clip_qkv=None)),
-            "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5))}
+            "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
+            # Falcon's three query_key_value layouts, ALiBi (scaled with the scores) and the sequential block
+            "falcon-multi-query": ("falcon", dict(multi_query=True, bias=True)),
+            "falcon-per-head": ("falcon", dict(multi_query=False, bias=True)),
+            "falcon-one-ln": ("falcon", dict(new_decoder_architecture=True, num_kv_heads=KV, num_ln_in_parallel_attn=1)),
+            "falcon-alibi": ("falcon", dict(multi_query=False, alibi=True, bias=True)),
+            "falcon-multi-query-alibi": ("falcon", dict(multi_query=True, alibi=True)),
+            "falcon-new-alibi": ("falcon", dict(new_decoder_architecture=True, num_kv_heads=KV, alibi=True)),
+            "falcon-sequential": ("falcon", dict(multi_query=False, parallel_attn=False, bias=True)),
+            "phi-no-qk-norm": ("phi", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
+            "phi-full-rotary": ("phi", dict(qk_layernorm=False, partial_rotary_factor=1.0)),
+            "persimmon-no-qk-norm": ("persimmon", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
+            "gpt_neo-local-first": ("gpt_neo", dict(attention_types=[[["local", "global"], 2]], window_size=2))}
 
 
 @pytest.mark.slow
@@ -408,7 +435,8 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 # bfloat16, compared with the same module whose weights are rounded to bfloat16 and computed in float32, so
 # the tolerance stays 1e-5 (a reader that fails to convert a bf16 tensor, or reads one as another, shows).
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
-        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2"]
+        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
+        "falcon", "gpt_neo"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -425,17 +453,37 @@ def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
     assert verdict in ("agrees", "refused", "partly refused"), f"{mt} bf16: {verdict}: {detail}"
 
 
-def main() -> None:  # python tests/test_families.py [model types...]: the table
+BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(n, id=f"{n}-bf16") for n in BF16_VARIANTS])
+def test_bfloat16_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    mt, over = VARIANTS[name]
+    monkeypatch.setitem(OVERRIDES, mt, over)
+    try:
+        outcomes = sweep_one(mt, torch.bfloat16)
+    except Skip as e:
+        pytest.skip(f"{SKIP_REASON.get(e.why, e.why)}: {e.detail}")
+    verdict, detail = summary(outcomes)
+    assert verdict in ("agrees", "refused", "partly refused"), f"{name} bf16: {verdict}: {detail}"
+
+
+def main() -> None:  # python tests/test_families.py [model types or VARIANTS names...]: the table
     names = sys.argv[1:] or model_types()
     dtype = torch.bfloat16 if os.environ.get("ATTNCLI_SWEEP_BF16") else None
-    for mt in names:
+    for name in names:
+        mt = name
+        if name in VARIANTS:
+            mt, over = VARIANTS[name]
+            OVERRIDES[mt] = over
         try:
             verdict, detail = summary(sweep_one(mt, dtype))
         except Skip as e:
             verdict, detail = "skipped", f"{e.why}: {e.detail}"
         except Exception as e:  # noqa: BLE001
             verdict, detail = "harness", f"{type(e).__name__}: {e}"
-        print(f"{mt}\t{verdict}\t{detail}".replace("\n", " "), flush=True)
+        print(f"{name}\t{verdict}\t{detail}".replace("\n", " "), flush=True)
 
 
 if __name__ == "__main__":

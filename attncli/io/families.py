@@ -22,6 +22,10 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     nemotron           llama   partial half            LayerNorm1p (1 + w, bias)
     apertus            llama   half                    RMS attention_layernorm
     phi3               llama   half (partial)          RMS                           fused qkv_proj [Q; K; V]
+    phi                phi     partial half            LayerNorm with bias           self_attn.dense
+    persimmon          persimmon partial half          LayerNorm with bias           query_key_value (H, 3, d)
+    falcon             bloom   half, or ALiBi          LayerNorm ln_attn / input_layernorm  rows (G, H/G + 2, d)
+    gpt_neo            gpt_neo none                    LayerNorm ln_1                scale 1, local layers
     bert & co          bert    none                    post-norm (none before)       bidirectional
     roberta-prelayernorm, xlm-roberta-xl, megatron-bert: bert, a LayerNorm inside the attention module
 """
@@ -74,6 +78,7 @@ LAYOUT_KEYS: dict[str, frozenset[str]] = {
     "gptj": frozenset({"layer_norm_epsilon"}),
     "neox": frozenset({"layer_norm_eps", "use_parallel_residual"}),
     "bloom": frozenset({"layer_norm_epsilon"}),
+    "phi": frozenset({"head_dim"}),
     "t5": frozenset({"relative_attention_num_buckets", "relative_attention_max_distance", "layer_norm_epsilon"}),
 }
 
@@ -214,6 +219,19 @@ declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, notes="post-LN: l
 declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm")
 declare("gpt_neox", "gpt_neox_japanese", layout="neox", pre_norm="layernorm")
 declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", keys=frozenset({"alibi"}))
+# Falcon: query_key_value rows (G, H/G + 2, d) (new_decoder_architecture: G = num_kv_heads; multi_query: G = 1;
+# else G = H); rotary half, or ALiBi scaled with the scores; pre-norm ln_attn or input_layernorm (parallel block)
+declare("falcon", layout="bloom", pre_norm="layernorm",
+        keys=frozenset({"alibi", "multi_query", "new_decoder_architecture", "num_kv_heads", "num_ln_in_parallel_attn",
+                        "parallel_attn", "bias", "max_position_embeddings"}),
+        notes="alibi: (q·k + bf16(slope)·j)/sqrt(d); only `dense` after attention")
+# Phi-1/1.5/2 and Persimmon: partial half rotary (partial_rotary_factor, default 0.5), LayerNorm with bias, parallel
+# block; their qk_layernorm (a LayerNorm per head with bias) is not read, so qk_layernorm true is refused
+declare("phi", layout="phi", pre_norm="layernorm", keys=frozenset({"layer_norm_eps"}))
+declare("persimmon", layout="persimmon", pre_norm="layernorm", keys=frozenset({"layer_norm_eps"}))
+# GPT-Neo: no score scaling, local layers (attention_layers / attention_types) with window_size
+declare("gpt_neo", layout="gpt_neo", rope=None, pre_norm="layernorm",
+        keys=frozenset({"attention_layers", "attention_types", "window_size", "layer_norm_epsilon"}))
 declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
 
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
@@ -241,16 +259,12 @@ REFUSED: dict[str, str] = {
     "nystromformer": "the Nystrom approximation of softmax attention is not supported",
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",
     "mra": "the MRA approximation of softmax attention is not supported",
-    "falcon": "its fused query_key_value layouts are not supported",
-    "phi": "its self_attn.dense layout with partial rotary is not supported",
-    "persimmon": "its fused query_key_value with per-head LayerNorm is not supported",
     "mpt": "its fused Wqkv with clip_qkv / qk_ln is not supported",
     "modernbert": "its fused Wqkv with local and global layers is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
     "opt": "its self_attn.{q,k,v,out}_proj layout is not supported",
     "distilbert": "its attention.{q,k,v,out}_lin layout is not supported",
-    "gpt_neo": "its attn.attention layout (local layers, no score scaling) is not supported",
 }
 MLA = "multi-head latent attention (kv_a_proj_with_mqa, kv_lora_rank) is not supported"
 for mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "minicpm3", "glm4_moe_lite", "glm_moe_dsa", "youtu", "axk1",

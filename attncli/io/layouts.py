@@ -24,6 +24,7 @@ read from .npz/.yaml/.json/.pt: textbook, d2l, notes, mha-kdim, converted by att
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,8 +141,6 @@ UNSUPPORTED: dict[str, tuple[re.Pattern[str], str]] = {
     "mpt": (re.compile(r"attn\.Wqkv\.weight$"), "MPT / Mosaic (fused attn.Wqkv)"),
     "mla": (re.compile(r"self_attn\.kv_a_proj_with_mqa\.weight$"), "DeepSeek multi-head latent attention (kv_a_proj_with_mqa)"),
     "bart": (re.compile(r"self_attn\.out_proj\.weight$"), "BART / OPT / Whisper / Marian (self_attn.q/k/v/out_proj)"),
-    "phi": (re.compile(r"self_attn\.dense\.weight$"), "Phi-1/2 (self_attn.dense)"),
-    "falcon": (re.compile(r"self_attention\.query_key_value\.weight$"), "Falcon (fused multi-query query_key_value)"),
 }
 
 
@@ -395,10 +394,11 @@ def _phi3(c: Ctx) -> None:
     _llama_rest(c, a)
 
 
-def _llama_rest(c: Ctx, a: str) -> None:
-    """Everything of a Llama-style layer after W_q, W_k, W_v: o_proj, QK-norm, sinks, heads, the family's rope,
-    pre-norm, window and scale (its declaration in attncli.io.families; Llama's without a config)."""
-    c.linear("W_o", f"{a}o_proj.weight", f"{a}o_proj.bias")
+def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
+    """Everything of a Llama-style layer after W_q, W_k, W_v: the output projection (``out``: o_proj; Phi's
+    dense), QK-norm, sinks, heads, the family's rope, pre-norm, window and scale (its declaration in
+    attncli.io.families; Llama's without a config)."""
+    c.linear("W_o", f"{a}{out}.weight", f"{a}{out}.bias")
     mt = str((c.config or {}).get("model_type", ""))
     fam = c.family or FAMILIES["gemma" if mt.startswith("gemma") else "llama"]
     for n in ("q_norm", "k_norm"):
@@ -469,6 +469,53 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
         c.put("norm_w", 1.0 + np.asarray(c.arrays["norm_w"], np.float64), f"1 + {w}.weight (LayerNorm1p)")
     if fam.norm_inside:
         c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
+
+
+def _partial_default(c: Ctx, default: float) -> None:
+    """After _rope: the family's partial_rotary_factor ``default`` when config.json says none (Phi and
+    Persimmon: 0.5, set by their config classes), rotary on the first head_dim · default features."""
+    if "rotary_dim" not in c.facts.from_config and c.facts.head_dim:
+        c.facts.rotary_dim = int(c.facts.head_dim * default)
+        c.facts.extra["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
+
+
+def _no_qk_layernorm(c: Ctx, a: str) -> None:
+    for n in ("q_layernorm", "k_layernorm"):
+        if c.has(f"{a}{n}.weight"):
+            mt = c.family.model_type if c.family is not None else "this layer"
+            raise c.fail(f"{mt}: {a}{n}.weight is a LayerNorm of q and k per head (qk_layernorm), which is not "
+                         "supported")
+
+
+@layout("phi", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.dense\.weight$",
+        "Phi-1 / 1.5 / 2: self_attn.{q,k,v}_proj, self_attn.dense (nn.Linear, biases); partial half rotary")
+def _phi(c: Ctx) -> None:
+    a = c.block + "self_attn."
+    if not c.has(a + "q_proj.weight"):
+        raise c.fail(f"has {a}dense.weight but no {a}q_proj.weight: not a Phi layer (see the layouts attncli "
+                     "inspect lists)")
+    _no_qk_layernorm(c, a)
+    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
+        c.linear(t, f"{a}{n}_proj.weight", f"{a}{n}_proj.bias")
+    _llama_rest(c, a, out="dense")
+    if c.facts.rope is not None:
+        _partial_default(c, 0.5)
+
+
+@layout("persimmon", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.query_key_value\.weight$",
+        "Persimmon: self_attn.query_key_value fused, rows (H, 3, d); self_attn.dense; partial half rotary")
+def _persimmon(c: Ctx) -> None:
+    a = c.block + "self_attn."
+    _no_qk_layernorm(c, a)
+    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=None)
+    _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
+    c.linear("W_o", a + "dense.weight", a + "dense.bias")
+    f = c.facts
+    f.kv_heads, f.causal = f.heads, True
+    fam = c.family or FAMILIES["persimmon"]
+    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
+    _rope(c, "half")
+    _partial_default(c, 0.5)
 
 
 @layout("gpt2", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.c_attn\.weight$",
@@ -563,6 +610,38 @@ def _gptj(c: Ctx) -> None:
     _rope(c, "interleaved")
 
 
+@layout("gpt_neo", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.attention\.q_proj\.weight$",
+        "GPT-Neo: attn.attention.{q,k,v,out}_proj (nn.Linear, q/k/v without bias); no score scaling; local layers")
+def _gpt_neo(c: Ctx) -> None:
+    a = c.block + "attn.attention."
+    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    _heads(c, "num_heads", "num_attention_heads", kv_keys=("num_heads", "num_attention_heads"),
+           width=c.arrays["W_q"].shape[1])
+    f, cfg = c.facts, c.config or {}
+    f.causal = True
+    f.scale = 1.0  # GPTNeoSelfAttention._attn: q·k, never divided by sqrt(d)
+    f.extra["scale"] = "1: GPT-Neo does not scale the scores (computed in float32)"
+    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    kinds = cfg.get("attention_layers")
+    if kinds is None and cfg.get("attention_types") is not None:  # [[["global", "local"], 12]] -> per layer
+        try:
+            kinds = [k for group, n in cfg["attention_types"] for _ in range(int(n)) for k in group]
+        except (TypeError, ValueError):
+            raise c.fail(f"config.json's attention_types is {printable(repr(cfg['attention_types']), 40)}; "
+                         'expected [[["global", "local"], N], ...]') from None
+    if c.config is None:  # --layout gpt_neo on bare weights: GPTNeoConfig's defaults
+        kinds = ["global", "local"] * (c.layer // 2 + 1)
+        f.extra["attention_layers"] = "GPTNeoConfig's default [[['global', 'local'], N]], window_size 256 (no config.json)"
+    if not isinstance(kinds, list) or c.layer >= len(kinds) or kinds[c.layer] not in ("global", "local"):
+        raise c.fail(f"config.json's attention_layers does not say whether layer {c.layer} is global or local")
+    if kinds[c.layer] == "local":
+        w = cfgcheck.value(cfg, "window_size", "config.json") if cfg.get("window_size") is not None else 256
+        f.window = int(w)  # GPT-Neo's local mask keeps i - j < window_size: the W keys up to the query
+        f.from_config.append("window")
+    f.extra["attention_layer"] = f"{kinds[c.layer]} (config.json attention_layers)"
+
+
 @layout("bert", r"^(?P<stack>(?:.*\.)?encoder\.layer\.)(?P<n>\d+)\.attention\.self\.query\.weight$",
         "BERT / RoBERTa: attention.self.{query,key,value}, attention.output.dense (nn.Linear); post-norm")
 def _bert(c: Ctx) -> None:
@@ -618,13 +697,18 @@ def _neox(c: Ctx) -> None:
 
 
 @layout("bloom", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.self_attention\.query_key_value\.weight$",
-        "Bloom: self_attention.query_key_value fused, rows (H, 3, d); self_attention.dense; ALiBi")
+        "Bloom: self_attention.query_key_value fused, rows (H, 3, d); self_attention.dense; ALiBi. "
+        "Falcon (model_type falcon): the same names, rows (G, H/G + 2, d)")
 def _bloom(c: Ctx) -> None:
-    mt = (c.config or {}).get("model_type")
-    if mt == "falcon" or (mt is None and not any(k.endswith("word_embeddings_layernorm.weight") for k in c.ckpt.tensors)):
-        raise c.fail("holds self_attention.query_key_value as Bloom and Falcon both name it; Falcon's multi-query "
-                     "layout is not supported, and without config.json (model_type bloom) this is not read as Bloom")
     a = c.block + "self_attention."
+    if c.family is not None and c.family.model_type == "falcon":
+        _falcon(c, a)
+        return
+    mt = (c.config or {}).get("model_type")
+    if mt is None and not any(k.endswith("word_embeddings_layernorm.weight") for k in c.ckpt.tensors):
+        raise c.fail("holds self_attention.query_key_value as Bloom and Falcon both name it; without config.json "
+                     "(model_type, heads, multi_query, new_decoder_architecture, alibi) it is not read: put "
+                     "config.json beside it")
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=None)
     _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
@@ -634,6 +718,94 @@ def _bloom(c: Ctx) -> None:
     c.facts.extra["alibi"] = "added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py)"
     _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias",
           ("layer_norm_epsilon",), 1e-5)
+
+
+def _falcon(c: Ctx, a: str) -> None:
+    """Falcon's query_key_value (nn.Linear): rows (G, H/G + 2, d), per K/V group its H/G query heads, then k, v
+    (FalconAttention._split_heads). new_decoder_architecture: G = num_kv_heads; else multi_query: G = 1
+    ([Q (H·d); k (d); v (d)]); else G = H ((H, 3, d) per head, as Bloom). head_dim = hidden_size / H."""
+    cfg, fam = c.config, c.family
+    name = a + "query_key_value.weight"
+    w = c.get(name)
+    _heads(c, "num_attention_heads", "n_head", kv_keys=(), width=None)
+    f = c.facts
+    H = f.heads
+    if H is None:
+        raise c.fail(f"{name} fuses q, k and v per K/V group, so the number of heads is needed: put config.json "
+                     "beside the weights or give --heads")
+    if w.ndim != 2 or w.shape[1] % H:
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ((H + 2·G)·d, E) with E divisible by {H} heads")
+    E = w.shape[1]
+    d = E // H  # FalconAttention: head_dim = hidden_size // num_heads, whatever head_dim says
+    rows = w.shape[0]
+    if cfg is None:  # --layout falcon on bare weights: the three variants are all (G, H/G + 2, d); the rows say G
+        G, what = (rows // d - H) // 2, "G from the rows"
+    elif cfg.get("new_decoder_architecture"):
+        G = int(cfgcheck.value(cfg, "num_kv_heads", "config.json") or H)
+        what = f"new_decoder_architecture, num_kv_heads {G}"
+        f.from_config.append("kv_heads")
+    elif cfg.get("multi_query", True):
+        G, what = 1, "multi_query"
+        f.from_config.append("kv_heads")
+    else:
+        G, what = H, "per-head (multi_query false)"
+        kv = cfg.get("num_kv_heads")
+        if kv is not None and int(cfgcheck.value(cfg, "num_kv_heads", "config.json")) != H:
+            raise c.fail(f"falcon: num_kv_heads {kv} with multi_query and new_decoder_architecture false: its "
+                         f"query_key_value holds k and v for all {H} heads (transformers cannot run it either)")
+    if G < 1 or H % G or rows != (H + 2 * G) * d:
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({(H + 2 * max(G, 1)) * d}, {E}) = "
+                     f"(G, H/G + 2, d) rows for {H} heads of {d} ({what})")
+    r = H // G + 2
+    w4 = w.reshape(G, r, d, E)  # rows ((H + 2G)·d) -> (G, H/G + 2, d)
+    b = a + "query_key_value.bias"
+    b3 = c.get(b).reshape(G, r, d) if c.has(b) else None
+    where = f"{name} rows (G={G}, H/G+2={r}, d={d})"
+    parts = (("W_q", slice(0, r - 2), H), ("W_k", slice(r - 2, r - 1), G), ("W_v", slice(r - 1, r), G))
+    for t, s, n in parts:
+        c.put(t, w4[:, s].reshape(n * d, E).T, f"{where}[:, {s.start}:{s.stop}]ᵀ")  # (G, ., d, E) -> (E, n·d)
+        if b3 is not None:
+            c.put("b_" + t[-1], b3[:, s].reshape(n * d), f"{b} (G, H/G+2, d)[:, {s.start}:{s.stop}]")
+    c.linear("W_o", a + "dense.weight", a + "dense.bias")
+    f.head_dim, f.kv_heads, f.causal = d, G, True
+    cfg = cfg or {}
+    new = bool(cfg.get("new_decoder_architecture"))
+    ln = "ln_attn" if new and cfg.get("num_ln_in_parallel_attn") in (None, 2) else "input_layernorm"
+    if fam is not None:
+        _family_norm(c, fam, c.block + ln, ("layer_norm_epsilon",))
+    if cfg.get("alibi"):
+        _falcon_alibi(c, H, d, int(cfg.get("max_position_embeddings") or 2048))
+    else:
+        _rope(c, "half")
+    c.name = "falcon"
+
+
+def _falcon_alibi(c: Ctx, H: int, d: int, positions: int) -> None:
+    """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each slope to bfloat16 and slope·j (key
+    position j) to bfloat16, and FalconAttention scales the sum: (q·k + alibi) / sqrt(d). So the slopes here are
+    bf16(slope_h) / sqrt(d), exact while every bf16(slope_h)·j is a bfloat16 number (the first keys: counted in
+    extra['alibi_exact_keys']; a longer input is refused by attncli.io.model)."""
+    import ml_dtypes
+
+    p2 = 2 ** math.floor(math.log2(H))
+    base = np.float32(2.0 ** (-(2.0 ** -(math.log2(p2) - 3))))
+    sl = base ** np.arange(1, 1 + p2, dtype=np.float32)  # float32, as torch.pow(base, powers)
+    if p2 != H:
+        extra = np.float32(2.0 ** (-(2.0 ** -(math.log2(2 * p2) - 3))))
+        sl = np.concatenate([sl, extra ** np.arange(1, 1 + 2 * min(p2, H - p2), 2, dtype=np.float32)])
+    bf = sl.astype(ml_dtypes.bfloat16).astype(np.float64)  # slopes[..., None].bfloat16()
+    j = np.arange(min(positions, 1 << 16), dtype=np.float64)
+    prod = bf[:, None] * j[None, :]  # exact in float64 (and float32: fewer than 24 bits)
+    bad = np.nonzero((prod.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64) != prod).any(axis=0))[0]
+    c.put("alibi_slopes", bf / math.sqrt(d), f"(computed: bf16(ALiBi slope_h) / sqrt({d}), build_alibi_tensor, "
+                                             "FalconAttention)")
+    c.facts.alibi = True
+    c.facts.from_config.append("alibi")
+    c.facts.extra["alibi"] = ("scaled with the scores: ((q·k) + bf16(slope_h)·j) / sqrt(d) (modeling_falcon.py); "
+                              "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
+                              "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
+                              "adds it once")
+    c.facts.extra["alibi_exact_keys"] = int(bad[0]) if bad.size else int(j.size)
 
 
 @layout("t5", r"^(?P<stack>(?:.*\.)?block\.)(?P<n>\d+)\.layer\.0\.SelfAttention\.q\.weight$",
@@ -861,6 +1033,9 @@ CONFIG_DECIDES = {
     "phi3": "RoPE base and partial rotary, window",
     "gptj": "rotary_dim, RoPE base",
     "neox": "rotary_pct, RoPE base",
+    "phi": "partial rotary, RoPE base, heads",
+    "persimmon": "partial rotary, RoPE base, heads",
+    "gpt_neo": "which layers are local, window_size, heads",
 }
 
 
