@@ -774,13 +774,13 @@ def _falcon(c: Ctx, a: str) -> None:
     if fam is not None:
         _family_norm(c, fam, c.block + ln, ("layer_norm_epsilon",))
     if cfg.get("alibi"):
-        _falcon_alibi(c, H, d, int(cfg.get("max_position_embeddings") or 2048))
+        _falcon_alibi(c, H, d)
     else:
         _rope(c, "half")
     c.name = "falcon"
 
 
-def _falcon_alibi(c: Ctx, H: int, d: int, positions: int) -> None:
+def _falcon_alibi(c: Ctx, H: int, d: int, positions: int = 1 << 16) -> None:
     """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each slope to bfloat16 and slope·j (key
     position j) to bfloat16, and FalconAttention scales the sum: (q·k + alibi) / sqrt(d). So the slopes here are
     bf16(slope_h) / sqrt(d), exact while every bf16(slope_h)·j is a bfloat16 number (the first keys: counted in
@@ -794,7 +794,7 @@ def _falcon_alibi(c: Ctx, H: int, d: int, positions: int) -> None:
         extra = np.float32(2.0 ** (-(2.0 ** -(math.log2(2 * p2) - 3))))
         sl = np.concatenate([sl, extra ** np.arange(1, 1 + 2 * min(p2, H - p2), 2, dtype=np.float32)])
     bf = sl.astype(ml_dtypes.bfloat16).astype(np.float64)  # slopes[..., None].bfloat16()
-    j = np.arange(min(positions, 1 << 16), dtype=np.float64)
+    j = np.arange(positions, dtype=np.float64)  # ALiBi has no position limit of its own
     prod = bf[:, None] * j[None, :]  # exact in float64 (and float32: fewer than 24 bits)
     bad = np.nonzero((prod.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64) != prod).any(axis=0))[0]
     c.put("alibi_slopes", bf / math.sqrt(d), f"(computed: bf16(ALiBi slope_h) / sqrt({d}), build_alibi_tensor, "
@@ -956,6 +956,16 @@ def find_layouts(names: list[str], files: bool = False) -> list[Found]:
     return [Found(LAYOUTS[k], s, sorted(v)) for (k, s), v in found.items()]
 
 
+# A marker without this companion is not that layout (a vision tower's q_proj beside out_proj; Persimmon's dense
+# beside its query_key_value)
+COMPANION = {"llama": "self_attn.o_proj.weight", "phi": "self_attn.q_proj.weight"}
+
+
+def _complete(found: list[Found], ckpt: Checkpoint) -> list[Found]:
+    return [f for f in found if f.layout.name not in COMPANION
+            or f"{f.stack}{f.layers[0]}.{COMPANION[f.layout.name]}" in ckpt]
+
+
 def _unsupported(names: list[str]) -> str | None:
     for pattern, what in UNSUPPORTED.values():
         if any(pattern.search(n) for n in names):
@@ -972,7 +982,7 @@ def _choose(ckpt: Checkpoint, prefix: str | None, want: str | None = None) -> Fo
         if not found:
             raise InputError(f"has no attention layers under the prefix {prefix!r}", ckpt.source)
     # a marker without its companions (e.g. a vision tower's q_proj beside out_proj) is not that layout
-    complete = [f for f in found if f.layout.name != "llama" or f"{f.stack}{f.layers[0]}.self_attn.o_proj.weight" in ckpt]
+    complete = _complete(found, ckpt)
     if not complete:
         what = _unsupported(names)
         if what is not None:
@@ -1131,7 +1141,7 @@ def inspect_checkpoint(path: str | Path, layout: str | None = None) -> dict[str,
         "dtypes": sorted({t.dtype for t in ckpt.tensors.values()}),
     }
     out.update(_family_report(ckpt, layout))
-    found = find_layouts(names)
+    found = _complete(find_layouts(names), ckpt) or find_layouts(names)
     open_ = sorted({f.layout.name for f in found} & set(CONFIG_DECIDES))
     if ckpt.config is None and layout is None and open_:  # what self and check would say: refused without --layout
         out["family_status"] = (f"no config.json, and {open_[0]} tensor names fit families whose attention differs "
