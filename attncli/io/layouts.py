@@ -9,6 +9,10 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     nanogpt           attn.c_attn (3E, E), c_proj                             nn.Linear
     gptj              attn.{q,k,v,out}_proj                                   nn.Linear, rotary interleaved
     neox, bloom       query_key_value (H·3·d, E): rows (H, 3, d)              nn.Linear
+    falcon (bloom)    self_attention.query_key_value: rows (G, H/G + 2, d)    nn.Linear, rotary half or ALiBi
+    persimmon         self_attn.query_key_value (H, 3, d), self_attn.dense    nn.Linear, partial rotary
+    phi               self_attn.{q,k,v}_proj, self_attn.dense                 nn.Linear, partial rotary
+    gpt_neo           attn.attention.{q,k,v,out}_proj                         nn.Linear, scale 1, local layers
     llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E)
     t5                layer.0.SelfAttention.{q,k,v,o} + relative_attention_bias (layer 0)
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
@@ -770,7 +774,10 @@ def _falcon(c: Ctx, a: str) -> None:
     f.head_dim, f.kv_heads, f.causal = d, G, True
     cfg = cfg or {}
     new = bool(cfg.get("new_decoder_architecture"))
-    ln = "ln_attn" if new and cfg.get("num_ln_in_parallel_attn") in (None, 2) else "input_layernorm"
+    if c.config is None:  # --layout falcon on bare weights: the norm the checkpoint has
+        ln = "ln_attn" if c.has(c.block + "ln_attn.weight") else "input_layernorm"
+    else:  # FalconDecoderLayer: ln_attn in the new decoder with two norms (num_ln_in_parallel_attn None or 2)
+        ln = "ln_attn" if new and cfg.get("num_ln_in_parallel_attn") in (None, 2) else "input_layernorm"
     if fam is not None:
         _family_norm(c, fam, c.block + ln, ("layer_norm_epsilon",))
     if cfg.get("alibi"):
