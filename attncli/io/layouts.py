@@ -757,6 +757,9 @@ def _falcon(c: Ctx, a: str) -> None:
         if kv is not None and int(cfgcheck.value(cfg, "num_kv_heads", "config.json")) != H:
             raise c.fail(f"falcon: num_kv_heads {kv} with multi_query and new_decoder_architecture false: its "
                          f"query_key_value holds k and v for all {H} heads (transformers cannot run it either)")
+    if cfg is not None and (G < 1 or H % G):
+        raise c.fail(f"falcon: num_kv_heads {G} does not divide num_attention_heads {H} (each K/V group serves "
+                     "H/G query heads)")
     if G < 1 or H % G or rows != (H + 2 * G) * d:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({(H + 2 * max(G, 1)) * d}, {E}) = "
                      f"(G, H/G + 2, d) rows for {H} heads of {d} ({what})")
