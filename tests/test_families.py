@@ -390,6 +390,22 @@ def test_family_agrees_or_refuses(mt: str) -> None:
     assert verdict in ("agrees", "refused", "partly refused"), f"{mt}: {verdict}: {detail}"
 
 
+# Families whose every run must agree (not only agree or refuse): each new step, against its own module.
+MUST_AGREE = ["olmo", "bitnet", "llama4_text"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mt", MUST_AGREE)
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_family_with_a_new_step_agrees(mt: str, dtype: str | None) -> None:
+    """OLMo's clamp, BitNet's sub-norm, Llama 4's chunked RoPE layers and tuned NoPE layers, in float32 and from a
+    bfloat16 checkpoint, plain and --from-residual."""
+    outcomes = sweep_one(mt, None if dtype is None else getattr(torch, dtype))
+    assert {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
+    if mt == "llama4_text":  # a chunked RoPE layer and a NoPE layer with the tuning were both run
+        assert {k.split(" ")[0] for k in outcomes} == {"0/chunked_attention/rope", "3/full_attention/nope"}
+
+
 # Variants a family's config switches between (each against its own module, as above).
 VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "gpt_bigcode-unscaled": ("gpt_bigcode", dict(multi_query=False, scale_attn_weights=False)),
@@ -414,7 +430,8 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 # bfloat16, compared with the same module whose weights are rounded to bfloat16 and computed in float32, so
 # the tolerance stays 1e-5 (a reader that fails to convert a bf16 tensor, or reads one as another, shows).
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
-        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2"]
+        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
+        "bitnet", "llama4_text"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
