@@ -334,3 +334,44 @@ def test_llama4_text_with_its_qk_norm_is_refused_by_key(tmp_path: Path) -> None:
     assert res.exit_code == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "use_qk_norm" in lines[0] and "llama4_text" in lines[0]
+
+
+@pytest.mark.slow
+def test_check_names_heads_in_the_wrong_order_before_bitnets_sub_norm(tmp_path: Path) -> None:
+    """HF's BitNet with heads 0 and 1 swapped before attn_sub_norm (a hook on the module): check names the mistake,
+    its variant applying the sub-norm between the concatenated heads and W_o as the model does."""
+    from transformers import BitNetConfig, BitNetForCausalLM
+
+    cfg = BitNetConfig(hidden_size=E, num_attention_heads=H, num_key_value_heads=G, num_hidden_layers=1,
+                       intermediate_size=16, vocab_size=32, rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None)
+    model = BitNetForCausalLM(cfg).eval()
+    _randomise(model, 6)
+    model.save_pretrained(tmp_path / "m")
+    attn = model.model.layers[0].self_attn
+    got: dict[str, torch.Tensor] = {}
+
+    def swap(m: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+        c = args[0].reshape(1, T, H, E // H)[:, :, [1, 0, 2, 3]]
+        return (c.reshape(1, T, E),)
+
+    def take(m: torch.nn.Module, a: tuple[torch.Tensor, ...], kw: dict[str, torch.Tensor]) -> None:
+        got.setdefault("x", kw["hidden_states"])
+
+    h1 = attn.register_forward_pre_hook(take, with_kwargs=True)
+    h2 = attn.attn_sub_norm.register_forward_pre_hook(swap)
+    def out(m: torch.nn.Module, a: tuple[torch.Tensor, ...], y: torch.Tensor) -> None:
+        got.setdefault("y", y)
+
+    h3 = attn.o_proj.register_forward_hook(out)
+    with torch.no_grad():
+        model(input_ids=torch.arange(T)[None] % 32)
+    for h in (h1, h2, h3):
+        h.remove()
+    np.save(tmp_path / "x.npy", got["x"][0].numpy())
+    np.save(tmp_path / "y.npy", got["y"][0].numpy())
+    res = runner.invoke(app, ["check", str(tmp_path / "y.npy"), str(tmp_path / "x.npy"), "--weights",
+                              str(tmp_path / "m"), "--layer", "0", "--format", "json"])
+    assert res.exit_code == 1, res.stderr
+    doc = json.loads(res.stdout)
+    assert [e["name"] for e in doc["explanations"]] == ["heads-wrong-order"]
+    assert "head 1, head 0, head 2, head 3" in doc["explanations"][0]["explanation"]
