@@ -375,3 +375,24 @@ def test_check_names_heads_in_the_wrong_order_before_bitnets_sub_norm(tmp_path: 
     doc = json.loads(res.stdout)
     assert [e["name"] for e in doc["explanations"]] == ["heads-wrong-order"]
     assert "head 1, head 0, head 2, head 3" in doc["explanations"][0]["explanation"]
+
+
+def test_explain_reads_the_tuned_and_clamped_rows(files: Path, tmp_path: Path) -> None:
+    """--explain writes the score with the q that the score read: q_temp (Llama 4) and q_clip/k_clip (OLMo)."""
+    q = np.random.default_rng(7).normal(size=(6, 4))
+    np.save(tmp_path / "q.npy", q)
+    res = runner.invoke(app, ["run", str(tmp_path / "q.npy"), "--causal", "--tuning-scale", "1", "--tuning-floor", "1",
+                              "--explain", "3,1", "--steps", "scores"])
+    assert res.exit_code == 0, res.stderr
+    f = math.log(math.floor(4 / 1) + 1) + 1  # query 3: log(floor((3 + 1) / 1) + 1) · 1 + 1
+    text = " ".join(res.stdout.split())
+    assert "sim(q3, k1) = q_temp(q3) · k(k1)" in text
+    assert all(f"{abs(a):.4f}" in text for a in q[3] * f)  # the tuned row, multiplied by hand here
+    res = runner.invoke(app, ["self", str(files / "x.npy"), "--weights", str(files / "w.npz"), "--heads", "2",
+                              "--clip-qkv", "0.5", "--explain", "2,1", "--steps", "scores"])
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "q_clip(q2) · k_clip(k1)" in text
+    x, W = np.load(files / "x.npy"), np.load(files / "w.npz")
+    qc = np.clip(x @ W["W_q"], -0.5, 0.5)[2, :4]  # head 0's features of query 2, clamped by numpy here
+    assert all(f"{abs(a):.4f}" in text for a in qc)
