@@ -1,11 +1,13 @@
 """The one pipeline: the stages of attncli.core.stages composed, returning a Trace.
 
-    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
+    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...)
     2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
-    3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE),
+    3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE, Llama 4's
+                 temperature tuning of q),
                  the chain before the softmax (chain.logits), the softmax and its variants
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-    9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
+    9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections; BitNet:
+                 sub_norm = RMSNorm(concat) before W_o)
 
 Single-head ``run`` and multi-head ``self`` are this one function; :func:`attncli.core.plan.plan`
 says whether steps 3-7 run on the whole score matrix (explicit), in blocks of queries, or in
