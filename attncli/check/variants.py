@@ -193,7 +193,7 @@ class Context:
         if not self.heads:
             with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
                 return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-        v = self.ref["v"]  # (B, S, d_v) or unbatched (S, d_v)
+        v = self.ref["v_clip" if "v_clip" in self.ref else "v"]  # (B, S, d_v) or unbatched (S, d_v); OLMo: clamped
         vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.multi().heads)  # (B, H, S, d_v/H)
         vh = vh if v.ndim == 3 else vh[0]
         return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
@@ -210,8 +210,11 @@ class Context:
         else:
             concat = heads.reshape(heads.shape[:-3] + (T, H * dh))  # (..., H, T, dh) read as (..., T, d_v): no transpose
         out = concat
+        sub = self.problem.sub_norm if isinstance(self.problem, Layer) else None
+        if sub is not None:  # BitNet: the RMSNorm of the concatenated heads before W_o
+            out = stages.rms_norm(np, out, sub.w, sub.eps)
         if "W_o" in self.ref:
-            out = stages.project(concat, self.ref["W_o"], self.ref["b_o"][0] if "b_o" in self.ref else None)
+            out = stages.project(out, self.ref["W_o"], self.ref["b_o"][0] if "b_o" in self.ref else None)
         return {"head_output": heads, "concat": concat, "output": out}
 
     def requires_scaling(self) -> Any:

@@ -100,6 +100,7 @@ class Mask:
     float_mask: bool
     window: int | None
     causal: bool
+    chunk: int | None = None  # chunked attention: keys of the query's own chunk of C positions only
 
 
 # ---- what a block of queries brings: its masks and biases, computed once per block of rows ----
@@ -273,20 +274,24 @@ def _bias_formula(a: Bias, prev: str) -> str:
 
 def _has_mask(p: Problem) -> bool:
     o = p.options
-    return (p.query_limit is not None or o.causal or o.window is not None or p.mask is not None
-            or p.padding is not None)
+    return (p.query_limit is not None or o.causal or o.window is not None or o.chunk is not None
+            or p.mask is not None or p.padding is not None)
 
 
 def _mask(b: Block, s: Any) -> tuple[Any, Mask]:
     o = b.p.options
     fill = stages.fill_value(b.p)
-    return stages.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal)
+    return stages.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal,
+                                                                      o.chunk)
 
 
 def _mask_formula(a: Mask, prev: str) -> str:
     prev = prev if prev in (N.CAPPED, N.ALIBI, N.BIAS) else N.SCORES
     window = f"; the sliding window keeps the {a.window} keys up to each query" if a.window is not None else ""
-    return f"masked = {prev} with masked keys set to {a.fill:g}{' (+ float mask)' if a.float_mask else ''}{window}"
+    chunk = (f"; chunked: query i sees key j only when j // {a.chunk} == (P + i) // {a.chunk}, its own chunk of "
+             f"{a.chunk} positions, up to itself") if a.chunk is not None else ""
+    return (f"masked = {prev} with masked keys set to {a.fill:g}{' (+ float mask)' if a.float_mask else ''}"
+            f"{window}{chunk}")
 
 
 # which paths: the conditions of the score and the scale
@@ -316,6 +321,7 @@ def _scale_applies(p: Problem) -> bool:
 STAGES: tuple[Stage, ...] = (
     Stage(N.Q_NORM, lambda p: p.options.qk_norm is not None, bounded=True),  # on q and k, before either path
     Stage(N.Q_ROT, lambda p: p.options.rope is not None, bounded=True),
+    Stage(N.Q_TEMP, lambda p: p.options.tuning_scale is not None, bounded=True),  # a factor per query, on q
     Stage(N.SCORES, lambda p: True, blocked=_row_separable, sdpa=_dot, bounded=True),  # 1) score: logits' first line
     Stage(N.SCALED, _scale_applies, _scale, _scale_formula, blocked=_blocked_scale, sdpa=constant_scale,
           bounded=True),
@@ -383,7 +389,7 @@ def logits(p: Problem, q: Any, k: Any, params: dict[str, Any], b: Block, record:
     s = stages.score(p, b.be.xp, q, k, params, trace)  # 1) score: (..., b, d) x (..., n_c, d) -> (..., b, n_c)
     raw, unmasked = s, s
     if record is not None:
-        record(STAGES[2], s, None)
+        record(next(st for st in STAGES if st.name == N.SCORES), s, None)
     for st in STAGES:  # 2) scale, 3) cap, 4) bias, 5) mask, and any stage registered between them
         if st.fn is None or not st.applies(p) or (fold and st.name == N.SCALED):
             continue

@@ -1,11 +1,13 @@
 """The one pipeline: the stages of attncli.core.stages composed, returning a Trace.
 
-    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections)
+    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...)
     2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
-    3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE),
+    3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE, Llama 4's
+                 temperature tuning of q),
                  the chain before the softmax (chain.logits), the softmax and its variants
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-    9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections)
+    9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections; BitNet:
+                 sub_norm = RMSNorm(concat) before W_o)
 
 Single-head ``run`` and multi-head ``self`` are this one function; :func:`attncli.core.plan.plan`
 says whether steps 3-7 run on the whole score matrix (explicit), in blocks of queries, or in
@@ -26,6 +28,7 @@ from attncli.core.layer import Layer
 from attncli.core.options import Options
 from attncli.core.params import (
     AlibiFacts,
+    Clip,
     Dropout,
     Hard,
     HeadMap,
@@ -36,6 +39,7 @@ from attncli.core.params import (
     Scaling,
     Sink,
     Softmax,
+    Tuning,
     Weight,
 )
 from attncli.core.plan import Plan, plan
@@ -160,6 +164,7 @@ def prepare(problem: Problem | Layer, backend: Backend | None = None) -> Prepare
         trace.inputs.update(q=q, k=k, v=v)
     m.self_attention = problem.self_attention
     core, q, k = _normalise_rotate(core, be, q, k, trace)
+    core, q = _tune_queries(core, be, q, trace)
     if core.n_rep > 1:
         m.kv_heads, m.n_rep = core.kv_heads, core.n_rep
     params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
@@ -215,6 +220,10 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
            + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None, _projection(proj, w, "X", "q"))
     t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
     t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES), params=_projection(proj, w, z_name, "v"))
+    clip = layer.options.clip_qkv
+    if clip is not None:  # OLMo: q, k, v clamped to [-C, C] right after the projections
+        q, k, v = (_clip(t, be, a, name, clip, axes) for a, name, axes in
+                   ((q, "q", (QUERIES, FEATURES)), (k, "k", (KEYS, FEATURES)), (v, "v", (KEYS, FEATURES))))
     G = layer.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
     qh = stages.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
     kh, vh = stages.split_heads(xp, k, G), stages.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
@@ -228,6 +237,14 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
     m.batch_axes, m.head_axis = (["batch", "head"], 1) if layer.batched else (["head"], 0)
     core = layer.problem(to_numpy(qh), to_numpy(kh), to_numpy(vh))  # the attention of each head
     return core, qh, kh, vh, w
+
+
+def _clip(t: Trace, be: Backend, a: Any, name: str, c: float, axes: tuple[str, str]) -> Any:
+    """The step {name}_clip = clamp({name}, -c, c) (OLMo's clip_qkv), returned."""
+    y = be.xp.clip(a, -c, c)
+    t.add(f"{name}_clip", f"{name}_clip = clamp({name}, -{c:g}, {c:g}): every feature of {name.upper()} kept within "
+          f"[-{c:g}, {c:g}] (clip_qkv)", y, axes, params=Clip(c, name))
+    return y
 
 
 def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace) -> Any:
@@ -329,6 +346,23 @@ def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -
                 k = y
         t.meta.rope = rotation
     return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
+
+
+def _tune_queries(problem: Problem, be: Backend, q: Any, t: Trace) -> tuple[Problem, Any]:
+    """Llama 4's temperature tuning (its NoPE layers): q_i multiplied by log(floor((P + i + 1) / F) + 1) · a + 1,
+    the factor in float32 as HF computes it: the step q_temp; the problem with the tuned q."""
+    o = problem.options
+    if o.tuning_scale is None:
+        return problem, q
+    P = problem.query_offset
+    f = stages.tuning_factors(P + np.arange(problem.m), o.tuning_scale, o.tuning_floor)  # (m,)
+    y = q * be.asarray(f[:, None], problem.dtype)  # (..., m, d) * (m, 1) -> (..., m, d)
+    before = "q_rot" if "q_rot" in t else "q_norm" if "q_norm" in t else "q"
+    where = f"P + i = {P} + i" if P else "i"
+    t.add("q_temp", f"q_temp = {before} · (log(floor((position + 1) / {o.tuning_floor:g}) + 1) · {o.tuning_scale:g} + 1), "
+          f"position {where}: Llama 4's temperature tuning (factors {f[0]:.6g} … {f[-1]:.6g})", y, (QUERIES, FEATURES),
+          params=Tuning(o.tuning_scale, o.tuning_floor, P))
+    return replace(problem, q=to_numpy(y)), y
 
 
 # ---- 3) - 8) the attention of each (batch, head) --------------------------------------------------
@@ -457,7 +491,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     xp, H = be.xp, problem.heads
     proj = problem.projections
     concat = stages.merge_heads(xp, heads_out)  # (B, H, T, d_v/H) -> (B, T, d_v)
-    start = _index(t, "v") + 1
+    start = _index(t, "v_clip" if "v_clip" in t else "v") + 1
     split = _split_note(H, proj.d_k // H, proj.d_v // H)
     per_head = []
     for s in t.steps[start:]:
@@ -477,12 +511,15 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "
           "the heads side by side, in order", concat, (QUERIES, FEATURES))
     out = concat
+    if problem.sub_norm is not None:  # BitNet: an RMSNorm of the concatenated heads before W_o
+        out = _sub_norm(problem.sub_norm, be, out, problem.dtype, t)
     if has_o:
         _weight(t, proj, w, "W_o")
         _weight(t, proj, w, "b_o")
-        out = stages.project(concat, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
-        t.add("output", f"output = concat · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
-              params=Projection("concat", "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
+        into = "sub_norm" if problem.sub_norm is not None else "concat"
+        out = stages.project(out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
+        t.add("output", f"output = {into} · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
+              params=Projection(into, "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
     if "weights" in t:
         ws = t.step(t.meta.weights_step or "weights")
         t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
@@ -497,6 +534,16 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
                 s.values = s.values[0]
         t.dead = None if t.dead is None else t.dead[0]
 
+
+
+def _sub_norm(norm: Norm, be: Backend, c: Any, dt: str, t: Trace) -> Any:
+    """The concatenated heads through BitNet's attn_sub_norm (an RMSNorm over the width, as HF's BitNetRMSNorm:
+    in float32 for half inputs, cast back, then times w): the step sub_norm."""
+    y = stages.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps)
+    where = f" (w = {norm.origin})" if norm.origin else ""
+    t.add("sub_norm", f"sub_norm = w · concat / sqrt(mean(concat²) + {norm.eps:g}): an RMSNorm of the concatenated "
+          f"heads before W_o{where}", y, (QUERIES, FEATURES), params=Normalise("rms", norm.eps, True, norm.origin or None))
+    return y
 
 
 def _output_rows_note(problem: Layer, dead: np.ndarray, has_b_o: bool, has_o: bool) -> list[str]:

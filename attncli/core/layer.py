@@ -3,7 +3,8 @@
     x_norm = norm(X)                       (a checkpoint's pre-attention norm, --from-residual)
     Q = X W_q + b_q,  K = Y W_k + b_k,  V = Z W_v + b_v      (Y = Z = X for self-attention)
     (B, T, H·d) -> (B, H, T, d); K and V: G heads          -> Layer.problem(Q, K, V): the core Problem
-    output = concat(head_0, ..., head_{H-1}) W_o + b_o
+    clip: q, k, v clamped to [-C, C] (OLMo clip_qkv, option clip_qkv), before the split
+    output = concat(head_0, ..., head_{H-1}) W_o + b_o   (BitNet: sub_norm(concat) W_o + b_o)
 
 A Layer holds X, Y, Z, the projections, the heads, the pre-norm and the key padding mask, and what it
 hands on to the attention of its heads (masks, lengths, labels, biases, options) under the same names
@@ -47,6 +48,7 @@ class Layer(Shared):
     projections: Projections  # W_q, W_k, W_v (W_o, biases): Q = X W_q + b_q, ...
     heads: int = 1
     pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
+    sub_norm: Norm | None = None  # BitNet: an RMSNorm of the concatenated heads before W_o (attn_sub_norm)
     batch_first: bool = True  # X given (B, T, D); False: (T, B, D), PyTorch's default (held (B, T, D) here all
     # the same; the output is returned (T, B, E), as nn.MultiheadAttention(batch_first=False) returns it)
 
@@ -133,7 +135,8 @@ class Layer(Shared):
 
     @classmethod
     def build(cls, x: Any, memory: Any = None, values: Any = None, *, projections: Projections, heads: int = 1,
-              padding: Any = None, pre_norm: Norm | None = None, batch_first: bool = True, **core: Any) -> Layer:
+              padding: Any = None, pre_norm: Norm | None = None, batch_first: bool = True,
+              sub_norm: Norm | None = None, **core: Any) -> Layer:
         """A validated, frozen Layer; memory and values default to x (self-attention). ``core``: the
         fields handed on to the heads' Problem (mask, valid_lens, labels, options, sinks, ...)."""
         memory = x if memory is None else memory
@@ -155,6 +158,10 @@ class Layer(Shared):
         if pre_norm is not None and pre_norm.w.shape != (X.shape[2],):
             raise InputError(f"the pre-attention norm has {pre_norm.w.shape[0]} weights but X has width {X.shape[2]}",
                              src["weights"])
+        if sub_norm is not None:
+            if not (isinstance(sub_norm.eps, (int, float)) and math.isfinite(sub_norm.eps) and sub_norm.eps > 0):
+                raise InputError(f"the sub-norm's eps is {sub_norm.eps!r}; it must be a positive finite number",
+                                 sub_norm.origin or src["weights"])
         core = dict(core, sources=dict(core.get("sources") or {}), result_dtype=result_dtype, batched=batched)
         for name, a in projections.extras().items():  # QK-norm weights and sinks that came with the weights
             if core.get(name) is None:
@@ -168,9 +175,13 @@ class Layer(Shared):
         if core.get("mask") is not None:
             core["mask"] = head_mask(mask_array(core["mask"], "mask", src["mask"]), B, heads, src["mask"])
         pad = None if padding is None else padding_mask(padding, B, S, batched, src["key_padding_mask"])
-        layer = cls(X, Y, Z, projections, heads, pre_norm, batch_first, **core)
+        layer = cls(X, Y, Z, projections, heads, pre_norm, sub_norm, batch_first, **core)
+        if sub_norm is not None and sub_norm.w.shape != (layer.shapes()[0][1] * layer.shapes()[2][3],):
+            raise InputError(f"the sub-norm has weights of shape {sub_norm.w.shape}; expected "
+                             f"({layer.shapes()[0][1] * layer.shapes()[2][3]},), the concatenated heads' width",
+                             sub_norm.origin or src["weights"])
         checked = Problem.shaped(*layer.shapes(), layer.dtype, **{n: getattr(layer, n) for n in HANDED})
-        return cls(X, Y, Z, projections, heads, pre_norm, batch_first,
+        return cls(X, Y, Z, projections, heads, pre_norm, sub_norm, batch_first,
                    **{n: getattr(checked, n) for n in HANDED if n not in ("padding",)}, padding=pad)
 
 

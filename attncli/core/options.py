@@ -249,6 +249,22 @@ def check_window(window: Any, where: str = "--window") -> int:
     return int(window)
 
 
+def check_chunk(chunk: Any, where: str = "--chunk") -> int:
+    """The chunk size C, or an InputError when it is not a whole number >= 1."""
+    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or not 1 <= int(chunk) <= MAX_POSITION:
+        raise InputError(f"the chunk must be a whole number of positions from 1 to {MAX_POSITION:,} (query i sees the "
+                         f"keys of its own chunk, j // C == i // C, up to itself), got {_short(chunk)}", where)
+    return int(chunk)
+
+
+def check_clip(clip: Any, where: str = "--clip-qkv") -> float:
+    """The clamp C of q, k, v, or an InputError when it is not a finite number > 0."""
+    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not math.isfinite(clip) or clip <= 0:
+        raise InputError(f"the clamp must be a finite number > 0 (q, k, v clamped to [-C, C]), got {_short(clip)}",
+                         where)
+    return float(clip)
+
+
 def check_softcap(cap: Any, where: str = "--softcap") -> float:
     """The cap, or an InputError when it is not a finite number > 0."""
     if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap <= 0:
@@ -445,6 +461,17 @@ class Options:
     window: int | None = option(  # sliding window: causal, each query sees W keys, itself included
         None, "Sliding window: causal, each query sees the W keys up to itself (HF sliding_window, FlashAttention "
               "window_size=(W-1, 0)).", TODAY, check=lambda v, w: check_window(_integral(v), w))
+    chunk: int | None = option(  # chunked attention (Llama 4): causal, and keys of the query's own chunk only
+        None, "Chunked attention: causal, and query i sees key j only in its own chunk of C positions, "
+              "j // C == (P + i) // C (Llama 4 attention_chunk_size).", TODAY,
+        check=lambda v, w: check_chunk(_integral(v), w))
+    tuning_scale: float | None = option(  # Llama 4's temperature tuning: q_i times log(floor((P+i+1)/F) + 1)·a + 1
+        None, "Temperature tuning of the queries (Llama 4 attn_scale a, on its NoPE layers): q_i is multiplied by "
+              "log(floor((P + i + 1) / F) + 1) · a + 1, F from --tuning-floor.", TODAY, label="tuning scale",
+        check=lambda v, w: _check_scale(v, w))
+    tuning_floor: float = option(  # Llama 4 floor_scale
+        8192.0, "The F of --tuning-scale (Llama 4 floor_scale, default 8192).", TODAY, label="tuning floor",
+        check=lambda v, w: _positive(_number(v, w), w, "a positive number (positions per step of the tuning)"))
     softcap: float | None = option(  # scores become c·tanh(s / c) after scaling (Gemma 2)
         None, "Logit soft-capping: scores become C·tanh(s/C) after scaling, before the mask (Gemma 2).", TODAY,
         check=lambda v, w: check_softcap(_number(v, w), w))
@@ -454,6 +481,9 @@ class Options:
     norm_eps: float = option(  # the eps of that RMSNorm (config rms_norm_eps)
         1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps).", TODAY, label="norm eps",
         check=lambda v, w: _positive(_number(v, w), w, "a positive number (the RMSNorm's eps)"))
+    clip_qkv: float | None = option(  # OLMo: q, k, v clamped to [-C, C] right after the projections
+        None, "Clamp q, k and v to [-C, C] right after the projections, before the heads split (OLMo clip_qkv).",
+        MULTIHEAD, commands=PROJECTING, label="clip", check=lambda v, w: check_clip(_number(v, w), w))
     kv_heads: int | None = option(  # K/V heads of projected attention (grouped-query); None: W_k's width says
         None, "Grouped-query / multi-query attention: G K/V heads (a divisor of --heads); query head h reads K/V head "
               "h // (H/G). Default: as many as W_k's width holds.", MULTIHEAD, commands=PROJECTING, min=1,

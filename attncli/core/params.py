@@ -21,6 +21,23 @@ class Projection:
 
 
 @dataclass(frozen=True)
+class Clip:
+    """q_clip, k_clip, v_clip = clamp(q, -c, c) (OLMo clip_qkv): of ``before``, the projection."""
+
+    c: float
+    before: str
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """q_temp = q_i · (log(floor((P + i + 1) / floor) + 1) · scale + 1) (Llama 4's temperature tuning)."""
+
+    scale: float
+    floor: float
+    q_offset: int
+
+
+@dataclass(frozen=True)
 class Weight:
     """A weight or bias step (W_q, b_q, ...): where it came from."""
 

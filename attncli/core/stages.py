@@ -8,7 +8,7 @@
     scale      S · factor / T
     cap        softcap: c · tanh(s / c)
     bias       ALiBi (alibi_slopes, alibi_bias, alibi_rows) and additive float masks
-    mask       keep-mask (valid lengths, causal / window at positions, boolean masks)
+    mask       keep-mask (valid lengths, causal / window / chunk at positions, boolean masks)
     softmax    stable, rows of -inf give zeros; with sinks (softmax_with_sinks, sink_column); online
                (blocks of keys) for the output-only path
     select     hard attention, dropout
@@ -45,7 +45,15 @@ from attncli.core.heads import (  # noqa: F401  (re-exported: the checks and the
     check_rope_dim,
     check_sinks,
 )
-from attncli.core.options import ROPE_MODES, ROPE_TYPES, check_q_offset, check_rope_mode, check_softcap, check_window  # noqa: F401
+from attncli.core.options import (  # noqa: F401
+    ROPE_MODES,
+    ROPE_TYPES,
+    check_chunk,
+    check_q_offset,
+    check_rope_mode,
+    check_softcap,
+    check_window,
+)
 from attncli.core.scoring import SCALINGS, ScoreInput, get_score
 from attncli.core.trace import Trace
 from attncli.core.weights import seeded_rng
@@ -337,6 +345,25 @@ def window_keep(q_pos: Any, k_pos: Any, window: int) -> np.ndarray:
     return (k <= q) & (k > q - window)  # (1, n) vs (m, 1) -> (m, n)
 
 
+def chunk_keep(q_pos: Any, k_pos: Any, chunk: int) -> np.ndarray:
+    """keep_ij = k_pos_j <= q_pos_i and k_pos_j // C == q_pos_i // C: causal within each chunk of C positions.
+    (m,), (n,) -> (m, n) bool
+
+    HF ``masking_utils``: causal and ``chunked_overlay`` (Llama 4's chunked attention layers).
+    """
+    check_chunk(chunk)
+    k, q = np.asarray(k_pos)[None, :], np.asarray(q_pos)[:, None]
+    return (k <= q) & (k // chunk == q // chunk)  # (1, n) vs (m, 1) -> (m, n)
+
+
+def tuning_factors(positions: Any, scale: float, floor: float) -> np.ndarray:
+    """Llama 4's temperature tuning: log(floor((pos + 1) / F) + 1) · a + 1 per query position, in float32 as HF
+    computes it (``torch.log1p(torch.floor((positions.float() + 1) / floor_scale)) * attn_scale + 1``). (m,) -> (m,)"""
+    pos = np.asarray(positions, dtype=np.float32)
+    return (np.log1p(np.floor((pos + np.float32(1.0)) / np.float32(floor))) * np.float32(scale)
+            + np.float32(1.0)).astype(np.float32)
+
+
 # ---- scores and softmax ---------------------------------------------------------------------
 
 
@@ -438,9 +465,11 @@ def keep_mask(problem: Problem, n: int, rows: Rows = None) -> tuple[np.ndarray |
     j = np.arange(n)  # key index
     if problem.query_limit is not None:
         keep = _row_block(problem.query_limit[..., None], rows) > j  # (..., m, 1) vs (n,) -> (..., m, n)
-    if o.causal or o.window is not None:  # query i at position P + i, key j at j
+    if o.causal or o.window is not None or o.chunk is not None:  # query i at position P + i, key j at j
         q_pos = problem.query_offset + index
         causal = causal_keep(q_pos, j) if o.window is None else window_keep(q_pos, j, o.window)  # (rows, n)
+        if o.chunk is not None:  # Llama 4: only the keys of the query's own chunk
+            causal = causal & chunk_keep(q_pos, j, o.chunk)
         keep = causal if keep is None else keep & causal
     bias = None
     if problem.mask is not None:

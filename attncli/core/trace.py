@@ -33,8 +33,10 @@ class StepName(str, Enum):
     VALUES = "values"
     W_Q, B_Q, W_K, B_K, W_V, B_V, W_O, B_O = "W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"
     Q, K, V = "q", "k", "v"
+    Q_CLIP, K_CLIP, V_CLIP = "q_clip", "k_clip", "v_clip"  # OLMo's clamp of the projections
     Q_NORM, K_NORM = "q_norm", "k_norm"
     Q_ROT, K_ROT = "q_rot", "k_rot"
+    Q_TEMP = "q_temp"  # Llama 4's temperature tuning of the queries
     Q_PROJ, K_PROJ, FEATURES = "q_proj", "k_proj", "features"  # additive's steps inside the score
     SQ_DIST = "sq_dist"  # gaussian's squared distances
     SCORES = "scores"
@@ -51,6 +53,7 @@ class StepName(str, Enum):
     HEAD_OUTPUT = "head_output"
     OUTPUT = "output"
     CONCAT = "concat"
+    SUB_NORM = "sub_norm"  # BitNet's RMSNorm of the concatenated heads, before W_o
     AVG_WEIGHTS = "avg_weights"
 
     __str__ = str.__str__

@@ -107,7 +107,7 @@ KEYS: dict[str, Check] = {
     **{k: real() for k in ("rope_theta", "rotary_emb_base", "rope_base", "rope_local_base_freq", "attention_multiplier",
                            "query_pre_attn_scalar", "attn_logit_softcapping", "clip_qkv", "factor", "beta_fast",
                            "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor", "mscale",
-                           "mscale_all_dim", "logit_scale")},
+                           "mscale_all_dim", "logit_scale", "floor_scale", "attn_scale")},
     **{k: real(0.0, 1.0) for k in ("partial_rotary_factor", "rotary_pct")},
     **{k: real(0.0, 1.0, open_lo=False) for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps",
                                                     "norm_epsilon")},

@@ -26,6 +26,9 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     persimmon          persimmon partial half          LayerNorm with bias           query_key_value (H, 3, d)
     falcon             bloom   half, or ALiBi          LayerNorm ln_attn / input_layernorm  rows (G, H/G + 2, d)
     gpt_neo            gpt_neo none                    LayerNorm ln_1                scale 1, local layers
+    olmo               llama   half                    LayerNorm without weights     clip_qkv (q, k, v clamped)
+    bitnet             llama   half                    RMS                           attn_sub_norm before o_proj
+    llama4_text        llama   interleaved; NoPE layers RMS                          chunked RoPE layers, q tuning
     bert & co          bert    none                    post-norm (none before)       bidirectional
     roberta-prelayernorm, xlm-roberta-xl, megatron-bert: bert, a LayerNorm inside the attention module
 """
@@ -52,6 +55,8 @@ class Family:
     qk_norm: str | None = "rms"  # the kind of q_norm/k_norm when the tensors are there
     scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale
     causal: bool = True
+    chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
+    sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -164,6 +169,14 @@ def _no_rope_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     return isinstance(nope, list) and i < len(nope) and not nope[i]
 
 
+def _llama4_chunked(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """Llama 4: layer_types says; without it (as Llama4TextConfig derives it) the layers with rotary are chunked."""
+    if lt is not None:
+        return lt == "chunked_attention"
+    nope = cfg.get("no_rope_layers")
+    return isinstance(nope, list) and i < len(nope) and bool(nope[i])
+
+
 FAMILIES: dict[str, Family] = {}
 
 
@@ -198,7 +211,16 @@ declare("nemotron", layout="llama", pre_norm="layernorm1p", keys=frozenset({"nor
 declare("stablelm", layout="llama", pre_norm="layernorm", keys=frozenset({"layer_norm_eps", "use_qkv_bias",
                                                                         "use_parallel_residual"}),
         notes="qk_layernorm (a LayerNorm per head) is refused: core has no such QK-norm kind")
-declare("olmo", layout="llama", pre_norm="layernorm-weightless", notes="clip_qkv is refused: core has no clamp step")
+declare("olmo", layout="llama", pre_norm="layernorm-weightless", keys=frozenset({"clip_qkv"}),
+        notes="clip_qkv: q, k, v clamped right after the projections (the steps q_clip, k_clip, v_clip)")
+declare("bitnet", layout="llama", sub_norm="attn_sub_norm",
+        notes="attn_sub_norm: an RMSNorm of the concatenated heads before o_proj (the step sub_norm); nn.Linear "
+              "projections (BitLinear only under a quantization config)")
+# Llama 4 text: interleaved rotary (complex pairs) on its RoPE layers, which are chunked; NoPE layers are full,
+# with the temperature tuning of q. use_qk_norm (an L2 norm of q and k after RoPE) is not read: refused by key.
+declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers, chunked=_llama4_chunked,
+        keys=frozenset({"layer_types", "no_rope_layers", "no_rope_layer_interval", "attention_chunk_size",
+                        "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
 declare("eurobert", layout="llama", causal=False)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
@@ -238,7 +260,6 @@ declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
 REFUSED: dict[str, str] = {
     "afmoe": "its output gate (sigmoid(gate_proj(x)) before o_proj) is not supported",
     "laguna": "its output gate (softplus(g_proj(x)) before o_proj) is not supported",
-    "bitnet": "attn_sub_norm (an RMSNorm before o_proj) is not supported",
     "diffllama": "differential attention (two softmaxes, lambda, group norm) is not supported",
     "doge": "its dynamic mask (A · softplus(dt_proj(v)) added to the scores) is not supported",
     "flint": "its per-layer rotary and QK-norm placement is not supported",
@@ -246,8 +267,8 @@ REFUSED: dict[str, str] = {
     "granitemoe_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
     "hunyuan_v1_dense": "query_layernorm / key_layernorm (a QK-norm after RoPE) is not supported",
     "hunyuan_v1_moe": "query_layernorm / key_layernorm (a QK-norm after RoPE) is not supported",
-    "llama4_text": "attention_chunk_size (chunked attention), its L2 QK-norm and temperature tuning are not supported",
-    "llama4": "attention_chunk_size (chunked attention), its L2 QK-norm and temperature tuning are not supported",
+    "llama4": "the multimodal Llama 4 checkpoint (text_config inside) is not supported; its text stack saved "
+              "alone (llama4_text) is",
     "nanochat": "its weightless QK-norm and weightless pre-norm are not supported",
     "olmo2": "q_norm / k_norm over the full width (before the head split) is not supported",
     "olmo3": "q_norm / k_norm over the full width (before the head split) is not supported",

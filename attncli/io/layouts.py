@@ -66,6 +66,11 @@ class AttentionFacts:
     pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the layer's pre-attention norm
     norm_eps: float | None = None
     alibi: bool = False  # Bloom / MPT
+    chunk: int | None = None  # chunked attention of THIS layer (Llama 4 attention_chunk_size); None: not chunked
+    clip_qkv: float | None = None  # q, k, v clamped to [-C, C] after the projections (OLMo)
+    tuning_scale: float | None = None  # Llama 4's temperature tuning of q on THIS layer (attn_scale); None: none
+    tuning_floor: float | None = None  # its floor_scale
+    sub_norm: str | None = None  # "rms": an RMSNorm of the concatenated heads before o_proj (BitNet); eps: norm_eps
     sinks: bool = False  # gpt-oss
     relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
     from_config: list[str] = field(default_factory=list)
@@ -262,6 +267,9 @@ def _check_shapes(c: Ctx) -> None:
     for k in ("norm_w", "norm_b"):
         if k in a and a[k].shape != (E,):
             raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected ({E},), the model width")
+    if "sub_norm" in a and "W_o" in a and a["sub_norm"].shape != (a["W_o"].shape[0],):
+        raise c.fail(f"{c.origin['sub_norm']} has shape {a['sub_norm'].shape}; expected ({a['W_o'].shape[0]},), the "
+                     f"width {c.origin['W_o']} takes")
 
 
 def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, ...] = (), eps: float | None = None) -> None:
@@ -340,7 +348,7 @@ def _window(c: Ctx) -> None:
     if w is None or (w == 0 and cfg.get("use_sliding_window") is False):  # Qwen2-MoE: 0 = no window
         return
     kind = _layer_type(c)
-    if kind == "chunked_attention":
+    if kind == "chunked_attention" and c.facts.chunk is None:
         raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
     mt = str(cfg.get("model_type"))
     if mt in ALWAYS_SLIDES:
@@ -431,10 +439,13 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         c.facts.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
     lt = _layer_type(c)
-    if fam.rope is not None and not (fam.nope is not None and fam.nope(c.layer, c.config or {}, lt)):
+    cfg = c.config or {}
+    nope = fam.nope is not None and fam.nope(c.layer, cfg, lt)
+    if fam.rope is not None and not nope:
         _rope(c, fam.rope, layer_type=lt)
     elif fam.rope is not None:
         c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
+    _llama_extras(c, fam, a, lt, nope)
     _window(c)
     if fam.scale == "query_pre_attn_scalar":
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
@@ -448,6 +459,29 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         c.facts.scale = float(mult)
         c.facts.from_config.append("scale")
     c.conf("softcap", "attn_logit_softcapping", cast=float)
+
+
+def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> None:
+    """What a few families add around a Llama-style attention, as their declaration says: OLMo's clip_qkv, Llama 4's
+    chunked layers and temperature tuning (NoPE layers), BitNet's attn_sub_norm (a tensor after ``a``)."""
+    cfg, reads = c.config or {}, fam.reads()
+    if "clip_qkv" in reads:
+        c.conf("clip_qkv", "clip_qkv", cast=float)
+    if fam.chunked is not None and fam.chunked(c.layer, cfg, lt):
+        size, key = _cfg(c.config, "attention_chunk_size")
+        if key is None:
+            raise c.fail(f"{fam.model_type}: layer {c.layer} is a chunked-attention layer but config.json has no "
+                         "attention_chunk_size")
+        c.facts.chunk = int(size)
+        c.facts.from_config.append("chunk")
+    if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
+        c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
+        c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
+    if fam.sub_norm is not None:
+        name = f"{a}{fam.sub_norm}.weight"
+        c.put("sub_norm", c.get(name), name)
+        c.facts.sub_norm = "rms"
+        c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
 
 
 def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None:

@@ -30,7 +30,7 @@ from attncli.io.layouts import load_layer as read_layer
 
 # AttentionFacts -> Options fields: every fact the pipeline computes with
 FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "softcap",
-                "qk_norm", "alibi")
+                "qk_norm", "alibi", "chunk", "clip_qkv", "tuning_scale", "tuning_floor")
 PROJECTION_NAMES = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "sinks")
 
 
@@ -42,6 +42,7 @@ class CheckpointLayer:
     options: dict[str, Any]  # Options fields from config.json (and the layout): rope, window, scale, ...
     heads: int | None  # query heads (None: no config.json said; give heads=)
     norm: Norm | None  # the pre-attention norm (applied with from_residual=True); None for post-norm layers
+    sub_norm: Norm | None  # BitNet's RMSNorm of the concatenated heads before W_o (applied in every run)
     relative_bias: RelativeBias | None  # T5's relative position bias
     facts: AttentionFacts  # everything the layout read, as read
     layout: str
@@ -87,7 +88,7 @@ class CheckpointLayer:
             kw["alibi_slopes"] = numbers(slopes)
         return Layer.build(x, memory, values, projections=self.projections, heads=h,
                            options=options if options is not None else self.config_options(),
-                           pre_norm=self.norm if from_residual or inside else None,
+                           pre_norm=self.norm if from_residual or inside else None, sub_norm=self.sub_norm,
                            relative_bias=self.relative_bias, **kw)
 
 
@@ -123,4 +124,8 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: 
     if f.pre_norm is not None and "norm_w" in a:
         norm = Norm(f.pre_norm, numbers(a["norm_w"]), None if "norm_b" not in a else numbers(a["norm_b"]),
                     f.norm_eps if f.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
-    return CheckpointLayer(proj, options, f.heads, norm, bias, f, la.layout, la.layer, la.layers, la.source, la)
+    sub = None
+    if f.sub_norm is not None and "sub_norm" in a:
+        sub = Norm(f.sub_norm, numbers(a["sub_norm"]), None, f.norm_eps if f.norm_eps is not None else 1e-6,
+                   la.origin.get("sub_norm", ""))
+    return CheckpointLayer(proj, options, f.heads, norm, sub, bias, f, la.layout, la.layer, la.layers, la.source, la)

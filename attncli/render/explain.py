@@ -118,7 +118,8 @@ class Cell:
         dh = int(widths[name])
         if name in ("k", "v"):
             h //= t.meta.rep  # grouped-query: query head h reads K/V head h // r
-        a = np.asarray(t[name], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
+        src = f"{name}_clip" if f"{name}_clip" in t else name  # OLMo: the heads read the clamped projection
+        a = np.asarray(t[src], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
         if a.ndim - 2 != len(rest):
             return None
         return np.asarray(a[rest][row])
@@ -149,11 +150,13 @@ class Cell:
         return self.batch[-1] if self.batch and t.weights.ndim >= 3 else 0
 
     def scored(self, name: str, row: int) -> tuple[str, np.ndarray | None]:
-        """The q (or k) row that the score read: rotated (q_rot), normalised (q_norm) or as projected."""
-        for step in (f"{name}_rot", f"{name}_norm"):
+        """The q (or k) row that the score read: tuned (q_temp), rotated (q_rot), normalised (q_norm), clamped
+        (q_clip) or as projected."""
+        for step in (f"{name}_temp", f"{name}_rot", f"{name}_norm"):
             if step in self.trace:
                 return step, self.vector(step, row)
-        return name, self.input_row(name, row)
+        clipped = f"{name}_clip"
+        return (clipped if clipped in self.trace else name), self.input_row(name, row)
 
     def step(self, name: str) -> float:
         a = self.trace[name]
@@ -210,7 +213,7 @@ def position_lines(c: Cell) -> list[str]:
         h = c.head()
         lines.append(f"grouped-query: query head {h} reads K/V head {h // r} (= {h} // {r})")
     for name, row, label in (("q", c.i, c.query), ("k", c.j, c.key)):
-        for step in (f"{name}_norm", f"{name}_rot"):
+        for step in (f"{name}_norm", f"{name}_rot", f"{name}_temp"):
             if step in t:
                 v = c.vector(step, row)
                 if v is not None:
