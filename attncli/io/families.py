@@ -75,6 +75,10 @@ LAYOUT_KEYS: dict[str, frozenset[str]] = {
     "neox": frozenset({"layer_norm_eps", "use_parallel_residual"}),
     "bloom": frozenset({"layer_norm_epsilon"}),
     "t5": frozenset({"relative_attention_num_buckets", "relative_attention_max_distance", "layer_norm_epsilon"}),
+    "bart": frozenset({"is_decoder", "decoder_attention_heads", "encoder_attention_heads", "attention_heads",
+                       "decoder_layers", "encoder_layers", "num_layers"}),
+    "distilbert": frozenset({"dim", "n_heads", "n_layers"}),
+    "albert": frozenset({"num_hidden_groups", "inner_group_num", "layer_norm_eps"}),
 }
 
 
@@ -142,6 +146,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "index_n_heads": (_off, "a sparse-attention indexer"),
     "keep_window_size": (_off, "a dynamic mask"),
     "lambda_std_dev": (_off, "differential attention"),
+    "use_prompt": (_off, "prompt keys and values prepended to the attention (MVP)"),
 }
 
 
@@ -215,6 +220,27 @@ declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm")
 declare("gpt_neox", "gpt_neox_japanese", layout="neox", pre_norm="layernorm")
 declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", keys=frozenset({"alibi"}))
 declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
+# BART-style self_attn.{q,k,v,out}_proj (nn.Linear, biases; Whisper: k_proj without), q · head_dim^-0.5 before the
+# product, no positions inside attention (learned / sinusoidal ones are added to the embeddings, in hidden_states[N]).
+# Decoder stacks are causal; pre-norm families apply self_attn_layer_norm before attention, post-norm ones after
+# the residual (then nothing comes before attention). scale_embedding multiplies the embeddings only (outside).
+declare("opt", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
+        keys=frozenset({"do_layer_norm_before", "enable_bias", "layer_norm_elementwise_affine"}),
+        notes="do_layer_norm_before false (OPT-350m): post-norm, nothing before attention")
+declare("biogpt", "xglm", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm")
+declare("mbart", "pegasus", "blenderbot", "whisper", layout="bart", rope=None, pre_norm="layernorm",
+        norm_name="self_attn_layer_norm", notes="the decoder's self-attention; the encoder's and cross-attention refused")
+declare("bigbird_pegasus", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
+        keys=frozenset({"attention_type"}),
+        notes="the decoder's self-attention (plain softmax); its block-sparse encoder is refused")
+declare("bart", "marian", "blenderbot-small", "plbart", "mvp", "trocr", layout="bart", rope=None, pre_norm=None,
+        norm_name="self_attn_layer_norm",
+        notes="post-norm: self_attn_layer_norm after the residual; the decoder's self-attention only")
+# DistilBERT: attention.{q,k,v,out}_lin, q · d^-0.5 (scaling) in the product, bidirectional, post-norm sa_layer_norm
+declare("distilbert", layout="distilbert", rope=None, pre_norm=None, causal=False)
+# ALBERT: one attention module per group, shared by the layers of that group (layer N = the Nth call of a shared
+# AlbertLayer: group int(r / (num_hidden_layers / num_hidden_groups)) with r = N // inner_group_num, inner N % inner)
+declare("albert", layout="albert", rope=None, pre_norm=None, causal=False)
 
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
 REFUSED: dict[str, str] = {
@@ -248,8 +274,8 @@ REFUSED: dict[str, str] = {
     "modernbert": "its fused Wqkv with local and global layers is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
-    "opt": "its self_attn.{q,k,v,out}_proj layout is not supported",
-    "distilbert": "its attention.{q,k,v,out}_lin layout is not supported",
+    "lfm2": "its attention layers (out_proj, q_layernorm / k_layernorm, RoPE) between convolution layers are not "
+            "supported",
     "gpt_neo": "its attn.attention layout (local layers, no score scaling) is not supported",
 }
 MLA = "multi-head latent attention (kv_a_proj_with_mqa, kv_lora_rank) is not supported"

@@ -139,7 +139,6 @@ module_layout("mha-kdim", "q_proj_weight", weights.mha_separate,
 UNSUPPORTED: dict[str, tuple[re.Pattern[str], str]] = {
     "mpt": (re.compile(r"attn\.Wqkv\.weight$"), "MPT / Mosaic (fused attn.Wqkv)"),
     "mla": (re.compile(r"self_attn\.kv_a_proj_with_mqa\.weight$"), "DeepSeek multi-head latent attention (kv_a_proj_with_mqa)"),
-    "bart": (re.compile(r"self_attn\.out_proj\.weight$"), "BART / OPT / Whisper / Marian (self_attn.q/k/v/out_proj)"),
     "phi": (re.compile(r"self_attn\.dense\.weight$"), "Phi-1/2 (self_attn.dense)"),
     "falcon": (re.compile(r"self_attention\.query_key_value\.weight$"), "Falcon (fused multi-query query_key_value)"),
 }
@@ -228,7 +227,7 @@ def _check_shapes(c: Ctx) -> None:
     """The textbook arrays agree with each other and with the facts (one line naming the tensor)."""
     a, f = c.arrays, c.facts
     E = a["W_q"].shape[0]
-    width, key = _cfg(c.config, "hidden_size", "n_embd", "d_model")
+    width, key = _cfg(c.config, "hidden_size", "n_embd", "d_model", "dim")
     if key is not None and int(width) != E:
         raise c.fail(f"{c.origin['W_q']} has {E} inputs but config.json says {key} = {width}")
     for k in ("W_k", "W_v"):
@@ -662,6 +661,115 @@ def _t5(c: Ctx) -> None:
     c.facts.extra["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
 
 
+@layout("bart", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.out_proj\.weight$",
+        "BART / OPT / BioGPT / XGLM / Whisper / Marian / Pegasus: self_attn.{q,k,v,out}_proj (nn.Linear), "
+        "self_attn_layer_norm before (pre-norm) or after (post-norm) attention")
+def _bart(c: Ctx) -> None:
+    a = c.block + "self_attn."
+    known = {f"{a}{n}_proj.{p}" for n in ("q", "k", "v", "out") for p in ("weight", "bias")}
+    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
+    if other:  # LFM2's q_layernorm, a prompt, a rotary table: not this layout's attention
+        raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the bart layout (self_attn.q/k/v/out_proj alone) "
+                     "does not read")
+    fam = c.family or FAMILIES["bart"]  # without config.json the read is refused (CONFIG_DECIDES)
+    if re.search(r"(^|\.)encoder\.", c.stack):
+        raise c.fail(f"{fam.model_type}: the encoder's self-attention ({c.stack}N.self_attn) is not supported; the "
+                     "decoder's is (--prefix with its decoder.layers)")
+    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    cfg = c.config or {}
+    if cfg.get("enable_bias") is False and any(k in c.arrays for k in BIASES):
+        raise c.fail(f"{fam.model_type}: config.json says enable_bias false, but {a}q_proj has a bias")
+    heads = ("decoder_attention_heads", "num_attention_heads", "attention_heads")
+    _heads(c, *heads, kv_keys=heads, width=c.arrays["W_q"].shape[1])
+    c.facts.kv_heads = c.facts.heads
+    c.facts.causal = True  # a decoder's self-attention (is_causal=True in every one of these families)
+    c.facts.extra["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
+    if c.has(c.block + "encoder_attn.q_proj.weight"):
+        c.facts.extra["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
+    ln = c.block + fam.norm_name
+    if fam.pre_norm is None or cfg.get("do_layer_norm_before", True) is False:  # OPT-350m, BART, Marian, ...
+        c.facts.extra["post_norm"] = f"{ln} (after the residual; X is hidden_states[{c.layer}] itself)"
+    elif cfg.get("layer_norm_elementwise_affine") is False:  # OPT: nn.LayerNorm without weight and bias
+        E = c.arrays["W_q"].shape[0]
+        c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, layer_norm_elementwise_affine false; w = 1)")
+        c.put("norm_b", np.zeros(E), f"(none: {ln} has no bias; b = 0)")
+        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+    else:  # nn.LayerNorm(embed_dim): eps 1e-5 whatever layer_norm_eps says (BioGPT's 1e-12 is not used there)
+        _family_norm(c, fam, ln, ())
+
+
+@layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
+        "DistilBERT: attention.{q,k,v,out}_lin (nn.Linear, biases); bidirectional; post-norm sa_layer_norm")
+def _distilbert(c: Ctx) -> None:
+    a = c.block + "attention."
+    for t, n in (("W_q", "q_lin"), ("W_k", "k_lin"), ("W_v", "v_lin"), ("W_o", "out_lin")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    _heads(c, "n_heads", "num_attention_heads", kv_keys=("n_heads", "num_attention_heads"),
+           width=c.arrays["W_q"].shape[1])
+    c.facts.causal = False
+    c.facts.extra["bidirectional"] = "distilbert: an encoder, every token sees every token"
+    c.facts.extra["post_norm"] = f"{c.block}sa_layer_norm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+def _albert_call(cfg: dict[str, Any] | None, layer: int, source: str) -> tuple[int, int, list[int]]:
+    """ALBERT's layer ``layer`` (the layer-th call of a shared AlbertLayer, as hidden_states[layer] counts them):
+    its group, its inner layer, and every layer that runs the same module (modeling_albert.py's
+    ``int(i / (num_hidden_layers / num_hidden_groups))``, each group running inner_group_num layers)."""
+    L, G, inner = _albert_shape(cfg, source)
+
+    def where(n: int) -> tuple[int, int]:
+        r, i = divmod(n, inner)
+        return int(r / (L / G)), i
+
+    g, i = where(layer)
+    return g, i, [n for n in range(L * inner) if where(n) == (g, i)]
+
+
+def _albert_shape(cfg: dict[str, Any] | None, source: str) -> tuple[int, int, int]:
+    if not cfg or cfg.get("num_hidden_layers") is None:
+        raise InputError("holds ALBERT's shared layers (albert_layer_groups), and which layer runs which group is "
+                         "set by config.json (num_hidden_layers, num_hidden_groups): put config.json beside it", source)
+    L = int(cfgcheck.value(cfg, "num_hidden_layers", "config.json"))
+    G = int(cfgcheck.value(cfg, "num_hidden_groups", "config.json", 1))
+    inner = int(cfgcheck.value(cfg, "inner_group_num", "config.json", 1))
+    if G > L:
+        raise InputError(f"num_hidden_groups is {G}, more than num_hidden_layers ({L})", "config.json")
+    return L, G, inner
+
+
+def _albert_layers(ckpt: Checkpoint, found: Found) -> list[int]:
+    L, G, inner = _albert_shape(ckpt.config, ckpt.source)
+    if found.layers != list(range(G)):
+        raise InputError(f"holds albert_layer_groups {_layer_range(found.layers)}, but config.json says "
+                         f"num_hidden_groups = {G}", ckpt.source)
+    return list(range(L * inner))
+
+
+@layout("albert", r"^(?P<stack>(?:.*\.)?albert_layer_groups\.)(?P<n>\d+)\.albert_layers\.0\.attention\.query\.weight$",
+        "ALBERT: albert_layer_groups.G.albert_layers.I.attention.{query,key,value,dense}, shared by the layers of "
+        "group G; post-norm attention.LayerNorm")
+def _albert(c: Ctx) -> None:
+    g, i, shared = _albert_call(c.config, c.layer, c.ckpt.source)
+    a = f"{c.stack}{g}.albert_layers.{i}.attention."
+    for t, n in (("W_q", "query"), ("W_k", "key"), ("W_v", "value"), ("W_o", "dense")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    runs = f"layers {_layer_range(shared)}" if shared == list(range(shared[0], shared[-1] + 1)) else \
+        "layers " + ", ".join(map(str, shared))
+    for k in list(c.origin):
+        c.origin[k] += f" (shared by {runs})"
+    c.facts.extra["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
+                               f"which {runs} share")
+    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
+    c.facts.causal = False
+    c.facts.extra["bidirectional"] = "albert: an encoder, every token sees every token"
+    c.facts.extra["post_norm"] = f"{a}LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+# Layouts whose layer numbers are not the indices in their tensor names (ALBERT: groups shared by the layers)
+SHARED_LAYERS: dict[str, Callable[[Checkpoint, Found], list[int]]] = {"albert": _albert_layers}
+
+
 @layout("transformer-lens", r"^(?P<stack>(?:.*\.)?blocks\.)(?P<n>\d+)\.attn\.W_Q$",
         "TransformerLens: attn.W_Q (H, E, d), b_Q (H, d), W_K/W_V (or _W_K/_W_V (G, E, d)), W_O (H, d, E)")
 def _tl(c: Ctx) -> None:
@@ -791,8 +899,17 @@ def _unsupported(names: list[str]) -> str | None:
     return None
 
 
+# A layout's marker tensor needs this companion in the same layer (Llama's q_proj and BART's out_proj share names
+# with other modules: OPT's q_proj has no o_proj beside it, nn.MultiheadAttention's out_proj no q_proj).
+COMPANION = {"llama": "self_attn.o_proj.weight", "bart": "self_attn.q_proj.weight"}
+CROSS = re.compile(r"(^|\.)(encoder_attn|crossattention|cross_attn|EncDecAttention)(\.|$)")
+
+
 def _choose(ckpt: Checkpoint, prefix: str | None, want: str | None = None) -> Found:
     names = list(ckpt.tensors)
+    if prefix is not None and CROSS.search(prefix):
+        raise InputError(f"names a cross-attention module ({printable(prefix, 80)}), which is not supported: a "
+                         "checkpoint's layer is read for its self-attention", "--prefix")
     found = find_layouts(names)
     if prefix is not None:
         want = prefix.rstrip(".") + "."
@@ -800,7 +917,8 @@ def _choose(ckpt: Checkpoint, prefix: str | None, want: str | None = None) -> Fo
         if not found:
             raise InputError(f"has no attention layers under the prefix {prefix!r}", ckpt.source)
     # a marker without its companions (e.g. a vision tower's q_proj beside out_proj) is not that layout
-    complete = [f for f in found if f.layout.name != "llama" or f"{f.stack}{f.layers[0]}.self_attn.o_proj.weight" in ckpt]
+    complete = [f for f in found if f.layout.name not in COMPANION
+                or f"{f.stack}{f.layers[0]}.{COMPANION[f.layout.name]}" in ckpt]
     if not complete:
         what = _unsupported(names)
         if what is not None:
@@ -861,6 +979,7 @@ CONFIG_DECIDES = {
     "phi3": "RoPE base and partial rotary, window",
     "gptj": "rotary_dim, RoPE base",
     "neox": "rotary_pct, RoPE base",
+    "bart": "causal or not, pre- or post-norm, heads",
 }
 
 
@@ -921,7 +1040,7 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     declared = FAMILIES.get(layout or str((ckpt.config or {}).get("model_type")))
     f = _choose(ckpt, prefix, declared.layout if declared is not None else None)
     fam = resolve_family(ckpt, f.layout, layout)
-    layers = f.layers
+    layers = SHARED_LAYERS[f.layout.name](ckpt, f) if f.layout.name in SHARED_LAYERS else f.layers
     count = layers[-1] + 1
     if layer is None:
         if len(layers) > 1:
@@ -963,9 +1082,15 @@ def inspect_checkpoint(path: str | Path, layout: str | None = None) -> dict[str,
                                 f"({CONFIG_DECIDES[open_[0]]}): self and check refuse it without --layout {open_[0]}")
     out["stacks"] = []
     for f in found:
+        numbers = f.layers
+        if f.layout.name in SHARED_LAYERS:  # ALBERT: the layers that run the shared groups
+            try:
+                numbers = SHARED_LAYERS[f.layout.name](ckpt, f)
+            except InputError:
+                pass
         entry: dict[str, Any] = {"layout": f.layout.name, "description": f.layout.description,
-                                 "prefix": f.stack.rstrip("."), "layers": len(f.layers),
-                                 "layer_range": _layer_range(f.layers)}
+                                 "prefix": f.stack.rstrip("."), "layers": len(numbers),
+                                 "layer_range": _layer_range(numbers)}
         used: set[str] = set()
         try:
             entry["facts"] = _facts_only(ckpt, f, layout)
