@@ -169,6 +169,23 @@ def _layers(model: Any, n: int) -> Any:
     raise Skip("no-attention", "no module list of num_hidden_layers layers")
 
 
+SHARED = ("albert",)  # one attention module per group, called by several layers: each call is a layer
+
+
+def _shared(model: Any) -> list[tuple[Any, Any]]:
+    """The attention modules of a model whose layers share them (ALBERT's albert_layer_groups)."""
+    found = _attention(model)
+    if found is None:
+        raise Skip("no-attention", "no *Attention module with an output projection")
+    mods = []
+    for name, m in model.named_modules():
+        if name and name.split(".")[-1] in ATTN_NAMES and "Attention" in type(m).__name__:
+            outs = [s for n, s in m.named_modules() if n and n.split(".")[-1] in OUT_NAMES]
+            if outs:
+                mods.append((m, outs[-1]))
+    return mods
+
+
 ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention", "SelfAttention", "mixer", "attn_layer")
 OUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "o", "wo", "Wo", "out_lin", "proj", "out", "o_dense",
              "output_proj", "linear_out")
@@ -233,11 +250,14 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
     model.eval()
     _randomise(model, seed)
     n = getattr(cfg, "num_hidden_layers", LAYERS)
-    stack = _layers(model, n)
-    found = {i: a for i, layer in enumerate(stack) if (a := _attention(layer)) is not None}
-    if not found:
-        raise Skip("no-attention", "no *Attention module with an output projection in its layers")
-    tested = _tested_layers(cfg, sorted(found))
+    if mt in SHARED:  # hooked per call below: call c of the shared modules is layer c (hidden_states[c] its input)
+        shared, found, tested = _shared(model), {}, {}
+    else:
+        shared, stack = None, _layers(model, n)
+        found = {i: a for i, layer in enumerate(stack) if (a := _attention(layer)) is not None}
+        if not found:
+            raise Skip("no-attention", "no *Attention module with an output projection in its layers")
+        tested = _tested_layers(cfg, sorted(found))
     if dtype is None:
         model.save_pretrained(folder)
     else:  # the reference: the same weights rounded to dtype, computed in float32 (rotary buffers stay float32)
@@ -247,6 +267,20 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         copy.deepcopy(model).to(dtype).save_pretrained(folder)
     got: dict[int, dict[str, Any]] = {i: {} for i in tested}
     handles = []
+    calls: list[dict[str, Any]] = []  # shared modules: one entry per call, in call order
+    for attn, out in shared or []:
+        def pre_c(m: Any, args: Any, kw: Any) -> None:
+            calls.append({"x": (args[0] if args else kw["hidden_states"]).detach()})
+
+        def post_c(m: Any, args: Any, res: Any) -> None:
+            if isinstance(res, tuple) and len(res) > 1 and isinstance(res[1], torch.Tensor) and res[1].ndim == 4:
+                calls[-1].setdefault("weights", res[1].detach())
+
+        def proj_c(m: Any, args: Any, res: Any) -> None:
+            calls[-1].setdefault("y", res.detach())
+
+        handles += [attn.register_forward_pre_hook(pre_c, with_kwargs=True), attn.register_forward_hook(post_c),
+                    out.register_forward_hook(proj_c)]
     for i in tested:
         attn, out = found[i]
 
@@ -273,6 +307,10 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         for h in handles:
             h.remove()
     hidden = getattr(res, "hidden_states", None)
+    if shared:  # call 2 and the last (ALBERT with 2 groups of 2: group 0 inner layer 0, group 1 inner layer 1); call
+        # 0 takes the embeddings' projection (|x| ~ 20: softmax weights of 1 - 1e-8, float32's rounding shows at 6e-6)
+        tested = {i: f"call {i}" for i in sorted({min(2, len(calls) - 1), len(calls) - 1})}
+        got = {i: calls[i] for i in tested}
     layers: dict[int, dict[str, np.ndarray]] = {}
     for i, g in got.items():
         if "weights" not in g and getattr(res, "attentions", None) is not None and i < len(res.attentions):
@@ -388,7 +426,10 @@ def test_family_agrees_or_refuses(mt: str) -> None:
 VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "gpt_bigcode-unscaled": ("gpt_bigcode", dict(multi_query=False, scale_attn_weights=False)),
             "olmo-no-clip": ("olmo", dict(clip_qkv=None)),
-            "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5))}
+            "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
+            "opt-post-norm": ("opt", dict(do_layer_norm_before=False)),  # OPT-350m
+            "opt-no-affine-no-bias": ("opt", dict(layer_norm_elementwise_affine=False, enable_bias=False)),
+            "albert-groups": ("albert", dict(num_hidden_groups=2, inner_group_num=2, embedding_size=32))}
 
 
 @pytest.mark.slow
@@ -408,7 +449,8 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 # bfloat16, compared with the same module whose weights are rounded to bfloat16 and computed in float32, so
 # the tolerance stays 1e-5 (a reader that fails to convert a bf16 tensor, or reads one as another, shows).
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
-        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2"]
+        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
+        "opt", "biogpt", "xglm", "bart", "whisper", "distilbert", "albert"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -430,7 +472,18 @@ def main() -> None:  # python tests/test_families.py [model types...]: the table
     dtype = torch.bfloat16 if os.environ.get("ATTNCLI_SWEEP_BF16") else None
     for mt in names:
         try:
-            verdict, detail = summary(sweep_one(mt, dtype))
+            if mt in VARIANTS:  # a variant's name: its family with the variant's config
+                base, over = VARIANTS[mt]
+                saved = OVERRIDES.get(base)
+                OVERRIDES[base] = over
+                try:
+                    verdict, detail = summary(sweep_one(base, dtype))
+                finally:
+                    OVERRIDES.pop(base)
+                    if saved is not None:
+                        OVERRIDES[base] = saved
+            else:
+                verdict, detail = summary(sweep_one(mt, dtype))
         except Skip as e:
             verdict, detail = "skipped", f"{e.why}: {e.detail}"
         except Exception as e:  # noqa: BLE001
