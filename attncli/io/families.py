@@ -90,6 +90,11 @@ def _is(*values: Any) -> Callable[[Any], bool]:
     return lambda v: _off(v) or (not isinstance(v, bool) and v in values) or v is True and True in values
 
 
+def _true(v: Any) -> bool:
+    """Neutral when absent or true (do_layer_norm_before, scale_attn_weights: false changes attention)."""
+    return v is None or v is True
+
+
 def _all_full(v: Any) -> bool:
     return _off(v) or (isinstance(v, list) and all(t in ("full_attention", "attention", "global") for t in v))
 
@@ -124,7 +129,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "pos_att_type": (_off, "disentangled relative attention"),
     "use_bidirectional_attention": (_off, "bidirectional attention"),
     "is_decoder": (_off, "causal attention"),
-    "scale_attn_weights": (_is(True), "the score scale"),
+    "scale_attn_weights": (_true, "the score scale"),
     "scale_attn_by_inverse_layer_idx": (_off, "the score scale"),
     "multi_query": (_off, "multi-query attention"),
     "new_decoder_architecture": (_off, "grouped fused q, k, v"),
@@ -133,7 +138,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "use_attention_gate": (_off, "an output gate"),
     "swa_head_dim": (_off, "per-layer head sizes"),
     "num_attention_heads_per_layer": (_off, "per-layer head counts"),
-    "do_layer_norm_before": (_is(True), "post-norm layers"),
+    "do_layer_norm_before": (_true, "post-norm layers"),
     "use_post_norm": (_off, "post-norm layers"),
     "rotary_dim": (_off, "rotary on part of each head"),
     "partial_rotary_factor": (_is(1, 1.0), "rotary on part of each head"),
