@@ -238,8 +238,8 @@ def test_bare_checkpoints_are_refused_naming_config_or_heads(tmp_path: Path) -> 
 
 
 def test_encoder_decoder_reads_the_decoder_and_refuses_the_rest(tmp_path: Path) -> None:
-    """A whole BART (encoder and decoder): the decoder's self-attention is read (against the module, the decoder
-    run on the encoder's output); the encoder's self-attention and the cross-attention are refused in one line."""
+    """A whole BART (encoder and decoder): two stacks, chosen with --prefix; the decoder's self-attention is read
+    (against the module, the decoder run beside the encoder); the cross-attention is refused in one line."""
     config = transformers.BartConfig(vocab_size=50, d_model=E, encoder_layers=1, decoder_layers=2,
                                      encoder_attention_heads=H, decoder_attention_heads=H, encoder_ffn_dim=32,
                                      decoder_ffn_dim=32, max_position_embeddings=32, dropout=0.0)
@@ -257,8 +257,6 @@ def test_encoder_decoder_reads_the_decoder_and_refuses_the_rest(tmp_path: Path) 
         doc = self_json(tmp_path / "m", src, 1, "--prefix", "decoder.layers", *extra)
         np.testing.assert_allclose(np.array(doc["weights"]), calls[0]["weights"], atol=TOL, rtol=0)
         np.testing.assert_allclose(np.array(doc["output"]), calls[0]["y"], atol=TOL * 10, rtol=0)
-    line = refused(["self", str(x), "--weights", folder, "--layer", "0", "--prefix", "encoder.layers"])
-    assert "encoder's self-attention" in line
     line = refused(["self", str(x), "--weights", folder, "--layer", "0", "--prefix",
                     "decoder.layers.0.encoder_attn"])
     assert "cross-attention" in line and "--prefix" in line
@@ -296,3 +294,58 @@ def test_a_tensor_the_bart_layout_does_not_read_is_refused(tmp_path: Path) -> No
     save_file(sd, path)
     with pytest.raises(InputError, match="q_layernorm"):
         load_layer(tmp_path / "m", 1)
+
+
+ENCODERS = ["bart", "mbart", "marian", "pegasus", "blenderbot", "blenderbot-small", "plbart", "mvp", "whisper"]
+
+
+@pytest.mark.parametrize("model_type", ENCODERS)
+def test_encoder_self_attention_is_bidirectional(model_type: str, tmp_path: Path) -> None:
+    """An encoder-decoder's encoder layer (--prefix encoder.layers): bidirectional, its own head count (Whisper:
+    2 encoder heads beside 4 decoder heads), pre- or post-norm as the family; against the encoder's module."""
+    kw: dict[str, Any] = dict(vocab_size=50, d_model=E, encoder_layers=2, decoder_layers=1, encoder_attention_heads=H,
+                              decoder_attention_heads=H, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                              max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                              decoder_start_token_id=1)
+    if model_type == "whisper":
+        kw.update(encoder_attention_heads=2, num_mel_bins=8, max_source_positions=T, max_target_positions=32)
+    config = transformers.AutoConfig.for_model(model_type, **kw)
+    for k in ("dropout", "attention_dropout", "activation_dropout"):
+        setattr(config, k, 0.0)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+    _randomise(model)
+    model.save_pretrained(tmp_path / "m")
+    attn = model.encoder.layers[1].self_attn
+    ids = (torch.arange(T) * 7 + 3).remainder(45)[None] + 4
+    if model_type == "whisper":
+        feats = torch.randn(1, 8, 2 * T, generator=torch.Generator().manual_seed(1))
+        inputs: dict[str, Any] = dict(input_features=feats, decoder_input_ids=ids[:, :3])
+    else:
+        inputs = dict(input_ids=ids, decoder_input_ids=ids[:, :3])
+    calls: list[dict[str, Any]] = []
+
+    def pre(m: Any, a: Any, k: Any) -> None:
+        calls.append({"x": a[0] if a else k["hidden_states"]})
+
+    def post(m: Any, a: Any, r: Any) -> None:
+        calls[-1]["weights"] = r[1]
+
+    def proj(m: Any, a: Any, r: Any) -> None:
+        calls[-1]["y"] = r
+
+    hs = [attn.register_forward_pre_hook(pre, with_kwargs=True), attn.register_forward_hook(post),
+          attn.out_proj.register_forward_hook(proj)]
+    with torch.no_grad():
+        res = model(**inputs, output_attentions=True, output_hidden_states=True, use_cache=False)
+    for h in hs:
+        h.remove()
+    call = {k: v[0].double().numpy() for k, v in calls[0].items()}
+    hidden = res.encoder_hidden_states[1][0].double().numpy()
+    for x, extra in ((call["x"], ()), (hidden, ("--from-residual",))):
+        doc = self_json(tmp_path / "m", x, 1, "--prefix", "encoder.layers", *extra)
+        np.testing.assert_allclose(np.array(doc["weights"]), call["weights"], atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.array(doc["output"]), call["y"],
+                                   atol=TOL * max(1.0, float(np.abs(call["y"]).max())), rtol=0)
+    la = load_layer(tmp_path / "m", 1, "encoder.layers")
+    assert not la.facts.causal and la.facts.heads == (2 if model_type == "whisper" else H)

@@ -78,7 +78,7 @@ LAYOUT_KEYS: dict[str, frozenset[str]] = {
     "bart": frozenset({"is_decoder", "decoder_attention_heads", "encoder_attention_heads", "attention_heads",
                        "decoder_layers", "encoder_layers", "num_layers"}),
     "distilbert": frozenset({"dim", "n_heads", "n_layers"}),
-    "albert": frozenset({"num_hidden_groups", "inner_group_num", "layer_norm_eps"}),
+    "albert": frozenset({"num_hidden_groups", "inner_group_num"}),
 }
 
 
@@ -227,20 +227,21 @@ declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", keys=frozenset
 declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
 # BART-style self_attn.{q,k,v,out}_proj (nn.Linear, biases; Whisper: k_proj without), q · head_dim^-0.5 before the
 # product, no positions inside attention (learned / sinusoidal ones are added to the embeddings, in hidden_states[N]).
-# Decoder stacks are causal; pre-norm families apply self_attn_layer_norm before attention, post-norm ones after
+# Decoder stacks are causal, encoder stacks (encoder.layers) bidirectional; pre-norm families apply self_attn_layer_norm before attention, post-norm ones after
 # the residual (then nothing comes before attention). scale_embedding multiplies the embeddings only (outside).
 declare("opt", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
         keys=frozenset({"do_layer_norm_before", "enable_bias", "layer_norm_elementwise_affine"}),
         notes="do_layer_norm_before false (OPT-350m): post-norm, nothing before attention")
 declare("biogpt", "xglm", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm")
 declare("mbart", "pegasus", "blenderbot", "whisper", layout="bart", rope=None, pre_norm="layernorm",
-        norm_name="self_attn_layer_norm", notes="the decoder's self-attention; the encoder's and cross-attention refused")
+        norm_name="self_attn_layer_norm", notes="encoder (bidirectional) and decoder (causal) self-attention; "
+        "cross-attention refused")
 declare("bigbird_pegasus", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
         keys=frozenset({"attention_type"}),
         notes="the decoder's self-attention (plain softmax); its block-sparse encoder is refused")
 declare("bart", "marian", "blenderbot-small", "plbart", "mvp", "trocr", layout="bart", rope=None, pre_norm=None,
         norm_name="self_attn_layer_norm",
-        notes="post-norm: self_attn_layer_norm after the residual; the decoder's self-attention only")
+        notes="post-norm: self_attn_layer_norm after the residual; encoder and decoder self-attention")
 # DistilBERT: attention.{q,k,v,out}_lin, q · d^-0.5 (scaling) in the product, bidirectional, post-norm sa_layer_norm
 declare("distilbert", layout="distilbert", rope=None, pre_norm=None, causal=False)
 # ALBERT: one attention module per group, shared by the layers of that group (layer N = the Nth call of a shared

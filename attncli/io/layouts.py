@@ -672,18 +672,19 @@ def _bart(c: Ctx) -> None:
         raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the bart layout (self_attn.q/k/v/out_proj alone) "
                      "does not read")
     fam = c.family or FAMILIES["bart"]  # without config.json the read is refused (CONFIG_DECIDES)
-    if re.search(r"(^|\.)encoder\.", c.stack):
-        raise c.fail(f"{fam.model_type}: the encoder's self-attention ({c.stack}N.self_attn) is not supported; the "
-                     "decoder's is (--prefix with its decoder.layers)")
+    encoder = re.search(r"(^|\.)encoder\.", c.stack) is not None  # an encoder-decoder's encoder: bidirectional
     for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
         c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
     cfg = c.config or {}
     if cfg.get("enable_bias") is False and any(k in c.arrays for k in BIASES):
         raise c.fail(f"{fam.model_type}: config.json says enable_bias false, but {a}q_proj has a bias")
-    heads = ("decoder_attention_heads", "num_attention_heads", "attention_heads")
+    heads = ("encoder_attention_heads" if encoder else "decoder_attention_heads", "num_attention_heads",
+             "attention_heads")
     _heads(c, *heads, kv_keys=heads, width=c.arrays["W_q"].shape[1])
     c.facts.kv_heads = c.facts.heads
-    c.facts.causal = True  # a decoder's self-attention (is_causal=True in every one of these families)
+    c.facts.causal = not encoder  # a decoder's self-attention: is_causal=True in every one of these families
+    if encoder:
+        c.facts.extra["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
     c.facts.extra["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
     if c.has(c.block + "encoder_attn.q_proj.weight"):
         c.facts.extra["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
