@@ -227,8 +227,9 @@ declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", keys=frozenset
 declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
 # BART-style self_attn.{q,k,v,out}_proj (nn.Linear, biases; Whisper: k_proj without), q · head_dim^-0.5 before the
 # product, no positions inside attention (learned / sinusoidal ones are added to the embeddings, in hidden_states[N]).
-# Decoder stacks are causal, encoder stacks (encoder.layers) bidirectional; pre-norm families apply self_attn_layer_norm before attention, post-norm ones after
-# the residual (then nothing comes before attention). scale_embedding multiplies the embeddings only (outside).
+# Decoder stacks are causal, encoder stacks (encoder.layers) bidirectional. Pre-norm families apply
+# self_attn_layer_norm before attention, post-norm ones after the residual (then nothing comes before attention).
+# scale_embedding multiplies the embeddings only (outside attention).
 declare("opt", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
         keys=frozenset({"do_layer_norm_before", "enable_bias", "layer_norm_elementwise_affine"}),
         notes="do_layer_norm_before false (OPT-350m): post-norm, nothing before attention")
