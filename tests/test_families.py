@@ -429,7 +429,8 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
             "opt-post-norm": ("opt", dict(do_layer_norm_before=False)),  # OPT-350m
             "opt-no-affine-no-bias": ("opt", dict(layer_norm_elementwise_affine=False, enable_bias=False)),
-            "albert-groups": ("albert", dict(num_hidden_groups=2, inner_group_num=2, embedding_size=32))}
+            "albert-groups": ("albert", dict(num_hidden_groups=2, inner_group_num=2, embedding_size=32)),
+            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3]))}  # conv layers 0 and 2 between attention
 
 
 @pytest.mark.slow
@@ -450,7 +451,7 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 # the tolerance stays 1e-5 (a reader that fails to convert a bf16 tensor, or reads one as another, shows).
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
-        "opt", "biogpt", "xglm", "bart", "whisper", "distilbert", "albert"]
+        "opt", "biogpt", "xglm", "bart", "whisper", "distilbert", "albert", "lfm2"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 

@@ -278,8 +278,8 @@ def test_refusals_name_the_key(tmp_path: Path) -> None:
     _edit_config(folder, do_layer_norm_before=None, model_type="mvp", use_prompt=True)
     with pytest.raises(InputError, match="use_prompt"):
         load_layer(folder, 1)
-    _edit_config(folder, use_prompt=False, model_type="lfm2")
-    with pytest.raises(InputError, match="lfm2"):
+    _edit_config(folder, use_prompt=False, model_type="lfm2")  # BART's tensors under LFM2's name: its QK-norm missing
+    with pytest.raises(InputError, match="q_layernorm"):
         load_layer(folder, 1)
 
 
@@ -349,3 +349,19 @@ def test_encoder_self_attention_is_bidirectional(model_type: str, tmp_path: Path
                                    atol=TOL * max(1.0, float(np.abs(call["y"]).max())), rtol=0)
     la = load_layer(tmp_path / "m", 1, "encoder.layers")
     assert not la.facts.causal and la.facts.heads == (2 if model_type == "whisper" else H)
+
+
+def test_lfm2_attention_layers_between_convolutions(tmp_path: Path) -> None:
+    """LFM2 (layer_types conv, full_attention, ...): its attention layer as Llama's with out_proj and q_layernorm /
+    k_layernorm (RMS per head, before half rotary), GQA, RMS operator_norm before; a conv layer is refused."""
+    model, calls, hidden = build("lfm2", tmp_path / "m", "model.layers.1.self_attn", "out_proj", hidden_size=E,
+                                 num_attention_heads=H, num_key_value_heads=2, num_hidden_layers=2,
+                                 intermediate_size=32, full_attn_idxs=[1], rope_parameters={"rope_type": "default",
+                                                                                             "rope_theta": 100.0})
+    agree(tmp_path / "m", calls[0], hidden[1][0].double().numpy(), 1)
+    la = load_layer(tmp_path / "m", 1)
+    qn = model.model.layers[1].self_attn.q_layernorm.weight
+    np.testing.assert_array_equal(la.arrays["q_norm"], qn.detach().numpy())
+    assert la.facts.kv_heads == 2 and la.facts.rope == "half" and la.facts.rope_base == 100.0
+    np.save(tmp_path / "x.npy", np.zeros((T, E), np.float32))
+    assert "--layer" in refused(["self", str(tmp_path / "x.npy"), "--weights", str(tmp_path / "m"), "--layer", "0"])

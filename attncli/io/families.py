@@ -24,6 +24,10 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     phi3               llama   half (partial)          RMS                           fused qkv_proj [Q; K; V]
     bert & co          bert    none                    post-norm (none before)       bidirectional
     roberta-prelayernorm, xlm-roberta-xl, megatron-bert: bert, a LayerNorm inside the attention module
+    opt, biogpt, xglm  bart    none                    LayerNorm self_attn_layer_norm (OPT: do_layer_norm_before)
+    bart, marian, ...  bart    none                    post-norm (pegasus, mbart, whisper, ...: pre-norm)
+    distilbert         distilbert none                 post-norm (none before)       bidirectional
+    albert             albert  none                    post-norm (none before)       layers share groups
 """
 
 from __future__ import annotations
@@ -230,19 +234,23 @@ declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
 # Decoder stacks are causal, encoder stacks (encoder.layers) bidirectional. Pre-norm families apply
 # self_attn_layer_norm before attention, post-norm ones after the residual (then nothing comes before attention).
 # scale_embedding multiplies the embeddings only (outside attention).
-declare("opt", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
+declare("opt", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
         keys=frozenset({"do_layer_norm_before", "enable_bias", "layer_norm_elementwise_affine"}),
         notes="do_layer_norm_before false (OPT-350m): post-norm, nothing before attention")
-declare("biogpt", "xglm", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm")
-declare("mbart", "pegasus", "blenderbot", "whisper", layout="bart", rope=None, pre_norm="layernorm",
+declare("biogpt", "xglm", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm")
+declare("mbart", "pegasus", "blenderbot", "whisper", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm",
         norm_name="self_attn_layer_norm", notes="encoder (bidirectional) and decoder (causal) self-attention; "
         "cross-attention refused")
-declare("bigbird_pegasus", layout="bart", rope=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
+declare("bigbird_pegasus", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
         keys=frozenset({"attention_type"}),
         notes="the decoder's self-attention (plain softmax); its block-sparse encoder is refused")
-declare("bart", "marian", "blenderbot-small", "plbart", "mvp", "trocr", layout="bart", rope=None, pre_norm=None,
+declare("bart", "marian", "blenderbot-small", "plbart", "mvp", "trocr", layout="bart", rope=None, qk_norm=None, pre_norm=None,
         norm_name="self_attn_layer_norm",
         notes="post-norm: self_attn_layer_norm after the residual; encoder and decoder self-attention")
+# LFM2: a hybrid; its attention layers (layer_types full_attention, the others conv) as Llama's with out_proj and
+# q_layernorm / k_layernorm (RMS per head, before rotary); pre-norm operator_norm (RMS, norm_eps)
+declare("lfm2", layout="bart", pre_norm="rms", norm_name="operator_norm", qk_norm="rms",
+        keys=frozenset({"norm_eps", "layer_types", "full_attn_idxs", "num_key_value_heads", "head_dim"}))
 # DistilBERT: attention.{q,k,v,out}_lin, q · d^-0.5 (scaling) in the product, bidirectional, post-norm sa_layer_norm
 declare("distilbert", layout="distilbert", rope=None, pre_norm=None, causal=False)
 # ALBERT: one attention module per group, shared by the layers of that group (layer N = the Nth call of a shared
@@ -281,8 +289,6 @@ REFUSED: dict[str, str] = {
     "modernbert": "its fused Wqkv with local and global layers is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
-    "lfm2": "its attention layers (out_proj, q_layernorm / k_layernorm, RoPE) between convolution layers are not "
-            "supported",
     "gpt_neo": "its attn.attention layout (local layers, no score scaling) is not supported",
 }
 MLA = "multi-head latent attention (kv_a_proj_with_mqa, kv_lora_rank) is not supported"

@@ -11,6 +11,9 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     neox, bloom       query_key_value (H·3·d, E): rows (H, 3, d)              nn.Linear
     llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E)
     t5                layer.0.SelfAttention.{q,k,v,o} + relative_attention_bias (layer 0)
+    bart              self_attn.{q,k,v,out}_proj, self_attn_layer_norm        nn.Linear (OPT, BioGPT, XGLM, Whisper, ...)
+    distilbert        attention.{q,k,v,out}_lin                               nn.Linear, post-norm
+    albert            albert_layer_groups.G.albert_layers.I.attention.*       shared: layer N -> (G, I) by config.json
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
 A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
@@ -666,12 +669,17 @@ def _t5(c: Ctx) -> None:
         "self_attn_layer_norm before (pre-norm) or after (post-norm) attention")
 def _bart(c: Ctx) -> None:
     a = c.block + "self_attn."
-    known = {f"{a}{n}_proj.{p}" for n in ("q", "k", "v", "out") for p in ("weight", "bias")}
-    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
-    if other:  # LFM2's q_layernorm, a prompt, a rotary table: not this layout's attention
-        raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the bart layout (self_attn.q/k/v/out_proj alone) "
-                     "does not read")
     fam = c.family or FAMILIES["bart"]  # without config.json the read is refused (CONFIG_DECIDES)
+    known = {f"{a}{n}_proj.{p}" for n in ("q", "k", "v", "out") for p in ("weight", "bias")}
+    if fam.qk_norm is not None:  # LFM2
+        known |= {f"{a}q_layernorm.weight", f"{a}k_layernorm.weight"}
+    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
+    if other:  # LFM2's q_layernorm under another family's name, a prompt, a rotary table: not this attention
+        raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the {fam.model_type} declaration (bart layout: "
+                     "self_attn.q/k/v/out_proj) does not read")
+    if fam.qk_norm is not None:
+        _lfm2(c, a, fam)
+        return
     encoder = re.search(r"(^|\.)encoder\.", c.stack) is not None  # an encoder-decoder's encoder: bidirectional
     for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
         c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
@@ -698,6 +706,26 @@ def _bart(c: Ctx) -> None:
         c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
     else:  # nn.LayerNorm(embed_dim): eps 1e-5 whatever layer_norm_eps says (BioGPT's 1e-12 is not used there)
         _family_norm(c, fam, ln, ())
+
+
+def _lfm2(c: Ctx, a: str, fam: Family) -> None:
+    """LFM2's attention layers (between its convolution layers): q/k/v_proj, out_proj (nn.Linear, no biases),
+    RMSNorm per head q_layernorm / k_layernorm before rotary (half), GQA, causal; RMS operator_norm before."""
+    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    _heads(c, "num_attention_heads", width=c.arrays["W_q"].shape[1])
+    f = c.facts
+    if f.head_dim and "kv_heads" not in f.from_config:
+        f.kv_heads = c.arrays["W_k"].shape[1] // f.head_dim
+    for ours, theirs in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
+        c.put(ours, c.get(f"{a}{theirs}.weight"), f"{a}{theirs}.weight")
+    f.qk_norm = fam.qk_norm
+    c.conf("qk_norm_eps", "norm_eps", default=1e-5, cast=float)
+    f.causal = True
+    _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
+    if "norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
+        f.norm_eps = 1e-5  # Lfm2Config's default
+    _rope(c, "half", layer_type=_layer_type(c))
 
 
 @layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
