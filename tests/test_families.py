@@ -16,7 +16,9 @@ other numbers fails. ``SILENT`` lists the families that are silently wrong today
 as ``xfail(strict=True)``: when one is fixed its test passes, the xfail fails, and the entry must go.
 
 ``ATTNCLI_SWEEP_SEED=N`` draws other weights (acceptance-style fresh runs); ``ATTNCLI_SWEEP_ONLY=a,b``
-restricts the sweep. ``python tests/test_families.py`` prints the table (docs/families.md).
+restricts the sweep. ``python tests/test_families.py`` prints the table (docs/families.md); a name of
+``VARIANTS`` (``opt-post-norm``) prints that variant's row. Models whose layers share one attention module
+(ALBERT) are hooked per call: call N of the shared modules is layer N, ``hidden_states[N]`` its input.
 """
 
 from __future__ import annotations
