@@ -16,7 +16,9 @@ other numbers fails. ``SILENT`` lists the families that are silently wrong today
 as ``xfail(strict=True)``: when one is fixed its test passes, the xfail fails, and the entry must go.
 
 ``ATTNCLI_SWEEP_SEED=N`` draws other weights (acceptance-style fresh runs); ``ATTNCLI_SWEEP_ONLY=a,b``
-restricts the sweep. ``python tests/test_families.py`` prints the table (docs/families.md).
+restricts the sweep. ``python tests/test_families.py`` prints the table (docs/families.md); a name of
+``VARIANTS`` (``opt-post-norm``) prints that variant's row. Models whose layers share one attention module
+(ALBERT) are hooked per call: call N of the shared modules is layer N, ``hidden_states[N]`` its input.
 """
 
 from __future__ import annotations
@@ -175,6 +177,23 @@ def _layers(model: Any, n: int) -> Any:
     raise Skip("no-attention", "no module list of num_hidden_layers layers")
 
 
+SHARED = ("albert",)  # one attention module per group, called by several layers: each call is a layer
+
+
+def _shared(model: Any) -> list[tuple[Any, Any]]:
+    """The attention modules of a model whose layers share them (ALBERT's albert_layer_groups)."""
+    found = _attention(model)
+    if found is None:
+        raise Skip("no-attention", "no *Attention module with an output projection")
+    mods = []
+    for name, m in model.named_modules():
+        if name and name.split(".")[-1] in ATTN_NAMES and "Attention" in type(m).__name__:
+            outs = [s for n, s in m.named_modules() if n and n.split(".")[-1] in OUT_NAMES]
+            if outs:
+                mods.append((m, outs[-1]))
+    return mods
+
+
 ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention", "SelfAttention", "mixer", "attn_layer")
 OUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "o", "wo", "Wo", "out_lin", "proj", "out", "o_dense",
              "output_proj", "linear_out")
@@ -252,11 +271,14 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
     model.eval()
     _randomise(model, seed)
     n = getattr(cfg, "num_hidden_layers", LAYERS)
-    stack = _layers(model, n)
-    found = {i: a for i, layer in enumerate(stack) if (a := _attention(layer)) is not None}
-    if not found:
-        raise Skip("no-attention", "no *Attention module with an output projection in its layers")
-    tested = _tested_layers(cfg, sorted(found))
+    if mt in SHARED:  # hooked per call below: call c of the shared modules is layer c (hidden_states[c] its input)
+        shared, found, tested = _shared(model), {}, {}
+    else:
+        shared, stack = None, _layers(model, n)
+        found = {i: a for i, layer in enumerate(stack) if (a := _attention(layer)) is not None}
+        if not found:
+            raise Skip("no-attention", "no *Attention module with an output projection in its layers")
+        tested = _tested_layers(cfg, sorted(found))
     if dtype is None:
         model.save_pretrained(folder)
     else:  # the reference: the same weights rounded to dtype, computed in float32 (rotary buffers stay float32)
@@ -268,6 +290,20 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
     handles = []
     if mt == "falcon" and getattr(cfg, "alibi", False):  # see _plain_mask
         handles += [a.register_forward_pre_hook(_plain_mask, with_kwargs=True) for a, _ in found.values()]
+    calls: list[dict[str, Any]] = []  # shared modules: one entry per call, in call order
+    for attn, out in shared or []:
+        def pre_c(m: Any, args: Any, kw: Any) -> None:
+            calls.append({"x": (args[0] if args else kw["hidden_states"]).detach()})
+
+        def post_c(m: Any, args: Any, res: Any) -> None:
+            if isinstance(res, tuple) and len(res) > 1 and isinstance(res[1], torch.Tensor) and res[1].ndim == 4:
+                calls[-1].setdefault("weights", res[1].detach())
+
+        def proj_c(m: Any, args: Any, res: Any) -> None:
+            calls[-1].setdefault("y", res.detach())
+
+        handles += [attn.register_forward_pre_hook(pre_c, with_kwargs=True), attn.register_forward_hook(post_c),
+                    out.register_forward_hook(proj_c)]
     for i in tested:
         attn, out = found[i]
 
@@ -294,6 +330,10 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         for h in handles:
             h.remove()
     hidden = getattr(res, "hidden_states", None)
+    if shared:  # call 2 and the last (ALBERT with 2 groups of 2: group 0 inner layer 0, group 1 inner layer 1); call
+        # 0 takes the embeddings' projection (|x| ~ 20: softmax weights of 1 - 1e-8, float32's rounding shows at 6e-6)
+        tested = {i: f"call {i}" for i in sorted({min(2, len(calls) - 1), len(calls) - 1})}
+        got = {i: calls[i] for i in tested}
     layers: dict[int, dict[str, np.ndarray]] = {}
     for i, g in got.items():
         if "weights" not in g and getattr(res, "attentions", None) is not None and i < len(res.attentions):
@@ -437,7 +477,11 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "phi-no-qk-norm": ("phi", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
             "phi-full-rotary": ("phi", dict(qk_layernorm=False, partial_rotary_factor=1.0)),
             "persimmon-no-qk-norm": ("persimmon", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
-            "gpt_neo-local-first": ("gpt_neo", dict(attention_types=[[["local", "global"], 2]], window_size=2))}
+            "gpt_neo-local-first": ("gpt_neo", dict(attention_types=[[["local", "global"], 2]], window_size=2)),
+            "opt-post-norm": ("opt", dict(do_layer_norm_before=False)),  # OPT-350m
+            "opt-no-affine-no-bias": ("opt", dict(layer_norm_elementwise_affine=False, enable_bias=False)),
+            "albert-groups": ("albert", dict(num_hidden_groups=2, inner_group_num=2, embedding_size=32)),
+            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3]))}  # conv layers 0 and 2 between attention
 
 
 @pytest.mark.slow
@@ -458,7 +502,8 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 # the tolerance stays 1e-5 (a reader that fails to convert a bf16 tensor, or reads one as another, shows).
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
-        "falcon", "gpt_neo", "bitnet", "llama4_text"]
+        "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
+        "albert", "lfm2"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -494,18 +539,25 @@ def test_bfloat16_variant_agrees_or_refuses(name: str, monkeypatch: pytest.Monke
 def main() -> None:  # python tests/test_families.py [model types or VARIANTS names...]: the table
     names = sys.argv[1:] or model_types()
     dtype = torch.bfloat16 if os.environ.get("ATTNCLI_SWEEP_BF16") else None
-    for name in names:
-        mt = name
-        if name in VARIANTS:
-            mt, over = VARIANTS[name]
-            OVERRIDES[mt] = over
+    for mt in names:
         try:
-            verdict, detail = summary(sweep_one(mt, dtype))
+            if mt in VARIANTS:  # a variant's name: its family with the variant's config
+                base, over = VARIANTS[mt]
+                saved = OVERRIDES.get(base)
+                OVERRIDES[base] = over
+                try:
+                    verdict, detail = summary(sweep_one(base, dtype))
+                finally:
+                    OVERRIDES.pop(base)
+                    if saved is not None:
+                        OVERRIDES[base] = saved
+            else:
+                verdict, detail = summary(sweep_one(mt, dtype))
         except Skip as e:
             verdict, detail = "skipped", f"{e.why}: {e.detail}"
         except Exception as e:  # noqa: BLE001
             verdict, detail = "harness", f"{type(e).__name__}: {e}"
-        print(f"{name}\t{verdict}\t{detail}".replace("\n", " "), flush=True)
+        print(f"{mt}\t{verdict}\t{detail}".replace("\n", " "), flush=True)
 
 
 if __name__ == "__main__":

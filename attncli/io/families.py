@@ -31,6 +31,10 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     llama4_text        llama   interleaved; NoPE layers RMS                          chunked RoPE layers, q tuning
     bert & co          bert    none                    post-norm (none before)       bidirectional
     roberta-prelayernorm, xlm-roberta-xl, megatron-bert: bert, a LayerNorm inside the attention module
+    opt, biogpt, xglm  bart    none                    LayerNorm self_attn_layer_norm (OPT: do_layer_norm_before)
+    bart, marian, ...  bart    none                    post-norm (pegasus, mbart, whisper, ...: pre-norm)
+    distilbert         distilbert none                 post-norm (none before)       bidirectional
+    albert             albert  none                    post-norm (none before)       layers share groups
 """
 
 from __future__ import annotations
@@ -85,6 +89,10 @@ LAYOUT_KEYS: dict[str, frozenset[str]] = {
     "bloom": frozenset({"layer_norm_epsilon"}),
     "phi": frozenset({"head_dim"}),
     "t5": frozenset({"relative_attention_num_buckets", "relative_attention_max_distance", "layer_norm_epsilon"}),
+    "bart": frozenset({"is_decoder", "decoder_attention_heads", "encoder_attention_heads", "attention_heads",
+                       "decoder_layers", "encoder_layers", "num_layers"}),
+    "distilbert": frozenset({"dim", "n_heads", "n_layers"}),
+    "albert": frozenset({"num_hidden_groups", "inner_group_num"}),
 }
 
 
@@ -94,6 +102,11 @@ def _off(v: Any) -> bool:
 
 def _is(*values: Any) -> Callable[[Any], bool]:
     return lambda v: _off(v) or (not isinstance(v, bool) and v in values) or v is True and True in values
+
+
+def _true(v: Any) -> bool:
+    """Neutral when absent or true (do_layer_norm_before, scale_attn_weights: false changes attention)."""
+    return v is None or v is True
 
 
 def _all_full(v: Any) -> bool:
@@ -130,7 +143,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "pos_att_type": (_off, "disentangled relative attention"),
     "use_bidirectional_attention": (_off, "bidirectional attention"),
     "is_decoder": (_off, "causal attention"),
-    "scale_attn_weights": (_is(True), "the score scale"),
+    "scale_attn_weights": (_true, "the score scale"),
     "scale_attn_by_inverse_layer_idx": (_off, "the score scale"),
     "multi_query": (_off, "multi-query attention"),
     "new_decoder_architecture": (_off, "grouped fused q, k, v"),
@@ -139,7 +152,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "use_attention_gate": (_off, "an output gate"),
     "swa_head_dim": (_off, "per-layer head sizes"),
     "num_attention_heads_per_layer": (_off, "per-layer head counts"),
-    "do_layer_norm_before": (_is(True), "post-norm layers"),
+    "do_layer_norm_before": (_true, "post-norm layers"),
     "use_post_norm": (_off, "post-norm layers"),
     "rotary_dim": (_off, "rotary on part of each head"),
     "partial_rotary_factor": (_is(1, 1.0), "rotary on part of each head"),
@@ -152,6 +165,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "index_n_heads": (_off, "a sparse-attention indexer"),
     "keep_window_size": (_off, "a dynamic mask"),
     "lambda_std_dev": (_off, "differential attention"),
+    "use_prompt": (_off, "prompt keys and values prepended to the attention (MVP)"),
 }
 
 
@@ -255,6 +269,33 @@ declare("persimmon", layout="persimmon", pre_norm="layernorm", keys=frozenset({"
 declare("gpt_neo", layout="gpt_neo", rope=None, pre_norm="layernorm",
         keys=frozenset({"attention_layers", "attention_types", "window_size", "layer_norm_epsilon"}))
 declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
+# BART-style self_attn.{q,k,v,out}_proj (nn.Linear, biases; Whisper: k_proj without), q · head_dim^-0.5 before the
+# product, no positions inside attention (learned / sinusoidal ones are added to the embeddings, in hidden_states[N]).
+# Decoder stacks are causal, encoder stacks (encoder.layers) bidirectional. Pre-norm families apply
+# self_attn_layer_norm before attention, post-norm ones after the residual (then nothing comes before attention).
+# scale_embedding multiplies the embeddings only (outside attention).
+declare("opt", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
+        keys=frozenset({"do_layer_norm_before", "enable_bias", "layer_norm_elementwise_affine"}),
+        notes="do_layer_norm_before false (OPT-350m): post-norm, nothing before attention")
+declare("biogpt", "xglm", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm")
+declare("mbart", "pegasus", "blenderbot", "whisper", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm",
+        norm_name="self_attn_layer_norm", notes="encoder (bidirectional) and decoder (causal) self-attention; "
+        "cross-attention refused")
+declare("bigbird_pegasus", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
+        keys=frozenset({"attention_type"}),
+        notes="the decoder's self-attention (plain softmax); its block-sparse encoder is refused")
+declare("bart", "marian", "blenderbot-small", "plbart", "mvp", "trocr", layout="bart", rope=None, qk_norm=None, pre_norm=None,
+        norm_name="self_attn_layer_norm",
+        notes="post-norm: self_attn_layer_norm after the residual; encoder and decoder self-attention")
+# LFM2: a hybrid; its attention layers (layer_types full_attention, the others conv) as Llama's with out_proj and
+# q_layernorm / k_layernorm (RMS per head, before rotary); pre-norm operator_norm (RMS, norm_eps)
+declare("lfm2", layout="bart", pre_norm="rms", norm_name="operator_norm", qk_norm="rms",
+        keys=frozenset({"norm_eps", "layer_types", "full_attn_idxs", "num_key_value_heads", "head_dim"}))
+# DistilBERT: attention.{q,k,v,out}_lin, q · d^-0.5 (scaling) in the product, bidirectional, post-norm sa_layer_norm
+declare("distilbert", layout="distilbert", rope=None, pre_norm=None, causal=False)
+# ALBERT: one attention module per group, shared by the layers of that group (layer N = the Nth call of a shared
+# AlbertLayer: group int(r / (num_hidden_layers / num_hidden_groups)) with r = N // inner_group_num, inner N % inner)
+declare("albert", layout="albert", rope=None, pre_norm=None, causal=False)
 
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
 REFUSED: dict[str, str] = {
@@ -284,8 +325,6 @@ REFUSED: dict[str, str] = {
     "modernbert": "its fused Wqkv with local and global layers is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
-    "opt": "its self_attn.{q,k,v,out}_proj layout is not supported",
-    "distilbert": "its attention.{q,k,v,out}_lin layout is not supported",
 }
 MLA = "multi-head latent attention (kv_a_proj_with_mqa, kv_lora_rank) is not supported"
 for mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "minicpm3", "glm4_moe_lite", "glm_moe_dsa", "youtu", "axk1",

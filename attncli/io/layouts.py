@@ -15,6 +15,9 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     gpt_neo           attn.attention.{q,k,v,out}_proj                         nn.Linear, scale 1, local layers
     llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E)
     t5                layer.0.SelfAttention.{q,k,v,o} + relative_attention_bias (layer 0)
+    bart              self_attn.{q,k,v,out}_proj, self_attn_layer_norm        nn.Linear (OPT, BioGPT, XGLM, Whisper, ...)
+    distilbert        attention.{q,k,v,out}_lin                               nn.Linear, post-norm
+    albert            albert_layer_groups.G.albert_layers.I.attention.*       shared: layer N -> (G, I) by config.json
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
 A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
@@ -149,7 +152,6 @@ module_layout("mha-kdim", "q_proj_weight", weights.mha_separate,
 UNSUPPORTED: dict[str, tuple[re.Pattern[str], str]] = {
     "mpt": (re.compile(r"attn\.Wqkv\.weight$"), "MPT / Mosaic (fused attn.Wqkv)"),
     "mla": (re.compile(r"self_attn\.kv_a_proj_with_mqa\.weight$"), "DeepSeek multi-head latent attention (kv_a_proj_with_mqa)"),
-    "bart": (re.compile(r"self_attn\.out_proj\.weight$"), "BART / OPT / Whisper / Marian (self_attn.q/k/v/out_proj)"),
 }
 
 
@@ -236,7 +238,7 @@ def _check_shapes(c: Ctx) -> None:
     """The textbook arrays agree with each other and with the facts (one line naming the tensor)."""
     a, f = c.arrays, c.facts
     E = a["W_q"].shape[0]
-    width, key = _cfg(c.config, "hidden_size", "n_embd", "d_model")
+    width, key = _cfg(c.config, "hidden_size", "n_embd", "d_model", "dim")
     if key is not None and int(width) != E:
         raise c.fail(f"{c.origin['W_q']} has {E} inputs but config.json says {key} = {width}")
     for k in ("W_k", "W_v"):
@@ -878,6 +880,141 @@ def _t5(c: Ctx) -> None:
     c.facts.extra["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
 
 
+@layout("bart", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.out_proj\.weight$",
+        "BART / OPT / BioGPT / XGLM / Whisper / Marian / Pegasus: self_attn.{q,k,v,out}_proj (nn.Linear), "
+        "self_attn_layer_norm before (pre-norm) or after (post-norm) attention")
+def _bart(c: Ctx) -> None:
+    a = c.block + "self_attn."
+    fam = c.family or FAMILIES["bart"]  # without config.json the read is refused (CONFIG_DECIDES)
+    known = {f"{a}{n}_proj.{p}" for n in ("q", "k", "v", "out") for p in ("weight", "bias")}
+    if fam.qk_norm is not None:  # LFM2
+        known |= {f"{a}q_layernorm.weight", f"{a}k_layernorm.weight"}
+    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
+    if other:  # LFM2's q_layernorm under another family's name, a prompt, a rotary table: not this attention
+        raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the {fam.model_type} declaration (bart layout: "
+                     "self_attn.q/k/v/out_proj) does not read")
+    if fam.qk_norm is not None:
+        _lfm2(c, a, fam)
+        return
+    encoder = re.search(r"(^|\.)encoder\.", c.stack) is not None  # an encoder-decoder's encoder: bidirectional
+    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    cfg = c.config or {}
+    if cfg.get("enable_bias") is False and any(k in c.arrays for k in BIASES):
+        raise c.fail(f"{fam.model_type}: config.json says enable_bias false, but {a}q_proj has a bias")
+    heads = ("encoder_attention_heads" if encoder else "decoder_attention_heads", "num_attention_heads",
+             "attention_heads")
+    _heads(c, *heads, kv_keys=heads, width=c.arrays["W_q"].shape[1])
+    c.facts.kv_heads = c.facts.heads
+    c.facts.causal = not encoder  # a decoder's self-attention: is_causal=True in every one of these families
+    if encoder:
+        c.facts.extra["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
+    c.facts.extra["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
+    if c.has(c.block + "encoder_attn.q_proj.weight"):
+        c.facts.extra["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
+    ln = c.block + fam.norm_name
+    if fam.pre_norm is None or cfg.get("do_layer_norm_before", True) is False:  # OPT-350m, BART, Marian, ...
+        c.facts.extra["post_norm"] = f"{ln} (after the residual; X is hidden_states[{c.layer}] itself)"
+    elif cfg.get("layer_norm_elementwise_affine") is False:  # OPT: nn.LayerNorm without weight and bias
+        E = c.arrays["W_q"].shape[0]
+        c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, layer_norm_elementwise_affine false; w = 1)")
+        c.put("norm_b", np.zeros(E), f"(none: {ln} has no bias; b = 0)")
+        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+    else:  # nn.LayerNorm(embed_dim): eps 1e-5 whatever layer_norm_eps says (BioGPT's 1e-12 is not used there)
+        _family_norm(c, fam, ln, ())
+
+
+def _lfm2(c: Ctx, a: str, fam: Family) -> None:
+    """LFM2's attention layers (between its convolution layers): q/k/v_proj, out_proj (nn.Linear, no biases),
+    RMSNorm per head q_layernorm / k_layernorm before rotary (half), GQA, causal; RMS operator_norm before."""
+    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    _heads(c, "num_attention_heads", width=c.arrays["W_q"].shape[1])
+    f = c.facts
+    if f.head_dim and "kv_heads" not in f.from_config:
+        f.kv_heads = c.arrays["W_k"].shape[1] // f.head_dim
+    for ours, theirs in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
+        c.put(ours, c.get(f"{a}{theirs}.weight"), f"{a}{theirs}.weight")
+    f.qk_norm = fam.qk_norm
+    c.conf("qk_norm_eps", "norm_eps", default=1e-5, cast=float)
+    f.causal = True
+    _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
+    if "norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
+        f.norm_eps = 1e-5  # Lfm2Config's default
+    _rope(c, "half", layer_type=_layer_type(c))
+
+
+@layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
+        "DistilBERT: attention.{q,k,v,out}_lin (nn.Linear, biases); bidirectional; post-norm sa_layer_norm")
+def _distilbert(c: Ctx) -> None:
+    a = c.block + "attention."
+    for t, n in (("W_q", "q_lin"), ("W_k", "k_lin"), ("W_v", "v_lin"), ("W_o", "out_lin")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    _heads(c, "n_heads", "num_attention_heads", kv_keys=("n_heads", "num_attention_heads"),
+           width=c.arrays["W_q"].shape[1])
+    c.facts.causal = False
+    c.facts.extra["bidirectional"] = "distilbert: an encoder, every token sees every token"
+    c.facts.extra["post_norm"] = f"{c.block}sa_layer_norm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+def _albert_call(cfg: dict[str, Any] | None, layer: int, source: str) -> tuple[int, int, list[int]]:
+    """ALBERT's layer ``layer`` (the layer-th call of a shared AlbertLayer, as hidden_states[layer] counts them):
+    its group, its inner layer, and every layer that runs the same module (modeling_albert.py's
+    ``int(i / (num_hidden_layers / num_hidden_groups))``, each group running inner_group_num layers)."""
+    L, G, inner = _albert_shape(cfg, source)
+
+    def where(n: int) -> tuple[int, int]:
+        r, i = divmod(n, inner)
+        return int(r / (L / G)), i
+
+    g, i = where(layer)
+    return g, i, [n for n in range(L * inner) if where(n) == (g, i)]
+
+
+def _albert_shape(cfg: dict[str, Any] | None, source: str) -> tuple[int, int, int]:
+    if not cfg or cfg.get("num_hidden_layers") is None:
+        raise InputError("holds ALBERT's shared layers (albert_layer_groups), and which layer runs which group is "
+                         "set by config.json (num_hidden_layers, num_hidden_groups): put config.json beside it", source)
+    L = int(cfgcheck.value(cfg, "num_hidden_layers", "config.json"))
+    G = int(cfgcheck.value(cfg, "num_hidden_groups", "config.json", 1))
+    inner = int(cfgcheck.value(cfg, "inner_group_num", "config.json", 1))
+    if G > L:
+        raise InputError(f"num_hidden_groups is {G}, more than num_hidden_layers ({L})", "config.json")
+    return L, G, inner
+
+
+def _albert_layers(ckpt: Checkpoint, found: Found) -> list[int]:
+    L, G, inner = _albert_shape(ckpt.config, ckpt.source)
+    if found.layers != list(range(G)):
+        raise InputError(f"holds albert_layer_groups {_layer_range(found.layers)}, but config.json says "
+                         f"num_hidden_groups = {G}", ckpt.source)
+    return list(range(L * inner))
+
+
+@layout("albert", r"^(?P<stack>(?:.*\.)?albert_layer_groups\.)(?P<n>\d+)\.albert_layers\.0\.attention\.query\.weight$",
+        "ALBERT: albert_layer_groups.G.albert_layers.I.attention.{query,key,value,dense}, shared by the layers of "
+        "group G; post-norm attention.LayerNorm")
+def _albert(c: Ctx) -> None:
+    g, i, shared = _albert_call(c.config, c.layer, c.ckpt.source)
+    a = f"{c.stack}{g}.albert_layers.{i}.attention."
+    for t, n in (("W_q", "query"), ("W_k", "key"), ("W_v", "value"), ("W_o", "dense")):
+        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    runs = f"layers {_layer_range(shared)}" if shared == list(range(shared[0], shared[-1] + 1)) else \
+        "layers " + ", ".join(map(str, shared))
+    for k in list(c.origin):
+        c.origin[k] += f" (shared by {runs})"
+    c.facts.extra["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
+                               f"which {runs} share")
+    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
+    c.facts.causal = False
+    c.facts.extra["bidirectional"] = "albert: an encoder, every token sees every token"
+    c.facts.extra["post_norm"] = f"{a}LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+# Layouts whose layer numbers are not the indices in their tensor names (ALBERT: groups shared by the layers)
+SHARED_LAYERS: dict[str, Callable[[Checkpoint, Found], list[int]]] = {"albert": _albert_layers}
+
+
 @layout("transformer-lens", r"^(?P<stack>(?:.*\.)?blocks\.)(?P<n>\d+)\.attn\.W_Q$",
         "TransformerLens: attn.W_Q (H, E, d), b_Q (H, d), W_K/W_V (or _W_K/_W_V (G, E, d)), W_O (H, d, E)")
 def _tl(c: Ctx) -> None:
@@ -1000,9 +1137,10 @@ def find_layouts(names: list[str], files: bool = False) -> list[Found]:
     return [Found(LAYOUTS[k], s, sorted(v)) for (k, s), v in found.items()]
 
 
-# A marker without this companion is not that layout (a vision tower's q_proj beside out_proj; Persimmon's dense
-# beside its query_key_value)
-COMPANION = {"llama": "self_attn.o_proj.weight", "phi": "self_attn.q_proj.weight"}
+# A marker without this companion in the same layer is not that layout (Llama's q_proj and BART's out_proj share
+# names with other modules: OPT's q_proj has no o_proj beside it, nn.MultiheadAttention's out_proj no q_proj, a
+# vision tower's q_proj sits beside out_proj; Persimmon's dense beside its query_key_value)
+COMPANION = {"llama": "self_attn.o_proj.weight", "phi": "self_attn.q_proj.weight", "bart": "self_attn.q_proj.weight"}
 
 
 def _complete(found: list[Found], ckpt: Checkpoint) -> list[Found]:
@@ -1017,8 +1155,14 @@ def _unsupported(names: list[str]) -> str | None:
     return None
 
 
+CROSS = re.compile(r"(^|\.)(encoder_attn|crossattention|cross_attn|EncDecAttention)(\.|$)")
+
+
 def _choose(ckpt: Checkpoint, prefix: str | None, want: str | None = None) -> Found:
     names = list(ckpt.tensors)
+    if prefix is not None and CROSS.search(prefix):
+        raise InputError(f"names a cross-attention module ({printable(prefix, 80)}), which is not supported: a "
+                         "checkpoint's layer is read for its self-attention", "--prefix")
     found = find_layouts(names)
     if prefix is not None:
         want = prefix.rstrip(".") + "."
@@ -1090,6 +1234,7 @@ CONFIG_DECIDES = {
     "phi": "partial rotary, RoPE base, heads",
     "persimmon": "partial rotary, RoPE base, heads",
     "gpt_neo": "which layers are local, window_size, heads",
+    "bart": "causal or not, pre- or post-norm, heads",
 }
 
 
@@ -1150,7 +1295,7 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     declared = FAMILIES.get(layout or str((ckpt.config or {}).get("model_type")))
     f = _choose(ckpt, prefix, declared.layout if declared is not None else None)
     fam = resolve_family(ckpt, f.layout, layout)
-    layers = f.layers
+    layers = SHARED_LAYERS[f.layout.name](ckpt, f) if f.layout.name in SHARED_LAYERS else f.layers
     count = layers[-1] + 1
     if layer is None:
         if len(layers) > 1:
@@ -1192,9 +1337,15 @@ def inspect_checkpoint(path: str | Path, layout: str | None = None) -> dict[str,
                                 f"({CONFIG_DECIDES[open_[0]]}): self and check refuse it without --layout {open_[0]}")
     out["stacks"] = []
     for f in found:
+        numbers = f.layers
+        if f.layout.name in SHARED_LAYERS:  # ALBERT: the layers that run the shared groups
+            try:
+                numbers = SHARED_LAYERS[f.layout.name](ckpt, f)
+            except InputError:
+                pass
         entry: dict[str, Any] = {"layout": f.layout.name, "description": f.layout.description,
-                                 "prefix": f.stack.rstrip("."), "layers": len(f.layers),
-                                 "layer_range": _layer_range(f.layers)}
+                                 "prefix": f.stack.rstrip("."), "layers": len(numbers),
+                                 "layer_range": _layer_range(numbers)}
         used: set[str] = set()
         try:
             entry["facts"] = _facts_only(ckpt, f, layout)
