@@ -910,13 +910,17 @@ def qk_norm_model_width(c: Context) -> Result:
     o = c.options
     if o.qk_norm is None:
         raise NotApplicable("no QK-norm")
+    if o.qk_norm not in ("rms", "rms1p"):
+        raise NotApplicable(f"QK-norm {o.qk_norm}: not a per-head RMSNorm")
+    if o.qk_norm_at != "before-rope" and o.rope is not None:
+        raise NotApplicable("the QK-norm comes after RoPE")
     if p.q.ndim < 3 or p.q.shape[-3] == 1:
         raise NotApplicable("one head: its width is the model width")
     plus = o.qk_norm == "rms1p"
 
     def norm(a: np.ndarray, w: np.ndarray | None) -> np.ndarray:
         ms = np.mean(np.square(a), axis=(-3, -1), keepdims=True)  # (..., 1, T, 1): every head's features of a token
-        wt = (0.0 if plus else 1.0) if w is None else w
+        wt = (0.0 if plus else 1.0) if w is None else (w[:, None, :] if w.ndim == 2 else w)  # (H, d) -> (H, 1, d)
         return a / np.sqrt(ms + o.norm_eps) * ((1.0 + wt) if plus else wt)
 
     return c.rerun(replace(p, q=norm(p.q, p.q_norm), k=norm(p.k, p.k_norm)), qk_norm=None)

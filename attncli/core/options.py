@@ -30,10 +30,14 @@ from attncli.errors import InputError
 MaskConvention = Literal["keep", "drop"]
 CausalAlign = Literal["top-left", "bottom-right"]
 RopeMode = Literal["half", "interleaved"]  # HF Llama's rotate_half; GPT-J / Meta's pairs
-QkNorm = Literal["rms", "rms1p"]  # RMSNorm · w (Qwen3), · (1 + w) (Gemma)
+# QK-norm kinds: RMSNorm · w (Qwen3), · (1 + w) (Gemma), LayerNorm per head (StableLM, Cohere, Phi, Persimmon),
+# RMSNorm over the token's H·d features, every head at once (OLMo 2/3); weights (d,) shared, (H, d) per head, or none
+QkNorm = Literal["rms", "rms1p", "layernorm", "rms-full"]
+QkNormAt = Literal["before-rope", "after-rope"]  # where the QK-norm sits: Qwen3 before RoPE, HunYuan/nanochat after
 MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 QK_NORMS: tuple[str, ...] = get_args(QkNorm)
+QK_NORM_PLACES: tuple[str, ...] = get_args(QkNormAt)
 CAUSAL_ALIGNS: tuple[str, ...] = get_args(CausalAlign)
 MAX_HIDDEN = 1 << 16  # a hidden width beyond this is a typo, not a model (its weights alone would be GBs)
 MAX_SEED = (1 << 63) - 1
@@ -448,12 +452,17 @@ class Options:
     softcap: float | None = option(  # scores become c·tanh(s / c) after scaling (Gemma 2)
         None, "Logit soft-capping: scores become C·tanh(s/C) after scaling, before the mask (Gemma 2).", TODAY,
         check=lambda v, w: check_softcap(_number(v, w), w))
-    qk_norm: QkNorm | None = option(  # RMSNorm of each head's q and k before RoPE (q_norm / k_norm weights)
-        None, "RMSNorm of each head's q and k before RoPE: rms (Qwen3, w·x/rms) or rms1p (Gemma 3, (1+w)·x/rms); "
-              "q_norm/k_norm weights from --weights (default none: w = 1).", TODAY, label="QK-norm")
+    qk_norm: QkNorm | None = option(  # the norm of each head's q and k (q_norm / k_norm weights, optional biases)
+        None, "QK-norm of q and k: rms (Qwen3, w·q/rms(q) per head), rms1p (Gemma 3, (1+w)·q/rms), layernorm "
+              "(StableLM, Cohere: (q-mean)/std·w + b per head) or rms-full (OLMo 2: RMS over all H·d features of a "
+              "token); q_norm/k_norm weights (d,), (H, d) per head or (H·d,) for rms-full, from --weights (default "
+              "none: weightless).", TODAY, label="QK-norm")
+    qk_norm_at: QkNormAt = option(  # before RoPE (Qwen3, Gemma 3, OLMo 2, StableLM, Cohere) or after (HunYuan, nanochat)
+        "before-rope", "Where the QK-norm sits: before-rope (default: Qwen3, Gemma 3, StableLM, Cohere, OLMo 2) or "
+                       "after-rope (HunYuan, nanochat, Llama 4).", TODAY, label="QK-norm placement")
     norm_eps: float = option(  # the eps of that RMSNorm (config rms_norm_eps)
-        1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps).", TODAY, label="norm eps",
-        check=lambda v, w: _positive(_number(v, w), w, "a positive number (the RMSNorm's eps)"))
+        1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps, layer_norm_eps).", TODAY, label="norm eps",
+        check=lambda v, w: _positive(_number(v, w), w, "a positive number (the QK-norm's eps)"))
     kv_heads: int | None = option(  # K/V heads of projected attention (grouped-query); None: W_k's width says
         None, "Grouped-query / multi-query attention: G K/V heads (a divisor of --heads); query head h reads K/V head "
               "h // (H/G). Default: as many as W_k's width holds.", MULTIHEAD, commands=PROJECTING, min=1,

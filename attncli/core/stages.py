@@ -373,33 +373,57 @@ def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
 # ---- norms ----------------------------------------------------------------------------------
 
 
-def rms_norm(xp: Any, x: Any, w: Any, eps: float, plus_one: bool = False) -> Any:
+def rms_norm(xp: Any, x: Any, w: Any, eps: float, plus_one: bool = False, axes: tuple[int, ...] = (-1,),
+             wide_weight: bool = False) -> Any:
     """y = x / sqrt(mean(x²) + eps) · w (Qwen3, Llama), or · (1 + w) (Gemma). (..., d), (d,) -> (..., d)
 
+    ``axes``: the axes the mean runs over (default the features; (-3, -1): every head's features of a
+    token, OLMo 2's norm over the full width). ``w`` broadcasts against x ((d,), or (H, 1, d) per head).
     As HF: half-precision inputs are computed in float32 and returned in their own dtype;
-    Llama/Qwen3 cast the normalised x back before multiplying by w, Gemma multiplies by (1 + w)
-    in float32 and casts after. float32 and float64 inputs are computed in their own dtype
-    (HF computes a float64 model's norm in float32: it agrees with this to ~1e-7).
+    Llama/Qwen3 cast the normalised x back before multiplying by w, Gemma (and ``wide_weight``: OLMo 2)
+    multiply by the weight in float32 and cast after. float32 and float64 inputs are computed in their
+    own dtype (HF computes a float64 model's norm in float32: it agrees with this to ~1e-7).
     """
     dt = x.dtype
     wide = dt if dt in (xp.float32, xp.float64) else xp.float32
     xf = xp.astype(x, wide)
-    y = xf / xp.sqrt(xp.mean(xf * xf, axis=-1, keepdims=True) + eps)  # (..., d) / (..., 1)
+    y = xf / xp.sqrt(xp.mean(xf * xf, axis=axes, keepdims=True) + eps)  # (..., d) / (..., 1)
     wt = xp.asarray(w, device=_device(x))
     if plus_one:
         return xp.astype(y * (1.0 + xp.astype(wt, wide)), dt)
+    if wide_weight:
+        return xp.astype(y * xp.astype(wt, wide), dt)
     return xp.astype(y, dt) * xp.astype(wt, dt)
 
 
 def layer_norm(xp: Any, x: Any, w: Any, b: Any, eps: float) -> Any:
-    """y = (x - mean) / sqrt(var + eps) · w + b, biased variance over the last axis (nn.LayerNorm). (..., d) -> (..., d)"""
-    mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
-    c = x - mu
+    """y = (x - mean) / sqrt(var + eps) · w + b, biased variance over the last axis (nn.LayerNorm). (..., d) -> (..., d)
+
+    ``w`` and ``b`` broadcast against x ((d,), or (H, 1, d): each head its own). Half-precision inputs are
+    computed in float32 (weight and bias included) and rounded once, as torch's LayerNorm kernel and
+    CohereLayerNorm do; float32 and float64 in their own dtype."""
+    dt = x.dtype
+    wide = dt if dt in (xp.float32, xp.float64) else xp.float32
+    xf = xp.astype(x, wide)
+    mu = xp.mean(xf, axis=-1, keepdims=True)  # (..., 1)
+    c = xf - mu
     var = xp.mean(c * c, axis=-1, keepdims=True)  # (..., 1)
     y = c / xp.sqrt(var + eps)
     dev = _device(x)
-    y = y * xp.asarray(w, dtype=x.dtype, device=dev)
-    return y if b is None else y + xp.asarray(b, dtype=x.dtype, device=dev)
+    y = y * xp.asarray(w, dtype=wide, device=dev)
+    y = y if b is None else y + xp.asarray(b, dtype=wide, device=dev)
+    return y if wide == dt else xp.astype(y, dt)
+
+
+def qk_norm(xp: Any, x: Any, kind: str, w: Any, b: Any, eps: float) -> Any:
+    """The QK-norm ``kind`` of q or k (..., H, T, d): rms, rms1p, layernorm over each head's d features, or
+    rms-full over the H·d features of each token (every head at once, as OLMo 2 before the head split).
+    ``w`` (and ``b``, layernorm only) broadcast: (d,) shared by the heads, (H, 1, d) each head its own."""
+    if kind == "layernorm":
+        return layer_norm(xp, x, w, b, eps)
+    if kind == "rms-full":  # mean over heads and features = over the token's H·d features before the split
+        return rms_norm(xp, x, w, eps, axes=(-3, -1) if x.ndim >= 3 else (-1,), wide_weight=True)
+    return rms_norm(xp, x, w, eps, plus_one=kind == "rms1p")
 
 
 # ---- 3) score, 4) scale ------------------------------------------------------------------------

@@ -18,6 +18,11 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     smollm3            llama   half, NoPE layers       RMS                           no_rope_layers
     exaone4            llama   half; full layers NoPE  none (post-norm)              when the model slides
     cohere2            llama   interleaved; full NoPE  LayerNorm without bias
+    cohere             llama   interleaved             LayerNorm without bias        QK LayerNorm per head, (H, d)
+    stablelm           llama   partial half            LayerNorm with bias           QK LayerNorm per head (norms.h)
+    olmo2, olmo3       llama   half                    none (post-norm)              QK RMS over the full width H·d
+    hunyuan_v1_*       llama   half                    RMS                           QK RMS per head after RoPE
+    nanochat           llama   half, rotated by -θ     weightless RMS                weightless QK RMS after RoPE
     starcoder2, jais2  llama   half                    LayerNorm with bias
     nemotron           llama   partial half            LayerNorm1p (1 + w, bias)
     apertus            llama   half                    RMS attention_layernorm
@@ -42,10 +47,15 @@ class Family:
     layout: str  # the reader (attncli.io.layouts.LAYOUTS)
     rope: str | None = "half"  # "half" | "interleaved" | None (learned or no positions)
     nope: Rule | None = None  # the layers without rotary (NoPE)
-    pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | None (nothing)
+    pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | rms-weightless
+    # | None (nothing before attention)
     norm_name: str = "input_layernorm"  # the pre-norm's tensor after the layer's prefix (llama layout)
     norm_inside: bool = False  # the norm is inside the attention module (pre-LN BERTs): applied in plain runs too
-    qk_norm: str | None = "rms"  # the kind of q_norm/k_norm when the tensors are there
+    qk_norm: str | None = "rms"  # the QK-norm kind (attncli.core.options.QkNorm) when its tensors are there
+    qk_at: str = "before-rope"  # where it sits: before-rope | after-rope (HunYuan, nanochat)
+    qk_names: tuple[str, str] = ("q_norm", "k_norm")  # its tensors after self_attn. (.weight, or .norms.N.weight)
+    qk_weightless: bool = False  # applied without tensors, w = 1 (nanochat)
+    qk_key: str | None = None  # the config key that switches it on (qk_layernorm, use_qk_norm): must agree with the tensors
     scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale
     causal: bool = True
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
@@ -58,6 +68,8 @@ class Family:
             keys |= ROPE_KEYS
         if self.scale:
             keys.add(self.scale)
+        if self.qk_key:
+            keys.add(self.qk_key)
         return frozenset(keys)
 
 
@@ -190,10 +202,19 @@ declare("exaone_moe", layout="llama", nope=_full_nope, keys=W)  # unlike exaone4
 declare("cohere2", "cohere2_moe", layout="llama", rope="interleaved", nope=_full_nope, pre_norm="layernorm",
         keys=W | {"layer_norm_eps", "logit_scale"})
 declare("nemotron", layout="llama", pre_norm="layernorm1p", keys=frozenset({"norm_eps"}))
-declare("stablelm", layout="llama", pre_norm="layernorm", keys=frozenset({"layer_norm_eps", "use_qkv_bias",
-                                                                        "use_parallel_residual"}),
-        notes="qk_layernorm (a LayerNorm per head) is refused: core has no such QK-norm kind")
+declare("stablelm", layout="llama", pre_norm="layernorm", qk_norm="layernorm", qk_names=("q_layernorm", "k_layernorm"),
+        qk_key="qk_layernorm", keys=frozenset({"layer_norm_eps", "use_qkv_bias", "use_parallel_residual"}),
+        notes="qk_layernorm: an nn.LayerNorm (no bias) per head, each head its own weight")
+declare("cohere", layout="llama", rope="interleaved", pre_norm="layernorm", qk_norm="layernorm", qk_key="use_qk_norm",
+        keys=frozenset({"layer_norm_eps", "logit_scale"}),
+        notes="use_qk_norm: CohereLayerNorm (H, d); parallel block; logit_scale multiplies the LM logits only")
 declare("olmo", layout="llama", pre_norm="layernorm-weightless", notes="clip_qkv is refused: core has no clamp step")
+declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full",
+        notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
+declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W,
+        notes="as olmo2, with sliding layers (layer_types)")
+declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope",
+        qk_names=("query_layernorm", "key_layernorm"), notes="query_layernorm / key_layernorm: RMS per head after RoPE")
 declare("apertus", layout="llama", norm_name="attention_layernorm")
 declare("eurobert", layout="llama", causal=False)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
@@ -226,14 +247,8 @@ REFUSED: dict[str, str] = {
     "flint": "its per-layer rotary and QK-norm placement is not supported",
     "granite_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
     "granitemoe_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
-    "hunyuan_v1_dense": "query_layernorm / key_layernorm (a QK-norm after RoPE) is not supported",
-    "hunyuan_v1_moe": "query_layernorm / key_layernorm (a QK-norm after RoPE) is not supported",
     "llama4_text": "attention_chunk_size (chunked attention), its L2 QK-norm and temperature tuning are not supported",
     "llama4": "attention_chunk_size (chunked attention), its L2 QK-norm and temperature tuning are not supported",
-    "nanochat": "its weightless QK-norm and weightless pre-norm are not supported",
-    "olmo2": "q_norm / k_norm over the full width (before the head split) is not supported",
-    "olmo3": "q_norm / k_norm over the full width (before the head split) is not supported",
-    "cohere": "its parallel block with a per-head LayerNorm QK-norm is not supported",
     "ultrabert": "bidirectional sliding-window attention is not supported",
     "esm": "its rotary BERT attention with a LayerNorm inside the module is not supported",
     "roformer": "its sinusoidal rotary BERT attention is not supported",

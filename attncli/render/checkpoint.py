@@ -11,7 +11,8 @@ from attncli.errors import printable
 from attncli.render import escape
 
 FACT_ORDER = ("heads", "kv_heads", "head_dim", "scale", "causal", "rope", "rope_base", "rotary_dim", "rope_scaling",
-              "window", "softcap", "qk_norm", "qk_norm_eps", "pre_norm", "norm_eps", "alibi", "sinks", "relative_bias")
+              "window", "softcap", "qk_norm", "qk_norm_at", "qk_norm_eps", "pre_norm", "norm_eps", "alibi", "sinks",
+              "relative_bias")
 
 
 def _size(n: int) -> str:

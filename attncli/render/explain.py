@@ -150,9 +150,11 @@ class Cell:
 
     def scored(self, name: str, row: int) -> tuple[str, np.ndarray | None]:
         """The q (or k) row that the score read: rotated (q_rot), normalised (q_norm) or as projected."""
-        for step in (f"{name}_rot", f"{name}_norm"):
-            if step in self.trace:
-                return step, self.vector(step, row)
+        names = self.trace.names()
+        done = [s for s in (f"{name}_rot", f"{name}_norm") if s in names]  # the later one (QK-norm after RoPE)
+        if done:
+            step = max(done, key=names.index)
+            return step, self.vector(step, row)
         return name, self.input_row(name, row)
 
     def step(self, name: str) -> float:
