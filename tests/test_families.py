@@ -388,7 +388,10 @@ def test_family_agrees_or_refuses(mt: str) -> None:
 VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "gpt_bigcode-unscaled": ("gpt_bigcode", dict(multi_query=False, scale_attn_weights=False)),
             "olmo-no-clip": ("olmo", dict(clip_qkv=None)),
-            "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5))}
+            "stablelm-no-qk-norm": ("stablelm", dict(qk_layernorm=False, partial_rotary_factor=0.5)),
+            "cohere-no-qk-norm": ("cohere", dict(use_qk_norm=False)),
+            "hunyuan_v1_dense-ntk-alpha": ("hunyuan_v1_dense", dict(rope_parameters=dict(
+                rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0)))}
 
 
 @pytest.mark.slow
@@ -408,7 +411,8 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 # bfloat16, compared with the same module whose weights are rounded to bfloat16 and computed in float32, so
 # the tolerance stays 1e-5 (a reader that fails to convert a bf16 tensor, or reads one as another, shows).
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
-        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2"]
+        "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
+        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 

@@ -352,7 +352,7 @@ def _rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: li
     inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
                                        seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
     tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
-    rot = "rotate_half" if o.rope == "half" else "rotate_every_two"
+    rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
     part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
     scaled = f", {sc.get('rope_type', sc.get('type'))} scaling" if sc else ""
     fac = f" · {factor:g}" if factor != 1.0 else ""

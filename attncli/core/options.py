@@ -29,7 +29,8 @@ from attncli.errors import InputError
 
 MaskConvention = Literal["keep", "drop"]
 CausalAlign = Literal["top-left", "bottom-right"]
-RopeMode = Literal["half", "interleaved"]  # HF Llama's rotate_half; GPT-J / Meta's pairs
+# HF Llama's rotate_half; GPT-J / Meta's pairs; nanochat's rotate_half with the signs swapped (each pair turned by -θ)
+RopeMode = Literal["half", "interleaved", "half-reversed"]
 # QK-norm kinds: RMSNorm · w (Qwen3), · (1 + w) (Gemma), LayerNorm per head (StableLM, Cohere, Phi, Persimmon),
 # RMSNorm over the token's H·d features, every head at once (OLMo 2/3); weights (d,) shared, (H, d) per head, or none
 QkNorm = Literal["rms", "rms1p", "layernorm", "rms-full"]
@@ -427,8 +428,9 @@ class Options:
         min=0.0, max=1.0, check=_check_dropout)
     # today's models (shared/CONVENTIONS.md): every fact a model's config.json gives about its attention
     rope: RopeMode | None = option(  # rotary position embedding of q and k
-        None, "Rotary position embedding of q and k: half (HF Llama rotate_half) or interleaved (GPT-J, Meta's "
-              "pairs). Query i at position P + i (--q-offset), key j at j.", TODAY, label="RoPE",
+        None, "Rotary position embedding of q and k: half (HF Llama rotate_half), interleaved (GPT-J, Meta's "
+              "pairs) or half-reversed (nanochat: rotate_half = cat(x2, -x1), each pair turned by -θ). Query i at "
+              "position P + i (--q-offset), key j at j.", TODAY, label="RoPE",
         check=check_rope_mode)
     rope_base: float = option(  # theta (config rope_theta)
         10000.0, "RoPE theta: frequencies base^(-2k/d) (default 10000; config rope_theta).", TODAY,

@@ -250,7 +250,7 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
                  dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
     """θ_pk = position_p · inv_freq_k; cos θ · factor and sin θ · factor. (T,) x (r/2,) -> (T, r), (T, r)
 
-    "half" (HF Llama): emb = cat(θ, θ), frequency k at features k and k + r/2;
+    "half" (HF Llama) and "half-reversed" (nanochat): emb = cat(θ, θ), frequency k at features k and k + r/2;
     "interleaved" (GPT-J, Meta): each frequency twice in a row, features 2k and 2k+1.
 
     As HF: θ = float32(position) · float32 inv_freq, rounded to float32; cos and sin are taken
@@ -265,7 +265,7 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
         th = pos.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]  # (T, 1) x (1, r/2) -> (T, r/2)
     else:
         th = (pos.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]).astype(np.float64)
-    emb = np.concatenate([th, th], axis=-1) if mode == "half" else np.repeat(th, 2, axis=-1)  # (T, r)
+    emb = np.concatenate([th, th], axis=-1) if mode != "interleaved" else np.repeat(th, 2, axis=-1)  # (T, r)
     cos, sin = np.cos(emb), np.sin(emb)
     if dtype != "float64":
         cos, sin = cos.astype(np.float32), sin.astype(np.float32)
@@ -278,7 +278,8 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
 def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | None = None) -> Any:
     """x' = x·cos + rotate(x)·sin on the first rotary_dim features; the rest pass through. (..., T, d) -> (..., T, d)
 
-    "half": rotate_half(x) = cat(-x[r/2:], x[:r/2]) (HF Llama, GPT-NeoX); "interleaved":
+    "half": rotate_half(x) = cat(-x[r/2:], x[:r/2]) (HF Llama, GPT-NeoX); "half-reversed": cat(x[r/2:], -x[:r/2])
+    (nanochat: each pair turned by -θ); "interleaved":
     rotate_every_two(x) = (-x1, x0, -x3, x2, ...) (GPT-J, Meta's complex pairs). ``cos`` and
     ``sin``: (T, r) tables from :func:`rope_cos_sin` (numpy or xp arrays), cast to x's dtype
     as HF does.
@@ -292,6 +293,8 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
     xr = x[..., :r]  # (..., T, r)
     if mode == "half":
         rot = xp.concat([-xr[..., r // 2:], xr[..., :r // 2]], axis=-1)  # (..., T, r)
+    elif mode == "half-reversed":  # nanochat: cat(x2, -x1), the pair (k, k + r/2) turned by -θ
+        rot = xp.concat([xr[..., r // 2:], -xr[..., :r // 2]], axis=-1)  # (..., T, r)
     else:
         pairs = xp.stack([-xr[..., 1::2], xr[..., 0::2]], axis=-1)  # (..., T, r/2, 2)
         rot = xp.reshape(pairs, tuple(int(n) for n in xr.shape))  # (..., T, r/2, 2) -> (..., T, r)

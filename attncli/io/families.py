@@ -55,6 +55,7 @@ class Family:
     qk_at: str = "before-rope"  # where it sits: before-rope | after-rope (HunYuan, nanochat)
     qk_names: tuple[str, str] = ("q_norm", "k_norm")  # its tensors after self_attn. (.weight, or .norms.N.weight)
     qk_weightless: bool = False  # applied without tensors, w = 1 (nanochat)
+    rope_alpha: bool = False  # rope_parameters {rope_type: dynamic, alpha}: a fixed NTK base theta·alpha^(d/(d-2))
     qk_key: str | None = None  # the config key that switches it on (qk_layernorm, use_qk_norm): must agree with the tensors
     scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale
     causal: bool = True
@@ -213,7 +214,9 @@ declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full",
         notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
 declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W,
         notes="as olmo2, with sliding layers (layer_types)")
-declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope",
+declare("nanochat", layout="llama", rope="half-reversed", pre_norm="rms-weightless", qk_at="after-rope",
+        qk_weightless=True, notes="no norm tensors: weightless RMS pre-norm, weightless RMS QK-norm after RoPE")
+declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope", rope_alpha=True,
         qk_names=("query_layernorm", "key_layernorm"), notes="query_layernorm / key_layernorm: RMS per head after RoPE")
 declare("apertus", layout="llama", norm_name="attention_layernorm")
 declare("eurobert", layout="llama", causal=False)

@@ -441,6 +441,8 @@ def _llama_rest(c: Ctx, a: str) -> None:
     lt = _layer_type(c)
     if fam.rope is not None and not (fam.nope is not None and fam.nope(c.layer, c.config or {}, lt)):
         _rope(c, fam.rope, layer_type=lt)
+        if fam.rope_alpha:
+            _ntk_alpha(c)
     elif fam.rope is not None:
         c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _window(c)
@@ -456,6 +458,21 @@ def _llama_rest(c: Ctx, a: str) -> None:
         c.facts.scale = float(mult)
         c.facts.from_config.append("scale")
     c.conf("softcap", "attn_logit_softcapping", cast=float)
+
+
+def _ntk_alpha(c: Ctx) -> None:
+    """HunYuan: rope_type dynamic with an ``alpha`` is a fixed base theta · alpha^(d / (d - 2)), whatever the
+    sequence length (its compute_ntk_alpha_rope_parameters), not dynamic NTK scaling."""
+    f, sc = c.facts, c.facts.rope_scaling
+    if not sc or sc.get("rope_type", sc.get("type")) != "dynamic" or sc.get("alpha") is None:
+        return
+    d = f.head_dim
+    if not d or d <= 2:
+        raise c.fail(f"rope_parameters alpha needs a head_dim above 2 (head_dim {d})")
+    f.rope_base = float(f.rope_base or 10000.0) * float(sc["alpha"]) ** (d / (d - 2))
+    f.rope_scaling = None
+    f.from_config = [k for k in f.from_config if k != "rope_scaling"]
+    f.extra["rope"] = f"rope_parameters alpha {sc['alpha']:g}: base theta · alpha^(d/(d-2)) = {f.rope_base:g}"
 
 
 def _qk_tensors(c: Ctx, a: str, fam: Family) -> None:
