@@ -282,11 +282,11 @@ def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -
     kv_note = [f"grouped-query: query head h reads K/V head h // {r} (the {problem.kv_heads} K/V heads shown per "
                "query head)"] if r > 1 else []
     if o.qk_norm is not None and o.qk_norm_at == "before-rope":
-        q, k = _qk_norm(problem, be, q, k, t, kv_note)
+        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
     if o.rope is not None:
-        q, k = _rotate(problem, be, q, k, t, kv_note)
+        q, k = _rope_steps(problem, be, q, k, t, kv_note)
     if o.qk_norm is not None and o.qk_norm_at == "after-rope":
-        q, k = _qk_norm(problem, be, q, k, t, kv_note)
+        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
     return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
 
 
@@ -302,7 +302,7 @@ def _norm_param(be: Backend, a: Any, dt: str, ndim: int) -> Any:
     return be.xp.reshape(x, (int(x.shape[0]), 1, int(x.shape[1]))) if ndim == 2 else x
 
 
-def _qk_norm(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
+def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
     """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.stages.qk_norm)."""
     o, dt, d = problem.options, problem.dtype, problem.d_qk
     kind = str(o.qk_norm)
@@ -341,7 +341,7 @@ def _qk_norm(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: l
     return out[0], out[1]
 
 
-def _rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
+def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
     """The steps q_rot and k_rot: RoPE at positions P + i (queries) and j (keys)."""
     o, xp, dt, d = problem.options, be.xp, problem.dtype, problem.d_qk
     base, width = problem.rope_settings()
