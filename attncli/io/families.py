@@ -54,7 +54,8 @@ class Family:
     qk_norm: str | None = "rms"  # the QK-norm kind (attncli.core.options.QkNorm) when its tensors are there
     qk_at: str = "before-rope"  # where it sits: before-rope | after-rope (HunYuan, nanochat)
     qk_names: tuple[str, str] = ("q_norm", "k_norm")  # its tensors after self_attn. (.weight, or .norms.N.weight)
-    qk_weightless: bool = False  # applied without tensors, w = 1 (nanochat)
+    qk_weightless: bool = False  # applied without tensors, w = 1 (nanochat; Llama 4's L2 norm)
+    qk_layers: Rule | None = None  # the layers a weightless QK-norm applies to (None: every layer; Llama 4: rope layers)
     rope_alpha: bool = False  # rope_parameters {rope_type: dynamic, alpha}: a fixed NTK base theta·alpha^(d/(d-2))
     qk_key: str | None = None  # the config key that switches it on (qk_layernorm, use_qk_norm): must agree with the tensors
     scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale

@@ -424,7 +424,7 @@ def _llama_rest(c: Ctx, a: str) -> None:
         f.heads = width // f.head_dim
     if "kv_heads" not in f.from_config and f.head_dim:  # grouped-query heads follow from k_proj's width
         f.kv_heads = kv_width // f.head_dim
-    if "q_norm" in c.arrays or fam.qk_weightless:
+    if "q_norm" in c.arrays or _weightless_qk(c, fam):
         if fam.qk_norm is None:
             raise c.fail(f"{fam.model_type}: {a}{fam.qk_names[0]}.weight is a QK-norm its declaration does not have")
         c.facts.qk_norm = fam.qk_norm
@@ -494,11 +494,19 @@ def _qk_tensors(c: Ctx, a: str, fam: Family) -> None:
     if ("q_norm" in c.arrays) != ("k_norm" in c.arrays):
         have, lack = (fam.qk_names if "q_norm" in c.arrays else fam.qk_names[::-1])
         raise c.fail(f"{fam.model_type}: layer {c.layer} has {a}{have} but no {a}{lack}: a QK-norm needs both")
-    if fam.qk_key is not None and c.config is not None and fam.qk_key in c.config:
+    if fam.qk_key is not None and c.config is not None and fam.qk_key in c.config and not fam.qk_weightless:
         on = bool(c.config[fam.qk_key])
         if on != ("q_norm" in c.arrays):
             raise c.fail(f"config.json says {fam.qk_key} = {str(on).lower()} but layer {c.layer} "
                          f"{'has no' if on else 'has'} {a}{fam.qk_names[0]} tensors")
+
+
+def _weightless_qk(c: Ctx, fam: Family) -> bool:
+    """A weightless QK-norm on this layer: the family has one, its config switch (if any) is on, the layer is one
+    of those it applies to."""
+    cfg = c.config or {}
+    return fam.qk_weightless and (fam.qk_key is None or bool(cfg.get(fam.qk_key))) and (
+        fam.qk_layers is None or fam.qk_layers(c.layer, cfg, _layer_type(c)))
 
 
 def _count(c: Ctx, prefix: str, suffix: str) -> int:
