@@ -926,6 +926,28 @@ def qk_norm_model_width(c: Context) -> Result:
     return c.rerun(replace(p, q=norm(p.q, p.q_norm), k=norm(p.k, p.k_norm)), qk_norm=None)
 
 
+@variant("qk-norm-other-side-of-rope", "the QK-norm was applied on the other side of RoPE (Qwen3, Gemma 3 and OLMo 2 "
+                                       "normalise q and k before rotating them; HunYuan and nanochat after)")
+def qk_norm_other_side_of_rope(c: Context) -> Result:
+    """rotate(norm(q)) instead of norm(rotate(q)), or the other way round"""
+    o = c.options
+    if o.qk_norm is None or o.rope is None:
+        raise NotApplicable("no QK-norm with RoPE")
+    return c.rerun(qk_norm_at="before-rope" if o.qk_norm_at == "after-rope" else "after-rope")
+
+
+@variant("qk-norm-per-head", "QK-norm took the mean of squares over each head's {d} features instead of over the "
+                             "token's every head at once (OLMo 2 normalises the full width before the head split)")
+def qk_norm_per_head(c: Context) -> Result:
+    """q / sqrt(mean over each head's features of q²) instead of over every head's"""
+    o = c.options
+    if o.qk_norm != "rms-full":
+        raise NotApplicable("no QK-norm over the full width")
+    if c.problem.head_count == 1:
+        raise NotApplicable("one head: its width is the model width")
+    return c.rerun(qk_norm="rms")  # the (H·d,) weights held (H, d): each head with its own slice
+
+
 # ---- diagnosis ------------------------------------------------------------------------
 
 NEAREST_FACTOR = 4.0  # a near miss is shown only when its largest error is this many times smaller than no change's
