@@ -389,3 +389,26 @@ def test_checkpoint_qk_norm_tensors_are_checked(tmp_path: Path) -> None:
     (st / "config.json").write_text(json.dumps({**cfg, "qk_layernorm": False}))
     with pytest.raises(InputError, match="config.json says qk_layernorm = false but layer 0 has"):
         load_layer(st, 0)
+
+
+def test_weightless_qk_norm_on_the_layers_its_declaration_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nanochat: a weightless QK-norm after RoPE on every layer, no norm tensors; ``qk_layers`` (Llama 4's rope
+    layers) limits it to the layers its rule names."""
+    import dataclasses
+
+    import transformers as tf
+
+    from attncli.io import families
+    from attncli.io.model import load_layer
+
+    cfg = tf.NanoChatConfig(vocab_size=40, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2)
+    tf.NanoChatForCausalLM(cfg).save_pretrained(tmp_path / "nc")
+    layer = load_layer(tmp_path / "nc", 1)
+    assert (layer.options["qk_norm"], layer.options["qk_norm_at"], layer.options["rope"]) == \
+        ("rms", "after-rope", "half-reversed")
+    assert layer.projections.q_norm is None and layer.norm is not None and np.all(layer.norm.w == 1.0)
+    fam = dataclasses.replace(families.FAMILIES["nanochat"], qk_layers=lambda i, c, lt: i == 0)
+    monkeypatch.setitem(families.FAMILIES, "nanochat", fam)
+    assert load_layer(tmp_path / "nc", 0).options.get("qk_norm") == "rms"
+    assert "qk_norm" not in load_layer(tmp_path / "nc", 1).options

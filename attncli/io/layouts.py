@@ -9,7 +9,9 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     nanogpt           attn.c_attn (3E, E), c_proj                             nn.Linear
     gptj              attn.{q,k,v,out}_proj                                   nn.Linear, rotary interleaved
     neox, bloom       query_key_value (H·3·d, E): rows (H, 3, d)              nn.Linear
-    llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E)
+    llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E); QK-norm
+                      under the family's names: q_norm (d,) | (H, d) | (H·d,), q_layernorm.norms.h (StableLM),
+                      query_layernorm (HunYuan), none (nanochat: weightless)
     t5                layer.0.SelfAttention.{q,k,v,o} + relative_attention_bias (layer 0)
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
