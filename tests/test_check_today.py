@@ -521,6 +521,27 @@ def test_qk_norm_over_the_model_width_is_named() -> None:
     assert names(problem, attention(rms(q, (0, 2)), rms(k, (0, 2)), v)) == one("qk-norm-model-width")
 
 
+def test_qk_norm_placement_and_full_width_mistakes_are_named() -> None:
+    q, k, v = rand(3, 5, 4, seed=32), rand(3, 6, 4, seed=33), rand(3, 6, 2, seed=34)
+
+    def rms(a: np.ndarray, axes: tuple[int, ...] = (-1,)) -> np.ndarray:
+        return a / np.sqrt(np.mean(a * a, axis=axes, keepdims=True) + 1e-6)
+
+    def rope(a: np.ndarray) -> np.ndarray:  # HF rotate_half at positions 0.. (float64, base 10000)
+        d, n = a.shape[-1], a.shape[-2]
+        ang = np.arange(n)[:, None] * (1.0 / 10000.0 ** (np.arange(0, d, 2) / d))[None]
+        emb = np.concatenate([ang, ang], -1)
+        return a * np.cos(emb) + np.concatenate([-a[..., d // 2:], a[..., :d // 2]], -1) * np.sin(emb)
+
+    w = np.array([0.6, 1.3, 0.9, 1.5])  # with a weight the order matters (a weightless RMS commutes with the rotation)
+    after = build(q, k, v, qk_norm="rms", qk_norm_at="after-rope", rope="half", q_norm=w, k_norm=w)  # HunYuan
+    assert check(after, attention(rms(rope(q)) * w, rms(rope(k)) * w, v), tolerance=TOL).match
+    assert names(after, attention(rope(rms(q) * w), rope(rms(k) * w), v)) == one("qk-norm-other-side-of-rope")
+    full = build(q, k, v, qk_norm="rms-full")  # OLMo 2, weightless: over the 3 heads' features of a token
+    assert check(full, attention(rms(q, (0, 2)), rms(k, (0, 2)), v), tolerance=TOL).match
+    assert names(full, attention(rms(q), rms(k), v)) == one("qk-norm-per-head")
+
+
 def test_modern_pairs_are_named_together() -> None:
     # GQA tiled and the causal mask missing, in one model
     problem, _ = gqa_case(tiled=False)

@@ -80,10 +80,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "olmo": dict(clip_qkv=0.5),
     # Llama 4: layers 0-2 RoPE + chunked (chunk 4 < T), layer 3 NoPE + full with the temperature tuning, whose
     # factor log(floor((pos + 1) / floor_scale) + 1) · attn_scale + 1 is 1 for every pos < floor_scale - 1 at the
-    # default 8192: floor_scale 2 makes it vary over the 10 tokens. use_qk_norm False: its L2 QK-norm is a QK-norm
-    # kind not wired in yet (a config with use_qk_norm true is refused naming the key; tested in test_steps.py).
+    # default 8192: floor_scale 2 makes it vary over the 10 tokens. use_qk_norm (HF's default, True): the L2 norm
+    # of q and k after RoPE on the RoPE layers; the variant llama4_text-no-qk-norm turns it off.
     "llama4_text": dict(no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True, floor_scale=2, attn_scale=0.5,
-                        use_qk_norm=False),
+                        use_qk_norm=True),
     "stablelm": dict(qk_layernorm=True, partial_rotary_factor=0.5, use_qkv_bias=True),
     "phi": dict(qk_layernorm=True, partial_rotary_factor=0.5),
     "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5),
@@ -481,7 +481,12 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "opt-post-norm": ("opt", dict(do_layer_norm_before=False)),  # OPT-350m
             "opt-no-affine-no-bias": ("opt", dict(layer_norm_elementwise_affine=False, enable_bias=False)),
             "albert-groups": ("albert", dict(num_hidden_groups=2, inner_group_num=2, embedding_size=32)),
-            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3]))}  # conv layers 0 and 2 between attention
+            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3])),  # conv layers 0 and 2 between attention
+            "cohere-no-qk-norm": ("cohere", dict(use_qk_norm=False)),
+            "llama4_text-no-qk-norm": ("llama4_text", dict(no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True,
+                                                           floor_scale=2, attn_scale=0.5, use_qk_norm=False)),
+            "hunyuan_v1_dense-ntk-alpha": ("hunyuan_v1_dense", dict(rope_parameters=dict(
+                rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0)))}
 
 
 @pytest.mark.slow
@@ -503,7 +508,8 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
-        "albert", "lfm2"]
+        "albert", "lfm2",
+        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 

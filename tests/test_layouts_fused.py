@@ -44,6 +44,11 @@ CASES: dict[str, tuple[str, dict[str, Any], str, str]] = {
             "model.layers.{n}.self_attn", "dense"),
     "persimmon": ("PersimmonConfig", dict(qk_layernorm=False, intermediate_size=32),
                   "model.layers.{n}.self_attn", "dense"),
+    # qk_layernorm: an nn.LayerNorm (weight and bias shared by the heads) of each head's q and k before the rotary
+    "phi-qk-layernorm": ("PhiConfig", dict(qk_layernorm=True, partial_rotary_factor=0.5, intermediate_size=32),
+                         "model.layers.{n}.self_attn", "dense"),
+    "persimmon-qk-layernorm": ("PersimmonConfig", dict(qk_layernorm=True, intermediate_size=32),
+                               "model.layers.{n}.self_attn", "dense"),
     "gpt_neo-local": ("GPTNeoConfig", dict(num_heads=4, num_layers=2, attention_types=[[["global", "local"], 1]],
                                            window_size=3), "transformer.h.{n}.attn.attention", "out_proj"),
     "gpt_neo-global": ("GPTNeoConfig", dict(num_heads=4, num_layers=2, attention_types=[[["local", "global"], 1]],
@@ -200,9 +205,11 @@ def test_refusals_name_the_key(tmp_path: Path) -> None:
         f = tmp_path / mt
         getattr(transformers, MODELS[cls])(getattr(transformers, cls)(**SMALL, qk_layernorm=True,
                                                                      intermediate_size=32)).save_pretrained(f)
-        line = refused(["self", x, "--weights", str(f), "--layer", "1"])
-        assert f"{mt}: qk_layernorm" in line
-        (f / "config.json").unlink()
+        cfg_path = f / "config.json"
+        cfg_path.write_text(json.dumps(dict(json.loads(cfg_path.read_text()), qk_layernorm=False)))
+        line = refused(["self", x, "--weights", str(f), "--layer", "1"])  # the config contradicts the tensors
+        assert "qk_layernorm" in line
+        cfg_path.unlink()
         line = refused(["self", x, "--weights", str(f), "--layer", "1"])
         assert "no config.json" in line, line
 

@@ -8,7 +8,7 @@
   (masking_utils.create_chunked_causal_mask), which also checks its interleaved (complex) rotary.
 - q_temp (--tuning-scale, --tuning-floor): Llama4TextAttention on a NoPE layer with attn_temperature_tuning, whose
   forward evaluates log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1 itself.
-- the CLI: the new options, and one line with exit 2 for bad values; llama4_text with use_qk_norm refused by key.
+- the CLI: the new options, and one line with exit 2 for bad values; llama4_text with use_qk_norm read as the model computes it.
 """
 
 from __future__ import annotations
@@ -322,18 +322,48 @@ def test_clip_is_not_a_run_option(files: Path) -> None:
 
 
 @pytest.mark.slow
-def test_llama4_text_with_its_qk_norm_is_refused_by_key(tmp_path: Path) -> None:
+def test_llama4_text_with_its_qk_norm_agrees_with_the_model(tmp_path: Path) -> None:
+    """use_qk_norm (Llama 4's L2 norm of q and k after RoPE, on its RoPE layers only): the checkpoint read through
+    the CLI gives the attention module's own per-head weights and output, on a RoPE layer (chunked, normed) and a
+    NoPE layer (full, tuned, no norm); reading it without the norm would differ (the norm matters here)."""
     from transformers import Llama4ForCausalLM, Llama4TextConfig
 
     cfg = Llama4TextConfig(hidden_size=E, num_attention_heads=H, num_key_value_heads=G, head_dim=D, num_hidden_layers=2,
                            intermediate_size=16, intermediate_size_mlp=16, vocab_size=32, num_local_experts=2,
-                           use_qk_norm=True, attention_chunk_size=4)
-    Llama4ForCausalLM(cfg).save_pretrained(tmp_path / "m")
-    np.save(tmp_path / "x.npy", _x().astype(np.float32)[0])
-    res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(tmp_path / "m"), "--layer", "0"])
-    assert res.exit_code == 2
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "use_qk_norm" in lines[0] and "llama4_text" in lines[0]
+                           use_qk_norm=True, attention_chunk_size=4, no_rope_layers=[1, 0],
+                           attn_temperature_tuning=True, floor_scale=3, attn_scale=0.7)
+    cfg._attn_implementation = "eager"
+    model = Llama4ForCausalLM(cfg).eval()
+    _randomise(model, 3)
+    model.save_pretrained(tmp_path / "m")
+    x = _x(4).astype(np.float32)
+    got: dict[int, dict[str, torch.Tensor]] = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        def pre(m: object, args: tuple, kw: dict, i: int = i) -> None:
+            got.setdefault(i, {})["x"] = kw.get("hidden_states", args[0] if args else None)
+
+        def post(m: object, args: tuple, out: tuple, i: int = i) -> None:
+            got[i]["y"], got[i]["w"] = out[0], out[1]
+
+        hooks += [layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True),
+                  layer.self_attn.register_forward_hook(post)]
+    with torch.no_grad():
+        model(inputs_embeds=torch.from_numpy(x), output_attentions=True)
+    for h in hooks:
+        h.remove()
+    assert hasattr(model.model.layers[0].self_attn, "qk_norm") and not hasattr(model.model.layers[1].self_attn, "qk_norm")
+    for i in (0, 1):
+        np.save(tmp_path / f"x{i}.npy", got[i]["x"][0].numpy())
+        res = runner.invoke(app, ["self", str(tmp_path / f"x{i}.npy"), "--weights", str(tmp_path / "m"), "--layer",
+                                  str(i), "--format", "json"])
+        assert res.exit_code == 0, res.stderr
+        out = json.loads(res.stdout)
+        np.testing.assert_allclose(np.asarray(out["weights"]), got[i]["w"][0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(out["output"]), got[i]["y"][0].numpy(), atol=1e-5)
+        names = [s["name"] for s in out["steps"]] if "steps" in out else []
+        if names:
+            assert ("q_norm" in names) == (i == 0)
 
 
 @pytest.mark.slow

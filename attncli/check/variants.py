@@ -913,16 +913,42 @@ def qk_norm_model_width(c: Context) -> Result:
     o = c.options
     if o.qk_norm is None:
         raise NotApplicable("no QK-norm")
+    if o.qk_norm not in ("rms", "rms1p"):
+        raise NotApplicable(f"QK-norm {o.qk_norm}: not a per-head RMSNorm")
+    if o.qk_norm_at != "before-rope" and o.rope is not None:
+        raise NotApplicable("the QK-norm comes after RoPE")
     if p.q.ndim < 3 or p.q.shape[-3] == 1:
         raise NotApplicable("one head: its width is the model width")
     plus = o.qk_norm == "rms1p"
 
     def norm(a: np.ndarray, w: np.ndarray | None) -> np.ndarray:
         ms = np.mean(np.square(a), axis=(-3, -1), keepdims=True)  # (..., 1, T, 1): every head's features of a token
-        wt = (0.0 if plus else 1.0) if w is None else w
+        wt = (0.0 if plus else 1.0) if w is None else (w[:, None, :] if w.ndim == 2 else w)  # (H, d) -> (H, 1, d)
         return a / np.sqrt(ms + o.norm_eps) * ((1.0 + wt) if plus else wt)
 
     return c.rerun(replace(p, q=norm(p.q, p.q_norm), k=norm(p.k, p.k_norm)), qk_norm=None)
+
+
+@variant("qk-norm-other-side-of-rope", "the QK-norm was applied on the other side of RoPE (Qwen3, Gemma 3 and OLMo 2 "
+                                       "normalise q and k before rotating them; HunYuan and nanochat after)")
+def qk_norm_other_side_of_rope(c: Context) -> Result:
+    """rotate(norm(q)) instead of norm(rotate(q)), or the other way round"""
+    o = c.options
+    if o.qk_norm is None or o.rope is None:
+        raise NotApplicable("no QK-norm with RoPE")
+    return c.rerun(qk_norm_at="before-rope" if o.qk_norm_at == "after-rope" else "after-rope")
+
+
+@variant("qk-norm-per-head", "QK-norm took the mean of squares over each head's {d} features instead of over the "
+                             "token's every head at once (OLMo 2 normalises the full width before the head split)")
+def qk_norm_per_head(c: Context) -> Result:
+    """q / sqrt(mean over each head's features of q²) instead of over every head's"""
+    o = c.options
+    if o.qk_norm != "rms-full":
+        raise NotApplicable("no QK-norm over the full width")
+    if c.problem.head_count == 1:
+        raise NotApplicable("one head: its width is the model width")
+    return c.rerun(qk_norm="rms")  # the (H·d,) weights held (H, d): each head with its own slice
 
 
 # ---- diagnosis ------------------------------------------------------------------------

@@ -288,63 +288,22 @@ def _plus(w: dict[str, Any], b: str) -> str:
 
 
 def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -> tuple[Problem, Any, Any]:
-    """QK-norm (RMSNorm of each head's q and k over its d features) and RoPE (q rotated at its positions
-    P + i, k at j): the steps q_norm, k_norm, q_rot, k_rot; the problem with the transformed q and k.
-    K keeps its own K/V heads; its steps show them per query head (head h: K/V head h // r)."""
-    o, xp, dt = problem.options, be.xp, problem.dtype
+    """QK-norm (of each head's q and k over its d features, or over a token's every head for rms-full) and
+    RoPE (q rotated at its positions P + i, k at j), in the order ``qk_norm_at`` says: the steps q_norm,
+    k_norm, q_rot, k_rot; the problem with the transformed q and k. K keeps its own K/V heads; its steps
+    show them per query head (head h: K/V head h // r)."""
+    o = problem.options
     if o.qk_norm is None and o.rope is None:
         return problem, q, k
-    d, r = problem.d_qk, problem.n_rep
+    r = problem.n_rep
     kv_note = [f"grouped-query: query head h reads K/V head h // {r} (the {problem.kv_heads} K/V heads shown per "
                "query head)"] if r > 1 else []
-
-    def shown(a: Any) -> Any:  # K's steps with one entry per query head, as the scores have them
-        return stages.expand_kv(xp, a, r) if r > 1 else a
-
-    if o.qk_norm is not None:
-        plus = o.qk_norm == "rms1p"
-        w = " · (1 + w_{0})" if plus else " · w_{0}"
-        for name, a in (("q", q), ("k", k)):
-            wt = getattr(problem, f"{name}_norm")
-            given = wt is not None
-            wt = np.full(d, 0.0 if plus else 1.0) if wt is None else wt
-            y = stages.rms_norm(xp, a, be.asarray(wt, dt), o.norm_eps, plus)
-            formula = (f"{name}_norm = {name} / sqrt(mean({name}²) + {o.norm_eps:g}){w.format(name) if given else ''}, "
-                       f"over each head's {d} features (QK-norm, {o.qk_norm})")
-            t.add(f"{name}_norm", formula, y if name == "q" else shown(y), (QUERIES if name == "q" else KEYS, FEATURES),
-                  notes=kv_note if name == "k" else None, params=Normalise(o.qk_norm, o.norm_eps, given))
-            t.inputs[f"{name}_norm_weight"] = be.asarray(wt, dt)
-            if name == "q":
-                q = y
-            else:
-                k = y
+    if o.qk_norm is not None and o.qk_norm_at == "before-rope":
+        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
     if o.rope is not None:
-        base, width = problem.rope_settings()
-        rd = stages.check_rope(d, width, o.rope)
-        sc = dict(o.rope_scaling) if o.rope_scaling else None
-        P, m, n = problem.query_offset, problem.m, problem.n
-        q_pos, k_pos = P + np.arange(m), np.arange(n)
-        inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
-                                           seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
-        tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
-        rot = "rotate_half" if o.rope == "half" else "rotate_every_two"
-        part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
-        scaled = f", {sc.get('rope_type', sc.get('type'))} scaling" if sc else ""
-        fac = f" · {factor:g}" if factor != 1.0 else ""
-        before = {"q": "q_norm" if o.qk_norm else "q", "k": "k_norm" if o.qk_norm else "k"}
-        rotation = Rotation(o.rope, base, rd, P, factor, sc.get("rope_type", sc.get("type")) if sc else None)
-        for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
-            c, s_ = stages.rope_cos_sin(pos, inv, factor, o.rope, tables)
-            y = stages.rotate(xp, a, c, s_, o.rope, rd)
-            formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
-                       f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
-            t.add(f"{name}_rot", formula, y if name == "q" else shown(y), (QUERIES if name == "q" else KEYS, FEATURES),
-                  notes=kv_note if name == "k" else None, params=rotation)
-            if name == "q":
-                q = y
-            else:
-                k = y
-        t.meta.rope = rotation
+        q, k = _rope_steps(problem, be, q, k, t, kv_note)
+    if o.qk_norm is not None and o.qk_norm_at == "after-rope":
+        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
     return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
 
 
@@ -357,12 +316,97 @@ def _tune_queries(problem: Problem, be: Backend, q: Any, t: Trace) -> tuple[Prob
     P = problem.query_offset
     f = stages.tuning_factors(P + np.arange(problem.m), o.tuning_scale, o.tuning_floor)  # (m,)
     y = q * be.asarray(f[:, None], problem.dtype)  # (..., m, d) * (m, 1) -> (..., m, d)
-    before = "q_rot" if "q_rot" in t else "q_norm" if "q_norm" in t else "q"
+    done = [s for s in ("q_rot", "q_norm") if s in t]  # the later of the two (QK-norm after RoPE: Llama 4)
+    before = max(done, key=t.names().index) if done else "q"
     where = f"P + i = {P} + i" if P else "i"
     t.add("q_temp", f"q_temp = {before} · (log(floor((position + 1) / {o.tuning_floor:g}) + 1) · {o.tuning_scale:g} + 1), "
           f"position {where}: Llama 4's temperature tuning (factors {f[0]:.6g} … {f[-1]:.6g})", y, (QUERIES, FEATURES),
           params=Tuning(o.tuning_scale, o.tuning_floor, P))
     return replace(problem, q=to_numpy(y)), y
+
+
+def _shown(problem: Problem, be: Backend, a: Any) -> Any:
+    """K's steps with one entry per query head, as the scores have them."""
+    r = problem.n_rep
+    return stages.expand_kv(be.xp, a, r) if r > 1 else a
+
+
+def _norm_param(be: Backend, a: Any, dt: str, ndim: int) -> Any:
+    """A QK-norm weight or bias as it broadcasts over (..., H, T, d): (d,) as is, (H, d) as (H, 1, d)."""
+    x = be.asarray(a, dt)
+    return be.xp.reshape(x, (int(x.shape[0]), 1, int(x.shape[1]))) if ndim == 2 else x
+
+
+def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
+    """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.stages.qk_norm)."""
+    o, dt, d = problem.options, problem.dtype, problem.d_qk
+    kind = str(o.qk_norm)
+    plus, full, ln = kind == "rms1p", kind == "rms-full", kind == "layernorm"
+    after = o.qk_norm_at == "after-rope"
+    out = []
+    for name, a in (("q", q), ("k", k)):
+        wt, bias = getattr(problem, f"{name}_norm"), getattr(problem, f"{name}_norm_bias")
+        given, per_head = wt is not None, wt is not None and np.ndim(wt) == 2
+        wt = np.full(d, 0.0 if plus else 1.0) if wt is None else wt
+        w = _norm_param(be, wt, dt, np.ndim(wt))
+        b = None if bias is None else _norm_param(be, bias, dt, np.ndim(bias))
+        y = stages.qk_norm(be.xp, a, kind, w, b, o.norm_eps)
+        x = f"{name}_rot" if after else name
+        wname = f"w_{name}[h]" if per_head and not full else f"w_{name}"
+        scale = ("" if not given else f" · (1 + {wname})" if plus else f" · {wname}") + (
+            f" + b_{name}{'[h]' if np.ndim(bias) == 2 else ''}" if bias is not None else "")
+        heads = int(a.shape[-3]) if a.ndim >= 3 else 1
+        if ln:
+            body = f"({x} - mean({x})) / sqrt(var({x}) + {o.norm_eps:g}){scale}, over each head's {d} features"
+        elif full:
+            body = (f"{x} / sqrt(mean({x}²) + {o.norm_eps:g}){scale}, over the token's {heads}·{d} features of every "
+                    "head at once (the full width, as before the head split)")
+        else:
+            body = f"{x} / sqrt(mean({x}²) + {o.norm_eps:g}){scale}, over each head's {d} features"
+        what = "" if given else ", weightless"
+        formula = (f"{name}_norm = {body} (QK-norm, {kind}{', each head its own weights' if per_head and not full else ''}"
+                   f"{what}{', after RoPE' if after else ''})")
+        t.add(f"{name}_norm", formula, y if name == "q" else _shown(problem, be, y),
+              (QUERIES if name == "q" else KEYS, FEATURES), notes=kv_note if name == "k" else None,
+              params=Normalise(kind, o.norm_eps, given, None, per_head and not full, bias is not None, o.qk_norm_at))
+        t.inputs[f"{name}_norm_weight"] = be.asarray(wt, dt)
+        if bias is not None:
+            t.inputs[f"{name}_norm_bias"] = be.asarray(bias, dt)
+        out.append(y)
+    return out[0], out[1]
+
+
+def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
+    """The steps q_rot and k_rot: RoPE at positions P + i (queries) and j (keys)."""
+    o, xp, dt, d = problem.options, be.xp, problem.dtype, problem.d_qk
+    base, width = problem.rope_settings()
+    rd = stages.check_rope(d, width, str(o.rope))
+    sc = dict(o.rope_scaling) if o.rope_scaling else None
+    P, m, n = problem.query_offset, problem.m, problem.n
+    q_pos, k_pos = P + np.arange(m), np.arange(n)
+    inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
+                                       seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
+    tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
+    rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
+    part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
+    scaled = f", {sc.get('rope_type', sc.get('type'))} scaling" if sc else ""
+    fac = f" · {factor:g}" if factor != 1.0 else ""
+    normed = o.qk_norm is not None and o.qk_norm_at == "before-rope"
+    before = {"q": "q_norm" if normed else "q", "k": "k_norm" if normed else "k"}
+    rotation = Rotation(str(o.rope), base, rd, P, factor, sc.get("rope_type", sc.get("type")) if sc else None)
+    for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
+        c, s_ = stages.rope_cos_sin(pos, inv, factor, str(o.rope), tables)
+        y = stages.rotate(xp, a, c, s_, str(o.rope), rd)
+        formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
+                   f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
+        t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),
+              (QUERIES if name == "q" else KEYS, FEATURES), notes=kv_note if name == "k" else None, params=rotation)
+        if name == "q":
+            q = y
+        else:
+            k = y
+    t.meta.rope = rotation
+    return q, k
 
 
 # ---- 3) - 8) the attention of each (batch, head) --------------------------------------------------

@@ -66,6 +66,8 @@ class Layer(Shared):
     alibi_slopes: np.ndarray | None = None
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
+    q_norm_bias: np.ndarray | None = None
+    k_norm_bias: np.ndarray | None = None
     batched: bool = True  # X had a batch axis (the steps drop it when not)
     result_dtype: str | None = None
     initialised: list[str] = field(default_factory=list)

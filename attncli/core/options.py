@@ -29,11 +29,16 @@ from attncli.errors import InputError
 
 MaskConvention = Literal["keep", "drop"]
 CausalAlign = Literal["top-left", "bottom-right"]
-RopeMode = Literal["half", "interleaved"]  # HF Llama's rotate_half; GPT-J / Meta's pairs
-QkNorm = Literal["rms", "rms1p"]  # RMSNorm · w (Qwen3), · (1 + w) (Gemma)
+# HF Llama's rotate_half; GPT-J / Meta's pairs; nanochat's rotate_half with the signs swapped (each pair turned by -θ)
+RopeMode = Literal["half", "interleaved", "half-reversed"]
+# QK-norm kinds: RMSNorm · w (Qwen3), · (1 + w) (Gemma), LayerNorm per head (StableLM, Cohere, Phi, Persimmon),
+# RMSNorm over the token's H·d features, every head at once (OLMo 2/3); weights (d,) shared, (H, d) per head, or none
+QkNorm = Literal["rms", "rms1p", "layernorm", "rms-full"]
+QkNormAt = Literal["before-rope", "after-rope"]  # where the QK-norm sits: Qwen3 before RoPE, HunYuan/nanochat after
 MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 QK_NORMS: tuple[str, ...] = get_args(QkNorm)
+QK_NORM_PLACES: tuple[str, ...] = get_args(QkNormAt)
 CAUSAL_ALIGNS: tuple[str, ...] = get_args(CausalAlign)
 MAX_HIDDEN = 1 << 16  # a hidden width beyond this is a typo, not a model (its weights alone would be GBs)
 MAX_SEED = (1 << 63) - 1
@@ -439,8 +444,9 @@ class Options:
         min=0.0, max=1.0, check=_check_dropout)
     # today's models (shared/CONVENTIONS.md): every fact a model's config.json gives about its attention
     rope: RopeMode | None = option(  # rotary position embedding of q and k
-        None, "Rotary position embedding of q and k: half (HF Llama rotate_half) or interleaved (GPT-J, Meta's "
-              "pairs). Query i at position P + i (--q-offset), key j at j.", TODAY, label="RoPE",
+        None, "Rotary position embedding of q and k: half (HF Llama rotate_half), interleaved (GPT-J, Meta's "
+              "pairs) or half-reversed (nanochat: rotate_half = cat(x2, -x1), each pair turned by -θ). Query i at "
+              "position P + i (--q-offset), key j at j.", TODAY, label="RoPE",
         check=check_rope_mode)
     rope_base: float = option(  # theta (config rope_theta)
         10000.0, "RoPE theta: frequencies base^(-2k/d) (default 10000; config rope_theta).", TODAY,
@@ -475,12 +481,17 @@ class Options:
     softcap: float | None = option(  # scores become c·tanh(s / c) after scaling (Gemma 2)
         None, "Logit soft-capping: scores become C·tanh(s/C) after scaling, before the mask (Gemma 2).", TODAY,
         check=lambda v, w: check_softcap(_number(v, w), w))
-    qk_norm: QkNorm | None = option(  # RMSNorm of each head's q and k before RoPE (q_norm / k_norm weights)
-        None, "RMSNorm of each head's q and k before RoPE: rms (Qwen3, w·x/rms) or rms1p (Gemma 3, (1+w)·x/rms); "
-              "q_norm/k_norm weights from --weights (default none: w = 1).", TODAY, label="QK-norm")
+    qk_norm: QkNorm | None = option(  # the norm of each head's q and k (q_norm / k_norm weights, optional biases)
+        None, "QK-norm of q and k: rms (Qwen3, w·q/rms(q) per head), rms1p (Gemma 3, (1+w)·q/rms), layernorm "
+              "(StableLM, Cohere: (q-mean)/std·w + b per head) or rms-full (OLMo 2: RMS over all H·d features of a "
+              "token); q_norm/k_norm weights (d,), (H, d) per head or (H·d,) for rms-full, from --weights (default "
+              "none: weightless).", TODAY, label="QK-norm")
+    qk_norm_at: QkNormAt = option(  # before RoPE (Qwen3, Gemma 3, OLMo 2, StableLM, Cohere) or after (HunYuan, nanochat)
+        "before-rope", "Where the QK-norm sits: before-rope (default: Qwen3, Gemma 3, StableLM, Cohere, OLMo 2) or "
+                       "after-rope (HunYuan, nanochat, Llama 4).", TODAY, label="QK-norm placement")
     norm_eps: float = option(  # the eps of that RMSNorm (config rms_norm_eps)
-        1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps).", TODAY, label="norm eps",
-        check=lambda v, w: _positive(_number(v, w), w, "a positive number (the RMSNorm's eps)"))
+        1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps, layer_norm_eps).", TODAY, label="norm eps",
+        check=lambda v, w: _positive(_number(v, w), w, "a positive number (the QK-norm's eps)"))
     clip_qkv: float | None = option(  # OLMo: q, k, v clamped to [-C, C] right after the projections
         None, "Clamp q, k and v to [-C, C] right after the projections, before the heads split (OLMo clip_qkv).",
         MULTIHEAD, commands=PROJECTING, label="clip", check=lambda v, w: check_clip(_number(v, w), w))

@@ -54,16 +54,25 @@ class Features:
 
 @dataclass(frozen=True)
 class Normalise:
-    """x_norm, q_norm, k_norm: LayerNorm (``kind`` layernorm) or RMSNorm (rms; rms1p: the weight is 1 + w)."""
+    """x_norm, q_norm, k_norm: LayerNorm (``kind`` layernorm) or RMSNorm (rms; rms1p: the weight is 1 + w;
+    rms-full: over the token's features of every head at once, OLMo 2's norm before the head split)."""
 
-    kind: str  # layernorm, rms, rms1p
+    kind: str  # layernorm, rms, rms1p, rms-full (and, for x_norm, layernorm1p)
     eps: float
-    weight_given: bool = True  # False: QK-norm without weights (w = 1)
+    weight_given: bool = True  # False: a weightless norm (w = 1)
     origin: str | None = None
+    per_head: bool = False  # the weight is (H, d): each head its own (StableLM, Cohere); else (d,) shared by the heads
+    bias_given: bool = False  # LayerNorm with a bias (Phi, Persimmon)
+    at: str = "before-rope"  # QK-norm only: before-rope or after-rope (HunYuan, nanochat)
 
     @property
     def plus_one(self) -> bool:
         return self.kind == "rms1p"
+
+    @property
+    def full_width(self) -> bool:
+        """Over every head's features of a token (the model width H·d), not each head's d."""
+        return self.kind == "rms-full"
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,10 @@ class Problem(Shared):
     relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
     sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss); --sinks, or the weights' sinks
     alibi_slopes: np.ndarray | None = None  # (H,) ALiBi slopes as given; None: the paper's (options.alibi)
-    q_norm: np.ndarray | None = None  # (d,) QK-norm weights of each head's q (and k); None: 1 (rms), 0 (rms1p)
-    k_norm: np.ndarray | None = None
+    q_norm: np.ndarray | None = None  # QK-norm weights of q: (d,) shared, (H, d) per head (rms-full: (H, d) of
+    k_norm: np.ndarray | None = None  # the H·d width); k: (d,) or (G, d). None: weightless (w = 1; rms1p: 1 + 0)
+    q_norm_bias: np.ndarray | None = None  # LayerNorm QK-norm biases, shaped as the weights (Phi, Persimmon)
+    k_norm_bias: np.ndarray | None = None
 
     # ---- facts about the inputs as given, found by build() ----
     batched: bool = True  # the input had a batch axis (a layer's steps drop it when not)
@@ -268,6 +270,8 @@ class _Draft(Problem):
     alibi_slopes: np.ndarray | None
     q_norm: np.ndarray | None
     k_norm: np.ndarray | None
+    q_norm_bias: np.ndarray | None
+    k_norm_bias: np.ndarray | None
     batched: bool
     result_dtype: str | None
     initialised: list[str]
@@ -378,17 +382,38 @@ class _Draft(Problem):
             raise InputError(f"--q-offset {o.q_offset} with --causal-align bottom-right: bottom-right puts the {self.m} "
                              f"queries last among the {self.n} keys, at offset {self.n - self.m}; give one of the two",
                              "--q-offset")
-        for name in ("q_norm", "k_norm"):
+        self._check_qk_norm(d)
+
+    def _check_qk_norm(self, d: int) -> None:
+        """QK-norm weights and biases: (d,) shared by the heads, or one row per head ((H, d) for q, (G, d) for k);
+        rms-full's cover a token's every head, (H·d,) (held (H, d)); a bias only with layernorm."""
+        o = self.options
+        G = int(self.k.shape[-3]) if self.k.ndim >= 3 else 1
+        for name in ("q_norm", "k_norm", "q_norm_bias", "k_norm_bias"):
             w = getattr(self, name)
             if w is None:
                 continue
+            where = self.sources.get(name, self.where("weights"))
             if o.qk_norm is None:
-                raise InputError(f"holds {name} weights (QK-norm): say which norm with --qk-norm rms (Qwen3: w·x/rms) "
-                                 "or --qk-norm rms1p (Gemma 3: (1 + w)·x/rms)", self.where("weights"))
-            w = numeric_array(w, name, self.where("weights")).reshape(-1)
-            if w.shape != (d,):
-                raise InputError(f"{name} has shape {np.shape(getattr(self, name))}; QK-norm normalises each head's "
-                                 f"{d} features: expected ({d},)", self.where("weights"))
+                raise InputError(f"holds {name} weights (QK-norm): say which norm with --qk-norm (rms: Qwen3, rms1p: "
+                                 "Gemma 3, layernorm: StableLM/Cohere, rms-full: OLMo 2)", where)
+            if name.endswith("_bias") and o.qk_norm != "layernorm":
+                raise InputError(f"holds {name} (a bias of the QK-norm), which only --qk-norm layernorm adds; "
+                                 f"--qk-norm {o.qk_norm} has none", where)
+            H = self.head_count if name.startswith("q") else G
+            w = numeric_array(w, name, where)
+            shape = np.shape(w)
+            if o.qk_norm == "rms-full":
+                if shape not in ((H * d,), (H, d)):
+                    raise InputError(f"{name} has shape {shape}; --qk-norm rms-full normalises the {H}·{d} features "
+                                     f"of every head of a token together: expected ({H * d},)", where)
+                w = w.reshape(H, d)
+            elif w.ndim == 2 and shape[0] == 1 and shape[1] == d:
+                w = w.reshape(d)
+            elif shape != (d,) and (shape != (H, d) or self.q.ndim < 3):
+                raise InputError(f"{name} has shape {shape}; QK-norm {o.qk_norm} normalises each head's {d} "
+                                 f"features: expected ({d},) shared by the heads or ({H}, {d}), one row per "
+                                 f"{'query' if name.startswith('q') else 'K/V'} head", where)
             setattr(self, name, w)
 
     # ---- pieces of validate ----

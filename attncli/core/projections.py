@@ -24,7 +24,8 @@ from attncli.errors import InputError
 
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 BIASES = ("b_q", "b_k", "b_v", "b_o")
-EXTRAS = ("q_norm", "k_norm", "sinks")  # QK-norm weights (d_head,) and sinks (H,) beside the projections
+# QK-norm weights (d,), (H, d) or (H·d,) and LayerNorm biases, and sinks (H,), beside the projections
+EXTRAS = ("q_norm", "k_norm", "q_norm_bias", "k_norm_bias", "sinks")
 INITS = ("mha", "linear")
 
 
@@ -43,8 +44,10 @@ class Projections:
     b_k: np.ndarray | None = None  # (d_k,)
     b_v: np.ndarray | None = None  # (d_v,)
     b_o: np.ndarray | None = None  # (d_out,)
-    q_norm: np.ndarray | None = None  # (d_head,) QK-norm weights (Qwen3, Gemma 3)
-    k_norm: np.ndarray | None = None  # (d_head,)
+    q_norm: np.ndarray | None = None  # QK-norm weights: (d_head,) (Qwen3, Gemma 3), (H, d_head) per head
+    k_norm: np.ndarray | None = None  # (StableLM, Cohere) or (H·d_head,) over the full width (OLMo 2)
+    q_norm_bias: np.ndarray | None = None  # LayerNorm QK-norm biases, shaped as the weights
+    k_norm_bias: np.ndarray | None = None
     sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss)
     source: str = "weights"
     origin: dict[str, str] = field(default_factory=dict)  # name -> where it came from, e.g. "in_proj_weight[0:8]ᵀ"
@@ -64,7 +67,7 @@ class Projections:
 
     def extras(self) -> dict[str, np.ndarray]:
         """QK-norm weights and sinks, when the weights hold them."""
-        return {n: a for n in ("q_norm", "k_norm", "sinks") if (a := getattr(self, n)) is not None}
+        return {n: a for n in EXTRAS if (a := getattr(self, n)) is not None}
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The weights that are present, by textbook name (what ``--save`` records)."""

@@ -258,7 +258,7 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
                  dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
     """θ_pk = position_p · inv_freq_k; cos θ · factor and sin θ · factor. (T,) x (r/2,) -> (T, r), (T, r)
 
-    "half" (HF Llama): emb = cat(θ, θ), frequency k at features k and k + r/2;
+    "half" (HF Llama) and "half-reversed" (nanochat): emb = cat(θ, θ), frequency k at features k and k + r/2;
     "interleaved" (GPT-J, Meta): each frequency twice in a row, features 2k and 2k+1.
 
     As HF: θ = float32(position) · float32 inv_freq, rounded to float32; cos and sin are taken
@@ -273,7 +273,7 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
         th = pos.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]  # (T, 1) x (1, r/2) -> (T, r/2)
     else:
         th = (pos.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]).astype(np.float64)
-    emb = np.concatenate([th, th], axis=-1) if mode == "half" else np.repeat(th, 2, axis=-1)  # (T, r)
+    emb = np.concatenate([th, th], axis=-1) if mode != "interleaved" else np.repeat(th, 2, axis=-1)  # (T, r)
     cos, sin = np.cos(emb), np.sin(emb)
     if dtype != "float64":
         cos, sin = cos.astype(np.float32), sin.astype(np.float32)
@@ -286,7 +286,8 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
 def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | None = None) -> Any:
     """x' = x·cos + rotate(x)·sin on the first rotary_dim features; the rest pass through. (..., T, d) -> (..., T, d)
 
-    "half": rotate_half(x) = cat(-x[r/2:], x[:r/2]) (HF Llama, GPT-NeoX); "interleaved":
+    "half": rotate_half(x) = cat(-x[r/2:], x[:r/2]) (HF Llama, GPT-NeoX); "half-reversed": cat(x[r/2:], -x[:r/2])
+    (nanochat: each pair turned by -θ); "interleaved":
     rotate_every_two(x) = (-x1, x0, -x3, x2, ...) (GPT-J, Meta's complex pairs). ``cos`` and
     ``sin``: (T, r) tables from :func:`rope_cos_sin` (numpy or xp arrays), cast to x's dtype
     as HF does.
@@ -300,6 +301,8 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
     xr = x[..., :r]  # (..., T, r)
     if mode == "half":
         rot = xp.concat([-xr[..., r // 2:], xr[..., :r // 2]], axis=-1)  # (..., T, r)
+    elif mode == "half-reversed":  # nanochat: cat(x2, -x1), the pair (k, k + r/2) turned by -θ
+        rot = xp.concat([xr[..., r // 2:], -xr[..., :r // 2]], axis=-1)  # (..., T, r)
     else:
         pairs = xp.stack([-xr[..., 1::2], xr[..., 0::2]], axis=-1)  # (..., T, r/2, 2)
         rot = xp.reshape(pairs, tuple(int(n) for n in xr.shape))  # (..., T, r/2, 2) -> (..., T, r)
@@ -400,33 +403,57 @@ def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
 # ---- norms ----------------------------------------------------------------------------------
 
 
-def rms_norm(xp: Any, x: Any, w: Any, eps: float, plus_one: bool = False) -> Any:
+def rms_norm(xp: Any, x: Any, w: Any, eps: float, plus_one: bool = False, axes: tuple[int, ...] = (-1,),
+             wide_weight: bool = False) -> Any:
     """y = x / sqrt(mean(x²) + eps) · w (Qwen3, Llama), or · (1 + w) (Gemma). (..., d), (d,) -> (..., d)
 
+    ``axes``: the axes the mean runs over (default the features; (-3, -1): every head's features of a
+    token, OLMo 2's norm over the full width). ``w`` broadcasts against x ((d,), or (H, 1, d) per head).
     As HF: half-precision inputs are computed in float32 and returned in their own dtype;
-    Llama/Qwen3 cast the normalised x back before multiplying by w, Gemma multiplies by (1 + w)
-    in float32 and casts after. float32 and float64 inputs are computed in their own dtype
-    (HF computes a float64 model's norm in float32: it agrees with this to ~1e-7).
+    Llama/Qwen3 cast the normalised x back before multiplying by w, Gemma (and ``wide_weight``: OLMo 2)
+    multiply by the weight in float32 and cast after. float32 and float64 inputs are computed in their
+    own dtype (HF computes a float64 model's norm in float32: it agrees with this to ~1e-7).
     """
     dt = x.dtype
     wide = dt if dt in (xp.float32, xp.float64) else xp.float32
     xf = xp.astype(x, wide)
-    y = xf / xp.sqrt(xp.mean(xf * xf, axis=-1, keepdims=True) + eps)  # (..., d) / (..., 1)
+    y = xf / xp.sqrt(xp.mean(xf * xf, axis=axes, keepdims=True) + eps)  # (..., d) / (..., 1)
     wt = xp.asarray(w, device=_device(x))
     if plus_one:
         return xp.astype(y * (1.0 + xp.astype(wt, wide)), dt)
+    if wide_weight:
+        return xp.astype(y * xp.astype(wt, wide), dt)
     return xp.astype(y, dt) * xp.astype(wt, dt)
 
 
 def layer_norm(xp: Any, x: Any, w: Any, b: Any, eps: float) -> Any:
-    """y = (x - mean) / sqrt(var + eps) · w + b, biased variance over the last axis (nn.LayerNorm). (..., d) -> (..., d)"""
-    mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
-    c = x - mu
+    """y = (x - mean) / sqrt(var + eps) · w + b, biased variance over the last axis (nn.LayerNorm). (..., d) -> (..., d)
+
+    ``w`` and ``b`` broadcast against x ((d,), or (H, 1, d): each head its own). Half-precision inputs are
+    computed in float32 (weight and bias included) and rounded once, as torch's LayerNorm kernel and
+    CohereLayerNorm do; float32 and float64 in their own dtype."""
+    dt = x.dtype
+    wide = dt if dt in (xp.float32, xp.float64) else xp.float32
+    xf = xp.astype(x, wide)
+    mu = xp.mean(xf, axis=-1, keepdims=True)  # (..., 1)
+    c = xf - mu
     var = xp.mean(c * c, axis=-1, keepdims=True)  # (..., 1)
     y = c / xp.sqrt(var + eps)
     dev = _device(x)
-    y = y * xp.asarray(w, dtype=x.dtype, device=dev)
-    return y if b is None else y + xp.asarray(b, dtype=x.dtype, device=dev)
+    y = y * xp.asarray(w, dtype=wide, device=dev)
+    y = y if b is None else y + xp.asarray(b, dtype=wide, device=dev)
+    return y if wide == dt else xp.astype(y, dt)
+
+
+def qk_norm(xp: Any, x: Any, kind: str, w: Any, b: Any, eps: float) -> Any:
+    """The QK-norm ``kind`` of q or k (..., H, T, d): rms, rms1p, layernorm over each head's d features, or
+    rms-full over the H·d features of each token (every head at once, as OLMo 2 before the head split).
+    ``w`` (and ``b``, layernorm only) broadcast: (d,) shared by the heads, (H, 1, d) each head its own."""
+    if kind == "layernorm":
+        return layer_norm(xp, x, w, b, eps)
+    if kind == "rms-full":  # mean over heads and features = over the token's H·d features before the split
+        return rms_norm(xp, x, w, eps, axes=(-3, -1) if x.ndim >= 3 else (-1,), wide_weight=True)
+    return rms_norm(xp, x, w, eps, plus_one=kind == "rms1p")
 
 
 # ---- 3) score, 4) scale ------------------------------------------------------------------------

@@ -18,6 +18,11 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     smollm3            llama   half, NoPE layers       RMS                           no_rope_layers
     exaone4            llama   half; full layers NoPE  none (post-norm)              when the model slides
     cohere2            llama   interleaved; full NoPE  LayerNorm without bias
+    cohere             llama   interleaved             LayerNorm without bias        QK LayerNorm per head, (H, d)
+    stablelm           llama   partial half            LayerNorm with bias           QK LayerNorm per head (norms.h)
+    olmo2, olmo3       llama   half                    none (post-norm)              QK RMS over the full width H·d
+    hunyuan_v1_*       llama   half                    RMS                           QK RMS per head after RoPE
+    nanochat           llama   half, rotated by -θ     weightless RMS                weightless QK RMS after RoPE
     starcoder2, jais2  llama   half                    LayerNorm with bias
     nemotron           llama   partial half            LayerNorm1p (1 + w, bias)
     apertus            llama   half                    RMS attention_layernorm
@@ -53,10 +58,17 @@ class Family:
     layout: str  # the reader (attncli.io.layouts.LAYOUTS)
     rope: str | None = "half"  # "half" | "interleaved" | None (learned or no positions)
     nope: Rule | None = None  # the layers without rotary (NoPE)
-    pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | None (nothing)
+    pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | rms-weightless
+    # | None (nothing before attention)
     norm_name: str = "input_layernorm"  # the pre-norm's tensor after the layer's prefix (llama layout)
     norm_inside: bool = False  # the norm is inside the attention module (pre-LN BERTs): applied in plain runs too
-    qk_norm: str | None = "rms"  # the kind of q_norm/k_norm when the tensors are there
+    qk_norm: str | None = "rms"  # the QK-norm kind (attncli.core.options.QkNorm) when its tensors are there
+    qk_at: str = "before-rope"  # where it sits: before-rope | after-rope (HunYuan, nanochat)
+    qk_names: tuple[str, str] = ("q_norm", "k_norm")  # its tensors after self_attn. (.weight, or .norms.N.weight)
+    qk_weightless: bool = False  # applied without tensors, w = 1 (nanochat; Llama 4's L2 norm)
+    qk_layers: Rule | None = None  # the layers a weightless QK-norm applies to (None: every layer; Llama 4: rope layers)
+    rope_alpha: bool = False  # rope_parameters {rope_type: dynamic, alpha}: a fixed NTK base theta·alpha^(d/(d-2))
+    qk_key: str | None = None  # the config key that switches it on (qk_layernorm, use_qk_norm): must agree with the tensors
     scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale
     causal: bool = True
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
@@ -71,6 +83,8 @@ class Family:
             keys |= ROPE_KEYS
         if self.scale:
             keys.add(self.scale)
+        if self.qk_key:
+            keys.add(self.qk_key)
         return frozenset(keys)
 
 
@@ -183,6 +197,10 @@ def _no_rope_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     return isinstance(nope, list) and i < len(nope) and not nope[i]
 
 
+def _rope_layer(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    return not _no_rope_layers(i, cfg, lt)
+
+
 def _llama4_chunked(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     """Llama 4: layer_types says; without it (as Llama4TextConfig derives it) the layers with rotary are chunked."""
     if lt is not None:
@@ -222,17 +240,30 @@ declare("exaone_moe", layout="llama", nope=_full_nope, keys=W)  # unlike exaone4
 declare("cohere2", "cohere2_moe", layout="llama", rope="interleaved", nope=_full_nope, pre_norm="layernorm",
         keys=W | {"layer_norm_eps", "logit_scale"})
 declare("nemotron", layout="llama", pre_norm="layernorm1p", keys=frozenset({"norm_eps"}))
-declare("stablelm", layout="llama", pre_norm="layernorm", keys=frozenset({"layer_norm_eps", "use_qkv_bias",
-                                                                        "use_parallel_residual"}),
-        notes="qk_layernorm (a LayerNorm per head) is refused: core has no such QK-norm kind")
+declare("stablelm", layout="llama", pre_norm="layernorm", qk_norm="layernorm", qk_names=("q_layernorm", "k_layernorm"),
+        qk_key="qk_layernorm", keys=frozenset({"layer_norm_eps", "use_qkv_bias", "use_parallel_residual"}),
+        notes="qk_layernorm: an nn.LayerNorm (no bias) per head, each head its own weight")
+declare("cohere", layout="llama", rope="interleaved", pre_norm="layernorm", qk_norm="layernorm", qk_key="use_qk_norm",
+        keys=frozenset({"layer_norm_eps", "logit_scale"}),
+        notes="use_qk_norm: CohereLayerNorm (H, d); parallel block; logit_scale multiplies the LM logits only")
+declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full",
+        notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
+declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W,
+        notes="as olmo2, with sliding layers (layer_types)")
+declare("nanochat", layout="llama", rope="half-reversed", pre_norm="rms-weightless", qk_at="after-rope",
+        qk_weightless=True, notes="no norm tensors: weightless RMS pre-norm, weightless RMS QK-norm after RoPE")
+declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope", rope_alpha=True,
+        qk_names=("query_layernorm", "key_layernorm"), notes="query_layernorm / key_layernorm: RMS per head after RoPE")
 declare("olmo", layout="llama", pre_norm="layernorm-weightless", keys=frozenset({"clip_qkv"}),
         notes="clip_qkv: q, k, v clamped right after the projections (the steps q_clip, k_clip, v_clip)")
 declare("bitnet", layout="llama", sub_norm="attn_sub_norm",
         notes="attn_sub_norm: an RMSNorm of the concatenated heads before o_proj (the step sub_norm); nn.Linear "
               "projections (BitLinear only under a quantization config)")
 # Llama 4 text: interleaved rotary (complex pairs) on its RoPE layers, which are chunked; NoPE layers are full,
-# with the temperature tuning of q. use_qk_norm (an L2 norm of q and k after RoPE) is not read: refused by key.
+# with the temperature tuning of q. use_qk_norm: its L2 norm (x·rsqrt(mean(x²) + eps), weightless RMS) of q and k
+# after RoPE, on the RoPE layers only (Llama4TextAttention: `if config.use_qk_norm and self.use_rope`).
 declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers, chunked=_llama4_chunked,
+        qk_norm="rms", qk_at="after-rope", qk_weightless=True, qk_key="use_qk_norm", qk_layers=_rope_layer,
         keys=frozenset({"layer_types", "no_rope_layers", "no_rope_layer_interval", "attention_chunk_size",
                         "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
@@ -262,9 +293,11 @@ declare("falcon", layout="bloom", pre_norm="layernorm",
                         "parallel_attn", "bias"}),
         notes="alibi: (q·k + bf16(slope)·j)/sqrt(d); only `dense` after attention")
 # Phi-1/1.5/2 and Persimmon: partial half rotary (partial_rotary_factor, default 0.5), LayerNorm with bias, parallel
-# block; their qk_layernorm (a LayerNorm per head with bias) is not read, so qk_layernorm true is refused
-declare("phi", layout="phi", pre_norm="layernorm", keys=frozenset({"layer_norm_eps"}))
-declare("persimmon", layout="persimmon", pre_norm="layernorm", keys=frozenset({"layer_norm_eps"}))
+# block; qk_layernorm: q_layernorm / k_layernorm, an nn.LayerNorm over each head's features (one (d,) weight and bias
+# shared by the heads), before the rotary
+for mt in ("phi", "persimmon"):
+    declare(mt, layout=mt, pre_norm="layernorm", qk_norm="layernorm", qk_names=("q_layernorm", "k_layernorm"),
+            qk_key="qk_layernorm", keys=frozenset({"layer_norm_eps"}))
 # GPT-Neo: no score scaling, local layers (attention_layers / attention_types) with window_size
 declare("gpt_neo", layout="gpt_neo", rope=None, pre_norm="layernorm",
         keys=frozenset({"attention_layers", "attention_types", "window_size", "layer_norm_epsilon"}))
@@ -306,14 +339,8 @@ REFUSED: dict[str, str] = {
     "flint": "its per-layer rotary and QK-norm placement is not supported",
     "granite_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
     "granitemoe_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
-    "hunyuan_v1_dense": "query_layernorm / key_layernorm (a QK-norm after RoPE) is not supported",
-    "hunyuan_v1_moe": "query_layernorm / key_layernorm (a QK-norm after RoPE) is not supported",
     "llama4": "the multimodal Llama 4 checkpoint (text_config inside) is not supported; its text stack saved "
               "alone (llama4_text) is",
-    "nanochat": "its weightless QK-norm and weightless pre-norm are not supported",
-    "olmo2": "q_norm / k_norm over the full width (before the head split) is not supported",
-    "olmo3": "q_norm / k_norm over the full width (before the head split) is not supported",
-    "cohere": "its parallel block with a per-head LayerNorm QK-norm is not supported",
     "ultrabert": "bidirectional sliding-window attention is not supported",
     "esm": "its rotary BERT attention with a LayerNorm inside the module is not supported",
     "roformer": "its sinusoidal rotary BERT attention is not supported",

@@ -13,7 +13,9 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     persimmon         self_attn.query_key_value (H, 3, d), self_attn.dense    nn.Linear, partial rotary
     phi               self_attn.{q,k,v}_proj, self_attn.dense                 nn.Linear, partial rotary
     gpt_neo           attn.attention.{q,k,v,out}_proj                         nn.Linear, scale 1, local layers
-    llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E)
+    llama             self_attn.{q,k,v,o}_proj (+ q_norm, k_norm, sinks)      nn.Linear, k/v (G·d, E); QK-norm
+                      under the family's names: q_norm (d,) | (H, d) | (H·d,), q_layernorm.norms.h (StableLM),
+                      query_layernorm (HunYuan), none (nanochat: weightless)
     t5                layer.0.SelfAttention.{q,k,v,o} + relative_attention_bias (layer 0)
     bart              self_attn.{q,k,v,out}_proj, self_attn_layer_norm        nn.Linear (OPT, BioGPT, XGLM, Whisper, ...)
     distilbert        attention.{q,k,v,out}_lin                               nn.Linear, post-norm
@@ -64,7 +66,8 @@ class AttentionFacts:
     rope_scaling: dict[str, Any] | None = None
     window: int | None = None  # the sliding window of THIS layer; None if it does not slide
     softcap: float | None = None  # attn_logit_softcapping
-    qk_norm: str | None = None  # "rms" | "rms1p" (Gemma's 1 + w) | None
+    qk_norm: str | None = None  # "rms" | "rms1p" (Gemma's 1 + w) | "layernorm" | "rms-full" | None
+    qk_norm_at: str | None = None  # "after-rope" (HunYuan, nanochat); None: before RoPE
     qk_norm_eps: float | None = None
     pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the layer's pre-attention norm
     norm_eps: float | None = None
@@ -260,10 +263,18 @@ def _check_shapes(c: Ctx) -> None:
     for k, n in (("b_q", "W_q"), ("b_k", "W_k"), ("b_v", "W_v"), ("b_o", "W_o")):
         if k in a and n in a and a[k].shape != (a[n].shape[1],):
             raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected ({a[n].shape[1]},) to match {c.origin[n]}")
-    for k in ("q_norm", "k_norm"):
-        if k in a and f.head_dim and a[k].shape != (f.head_dim,):
-            raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected ({f.head_dim},): a norm over each head "
-                         "(a norm over all heads at once, as OLMo 2's, is not supported)")
+    for k in ("q_norm", "k_norm", "q_norm_bias", "k_norm_bias"):
+        if k not in a or not (f.heads and f.head_dim):
+            continue
+        hn, d = (f.heads if k.startswith("q") else f.kv_heads or f.heads), f.head_dim
+        if f.qk_norm == "rms-full":
+            ok: tuple[tuple[int, ...], ...] = ((hn * d,),)
+            what = f"an RMSNorm over the full width, {hn} heads x {d}"
+        else:
+            ok = ((d,), (hn, d))
+            what = f"a norm over each head's {d} features, shared or one row per head"
+        if a[k].shape not in ok:
+            raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected {' or '.join(map(str, ok))}: {what}")
     if "sinks" in a and f.heads and a["sinks"].shape != (f.heads,):
         raise c.fail(f"{c.origin['sinks']} has shape {a['sinks'].shape}; expected ({f.heads},), one per query head")
     for k in ("norm_w", "norm_b"):
@@ -415,27 +426,30 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     c.linear("W_o", f"{a}{out}.weight", f"{a}{out}.bias")
     mt = str((c.config or {}).get("model_type", ""))
     fam = c.family or FAMILIES["gemma" if mt.startswith("gemma") else "llama"]
-    for n in ("q_norm", "k_norm"):
-        if c.has(f"{a}{n}.weight"):
-            c.put(n, c.get(f"{a}{n}.weight"), f"{a}{n}.weight")
+    _qk_tensors(c, a, fam)
     if c.has(a + "sinks"):
         c.put("sinks", c.get(a + "sinks"), a + "sinks")
         c.facts.sinks = True
     f, width, kv_width = c.facts, c.arrays["W_q"].shape[1], c.arrays["W_k"].shape[1]
     if f.heads is None:
         _heads(c, "num_attention_heads", width=None)
-    if f.head_dim is None:  # no head_dim in the config: q_norm's width, else the model width / heads
-        f.head_dim = (c.arrays["q_norm"].shape[0] if "q_norm" in c.arrays
+    if f.head_dim is None:  # no head_dim in the config: a per-head q_norm's width, else the model width / heads
+        f.head_dim = (c.arrays["q_norm"].shape[-1] if "q_norm" in c.arrays and fam.qk_norm != "rms-full"
                       else width // f.heads if f.heads and width % f.heads == 0 else None)
     if f.heads is None and f.head_dim:
         f.heads = width // f.head_dim
     if "kv_heads" not in f.from_config and f.head_dim:  # grouped-query heads follow from k_proj's width
         f.kv_heads = kv_width // f.head_dim
-    if "q_norm" in c.arrays:
+    if "q_norm" in c.arrays or _weightless_qk(c, fam):
         if fam.qk_norm is None:
-            raise c.fail(f"{fam.model_type}: {a}q_norm.weight is a QK-norm its declaration does not have")
+            raise c.fail(f"{fam.model_type}: {a}{fam.qk_names[0]}.weight is a QK-norm its declaration does not have")
         c.facts.qk_norm = fam.qk_norm
-        c.conf("qk_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+        if fam.qk_at != "before-rope":
+            c.facts.qk_norm_at = fam.qk_at
+        if fam.qk_norm == "layernorm":  # nn.LayerNorm / CohereLayerNorm: layer_norm_eps, default 1e-5
+            c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+        else:
+            c.conf("qk_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
     c.facts.causal = fam.causal
     if not fam.causal:
         c.facts.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
@@ -445,6 +459,8 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     nope = fam.nope is not None and fam.nope(c.layer, cfg, lt)
     if fam.rope is not None and not nope:
         _rope(c, fam.rope, layer_type=lt)
+        if fam.rope_alpha:
+            _ntk_alpha(c)
     elif fam.rope is not None:
         c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
@@ -486,6 +502,63 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
         c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
 
 
+def _ntk_alpha(c: Ctx) -> None:
+    """HunYuan: rope_type dynamic with an ``alpha`` is a fixed base theta · alpha^(d / (d - 2)), whatever the
+    sequence length (its compute_ntk_alpha_rope_parameters), not dynamic NTK scaling."""
+    f, sc = c.facts, c.facts.rope_scaling
+    if not sc or sc.get("rope_type", sc.get("type")) != "dynamic" or sc.get("alpha") is None:
+        return
+    d = f.head_dim
+    if not d or d <= 2:
+        raise c.fail(f"rope_parameters alpha needs a head_dim above 2 (head_dim {d})")
+    f.rope_base = float(f.rope_base or 10000.0) * float(sc["alpha"]) ** (d / (d - 2))
+    f.rope_scaling = None
+    f.from_config = [k for k in f.from_config if k != "rope_scaling"]
+    f.extra["rope"] = f"rope_parameters alpha {sc['alpha']:g}: base theta · alpha^(d/(d-2)) = {f.rope_base:g}"
+
+
+def _qk_tensors(c: Ctx, a: str, fam: Family) -> None:
+    """The QK-norm's weights (and LayerNorm biases) under the family's names: NAME.weight ((d,), (H, d) or (H·d,)),
+    or one nn.LayerNorm per head, NAME.norms.h.weight (StableLM), stacked (H, d). Its config switch (qk_layernorm,
+    use_qk_norm) must agree with the tensors."""
+    for n, name in zip(("q_norm", "k_norm"), fam.qk_names):
+        base = f"{a}{name}"
+        if c.has(base + ".weight"):
+            c.put(n, c.get(base + ".weight"), base + ".weight")
+            if c.has(base + ".bias"):
+                c.put(n + "_bias", c.get(base + ".bias"), base + ".bias")
+        elif c.has(base + ".norms.0.weight"):  # a ModuleList of per-head norms
+            heads = [c.get(f"{base}.norms.{h}.weight") for h in range(_count(c, base + ".norms.", ".weight"))]
+            c.put(n, np.stack(heads), f"{base}.norms.{{0..{len(heads) - 1}}}.weight stacked (heads, d)")
+            if c.has(base + ".norms.0.bias"):
+                c.put(n + "_bias", np.stack([c.get(f"{base}.norms.{h}.bias") for h in range(len(heads))]),
+                      f"{base}.norms.{{0..{len(heads) - 1}}}.bias stacked (heads, d)")
+    if ("q_norm" in c.arrays) != ("k_norm" in c.arrays):
+        have, lack = (fam.qk_names if "q_norm" in c.arrays else fam.qk_names[::-1])
+        raise c.fail(f"{fam.model_type}: layer {c.layer} has {a}{have} but no {a}{lack}: a QK-norm needs both")
+    if fam.qk_key is not None and c.config is not None and fam.qk_key in c.config and not fam.qk_weightless:
+        on = bool(c.config[fam.qk_key])
+        if on != ("q_norm" in c.arrays):
+            raise c.fail(f"config.json says {fam.qk_key} = {str(on).lower()} but layer {c.layer} "
+                         f"{'has no' if on else 'has'} {a}{fam.qk_names[0]} tensors")
+
+
+def _weightless_qk(c: Ctx, fam: Family) -> bool:
+    """A weightless QK-norm on this layer: the family has one, its config switch (if any) is on, the layer is one
+    of those it applies to."""
+    cfg = c.config or {}
+    return fam.qk_weightless and (fam.qk_key is None or bool(cfg.get(fam.qk_key))) and (
+        fam.qk_layers is None or fam.qk_layers(c.layer, cfg, _layer_type(c)))
+
+
+def _count(c: Ctx, prefix: str, suffix: str) -> int:
+    """How many consecutive PREFIX{i}SUFFIX tensors the checkpoint holds from i = 0."""
+    i = 0
+    while c.has(f"{prefix}{i}{suffix}"):
+        i += 1
+    return i
+
+
 def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None:
     """The family's pre-attention norm from its tensor ``w`` (+ bias): rms, rms1p, layernorm, layernorm1p
     (Nemotron: LayerNorm with 1 + w, read as a LayerNorm of weight 1 + w). None: nothing before attention."""
@@ -498,6 +571,12 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s LayerNorm has no weight; w = 1)")
         c.put("norm_b", np.zeros(E), f"(none: {fam.model_type}'s LayerNorm has no bias; b = 0)")
         c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+        return
+    if kind == "rms-weightless":  # nanochat: an RMSNorm without a weight (w = 1), eps rms_norm_eps
+        E = c.arrays["W_q"].shape[0]
+        c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s RMSNorm has no weight; w = 1)")
+        c.facts.pre_norm = "rms"
+        c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
         return
     if not c.has(w + ".weight"):  # plain runs need no norm; --from-residual is refused (model.py)
         c.facts.extra["pre_norm_missing"] = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
@@ -519,12 +598,13 @@ def _partial_default(c: Ctx, default: float) -> None:
         c.facts.extra["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
 
 
-def _no_qk_layernorm(c: Ctx, a: str) -> None:
-    for n in ("q_layernorm", "k_layernorm"):
-        if c.has(f"{a}{n}.weight"):
-            mt = c.family.model_type if c.family is not None else "this layer"
-            raise c.fail(f"{mt}: {a}{n}.weight is a LayerNorm of q and k per head (qk_layernorm), which is not "
-                         "supported")
+def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
+    """Phi / Persimmon's qk_layernorm: q_layernorm / k_layernorm, an nn.LayerNorm over each head's d features
+    (one weight (d,) and bias for every head), before the partial rotary; eps layer_norm_eps."""
+    _qk_tensors(c, a, fam)
+    if "q_norm" in c.arrays:
+        c.facts.qk_norm = "layernorm"
+        c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
 
 
 @layout("phi", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.dense\.weight$",
@@ -534,10 +614,9 @@ def _phi(c: Ctx) -> None:
     if not c.has(a + "q_proj.weight"):
         raise c.fail(f"has {a}dense.weight but no {a}q_proj.weight: not a Phi layer (see the layouts attncli "
                      "inspect lists)")
-    _no_qk_layernorm(c, a)
     for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
         c.linear(t, f"{a}{n}_proj.weight", f"{a}{n}_proj.bias")
-    _llama_rest(c, a, out="dense")
+    _llama_rest(c, a, out="dense")  # q_layernorm / k_layernorm under the declaration's qk_names
     if c.facts.rope is not None:
         _partial_default(c, 0.5)
 
@@ -546,13 +625,13 @@ def _phi(c: Ctx) -> None:
         "Persimmon: self_attn.query_key_value fused, rows (H, 3, d); self_attn.dense; partial half rotary")
 def _persimmon(c: Ctx) -> None:
     a = c.block + "self_attn."
-    _no_qk_layernorm(c, a)
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=None)
     _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
     f = c.facts
     f.kv_heads, f.causal = f.heads, True
     fam = c.family or FAMILIES["persimmon"]
+    _layernorm_qk(c, a, fam)
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
     _rope(c, "half")
     _partial_default(c, 0.5)

@@ -150,13 +150,17 @@ class Cell:
         return self.batch[-1] if self.batch and t.weights.ndim >= 3 else 0
 
     def scored(self, name: str, row: int) -> tuple[str, np.ndarray | None]:
-        """The q (or k) row that the score read: tuned (q_temp), rotated (q_rot), normalised (q_norm), clamped
-        (q_clip) or as projected."""
-        for step in (f"{name}_temp", f"{name}_rot", f"{name}_norm"):
-            if step in self.trace:
-                return step, self.vector(step, row)
+        """The q (or k) row that the score read: tuned (q_temp), rotated (q_rot) or normalised (q_norm), whichever
+        came last (QK-norm after RoPE), clamped (q_clip) or as projected."""
+        names = self.trace.names()
+        if f"{name}_temp" in names:
+            return f"{name}_temp", self.vector(f"{name}_temp", row)
+        done = [s for s in (f"{name}_rot", f"{name}_norm") if s in names]
+        if done:
+            step = max(done, key=names.index)
+            return step, self.vector(step, row)
         clipped = f"{name}_clip"
-        return (clipped if clipped in self.trace else name), self.input_row(name, row)
+        return (clipped if clipped in names else name), self.input_row(name, row)
 
     def step(self, name: str) -> float:
         a = self.trace[name]
