@@ -47,7 +47,9 @@ ROW_FACTOR = 4.0
 # ...and each head's RMS error (a multi-head output's error traced back through W_o) at most this many times the
 # plain implementation's in that head (or its median head): a head computed wrong, a little, in every row
 HEAD_FACTOR = 3.0
-# ...and no head's output off by a factor 1 + α: |α| more than this many standard errors of rounding (and > 0.5%)
+# ...and no head's output off by a factor 1 + α (fitted in output space, attncli.check.verdict._scaled_heads): |α|
+# more than this many times the scale plain rounding gives that head (own bfloat16 outputs of the checkpoint sweep stay
+# within 3×; a head 2% off stands 10-40× out), and more than 0.5% (2.5 units of bfloat16 rounding)
 SCALED_HEAD_Z, SCALED_HEAD_MIN = 5.0, 0.005
 # torch.testing.assert_close's atol by dtype: the least tolerance allowed when the plain error is ~0
 FLOOR = {"bfloat16": 1e-5, "float16": 1e-5, "float32": 1e-5, "float64": 1e-7}
