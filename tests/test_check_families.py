@@ -1,17 +1,21 @@
 """No false alarm from ``check`` on any family's own layer, and a 2% wrong head named (issue 24).
 
-For each family of the checkpoint sweep (tests/test_families.py: the same tiny random models, the same weights)
-the model is run in float32, bfloat16 and float16 (module and checkpoint in that dtype, ``save_pretrained``).
-Hooks capture the tested layers' attention input, the output projection's input (the concatenated heads) and
-its output. The reference is transformers' own module:
+For every family attncli reads that the checkpoint sweep builds (:func:`families`: attncli.io.families.FAMILIES
+intersected with tests/test_families.py's model types, the same tiny random models and weights, seed
+``ATTNCLI_SWEEP_SEED``, default 0) the model is run in float32, bfloat16 and float16 (module and checkpoint in that
+dtype, ``save_pretrained``). Hooks capture the tested layers' attention input, the output projection's input (the
+concatenated heads) and its output. The reference is transformers' own module:
 
 - its output, checked against the checkpoint layer with default options, from the module's input and with
   ``--from-residual`` from ``hidden_states[i]``, must be MATCH (exit 0);
-- the output with head ``BAD_HEAD`` 2% off (that head's slice of the projection's input scaled by 1.02, the
-  projection applied by the test in the same dtype) must be MISMATCH (exit 1) naming that head.
+- the output of the last tested layer with head ``BAD_HEAD`` 2% off (that head's slice of the projection's input
+  scaled by 1.02, the projection applied by the test in the same dtype) must be MISMATCH (exit 1) naming that head
+  first in ``precision.heads_over`` (checked with ``--no-search``: the catalogue is not what is tested here).
 
-``FALSE_ALARMS`` lists the (family, dtype) pairs where ``check`` is wrong today, with the cause, as strict xfail.
-``python tests/test_check_families.py`` prints the table of docs/false_alarms.md.
+Every family runs by default (the whole slow test: about 3 minutes on two cores; ``ATTNCLI_SWEEP_ONLY=a,b`` picks
+some). ``FALSE_ALARMS`` lists the (family, dtype) pairs where ``check`` is wrong at seed 0, with the cause, as
+strict xfails (another seed may fail or pass elsewhere: say so when you change it).
+``python tests/test_check_families.py [families...]`` prints the table of docs/false_alarms.md.
 """
 
 from __future__ import annotations
@@ -66,8 +70,14 @@ def families() -> list[str]:
     return sorted(set(FAMILIES) & set(model_types()))
 
 
-# (family, dtype) -> why check raises a false alarm (or misses the head) there today.
-FALSE_ALARMS: dict[tuple[str, str], str] = {}
+# (family, dtype) -> why check raises a false alarm (or misses the head) there today, at seed 0.
+_OVERALL = ("bfloat16, own output: the overall rule (largest error <= 2x the plain bfloat16 emulation's largest error) "
+            "fails on one row whose error is {row} the plain emulation's in that row (RMS) while the whole output's RMS "
+            "error is {rms} plain's: the largest of 640 cells of ONE plain realization is a noisy bound")
+FALSE_ALARMS: dict[tuple[str, str], str] = {
+    ("minimax", "bfloat16"): _OVERALL.format(row="2.3x", rms="1.24x") + " (layer 0, from its input: 0.076 > 0.065)",
+    ("solar_open", "bfloat16"): _OVERALL.format(row="3.5x", rms="1.44x") + " (layer 3 --from-residual: 0.073 > 0.057)",
+}
 
 
 @functools.cache
@@ -200,7 +210,7 @@ def sweep(mt: str, dtype_name: str) -> Row:
             extra = ("--from-residual",) if residual else ()
             code, doc = check(work / "model", i, lay.h if residual else lay.x, lay.y, work, *extra)
             if code == 2:  # a layer attncli does not read (the families sweep's refusals): one line, nothing judged
-                refused.append(f"layer {i}: {doc['refused']}")
+                refused.append(f"layer {i}: {doc['refused'].replace(str(work), 'FOLDER')}")
                 continue
             read.append(i)
             verdicts.append("MATCH" if code == 0 else "false alarm")
@@ -215,6 +225,7 @@ def sweep(mt: str, dtype_name: str) -> Row:
                                f"{[(h['label'], h['ratio']) for h in p.get('heads_over', [])]}")
         if not read:
             raise Skip("refused", refused[0])
+        refused = list(dict.fromkeys(refused))  # from the input and from the residual: one line
         i = max(read)
         heads = _model(mt)[1].num_attention_heads
         code, doc = check(work / "model", i, layers[i].x, perturbed(layers[i], heads), work, "--no-search")
@@ -269,3 +280,33 @@ def main() -> None:  # python tests/test_check_families.py [families...]: the ta
 
 if __name__ == "__main__":
     main()
+
+
+def test_head_scales_are_the_least_squares_fit_of_the_output_error() -> None:
+    """attncli.check.verdict.head_scales against numpy's lstsq on the explicit (cells, H) matrix of the heads'
+    contributions o_h · W_o[h] (built by a plain loop), and the cluster-robust standard error (clusters: rows)
+    written out as the textbook sandwich with a loop over rows."""
+    from attncli.check.verdict import head_scales
+
+    rng = np.random.default_rng(0)
+    B, Tq, H, d, E = 2, 7, 3, 4, 10
+    concat = rng.normal(size=(B, Tq, H * d))
+    w_o = rng.normal(size=(H * d, E))
+    contrib = np.zeros((B * Tq * E, H))
+    for h in range(H):
+        contrib[:, h] = (concat[..., h * d:(h + 1) * d] @ w_o[h * d:(h + 1) * d]).ravel()
+    alpha = np.array([0.0, 0.02, -0.01])
+    diff = (contrib @ alpha).reshape(B, Tq, E) + 1e-3 * rng.normal(size=(B, Tq, E))
+    fit = head_scales({"W_o": w_o, "concat": concat, "head_output": np.zeros((B, H, Tq, d))}, diff)  # type: ignore[arg-type]
+    assert fit is not None
+    want, *_ = np.linalg.lstsq(contrib, diff.ravel(), rcond=None)
+    res = diff.ravel() - contrib @ want
+    bread = np.linalg.inv(contrib.T @ contrib)
+    meat = np.zeros((H, H))
+    for g in range(B * Tq):  # cells g*E .. (g+1)*E - 1 are row g
+        u = contrib[g * E:(g + 1) * E].T @ res[g * E:(g + 1) * E]
+        meat += np.outer(u, u)
+    se = np.sqrt(np.diag(bread @ meat @ bread) * (B * Tq) / (B * Tq - 1))
+    np.testing.assert_allclose(fit.alpha, want, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fit.se, se, rtol=1e-6)
+    assert np.all(np.abs(fit.alpha - alpha) < 5 * se)  # the planted scales, within the noise

@@ -365,7 +365,10 @@ class HeadScales:
     """Each head's output fitted as off by a factor 1 + α_h, in the layer's OUTPUT space: the error e of the
     output (every cell, (..., T, E)) regressed on the heads' contributions c_h = o_h · W_o[h] (head h's output
     through its rows of W_o), e ≈ Σ_h α_h c_h, ordinary least squares over every cell. ``alpha``: α_h; ``se``:
-    its standard error from the fit's residual, σ̂²·(CᵀC)⁻¹_hh."""
+    its standard error from the fit's residual r, clustered by row (query): rounding errors are not independent
+    cell by cell but shared along a row (a row's softmax weights and their sum are rounded together, its q and k
+    once for every cell), so the textbook σ̂²·(CᵀC)⁻¹ is too small (by about 2× on the sweep's layers) and the
+    cluster-robust (sandwich) estimate is used: (CᵀC)⁻¹ (Σ_rows C_rowᵀ r_row r_rowᵀ C_row) (CᵀC)⁻¹ · G/(G − 1)."""
 
     alpha: np.ndarray  # (H,)
     se: np.ndarray  # (H,)
@@ -378,7 +381,8 @@ def head_scales(reference: Trace, diff: np.ndarray) -> HeadScales | None:
     error back to the heads first (diff · W_o⁺) multiplies that rounding by W_o's condition number (76 to 3946 in
     the checkpoint sweep's tiny random models), which buried a 2% head under bfloat16 noise. The normal equations
     are formed without holding the (cells, H) matrix of contributions: with O = concat (N, H·d) and W = W_o,
-    (CᵀC)_hk = Σ_ij (OᵀO)[h i, k j]·(W Wᵀ)[h i, k j] and (Cᵀe)_h = Σ_ie (Oᵀe)[h i, e]·W[h i, e]."""
+    (CᵀC)_hk = Σ_ij (OᵀO)[h i, k j]·(W Wᵀ)[h i, k j], (Cᵀe)_h = Σ_ie (Oᵀe)[h i, e]·W[h i, e], and row n's
+    (C_nᵀ r_n)_h = Σ_i O[n, h i]·(r Wᵀ)[n, h i]."""
     if "W_o" not in reference or "concat" not in reference or "head_output" not in reference or diff.ndim < 2:
         return None
     w = np.asarray(reference["W_o"], dtype=np.float64)  # (d_v, E)
@@ -394,11 +398,11 @@ def head_scales(reference: Trace, diff: np.ndarray) -> HeadScales | None:
     b = ((o.T @ e) * w).reshape(H, d, -1).sum(axis=(1, 2))  # (d_v, N)(N, E) ∘ (d_v, E) -> (H,)
     inv = np.linalg.pinv(gram)
     alpha = inv @ b  # (H,)
-    cells = e.size
-    rss = max(float(e.ravel() @ e.ravel() - 2 * alpha @ b + alpha @ gram @ alpha), 0.0)
-    s2 = rss / max(cells - H, 1)
-    se = np.sqrt(np.maximum(s2 * np.diag(inv), 0.0))
-    return HeadScales(alpha, se)
+    r = e - (o * np.repeat(alpha, d)) @ w  # the residual: (N, d_v) x (d_v, E) -> (N, E)
+    by_row = ((r @ w.T).reshape(-1, H, d) * o.reshape(-1, H, d)).sum(axis=-1)  # (N, E)(E, d_v) -> (N, H): C_nᵀ r_n
+    rows = by_row.shape[0]
+    cov = inv @ (by_row.T @ by_row) @ inv * rows / max(rows - 1, 1)  # (H, H)
+    return HeadScales(alpha, np.sqrt(np.maximum(np.diag(cov), 0.0)))
 
 
 def _scaled_heads(reference: Trace, diff: np.ndarray, plain: np.ndarray) -> list[tuple[str, float, float]]:
@@ -406,9 +410,9 @@ def _scaled_heads(reference: Trace, diff: np.ndarray, plain: np.ndarray) -> list
 
     The plain implementation in the same dtype (unperturbed by the user's mistake) is fitted the same way: its
     α's are what rounding alone makes of each head's scale. The rounding scale of head h is
-    σ_h = the largest of the user's and the plain fit's standard errors for h, the plain α_h, and the RMS of the
-    plain α's over all heads (rounding is correlated within a head through its projections, so the fit's standard
-    error alone is too small: own bfloat16 outputs of the sweep reach 8 standard errors, but stay within 3 σ_h).
+    σ_h = the largest of the user's and the plain fit's standard errors for h (clustered by row), the plain α_h, and
+    the RMS of the plain α's over all heads (the plain fit is one realization of rounding: its α's say how far
+    rounding moves a head's scale, which the standard errors of one fit alone underestimate).
     Head h is named (:attr:`Precision.heads_scaled`) when |α_h| > max(``SCALED_HEAD_MIN``, ``SCALED_HEAD_Z`` · σ_h).
     Every head, in order: (head, α_h in %, |α_h| / σ_h)."""
     you, noise = head_scales(reference, diff), head_scales(reference, plain)
