@@ -210,7 +210,7 @@ def sweep(mt: str, dtype_name: str) -> Row:
             extra = ("--from-residual",) if residual else ()
             code, doc = check(work / "model", i, lay.h if residual else lay.x, lay.y, work, *extra)
             if code == 2:  # a layer attncli does not read (the families sweep's refusals): one line, nothing judged
-                refused.append(f"layer {i}: {doc['refused'].replace(str(work), 'FOLDER')}")
+                refused.append(f"layer {i}: {doc['refused'].removeprefix('attncli: error: ').replace(str(work), 'FOLDER')}")
                 continue
             read.append(i)
             verdicts.append("MATCH" if code == 0 else "false alarm")

@@ -464,6 +464,7 @@ def _precision(exp: np.ndarray, ref: np.ndarray, naive: np.ndarray, dtype: str, 
         base_h = np.maximum(plain_h, np.median(plain_h)) + FLOOR[dtype]  # (H,)
         ratio_h = you / base_h
         heads_over = [(f"head {h}", float(ratio_h[h])) for h in np.argsort(-ratio_h) if ratio_h[h] > HEAD_FACTOR]
+    if reference is not None:  # in output space: W_o need not be invertible
         head_fits = _scaled_heads(reference, exp - ref, naive - ref)
     judged = Precision(dtype, source, float(err.max()) if err.size else 0.0, plain_max, rows_over,
                        divergence(exp, ref, tol, namer), heads_over, head_fits)
