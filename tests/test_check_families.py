@@ -1,17 +1,21 @@
 """No false alarm from ``check`` on any family's own layer, and a 2% wrong head named (issue 24).
 
-For each family of the checkpoint sweep (tests/test_families.py: the same tiny random models, the same weights)
-the model is run in float32, bfloat16 and float16 (module and checkpoint in that dtype, ``save_pretrained``).
-Hooks capture the tested layers' attention input, the output projection's input (the concatenated heads) and
-its output. The reference is transformers' own module:
+For every family attncli reads that the checkpoint sweep builds (:func:`families`: attncli.io.families.FAMILIES
+intersected with tests/test_families.py's model types, the same tiny random models and weights, seed
+``ATTNCLI_SWEEP_SEED``, default 0) the model is run in float32, bfloat16 and float16 (module and checkpoint in that
+dtype, ``save_pretrained``). Hooks capture the tested layers' attention input, the output projection's input (the
+concatenated heads) and its output. The reference is transformers' own module:
 
 - its output, checked against the checkpoint layer with default options, from the module's input and with
   ``--from-residual`` from ``hidden_states[i]``, must be MATCH (exit 0);
-- the output with head ``BAD_HEAD`` 2% off (that head's slice of the projection's input scaled by 1.02, the
-  projection applied by the test in the same dtype) must be MISMATCH (exit 1) naming that head.
+- the output of the last tested layer with head ``BAD_HEAD`` 2% off (that head's slice of the projection's input
+  scaled by 1.02, the projection applied by the test in the same dtype) must be MISMATCH (exit 1) naming that head
+  first in ``precision.heads_over`` (checked with ``--no-search``: the catalogue is not what is tested here).
 
-``FALSE_ALARMS`` lists the (family, dtype) pairs where ``check`` is wrong today, with the cause, as strict xfail.
-``python tests/test_check_families.py`` prints the table of docs/false_alarms.md.
+Every family runs by default (the whole slow test: about 3 minutes on two cores; ``ATTNCLI_SWEEP_ONLY=a,b`` picks
+some). ``FALSE_ALARMS`` lists the (family, dtype) pairs where ``check`` is wrong at seed 0, with the cause, as
+strict xfails (another seed may fail or pass elsewhere: say so when you change it).
+``python tests/test_check_families.py [families...]`` prints the table of docs/false_alarms.md.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import copy
 import functools
 import itertools
 import json
+import math
 import sys
 import tempfile
 import warnings
@@ -36,21 +41,42 @@ transformers = pytest.importorskip("transformers")
 from typer.testing import CliRunner  # noqa: E402
 
 from attncli.cli import app  # noqa: E402
+from attncli.io.families import FAMILIES  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_families import Skip, T, _attention, _config, _layers, _mappings, _randomise, _tested_layers  # noqa: E402
+from test_families import (  # noqa: E402
+    SEED,
+    Skip,
+    T,
+    _attention,
+    _config,
+    _layers,
+    _mappings,
+    _randomise,
+    _tested_layers,
+    model_types,
+)
 
 runner = CliRunner()
 BAD_HEAD = 1
 DTYPES = ("float32", "bfloat16", "float16")
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox",
-            "gptj", "bloom", "bert", "granite", "cohere2", "phi3", "starcoder2", "smollm3"]
-# (family, dtype) -> why check raises a false alarm (or misses the head) there today.
-_UNNAMED = ("bfloat16, head 1 x1.02: MISMATCH by the overall rule but no head named (precision.heads_over empty): "
-            "the per-head rules do not see a 2% head error above bfloat16 rounding in this family")
+
+
+def families() -> list[str]:
+    """Every family attncli declares (attncli.io.families.FAMILIES) that the checkpoint sweep builds from a tiny
+    config (tests/test_families.py's model types; ``ATTNCLI_SWEEP_ONLY=a,b`` restricts them). A family transformers
+    does not build, or whose tiny layer ``check`` refuses in one line (its config uses a key attncli does not read),
+    is skipped with the reason: those are the families sweep's "skipped" and "refused" rows."""
+    return sorted(set(FAMILIES) & set(model_types()))
+
+
+# (family, dtype) -> why check raises a false alarm (or misses the head) there today, at seed 0.
+_OVERALL = ("bfloat16, own output: the overall rule (largest error <= 2x the plain bfloat16 emulation's largest error) "
+            "fails on one row whose error is {row} the plain emulation's in that row (RMS) while the whole output's RMS "
+            "error is {rms} plain's: the largest of 640 cells of ONE plain realization is a noisy bound")
 FALSE_ALARMS: dict[tuple[str, str], str] = {
-    ("qwen2", "bfloat16"): "missed: head 1 x1.02 is a MATCH (largest error 0.076 within the bfloat16 bound 0.11)",
-    **{(mt, "bfloat16"): _UNNAMED for mt in ("qwen3", "gemma2", "gptj", "bloom", "phi3", "starcoder2", "gpt_oss")},
+    ("minimax", "bfloat16"): _OVERALL.format(row="2.3x", rms="1.24x") + " (layer 0, from its input: 0.076 > 0.065)",
+    ("solar_open", "bfloat16"): _OVERALL.format(row="3.5x", rms="1.44x") + " (layer 3 --from-residual: 0.073 > 0.057)",
 }
 
 
@@ -58,15 +84,25 @@ FALSE_ALARMS: dict[tuple[str, str], str] = {
 def _model(mt: str) -> tuple[Any, Any, dict[int, str]]:
     """The family's tiny model with the sweep's random weights (float32), its config and its tested layers."""
     causal, _ = _mappings()
-    cfg = _config(mt, 0)
+    try:
+        cfg = _config(mt, SEED)
+    except Skip:
+        raise
+    except Exception as e:  # noqa: BLE001 - a config transformers itself refuses
+        raise Skip("build", f"config: {type(e).__name__}: {str(e)[:120]}") from e
     auto = transformers.AutoModelForCausalLM if mt in causal else transformers.AutoModelForMaskedLM
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = auto.from_config(cfg, attn_implementation="eager").eval()
-    _randomise(model, 0)
+    torch.manual_seed(SEED)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = auto.from_config(cfg, attn_implementation="eager").eval()
+    except Exception as e:  # noqa: BLE001
+        raise Skip("build", f"model: {type(e).__name__}: {str(e)[:120]}") from e
+    _randomise(model, SEED)
     stack = _layers(model, cfg.num_hidden_layers)
     found = [i for i, layer in enumerate(stack) if _attention(layer) is not None]
+    if not found:
+        raise Skip("no-attention", "no *Attention module with an output projection in its layers")
     return model, cfg, _tested_layers(cfg, found)
 
 
@@ -113,10 +149,16 @@ def run_family(mt: str, dtype: Any, folder: Path) -> dict[int, Layer]:
 
 
 def check(folder: Path, layer: int, x: Any, y: Any, work: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    """``attncli check Y.pt X.npy --weights FOLDER --layer N --format json``: (exit code, the report); on a
+    refusal (exit 2) the report is {"refused": its one line}."""
     np.save(work / "x.npy", x.float().numpy())  # exact: every dtype here widens to float32
     torch.save(y.clone(), work / "y.pt")
     r = runner.invoke(app, ["check", str(work / "y.pt"), str(work / "x.npy"), "--weights", str(folder),
                             "--layer", str(layer), "--format", "json", *extra])
+    if r.exit_code == 2:
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, r.stderr[-300:]
+        return 2, {"refused": lines[0]}
     assert r.exit_code in (0, 1), (r.exit_code, r.stderr[-300:])
     return r.exit_code, json.loads(r.stdout)
 
@@ -135,7 +177,21 @@ class Row:
     named: str  # "MISMATCH-named" / "MISMATCH, head not named" / "missed (MATCH)"
     error: float  # the largest error of the module's own output
     bound: float
+    own_z: float  # the largest |α|/σ of any head of the module's own output (a head is named above SCALED_HEAD_Z)
+    bad_scale: float  # head BAD_HEAD's fitted scale 1 + α in the perturbed output (1.02 planted)
+    bad_z: float  # ...and its |α|/σ
     detail: str = ""
+
+
+def _fit(doc: dict[str, Any], label: str | None = None) -> tuple[float, float]:
+    """(scale, |α|/σ) of head ``label`` in the report's head fits, or the largest |α|/σ of any head (nan: none)."""
+    fits = (doc.get("precision") or {}).get("head_fits") or []
+    if label is not None:
+        fits = [f for f in fits if f["label"] == label]
+    if not fits:
+        return math.nan, math.nan
+    f = max(fits, key=lambda f: f["ratio"])
+    return f["scale"], f["ratio"]
 
 
 def sweep(mt: str, dtype_name: str) -> Row:
@@ -149,22 +205,30 @@ def sweep(mt: str, dtype_name: str) -> Row:
         except Exception as e:  # noqa: BLE001 - a module that cannot run in this dtype on CPU
             raise Skip("dtype", f"{mt} does not run in {dtype_name} on CPU: {type(e).__name__}: {str(e)[:120]}") \
                 from e
-        verdicts, errors, bounds, details = [], [], [], []
+        verdicts, errors, bounds, details, own_z, read, refused = [], [], [], [], [], [], []
         for (i, lay), residual in itertools.product(layers.items(), (False, True)):
             extra = ("--from-residual",) if residual else ()
             code, doc = check(work / "model", i, lay.h if residual else lay.x, lay.y, work, *extra)
+            if code == 2:  # a layer attncli does not read (the families sweep's refusals): one line, nothing judged
+                refused.append(f"layer {i}: {doc['refused'].removeprefix('attncli: error: ').replace(str(work), 'FOLDER')}")
+                continue
+            read.append(i)
             verdicts.append("MATCH" if code == 0 else "false alarm")
             errors.append(doc["max_abs_error"])
             bounds.append(doc["tolerance"]["atol"])
+            own_z.append(_fit(doc)[1])
             if code:
                 p = doc["precision"] or {}
                 details.append(f"layer {i}{' --from-residual' * residual}: {doc['rule']} rule, largest error "
                                f"{doc['max_abs_error']:.2g} (bound {doc['tolerance']['atol']:.2g}), rows over "
                                f"{[r['label'] for r in p.get('rows_over', [])]}, heads over "
                                f"{[(h['label'], h['ratio']) for h in p.get('heads_over', [])]}")
-        i, lay = max(layers.items())
+        if not read:
+            raise Skip("refused", refused[0])
+        refused = list(dict.fromkeys(refused))  # from the input and from the residual: one line
+        i = max(read)
         heads = _model(mt)[1].num_attention_heads
-        code, doc = check(work / "model", i, lay.x, perturbed(lay, heads), work)
+        code, doc = check(work / "model", i, layers[i].x, perturbed(layers[i], heads), work, "--no-search")
         over = (doc.get("precision") or {}).get("heads_over") or []
         if code == 0:
             named = "missed (MATCH)"
@@ -173,12 +237,14 @@ def sweep(mt: str, dtype_name: str) -> Row:
         else:
             named = "MISMATCH, head not named"
             details.append(f"perturbed layer {i}: heads over {[h['label'] for h in over]}")
-        return Row(verdicts, named, max(errors), min(bounds), "; ".join(details))
+        details += refused
+        scale, z = _fit(doc, f"head {BAD_HEAD}")
+        return Row(verdicts, named, max(errors), min(bounds), max(own_z), scale, z, "; ".join(details))
 
 
 def _params() -> list[Any]:
     out = []
-    for mt in FAMILIES:
+    for mt in families():
         for dt in DTYPES:
             marks = [pytest.mark.xfail(reason=FALSE_ALARMS[mt, dt], strict=True)] if (mt, dt) in FALSE_ALARMS else []
             out.append(pytest.param(mt, dt, id=f"{mt}-{dt}", marks=marks))
@@ -197,19 +263,50 @@ def test_own_output_matches_and_a_2_percent_head_is_named(mt: str, dtype: str) -
 
 
 def main() -> None:  # python tests/test_check_families.py [families...]: the table of docs/false_alarms.md
-    print("| family | dtype | own output | largest error | bound | head 1 ×1.02 | note |")
-    print("|---|---|---|---|---|---|---|")
-    for mt in sys.argv[1:] or FAMILIES:
+    print("| family | dtype | own output | largest error | bound | own: largest head |α|/σ | head 1 ×1.02 "
+          "| its fitted scale | its |α|/σ | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for mt in sys.argv[1:] or families():
         for dt in DTYPES:
             try:
                 r = sweep(mt, dt)
             except Skip as e:
-                print(f"| {mt} | {dt} | skipped | | | | {e.detail} |", flush=True)
+                print(f"| {mt} | {dt} | skipped | | | | | | | {e.why}: {e.detail} |", flush=True)
                 continue
             own = "MATCH" if all(v == "MATCH" for v in r.verdicts) else "false alarm"
-            print(f"| {mt} | {dt} | {own} ({len(r.verdicts)} checks) | {r.error:.2g} "
-                  f"| {r.bound:.2g} | {r.named} | {r.detail} |", flush=True)
+            print(f"| {mt} | {dt} | {own} ({len(r.verdicts)} checks) | {r.error:.2g} | {r.bound:.2g} | {r.own_z:.2g} "
+                  f"| {r.named} | {r.bad_scale:.4f} | {r.bad_z:.3g} | {r.detail} |", flush=True)
 
 
 if __name__ == "__main__":
     main()
+
+
+def test_head_scales_are_the_least_squares_fit_of_the_output_error() -> None:
+    """attncli.check.verdict.head_scales against numpy's lstsq on the explicit (cells, H) matrix of the heads'
+    contributions o_h · W_o[h] (built by a plain loop), and the cluster-robust standard error (clusters: rows)
+    written out as the textbook sandwich with a loop over rows."""
+    from attncli.check.verdict import head_scales
+
+    rng = np.random.default_rng(0)
+    B, Tq, H, d, E = 2, 7, 3, 4, 10
+    concat = rng.normal(size=(B, Tq, H * d))
+    w_o = rng.normal(size=(H * d, E))
+    contrib = np.zeros((B * Tq * E, H))
+    for h in range(H):
+        contrib[:, h] = (concat[..., h * d:(h + 1) * d] @ w_o[h * d:(h + 1) * d]).ravel()
+    alpha = np.array([0.0, 0.02, -0.01])
+    diff = (contrib @ alpha).reshape(B, Tq, E) + 1e-3 * rng.normal(size=(B, Tq, E))
+    fit = head_scales({"W_o": w_o, "concat": concat, "head_output": np.zeros((B, H, Tq, d))}, diff)  # type: ignore[arg-type]
+    assert fit is not None
+    want, *_ = np.linalg.lstsq(contrib, diff.ravel(), rcond=None)
+    res = diff.ravel() - contrib @ want
+    bread = np.linalg.inv(contrib.T @ contrib)
+    meat = np.zeros((H, H))
+    for g in range(B * Tq):  # cells g*E .. (g+1)*E - 1 are row g
+        u = contrib[g * E:(g + 1) * E].T @ res[g * E:(g + 1) * E]
+        meat += np.outer(u, u)
+    se = np.sqrt(np.diag(bread @ meat @ bread) * (B * Tq) / (B * Tq - 1))
+    np.testing.assert_allclose(fit.alpha, want, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fit.se, se, rtol=1e-6)
+    assert np.all(np.abs(fit.alpha - alpha) < 5 * se)  # the planted scales, within the noise

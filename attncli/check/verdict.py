@@ -86,7 +86,11 @@ class Precision:
 
     - overall: the largest error at most ``FACTOR`` (2) times the plain implementation's largest error;
     - row by row: each row's RMS error at most ``ROW_FACTOR`` (4) times the plain implementation's RMS error in
-      that row (or its median row, whichever is larger), so one wrong row cannot hide under the others.
+      that row (or its median row, whichever is larger), so one wrong row cannot hide under the others;
+    - head by head (a layer with W_o): each head's RMS error traced back through W_o at most ``HEAD_FACTOR`` (3)
+      times the plain implementation's in that head (``heads_over``), and no head's output off by a factor 1 + α
+      beyond rounding: |α| at most ``SCALED_HEAD_Z`` (5) times the scale plain rounding gives that head, nor more
+      than ``SCALED_HEAD_MIN`` (0.5%) (:attr:`heads_scaled`; :func:`_scaled_heads`).
     """
 
     dtype: str
@@ -96,6 +100,16 @@ class Precision:
     rows_over: list[tuple[str, float]] = field(default_factory=list)  # (row, its error / what plain dtype explains)
     distribution: Divergence | None = None
     heads_over: list[tuple[str, float]] = field(default_factory=list)  # (head, its error / what plain dtype explains)
+    # every head's output fitted as off by a factor 1 + α: (head, α in %, |α| / the scale rounding gives that head)
+    head_fits: list[tuple[str, float, float]] = field(default_factory=list)
+
+    @property
+    def heads_scaled(self) -> list[tuple[str, float, float]]:
+        """The heads whose output is off by a factor beyond rounding (and not already named by their RMS error),
+        most evident first: |α| > ``SCALED_HEAD_Z`` times the scale rounding gives the head, and > ``SCALED_HEAD_MIN``."""
+        named = {h for h, _ in self.heads_over}
+        return sorted([f for f in self.head_fits if f[0] not in named and f[2] > SCALED_HEAD_Z
+                       and abs(f[1]) > 100 * SCALED_HEAD_MIN], key=lambda f: -f[2])
 
     @property
     def ratio(self) -> float:
@@ -106,16 +120,17 @@ class Precision:
     @property
     def consistent(self) -> bool:
         return self.max_abs_error <= FACTOR * self.naive_max_abs_error + FLOOR[self.dtype] and not self.rows_over \
-            and not self.heads_over
+            and not self.heads_over and not self.heads_scaled
 
     @property
     def rule(self) -> str:
         """Which rule decided: 'overall' (the largest error against 2× plain), 'per-row' (a row's RMS error
         against 4× plain in that row, the overall bound holding), 'per-head' (a head's RMS error, traced back
-        through W_o, against 3× plain in that head), or 'both' when the numbers are consistent."""
+        through W_o, against 3× plain in that head, or its output off by a factor beyond rounding), or 'both' when
+        the numbers are consistent."""
         if self.max_abs_error > FACTOR * self.naive_max_abs_error + FLOOR[self.dtype]:
             return "overall"
-        return "per-row" if self.rows_over else "per-head" if self.heads_over else "both"
+        return "per-row" if self.rows_over else "per-head" if self.heads_over or self.heads_scaled else "both"
 
     def sentence(self) -> str:
         you, plain = f"{self.max_abs_error:.2g}", f"{self.naive_max_abs_error:.2g}"
@@ -135,6 +150,9 @@ class Precision:
         if self.heads_over:
             head += "; look at " + ", ".join(f"{h} ({x:.2g}× its plain {self.dtype} error, RMS through W_o)"
                                              for h, x in self.heads_over[:3])
+        if self.heads_scaled:
+            head += "; " + ", ".join(f"{h}'s output is off by a factor {1 + a / 100:.4g} ({z:.3g}× the scale plain "
+                                     f"{self.dtype} rounding gives that head)" for h, a, z in self.heads_scaled[:3])
         return head
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,7 +161,13 @@ class Precision:
                 "ratio": self.ratio if math.isfinite(self.ratio) else None, "factor": FACTOR, "row_factor": ROW_FACTOR,
                 "rows_over": [{"label": r, "ratio": x if math.isfinite(x) else None} for r, x in self.rows_over],
                 "head_factor": HEAD_FACTOR,
-                "heads_over": [{"label": r, "ratio": x if math.isfinite(x) else None} for r, x in self.heads_over],
+                "scaled_head_z": SCALED_HEAD_Z, "scaled_head_min": SCALED_HEAD_MIN,
+                # every head named, by either head rule: its RMS error ("rms": ratio = that / plain's in the head), or
+                # its output off by a factor ("scale": ratio = |α| / the scale rounding gives, scale = 1 + α)
+                "heads_over": [{"label": r, "rule": "rms", "ratio": x if math.isfinite(x) else None}
+                               for r, x in self.heads_over]
+                + [{"label": r, "rule": "scale", "ratio": z, "scale": 1 + a / 100} for r, a, z in self.heads_scaled],
+                "head_fits": [{"label": r, "scale": 1 + a / 100, "ratio": z} for r, a, z in self.head_fits],
                 "distribution": self.distribution.to_dict() if self.distribution else None, "sentence": self.sentence()}
 
 
@@ -317,10 +341,13 @@ def through_heads(trace: Trace, diff: np.ndarray) -> np.ndarray | None:
         return None
     w_o = np.asarray(trace["W_o"], dtype=np.float64)  # (d_v, E)
     H = int(trace["head_output"].shape[-3]) if "head_output" in trace else 0
-    if w_o.ndim != 2 or H < 2 or w_o.shape[0] % H or diff.shape[-1] != w_o.shape[1] or \
-            np.linalg.matrix_rank(w_o) < w_o.shape[0]:
+    if w_o.ndim != 2 or H < 2 or w_o.shape[0] % H or diff.shape[-1] != w_o.shape[1] or w_o.shape[0] > w_o.shape[1]:
         return None
-    delta = np.nan_to_num(diff, posinf=0.0, neginf=0.0) @ np.linalg.pinv(w_o)  # (..., T, E) x (E, d_v) -> (..., T, d_v)
+    u, s, vt = np.linalg.svd(w_o, full_matrices=False)  # one SVD for the rank and the pseudo-inverse
+    if s.size == 0 or s[-1] <= s[0] * max(w_o.shape) * np.finfo(np.float64).eps:  # numpy's matrix_rank threshold
+        return None
+    pinv = (vt.T / s) @ u.T  # (E, d_v)
+    delta = np.nan_to_num(diff, posinf=0.0, neginf=0.0) @ pinv  # (..., T, E) x (E, d_v) -> (..., T, d_v)
     return delta.reshape(delta.shape[:-1] + (H, w_o.shape[0] // H))
 
 
@@ -333,40 +360,75 @@ def heads_through_output(trace: Trace, exp: np.ndarray, computed: np.ndarray) ->
     return [(f"head {h}", float(by_head[h])) for h in np.argsort(-by_head) if by_head[h] > 0]
 
 
-def _scaled_heads(reference: Trace, diff: np.ndarray, plain: np.ndarray, named: set[str]) -> list[tuple[str, float]]:
-    """Heads whose output is off by a factor: the error of head h traced back through W_o, fitted as α_h times the
-    head's own output o_h (least squares). Rounding gives α_h within a few standard errors of 0 (its residual's
-    RMS over ‖o_h‖, the larger of the user's and the plain implementation's); a head scaled by 1 + α stands
-    ``SCALED_HEAD_Z`` standard errors out and at least ``SCALED_HEAD_MIN`` plus twice the plain implementation's own
-    α_h away. (head, α_h in %)."""
-    per, noise = through_heads(reference, diff), through_heads(reference, plain)
-    if per is None or noise is None:
+@dataclass(frozen=True)
+class HeadScales:
+    """Each head's output fitted as off by a factor 1 + α_h, in the layer's OUTPUT space: the error e of the
+    output (every cell, (..., T, E)) regressed on the heads' contributions c_h = o_h · W_o[h] (head h's output
+    through its rows of W_o), e ≈ Σ_h α_h c_h, ordinary least squares over every cell. ``alpha``: α_h; ``se``:
+    its standard error from the fit's residual r, clustered by row (query): rounding errors are not independent
+    cell by cell but shared along a row (a row's softmax weights and their sum are rounded together, its q and k
+    once for every cell), so the textbook σ̂²·(CᵀC)⁻¹ is too small (by about 2× on the sweep's layers) and the
+    cluster-robust (sandwich) estimate is used: (CᵀC)⁻¹ (Σ_rows C_rowᵀ r_row r_rowᵀ C_row) (CᵀC)⁻¹ · G/(G − 1)."""
+
+    alpha: np.ndarray  # (H,)
+    se: np.ndarray  # (H,)
+
+
+def head_scales(reference: Trace, diff: np.ndarray) -> HeadScales | None:
+    """:class:`HeadScales` of the output difference ``diff``; None for a layer without W_o or with one head.
+
+    The fit is in output space, where rounding happens last (the output projection's own rounding): tracing the
+    error back to the heads first (diff · W_o⁺) multiplies that rounding by W_o's condition number (76 to 3946 in
+    the checkpoint sweep's tiny random models), which buried a 2% head under bfloat16 noise. The normal equations
+    are formed without holding the (cells, H) matrix of contributions: with O = concat (N, H·d) and W = W_o,
+    (CᵀC)_hk = Σ_ij (OᵀO)[h i, k j]·(W Wᵀ)[h i, k j], (Cᵀe)_h = Σ_ie (Oᵀe)[h i, e]·W[h i, e], and row n's
+    (C_nᵀ r_n)_h = Σ_i O[n, h i]·(r Wᵀ)[n, h i]."""
+    if "W_o" not in reference or "concat" not in reference or "head_output" not in reference or diff.ndim < 2:
+        return None
+    w = np.asarray(reference["W_o"], dtype=np.float64)  # (d_v, E)
+    H = int(reference["head_output"].shape[-3])
+    o = np.asarray(reference["concat"], dtype=np.float64)
+    if w.ndim != 2 or H < 2 or w.shape[0] % H or diff.shape[-1] != w.shape[1] or o.shape[-1] != w.shape[0] or \
+            o.size // o.shape[-1] != diff.size // diff.shape[-1]:
+        return None
+    d = w.shape[0] // H
+    o = o.reshape(-1, w.shape[0])  # (N, d_v)
+    e = np.nan_to_num(diff, nan=0.0, posinf=0.0, neginf=0.0).reshape(-1, w.shape[1])  # (N, E)
+    gram = ((o.T @ o) * (w @ w.T)).reshape(H, d, H, d).sum(axis=(1, 3))  # (d_v, N)(N, d_v) ∘ (d_v, E)(E, d_v) -> (H, H)
+    b = ((o.T @ e) * w).reshape(H, d, -1).sum(axis=(1, 2))  # (d_v, N)(N, E) ∘ (d_v, E) -> (H,)
+    inv = np.linalg.pinv(gram)
+    alpha = inv @ b  # (H,)
+    r = e - (o * np.repeat(alpha, d)) @ w  # the residual: (N, d_v) x (d_v, E) -> (N, E)
+    by_row = ((r @ w.T).reshape(-1, H, d) * o.reshape(-1, H, d)).sum(axis=-1)  # (N, E)(E, d_v) -> (N, H): C_nᵀ r_n
+    rows = by_row.shape[0]
+    cov = inv @ (by_row.T @ by_row) @ inv * rows / max(rows - 1, 1)  # (H, H)
+    return HeadScales(alpha, np.sqrt(np.maximum(np.diag(cov), 0.0)))
+
+
+def _scaled_heads(reference: Trace, diff: np.ndarray, plain: np.ndarray) -> list[tuple[str, float, float]]:
+    """Each head's output fitted as off by a factor 1 + α (:func:`head_scales`), judged against what rounding gives.
+
+    The plain implementation in the same dtype (unperturbed by the user's mistake) is fitted the same way: its
+    α's are what rounding alone makes of each head's scale. The rounding scale of head h is
+    σ_h = the largest of the user's and the plain fit's standard errors for h (clustered by row), the plain α_h, and
+    the RMS of the plain α's over all heads (the plain fit is one realization of rounding: its α's say how far
+    rounding moves a head's scale, which the standard errors of one fit alone underestimate).
+    Head h is named (:attr:`Precision.heads_scaled`) when |α_h| > max(``SCALED_HEAD_MIN``, ``SCALED_HEAD_Z`` · σ_h).
+    Every head, in order: (head, α_h in %, |α_h| / σ_h)."""
+    you, noise = head_scales(reference, diff), head_scales(reference, plain)
+    if you is None or noise is None:
         return []
-    H = int(per.shape[-2])
-    heads_first: list[Any] = [np.moveaxis(a, -2, 0).reshape(H, -1)  # (..., T, H, dh) -> (H, N)
-                              for a in (np.asarray(reference["concat"], dtype=np.float64).reshape(per.shape), per, noise)]
-    o, per, noise = heads_first
-    oo = np.sum(o * o, axis=1)  # (H,)
-    out: list[tuple[str, float]] = []
-    for h in range(H):
-        if oo[h] == 0 or f"head {h}" in named:
-            continue
-        a = float(per[h] @ o[h] / oo[h])
-        an = float(noise[h] @ o[h] / oo[h])
-        rms = max(float(np.sqrt(np.mean(np.square(per[h] - a * o[h])))), float(np.sqrt(np.mean(np.square(noise[h] - an * o[h])))))
-        se = rms / math.sqrt(oo[h]) + 1e-12
-        # beyond rounding: SCALED_HEAD_Z standard errors, and clear of the scale plain arithmetic itself shows for this
-        # head (bfloat16 rounding follows a head's own output, so its α is not 0: granite's plain bf16 run has -0.46%)
-        if abs(a) / se > SCALED_HEAD_Z and abs(a) > SCALED_HEAD_MIN + 2 * abs(an):
-            out.append((f"head {h}", 100 * a))
-    return out
+    spread = float(np.sqrt(np.mean(np.square(noise.alpha))))  # plain α's RMS over heads
+    sigma = np.maximum.reduce([you.se, noise.se, np.abs(noise.alpha), np.full_like(you.se, spread)]) + 1e-12
+    return [(f"head {h}", 100 * float(you.alpha[h]), float(abs(you.alpha[h]) / sigma[h])) for h in range(len(sigma))]
 
 
-def _rms_by_head(trace: Trace, diff: np.ndarray) -> np.ndarray | None:
-    per = through_heads(trace, diff)
+def _rms_by_head(trace: Trace, diffs: np.ndarray) -> np.ndarray | None:
+    """Each head's RMS error (:func:`through_heads`) of several differences stacked on the first axis: (k, H)."""
+    per = through_heads(trace, diffs)  # (k, ..., T, H, d)
     if per is None:
         return None
-    return np.sqrt(np.mean(np.square(np.moveaxis(per, -2, 0)).reshape(per.shape[-2], -1), axis=1))  # (H,)
+    return np.sqrt(np.mean(np.square(np.moveaxis(per, -2, 1)).reshape(per.shape[0], per.shape[-2], -1), axis=-1))
 
 
 def _precision(exp: np.ndarray, ref: np.ndarray, naive: np.ndarray, dtype: str, source: str,
@@ -395,13 +457,15 @@ def _precision(exp: np.ndarray, ref: np.ndarray, naive: np.ndarray, dtype: str, 
                                   f"({plain_max:.2g}) against the float64 reference, as FlashAttention's tests "
                                   f"(and {ROW_FACTOR:g}× its error row by row, RMS)", cells=cells)
     heads_over: list[tuple[str, float]] = []
-    you = _rms_by_head(reference, exp - ref) if reference is not None else None
-    plain_h = _rms_by_head(reference, naive - ref) if reference is not None else None
+    head_fits: list[tuple[str, float, float]] = []
+    both = _rms_by_head(reference, np.stack([exp - ref, naive - ref])) if reference is not None else None  # (2, H)
+    you, plain_h = (None, None) if both is None else (both[0], both[1])
     if you is not None and plain_h is not None and reference is not None:
         base_h = np.maximum(plain_h, np.median(plain_h)) + FLOOR[dtype]  # (H,)
         ratio_h = you / base_h
         heads_over = [(f"head {h}", float(ratio_h[h])) for h in np.argsort(-ratio_h) if ratio_h[h] > HEAD_FACTOR]
-        heads_over += _scaled_heads(reference, exp - ref, naive - ref, {h for h, _ in heads_over})
+    if reference is not None:  # in output space: W_o need not be invertible
+        head_fits = _scaled_heads(reference, exp - ref, naive - ref)
     judged = Precision(dtype, source, float(err.max()) if err.size else 0.0, plain_max, rows_over,
-                       divergence(exp, ref, tol, namer), heads_over)
+                       divergence(exp, ref, tol, namer), heads_over, head_fits)
     return tol, judged

@@ -28,7 +28,8 @@ RULES = {
     "per-row": "the per-row rule: the largest error is within the overall bound, but some rows' RMS error is "
                "more than 4× plain arithmetic's in that row (their cells are judged by that row's bound)",
     "per-head": "the per-head rule: the largest error is within the overall bound, but some heads' RMS error "
-                "(traced back through W_o) is more than 3× plain arithmetic's in that head",
+                "(traced back through W_o) is more than 3× plain arithmetic's in that head, or some head's output "
+                "is off by a factor (fitted in output space) more than 5× the scale plain rounding gives that head",
 }
 
 
