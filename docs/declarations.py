@@ -1,0 +1,54 @@
+"""Print the declarations table of docs/families.md from the registry itself (attncli.io.families).
+
+    python docs/declarations.py > /tmp/declarations.md
+
+Families whose declarations read alike share a row; each column is a field of :class:`attncli.io.families.Family`
+(the rule functions by name), the last one every config key the declaration reads besides the shape keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attncli.io.families import FAMILIES, REFUSED, SHAPE_KEYS, Family
+
+
+def _rule(f: Callable[..., Any] | None) -> str:
+    return "—" if f is None else f.__name__.lstrip("_").replace("_", " ")
+
+
+def _row(fam: Family) -> tuple[str, ...]:
+    norm = "none" if fam.pre_norm is None else f"{fam.pre_norm} `{fam.norm_name}`" + (
+        " (inside the module)" if fam.norm_inside else "")
+    qk = "—" if fam.qk_norm is None else f"{fam.qk_norm}{' weightless' if fam.qk_weightless else ''}, {fam.qk_at}" + (
+        f", switch `{fam.qk_key}`" if fam.qk_key else "") + (f", layers: {_rule(fam.qk_layers)}" if fam.qk_layers else "")
+    extra = [x for x in (f"chunked: {_rule(fam.chunked)}" if fam.chunked else "",
+                         f"sub-norm `{fam.sub_norm}`" if fam.sub_norm else "",
+                         "NTK alpha" if fam.rope_alpha else "") if x]
+    keys = ", ".join(f"`{k}`" for k in sorted(fam.reads() - SHAPE_KEYS)) or "—"
+    return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, fam.scale or "1/√d",
+            "yes" if fam.causal else "no", "; ".join(extra) or "—", keys)
+
+
+def main() -> None:
+    rows: dict[tuple[str, ...], list[str]] = {}
+    for mt, fam in FAMILIES.items():
+        rows.setdefault(_row(fam), []).append(mt)
+    print("| families (model_type) | layout | rope | NoPE rule | pre-norm (tensor) | QK-norm (when its tensors are "
+          "there) | scale | causal | other | config keys read (besides the shape keys) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row, types in rows.items():
+        print(f"| {', '.join(types)} | " + " | ".join(row) + " |")
+    print()
+    print("Shape keys, read by every declaration and checked against the tensors: "
+          + ", ".join(f"`{k}`" for k in sorted(SHAPE_KEYS)) + ".")
+    print()
+    print(f"Known and refused by model_type ({len(REFUSED)}, one line each):")
+    print()
+    for mt, why in REFUSED.items():
+        print(f"- `{mt}`: {why}")
+
+
+if __name__ == "__main__":
+    main()
