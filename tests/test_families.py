@@ -481,7 +481,10 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "opt-post-norm": ("opt", dict(do_layer_norm_before=False)),  # OPT-350m
             "opt-no-affine-no-bias": ("opt", dict(layer_norm_elementwise_affine=False, enable_bias=False)),
             "albert-groups": ("albert", dict(num_hidden_groups=2, inner_group_num=2, embedding_size=32)),
-            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3]))}  # conv layers 0 and 2 between attention
+            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3])),  # conv layers 0 and 2 between attention
+            # MLA: Q straight from q_proj (no q_lora_rank), half rotary; v_head_dim unlike qk_head_dim
+            "deepseek_v3-q-proj-half": ("deepseek_v3", dict(MLA, q_lora_rank=None, rope_interleave=False, v_head_dim=12)),
+            "deepseek_v2-q-proj": ("deepseek_v2", dict(MLA, q_lora_rank=None, v_head_dim=12))}
 
 
 @pytest.mark.slow
@@ -503,7 +506,7 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
-        "albert", "lfm2"]
+        "albert", "lfm2", "deepseek_v3"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 

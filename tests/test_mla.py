@@ -31,7 +31,7 @@ runner = CliRunner()
 E, H, T, LAYERS = 32, 4, 9, 2
 BASE = dict(hidden_size=E, num_attention_heads=H, num_key_value_heads=H, num_hidden_layers=LAYERS,
             intermediate_size=48, moe_intermediate_size=16, vocab_size=64, max_position_embeddings=64,
-            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=4, v_head_dim=12, n_routed_experts=4,
+            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=4, v_head_dim=10, n_routed_experts=4,
             num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=LAYERS, rms_norm_eps=1e-5)
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
         "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0}
@@ -60,7 +60,7 @@ def _randomise(model: Any, seed: int) -> None:
 
 def _build(mt: str, over: dict[str, Any], folder: Path, layer: int = 1) -> dict[str, Any]:
     """The tiny model saved in ``folder``; what layer ``layer``'s attention saw and returned."""
-    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
     cfg = CONFIG_MAPPING[mt](**{**BASE, **over})
     cfg._attn_implementation = "eager"
@@ -102,7 +102,7 @@ def test_mla_layer_is_the_hf_module(case: str, tmp_path: Path) -> None:
     with torch.no_grad():  # the latent steps, against the module's own submodules
         kv = m.kv_a_proj_with_mqa(xt)
         c = m.kv_a_layernorm(kv[..., :16])
-        k_nope, v = m.kv_b_proj(c).view(1, T, H, 4 + 12).split([4, 12], dim=-1)
+        k_nope, v = m.kv_b_proj(c).view(1, T, H, 4 + 10).split([4, 10], dim=-1)
         np.testing.assert_allclose(t.step("kv_latent").numpy(), kv[0].numpy(), atol=1e-5)
         np.testing.assert_allclose(t.step("kv_latent_norm").numpy(), c[0].numpy(), atol=1e-5)
         np.testing.assert_allclose(t.step("k_nope").numpy(), k_nope[0].reshape(T, -1).numpy(), atol=1e-5)
