@@ -43,6 +43,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "v2-complex-pairs": ("deepseek_v2", dict(q_lora_rank=24)),
     "v2-q-proj": ("deepseek_v2", dict(q_lora_rank=None)),
     "minicpm3-half": ("minicpm3", dict(q_lora_rank=24)),
+    # DeepSeek-V2's own rope_scaling (mscale = mscale_all_dim = 0.707): the scale times mscale², cos/sin unscaled
+    "v2-yarn-as-released": ("deepseek_v2", dict(q_lora_rank=24, rope_parameters=dict(
+        YARN, mscale=0.707, mscale_all_dim=0.707, factor=40.0))),
 }
 
 
@@ -176,3 +179,22 @@ def test_cli_self_on_a_deepseek_v3_folder(tmp_path: Path) -> None:
     names = [s["name"] for s in out["steps"]]
     assert names.index("q_latent") < names.index("q_latent_norm") < names.index("q") < names.index("kv_latent") \
         < names.index("kv_latent_norm") < names.index("k_nope") < names.index("k") < names.index("v")
+
+
+def test_cli_wrong_heads_is_one_line_naming_heads(tmp_path: Path) -> None:
+    got = _build("deepseek_v3", dict(q_lora_rank=24), tmp_path / "model")
+    np.save(tmp_path / "x.npy", got["x"][0].numpy())
+    res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(tmp_path / "model"), "--layer", "1",
+                              "--heads", "2", "--format", "json"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "--heads" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_cli_check_finds_the_module_output_and_not_a_scaled_one(tmp_path: Path) -> None:
+    got = _build("deepseek_v3", dict(q_lora_rank=24), tmp_path / "model")
+    np.save(tmp_path / "x.npy", got["x"][0].numpy())
+    for name, factor, code in (("y", 1.0, 0), ("bad", 1.01, 1)):
+        np.save(tmp_path / f"{name}.npy", got["y"][0].numpy() * factor)
+        res = runner.invoke(app, ["check", str(tmp_path / f"{name}.npy"), str(tmp_path / "x.npy"), "--weights",
+                                  str(tmp_path / "model"), "--layer", "1", "--format", "json"])
+        assert res.exit_code == code, res.stderr[-300:]

@@ -155,9 +155,12 @@ class Projections:
                 raise self._fail(f"the query latent's norm must have ({r_q},) weights, one per feature of W_qa's output")
         else:
             wanted["W_q"] = (self.W_q, (d, self.d_k))
-        if dq != L.d_nope + L.d_rope or L.d_rope % 2 or L.d_rope < 2:
-            raise self._fail(f"each head's q has {dq} features; expected d_nope + d_rope = {L.d_nope} + {L.d_rope} "
-                             "with an even d_rope")
+        if L.d_rope % 2 or L.d_rope < 2:
+            raise self._fail(f"the rotary part of each head has {L.d_rope} features; RoPE turns pairs, so an even number")
+        if dq != L.d_nope + L.d_rope:  # the reader checked W_q against config.json: the number of heads is off
+            raise InputError(f"{heads} heads give each head {dq} of W_q's {self.d_k} features; multi-head latent "
+                             f"attention has {L.d_nope} + {L.d_rope} per head ({self.d_k // (L.d_nope + L.d_rope)} "
+                             "heads)", "--heads")
         for n, (a, shape) in wanted.items():
             if a is not None and a.shape != shape:
                 where = L.origin.get(n) or self.origin.get(n)

@@ -597,7 +597,7 @@ def _mla(c: Ctx) -> None:
         if c.arrays[t].shape[1] != want[1]:
             raise c.fail(f"{c.origin[t]} gives {c.arrays[t].shape[1]} features; config.json's widths say {want[1]}")
     f = c.facts
-    f.heads, f.kv_heads, f.head_dim = H, H, n + r
+    f.heads, f.head_dim = H, n + r  # K and V: one per query head (kv_heads left unset: not an option here)
     f.from_config += ["heads", "head_dim"]
     f.latent = (n, r, 1e-6)
     f.causal = True
