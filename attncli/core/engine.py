@@ -1,6 +1,8 @@
 """The one pipeline: the stages of attncli.core.stages composed, returning a Trace.
 
-    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...)
+    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...;
+                 DeepSeek MLA: q_latent, q_latent_norm, kv_latent, kv_latent_norm, k_nope, then q, k, v per head
+                 [pe | nope], see _project_latent)
     2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
     3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE, Llama 4's
                  temperature tuning of q),
