@@ -145,8 +145,12 @@ def test_unknown_layout_and_unsupported_one(tmp_path: Path) -> None:
     safetensors_numpy.save_file({"foo.weight": np.ones((2, 2), np.float32)}, f)
     with pytest.raises(InputError, match="holds no attention layout attncli knows"):
         load_layer(f, 0)
+    safetensors_numpy.save_file({"transformer.blocks.0.attn.Wqkv.weight": np.ones((6, 2), np.float32)}, f)
+    with pytest.raises(InputError, match=r"holds MPT / Mosaic \(fused attn.Wqkv\) attention, which attncli recognises"):
+        load_layer(f, 0)
+    # DeepSeek's latent attention is read, but only config.json says its widths
     safetensors_numpy.save_file({"model.layers.0.self_attn.kv_a_proj_with_mqa.weight": np.ones((6, 2), np.float32)}, f)
-    with pytest.raises(InputError, match=r"holds DeepSeek multi-head latent attention .* which attncli recognises"):
+    with pytest.raises(InputError, match=r"has no config.json, and mla tensor names fit families"):
         load_layer(f, 0)
     # Phi-3's fused qkv_proj is read, but its split needs the number of heads (config.json)
     safetensors_numpy.save_file({"model.layers.0.self_attn.qkv_proj.weight": np.ones((6, 2), np.float32)}, f)

@@ -486,7 +486,10 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "llama4_text-no-qk-norm": ("llama4_text", dict(no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True,
                                                            floor_scale=2, attn_scale=0.5, use_qk_norm=False)),
             "hunyuan_v1_dense-ntk-alpha": ("hunyuan_v1_dense", dict(rope_parameters=dict(
-                rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0)))}
+                rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0))),
+            # MLA: Q straight from q_proj (no q_lora_rank), half rotary; v_head_dim unlike qk_head_dim
+            "deepseek_v3-q-proj-half": ("deepseek_v3", dict(MLA, q_lora_rank=None, rope_interleave=False, v_head_dim=12)),
+            "deepseek_v2-q-proj": ("deepseek_v2", dict(MLA, q_lora_rank=None, v_head_dim=12))}
 
 
 @pytest.mark.slow
@@ -509,7 +512,7 @@ BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", 
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
         "albert", "lfm2",
-        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat"]
+        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "deepseek_v3"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 

@@ -324,6 +324,8 @@ def q_k_swapped(c: Context) -> Result:
     if c.heads:  # self-attention: swapping Q and K is swapping W_q and W_k
         mh = c.multi()
         proj = mh.projections
+        if proj.latent is not None:
+            raise NotApplicable("multi-head latent attention: Q and K come from different latents")
         if mh.memory is not mh.x or proj.W_q.shape != proj.W_k.shape:
             raise NotApplicable("cross-attention: Q and K come from different inputs")
         swapped = replace(proj, W_q=proj.W_k, W_k=proj.W_q, b_q=proj.b_k, b_k=proj.b_q)

@@ -1,6 +1,8 @@
 """The one pipeline: the stages of attncli.core.stages composed, returning a Trace.
 
-    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...)
+    1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...;
+                 DeepSeek MLA: q_latent, q_latent_norm, kv_latent, kv_latent_norm, k_nope, then q, k, v per head
+                 [pe | nope], see _project_latent)
     2) split     (B, T, H·d) -> (B, H, T, d); K/V: G heads              (with projections)
     3)-7)        the stages of attncli.core.chain.STAGES, in its order: on q and k (QK-norm, RoPE, Llama 4's
                  temperature tuning of q),
@@ -44,7 +46,7 @@ from attncli.core.params import (
 )
 from attncli.core.plan import Plan, plan
 from attncli.core.problem import Problem
-from attncli.core.projections import Norm, Projections
+from attncli.core.projections import LATENT, Norm, Projections
 from attncli.core.scoring import get_score
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.core.trace import StepName as N
@@ -209,17 +211,20 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
         t.add("memory", "Y: the memory that keys (and values) are projected from", Y, (KEYS, FEATURES))
     if values:
         t.add("values", "Z: the input values are projected from", Z, (KEYS, FEATURES))
-    for n in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v"):
-        _weight(t, proj, w, n)
-    q = stages.project(X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
-    k = stages.project(Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
-    v = stages.project(Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
-    y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
-    t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES),
-          [f"{proj.source}, {proj.kind} layout; from config.json: "
-           + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None, _projection(proj, w, "X", "q"))
-    t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
-    t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES), params=_projection(proj, w, z_name, "v"))
+    config_note = [f"{proj.source}, {proj.kind} layout; from config.json: "
+                   + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None
+    if proj.latent is not None:  # DeepSeek's multi-head latent attention: Q, K, V from low-rank latents of X
+        q, k, v = _project_latent(layer, be, t, X, w, config_note)
+    else:
+        for n in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v"):
+            _weight(t, proj, w, n)
+        q = stages.project(X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
+        k = stages.project(Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
+        v = stages.project(Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
+        y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
+        t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES), config_note, _projection(proj, w, "X", "q"))
+        t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
+        t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES), params=_projection(proj, w, z_name, "v"))
     clip = layer.options.clip_qkv
     if clip is not None:  # OLMo: q, k, v clamped to [-C, C] right after the projections
         q, k, v = (_clip(t, be, a, name, clip, axes) for a, name, axes in
@@ -237,6 +242,61 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
     m.batch_axes, m.head_axis = (["batch", "head"], 1) if layer.batched else (["head"], 0)
     core = layer.problem(to_numpy(qh), to_numpy(kh), to_numpy(vh))  # the attention of each head
     return core, qh, kh, vh, w
+
+
+def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, Any],
+                    notes: list[str] | None) -> tuple[Any, Any, Any]:
+    """DeepSeek's multi-head latent attention (attncli.core.projections.Latent): the steps q_latent, q_latent_norm
+    (with W_qa), q, kv_latent, kv_latent_norm, k_nope, k, v. Each head's q and k are put [pe | nope] (HF keeps
+    [nope | pe]): the same order in both leaves every q·k unchanged, and RoPE turns each head's first d_rope
+    features. Returns Q (B, T, H·(r+n)), K (B, S, H·(r+n)), V (B, S, H·d_v)."""
+    L, xp, dt, H = layer.projections.latent, be.xp, layer.dtype, layer.heads
+    assert L is not None
+    proj, n, r = layer.projections, L.d_nope, L.d_rope
+    latent_w = {nm: a for nm, a in w.items() if nm in LATENT}
+    for nm in ("W_qa", "b_qa"):
+        _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
+
+    def norm(name: str, a: Any, wt: Any, of: str, where: str) -> Any:
+        y = stages.rms_norm(xp, a, be.asarray(wt, dt), L.eps)
+        t.add(name, f"{name} = w · {of} / sqrt(mean({of}²) + {L.eps:g}): the latent's RMSNorm (w = {where})", y,
+              (QUERIES if name.startswith("q") else KEYS, FEATURES), params=Normalise("rms", L.eps, True, where))
+        return y
+
+    src = "X"
+    if L.W_qa is not None and L.q_a_norm is not None:  # q_lora_rank: Q through its own latent
+        ql = stages.project(X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
+        t.add("q_latent", f"q_latent = X · W_qa{_plus(w, 'b_qa')}: the queries' low-rank latent", ql, (QUERIES, FEATURES),
+              params=Projection("X", "W_qa", "b_qa" if "b_qa" in w else None, L.origin.get("W_qa")))
+        src = "q_latent_norm"
+        X_q = norm(src, ql, L.q_a_norm, "q_latent", L.origin.get("q_a_norm", "q_a_norm"))
+    else:
+        X_q = X
+    _weight(t, proj, w, "W_q")
+    q = stages.rope_first(xp, stages.project(X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
+    t.add("q", f"Q = {src} · W_q, each head's features put [q_pe | q_nope] ({r} + {n}; W_q gives [q_nope | q_pe]: K "
+          "has the same order, so q·k is unchanged, and RoPE turns the first " + f"{r})", q, (QUERIES, FEATURES),
+          notes, Projection(src, "W_q", None, proj.origin.get("W_q")))
+    for nm in ("W_kva", "b_kva"):
+        _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
+    kv = stages.project(X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
+    r_kv = int(L.kv_a_norm.shape[0])
+    t.add("kv_latent", f"kv_latent = X · W_kva{_plus(w, 'b_kva')} = [c | k_pe]: the keys' and values' latent c "
+          f"({r_kv} features) and the rotary part of every head's key k_pe ({r})", kv, (KEYS, FEATURES),
+          params=Projection("X", "W_kva", "b_kva" if "b_kva" in w else None, L.origin.get("W_kva")))
+    c = norm("kv_latent_norm", kv[..., :r_kv], L.kv_a_norm, "c", L.origin.get("kv_a_norm", "kv_a_norm"))
+    for nm in ("W_k", "W_v"):
+        _weight(t, proj, w, nm)
+    k_nope = stages.project(c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
+    t.add("k_nope", "k_nope = kv_latent_norm · W_k: each head's keys without positions", k_nope, (KEYS, FEATURES),
+          params=Projection("kv_latent_norm", "W_k", None, proj.origin.get("W_k")))
+    k = stages.shared_rope_keys(xp, k_nope, kv[..., r_kv:], H)  # (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))
+    t.add("k", f"K: each head's key [k_pe | k_nope_h], k_pe (kv_latent's last {r} features) the same for every head",
+          k, (KEYS, FEATURES))
+    v = stages.project(c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
+    t.add("v", "V = kv_latent_norm · W_v", v, (KEYS, FEATURES),
+          params=Projection("kv_latent_norm", "W_v", None, proj.origin.get("W_v")))
+    return q, k, v
 
 
 def _clip(t: Trace, be: Backend, a: Any, name: str, c: float, axes: tuple[str, str]) -> Any:
@@ -574,7 +634,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     t.seq_first = problem.batched and not problem.batch_first
     if not problem.batched:
         for s in t.steps:
-            if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}:
+            if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", *LATENT}:
                 s.values = s.values[0]
         t.dead = None if t.dead is None else t.dead[0]
 

@@ -5,6 +5,7 @@
     (B, T, H·d) -> (B, H, T, d); K and V: G heads          -> Layer.problem(Q, K, V): the core Problem
     clip: q, k, v clamped to [-C, C] (OLMo clip_qkv, option clip_qkv), before the split
     output = concat(head_0, ..., head_{H-1}) W_o + b_o   (BitNet: sub_norm(concat) W_o + b_o)
+    MLA (DeepSeek): Q, K, V from low-rank latents of X, an RMSNorm between the two matrices (core.projections.Latent)
 
 A Layer holds X, Y, Z, the projections, the heads, the pre-norm and the key padding mask, and what it
 hands on to the attention of its heads (masks, lengths, labels, biases, options) under the same names
@@ -79,7 +80,7 @@ class Layer(Shared):
 
     def __post_init__(self) -> None:
         H, dh = self.heads, self.projections.d_k // self.heads
-        kv = int(self.projections.W_k.shape[1]) // dh
+        kv = H if self.projections.latent is not None else int(self.projections.W_k.shape[1]) // dh  # MLA: K, V per head
         derived = (("kv_heads", kv if kv != H else None), ("batch_shape", (int(self.x.shape[0]), H)),
                    ("axis_names", ("batch" if self.batched else "", "head")))
         for name, value in derived:
@@ -152,6 +153,9 @@ class Layer(Shared):
         X, Y, Z, batched = _inputs(x, memory, values, batch_first, src)
         B, T, S = X.shape[0], X.shape[1], Y.shape[1]
         what = ("X", "X" if k_is_q else "memory", "X" if k_is_q and v_is_k else ("memory" if v_is_k else "values"))
+        if projections.latent is not None and not (k_is_q and v_is_k):
+            raise InputError("multi-head latent attention computes K and V from X's own latent: self-attention only "
+                             "(no memory or values)", src["k"])
         projections.check(X.shape[2], Y.shape[2], Z.shape[2], heads, what, o.kv_heads)
         eps = pre_norm.eps if pre_norm is not None else 1.0
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):  # sqrt(var + eps): NaN or inf

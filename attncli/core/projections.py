@@ -26,6 +26,7 @@ PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 BIASES = ("b_q", "b_k", "b_v", "b_o")
 # QK-norm weights (d,), (H, d) or (H·d,) and LayerNorm biases, and sinks (H,), beside the projections
 EXTRAS = ("q_norm", "k_norm", "q_norm_bias", "k_norm_bias", "sinks")
+LATENT = ("W_qa", "b_qa", "W_kva", "b_kva")  # multi-head latent attention's first matrices (Latent)
 INITS = ("mha", "linear")
 
 
@@ -49,6 +50,7 @@ class Projections:
     q_norm_bias: np.ndarray | None = None  # LayerNorm QK-norm biases, shaped as the weights
     k_norm_bias: np.ndarray | None = None
     sinks: np.ndarray | None = None  # (H,) one logit per query head (gpt-oss)
+    latent: Latent | None = None  # DeepSeek's MLA: Q, K, V from low-rank latents (then W_q, W_k, W_v read them)
     source: str = "weights"
     origin: dict[str, str] = field(default_factory=dict)  # name -> where it came from, e.g. "in_proj_weight[0:8]ᵀ"
     kind: str = "textbook"
@@ -71,7 +73,10 @@ class Projections:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The weights that are present, by textbook name (what ``--save`` records)."""
-        return {n: a for n in (*PROJECTIONS, *BIASES) if (a := getattr(self, n)) is not None}
+        out = {n: a for n in (*PROJECTIONS, *BIASES) if (a := getattr(self, n)) is not None}
+        if self.latent is not None:
+            out |= {n: a for n in LATENT if (a := getattr(self.latent, n)) is not None}
+        return out
 
     def _name(self, n: str) -> str:
         return f"{n} ({self.origin[n]})" if n in self.origin else n
@@ -83,6 +88,8 @@ class Projections:
               kv_heads: int | None = None) -> int:
         """Shapes against the inputs' widths and the number of heads (``kv_heads`` K/V heads: None, as W_k's
         width says); an InputError naming the weight. Returns the number of K/V heads."""
+        if self.latent is not None:
+            return self._check_latent(d_q, heads, kv_heads)
         for n in PROJECTIONS:
             a = getattr(self, n)
             if a is not None and a.ndim != 2:
@@ -128,6 +135,74 @@ class Projections:
                              f"each head takes d_v / heads features; choose a number of heads that divides {self.d_v}",
                              "--heads")
         return kv_heads
+
+
+    def _check_latent(self, d: int, heads: int, kv_heads: int | None) -> int:
+        """MLA's shapes (attncli.core.projections.Latent): every head has its own K and V, so H K/V heads."""
+        L = self.latent
+        assert L is not None
+        if kv_heads is not None and kv_heads != heads:
+            raise InputError(f"multi-head latent attention has one K and V per query head ({heads}), not {kv_heads}",
+                             "--kv-heads")
+        if heads < 1 or self.d_k % heads or int(self.W_v.shape[1]) % heads:
+            raise InputError(f"{heads} heads do not divide W_q's {self.d_k} or W_v's {self.W_v.shape[1]} columns",
+                             "--heads")
+        r_kv, dq, dn = int(L.kv_a_norm.shape[0]), self.d_k // heads, L.d_nope
+        wanted: dict[str, tuple[np.ndarray | None, tuple[int, ...]]] = {
+            "W_kva": (L.W_kva, (d, r_kv + L.d_rope)), "b_kva": (L.b_kva, (r_kv + L.d_rope,)),
+            "W_k": (self.W_k, (r_kv, heads * dn)), "W_v": (self.W_v, (r_kv, int(self.W_v.shape[1])))}
+        if L.W_qa is not None:
+            r_q = int(L.W_qa.shape[1])
+            wanted |= {"W_qa": (L.W_qa, (d, r_q)), "b_qa": (L.b_qa, (r_q,)), "W_q": (self.W_q, (r_q, self.d_k))}
+            if L.q_a_norm is None or L.q_a_norm.shape != (r_q,):
+                raise self._fail(f"the query latent's norm must have ({r_q},) weights, one per feature of W_qa's output")
+        else:
+            wanted["W_q"] = (self.W_q, (d, self.d_k))
+        if L.d_rope % 2 or L.d_rope < 2:
+            raise self._fail(f"the rotary part of each head has {L.d_rope} features; RoPE turns pairs, so an even number")
+        if dq != L.d_nope + L.d_rope:  # the reader checked W_q against config.json: the number of heads is off
+            raise InputError(f"{heads} heads give each head {dq} of W_q's {self.d_k} features; multi-head latent "
+                             f"attention has {L.d_nope} + {L.d_rope} per head ({self.d_k // (L.d_nope + L.d_rope)} "
+                             "heads)", "--heads")
+        for n, (a, shape) in wanted.items():
+            if a is not None and a.shape != shape:
+                where = L.origin.get(n) or self.origin.get(n)
+                raise self._fail(f"{n}{f' ({where})' if where else ''} has shape {a.shape}; expected {shape} "
+                                 "(multi-head latent attention)")
+        if self.W_o is not None and self.W_o.shape[0] != self.W_v.shape[1]:
+            raise self._fail(f"{self._name('W_o')} has shape {self.W_o.shape} but the heads concatenate to "
+                             f"{self.W_v.shape[1]} features")
+        for n in ("b_q", "b_k", "b_v"):
+            if getattr(self, n) is not None:
+                raise self._fail(f"{n} is given, which multi-head latent attention does not have")
+        if self.b_o is not None and (self.W_o is None or self.b_o.shape != (self.W_o.shape[1],)):
+            raise self._fail(f"{self._name('b_o')} has shape {self.b_o.shape}; expected one per output of W_o")
+        object.__setattr__(self, "_rep", 1)
+        return heads
+
+
+@dataclass(frozen=True)
+class Latent:
+    """DeepSeek's multi-head latent attention (MLA, DeepSeek-V2/V3): Q, K and V come from low-rank latents with an
+    RMSNorm between the two matrices; RoPE turns d_rope features of each head, the keys' ones shared by every head.
+
+        q_latent = X W_qa + b_qa,  q_latent_norm = w_qa · q_latent / sqrt(mean(q_latent²) + eps)
+        Q = q_latent_norm W_q                   (without W_qa: Q = X W_q)     per head [q_nope | q_pe]
+        kv_latent = X W_kva + b_kva = [c | k_pe],  kv_latent_norm = w_kva · c / sqrt(mean(c²) + eps)
+        K_nope = kv_latent_norm W_k (H·d_nope),  V = kv_latent_norm W_v (H·d_v)
+        k_h = [k_nope_h | k_pe]: k_pe (d_rope features, one for all heads) joins every head
+    """
+
+    W_kva: np.ndarray  # (E, r_kv + d_rope): kv_a_proj_with_mqa
+    kv_a_norm: np.ndarray  # (r_kv,): kv_a_layernorm
+    d_nope: int  # qk_nope_head_dim
+    d_rope: int  # qk_rope_head_dim
+    eps: float = 1e-6  # the latents' RMSNorms
+    b_kva: np.ndarray | None = None  # (r_kv + d_rope,)
+    W_qa: np.ndarray | None = None  # (E, r_q): q_a_proj; None: Q = X W_q
+    b_qa: np.ndarray | None = None  # (r_q,)
+    q_a_norm: np.ndarray | None = None  # (r_q,): q_a_layernorm
+    origin: dict[str, str] = field(default_factory=dict)
 
 
 def xavier_init(rng: np.random.Generator, shape: tuple[int, int], fan: tuple[int, int] | None = None) -> np.ndarray:

@@ -74,6 +74,22 @@ def split_heads(xp: Any, a: Any, heads: int) -> Any:
     return xp.permute_dims(xp.reshape(a, (B, T, heads, e // heads)), (0, 2, 1, 3))
 
 
+def rope_first(xp: Any, a: Any, heads: int, d_nope: int) -> Any:
+    """MLA's queries: each head's features [nope | pe] put as [pe | nope]. (B, T, H·(n+r)) -> (B, T, H·(r+n))"""
+    B, T, e = (int(s) for s in a.shape)
+    h = xp.reshape(a, (B, T, heads, e // heads))  # (B, T, H·d) -> (B, T, H, d)
+    return xp.reshape(xp.concat([h[..., d_nope:], h[..., :d_nope]], axis=-1), (B, T, e))
+
+
+def shared_rope_keys(xp: Any, k_nope: Any, k_pe: Any, heads: int) -> Any:
+    """MLA's keys: k_h = [k_pe | k_nope_h], k_pe the same for every head. (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))"""
+    B, S, e = (int(s) for s in k_nope.shape)
+    r = int(k_pe.shape[-1])
+    kn = xp.reshape(k_nope, (B, S, heads, e // heads))  # (B, S, H·n) -> (B, S, H, n)
+    kp = xp.broadcast_to(xp.reshape(k_pe, (B, S, 1, r)), (B, S, heads, r))  # (B, S, r) -> (B, S, H, r)
+    return xp.reshape(xp.concat([kp, kn], axis=-1), (B, S, heads * (r + e // heads)))
+
+
 def merge_heads(xp: Any, a: Any) -> Any:
     """The heads side by side, in order: (B, H, T, d) -> (B, T, H, d) -> (B, T, H·d)."""
     B, H, T, d = (int(s) for s in a.shape)

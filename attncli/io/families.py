@@ -40,6 +40,8 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     bart, marian, ...  bart    none                    post-norm (pegasus, mbart, whisper, ...: pre-norm)
     distilbert         distilbert none                 post-norm (none before)       bidirectional
     albert             albert  none                    post-norm (none before)       layers share groups
+    deepseek_v2/v3 &co mla     interleaved (V3: rope_interleave; minicpm3 half) on qk_rope_head_dim, RMS input_layernorm,
+                               multi-head latent attention (q/kv latents with their RMSNorms)
 """
 
 from __future__ import annotations
@@ -354,9 +356,19 @@ REFUSED: dict[str, str] = {
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
 }
 MLA = "multi-head latent attention (kv_a_proj_with_mqa, kv_lora_rank) is not supported"
-for mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "minicpm3", "glm4_moe_lite", "glm_moe_dsa", "youtu", "axk1",
-           "axk2", "hy_v4", "kimi_k2"):
+for mt in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "kimi_k2"):  # sparse indexers (DSA), other variants
     REFUSED.setdefault(mt, MLA)
+# Multi-head latent attention (DeepSeek-V2/V3 MLA), read by the mla layout: Q from q_a_proj, q_a_layernorm
+# (RMS, eps 1e-6), q_b_proj (or q_proj); [c | k_pe] = kv_a_proj_with_mqa, kv_a_layernorm(c) then kv_b_proj per head
+# [k_nope | v]; RoPE on qk_rope_head_dim features (k_pe shared by every head); scale qk_head_dim^-0.5 (· mscale² of
+# mscale_all_dim under a rope scaling). DeepSeek-V2: complex pairs (interleaved); MiniCPM3: half; DeepSeek-V3, Youtu,
+# GLM-4-MoE-Lite, A.X-K1: rope_interleave (true: interleaved pairs, false: half).
+MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+                      "attention_bias", "rms_norm_eps", "head_dim", "num_key_value_heads"})
+declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS)
+declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS)
+declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None,
+        keys=MLA_KEYS | {"rope_interleave"})
 
 
 def family(model_type: str) -> Family | None:

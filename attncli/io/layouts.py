@@ -20,6 +20,8 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     bart              self_attn.{q,k,v,out}_proj, self_attn_layer_norm        nn.Linear (OPT, BioGPT, XGLM, Whisper, ...)
     distilbert        attention.{q,k,v,out}_lin                               nn.Linear, post-norm
     albert            albert_layer_groups.G.albert_layers.I.attention.*       shared: layer N -> (G, I) by config.json
+    mla               self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj}, kv_a_proj_with_mqa, kv_a_layernorm,
+                      kv_b_proj (rows per head [k_nope; v]), o_proj            nn.Linear; DeepSeek-V2/V3 latent attention
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
 A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
@@ -78,6 +80,7 @@ class AttentionFacts:
     tuning_floor: float | None = None  # its floor_scale
     sub_norm: str | None = None  # "rms": an RMSNorm of the concatenated heads before o_proj (BitNet); eps: norm_eps
     sinks: bool = False  # gpt-oss
+    latent: tuple[int, int, float] | None = None  # MLA: (qk_nope_head_dim, qk_rope_head_dim, the latents' RMS eps)
     relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
     from_config: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -154,7 +157,6 @@ module_layout("mha-kdim", "q_proj_weight", weights.mha_separate,
 # Layouts attncli recognises but does not read: a name pattern -> what it is and why.
 UNSUPPORTED: dict[str, tuple[re.Pattern[str], str]] = {
     "mpt": (re.compile(r"attn\.Wqkv\.weight$"), "MPT / Mosaic (fused attn.Wqkv)"),
-    "mla": (re.compile(r"self_attn\.kv_a_proj_with_mqa\.weight$"), "DeepSeek multi-head latent attention (kv_a_proj_with_mqa)"),
 }
 
 
@@ -240,6 +242,15 @@ def _heads(c: Ctx, *keys: str, kv_keys: tuple[str, ...] = ("num_key_value_heads"
 def _check_shapes(c: Ctx) -> None:
     """The textbook arrays agree with each other and with the facts (one line naming the tensor)."""
     a, f = c.arrays, c.facts
+    if f.latent is not None:  # MLA: W_q, W_k, W_v read latents; Projections.check sees their widths
+        E = a["W_kva"].shape[0]
+        width, key = _cfg(c.config, "hidden_size")
+        if key is not None and int(width) != E:
+            raise c.fail(f"{c.origin['W_kva']} has {E} inputs but config.json says {key} = {width}")
+        for k in ("norm_w",):
+            if k in a and a[k].shape != (E,):
+                raise c.fail(f"{c.origin[k]} has shape {a[k].shape}; expected ({E},), the model width")
+        return
     E = a["W_q"].shape[0]
     width, key = _cfg(c.config, "hidden_size", "n_embd", "d_model", "dim")
     if key is not None and int(width) != E:
@@ -605,6 +616,86 @@ def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
     if "q_norm" in c.arrays:
         c.facts.qk_norm = "layernorm"
         c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+
+
+@layout("mla", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.kv_a_proj_with_mqa\.weight$",
+        "DeepSeek-V2/V3 multi-head latent attention: self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj}, "
+        "kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj")
+def _mla(c: Ctx) -> None:
+    """MLA (attncli.core.projections.Latent), as DeepseekV3Attention.forward: W_qa = q_a_projᵀ, q_a_norm =
+    q_a_layernorm, W_q = q_b_projᵀ (or q_projᵀ); W_kva = kv_a_proj_with_mqaᵀ, kv_a_norm = kv_a_layernorm; kv_b_proj's
+    rows per head [k_nope (n); v (d_v)] split into W_k and W_v; the latents' RMSNorms have eps 1e-6 (their modules'
+    default, not rms_norm_eps). Widths and rotary from config.json (it is required)."""
+    a, fam, cfg = c.block + "self_attn.", c.family, c.config or {}
+    if fam is None or fam.layout != "mla" or not cfg:
+        raise c.fail("holds multi-head latent attention (kv_a_proj_with_mqa), whose widths only config.json says: put "
+                     "config.json beside the weights")
+    dims = {}
+    for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "num_attention_heads"):
+        v, key = _cfg(cfg, k)
+        if key is None:
+            raise c.fail(f"{fam.model_type}: config.json has no {k}, which multi-head latent attention needs")
+        dims[k] = int(v)
+    n, r, dv, r_kv, H = (dims[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
+                                            "num_attention_heads"))
+    kvh, _ = _cfg(cfg, "num_key_value_heads")
+    if kvh is not None and int(kvh) != H:
+        raise c.fail(f"{fam.model_type}: num_key_value_heads {kvh} differs from num_attention_heads {H}, which its "
+                     "latent attention (one K and V per head) does not support")
+    hd, _ = _cfg(cfg, "head_dim")
+    if hd is not None and int(hd) != r:  # HF's rotary tables are head_dim · partial_rotary_factor wide
+        raise c.fail(f"{fam.model_type}: head_dim {hd} differs from qk_rope_head_dim {r}, the width its rotary turns")
+    rp_ = cfg.get("rope_parameters")
+    rp: dict[str, Any] = rp_ if isinstance(rp_, dict) else {}
+    for prf in (cfg.get("partial_rotary_factor"), rp.get("partial_rotary_factor")):
+        if prf is not None and float(prf) != 1.0:
+            raise c.fail(f"{fam.model_type}: partial_rotary_factor {prf} is not supported with latent attention")
+    if c.has(a + "q_a_proj.weight"):
+        c.linear("W_qa", a + "q_a_proj.weight")
+        if c.has(a + "q_a_proj.bias"):
+            c.put("b_qa", c.get(a + "q_a_proj.bias"), a + "q_a_proj.bias")
+        c.put("q_a_norm", c.get(a + "q_a_layernorm.weight"), a + "q_a_layernorm.weight")
+        c.linear("W_q", a + "q_b_proj.weight")
+    else:
+        c.linear("W_q", a + "q_proj.weight")
+    c.linear("W_kva", a + "kv_a_proj_with_mqa.weight")
+    if c.has(a + "kv_a_proj_with_mqa.bias"):
+        c.put("b_kva", c.get(a + "kv_a_proj_with_mqa.bias"), a + "kv_a_proj_with_mqa.bias")
+    c.put("kv_a_norm", c.get(a + "kv_a_layernorm.weight"), a + "kv_a_layernorm.weight")
+    name = a + "kv_b_proj.weight"
+    kvb = c.get(name)
+    if kvb.shape != (H * (n + dv), r_kv):
+        raise c.fail(f"tensor {name!r} has shape {kvb.shape}; expected ({H * (n + dv)}, {r_kv}): per head "
+                     f"[k_nope ({n}); v ({dv})] rows of kv_lora_rank {r_kv} inputs")
+    per_head = kvb.reshape(H, n + dv, r_kv)  # rows (H·(n+d_v), r_kv) -> (H, n+d_v, r_kv)
+    c.put("W_k", per_head[:, :n].reshape(H * n, r_kv).T, f"{name} rows [k_nope] of each head (the first {n} of "
+          f"every {n + dv})ᵀ")
+    c.put("W_v", per_head[:, n:].reshape(H * dv, r_kv).T, f"{name} rows [v] of each head (the last {dv} of every "
+          f"{n + dv})ᵀ")
+    c.linear("W_o", a + "o_proj.weight", a + "o_proj.bias")
+    for t, want in (("W_q", (None, H * (n + r))), ("W_kva", (None, r_kv + r))):
+        if c.arrays[t].shape[1] != want[1]:
+            raise c.fail(f"{c.origin[t]} gives {c.arrays[t].shape[1]} features; config.json's widths say {want[1]}")
+    f = c.facts
+    f.heads, f.head_dim = H, n + r  # K and V: one per query head (kv_heads left unset: not an option here)
+    f.from_config += ["heads", "head_dim"]
+    f.latent = (n, r, 1e-6)
+    f.causal = True
+    kind = fam.rope
+    if "rope_interleave" in fam.reads():
+        kind = "half" if cfg.get("rope_interleave") is False else "interleaved"  # the config classes' default: true
+    _rope(c, kind or "interleaved")
+    f.rotary_dim = r
+    f.extra["latent"] = (f"q {'q_a_proj, q_a_layernorm, q_b_proj' if 'W_qa' in c.arrays else 'q_proj'}; "
+                         f"kv_lora_rank {r_kv}; per head q/k {n} + {r} rotary (placed first), v {dv}")
+    sc = f.rope_scaling or {}
+    mad = sc.get("mscale_all_dim")
+    if sc and mad:  # yarn_apply_mscale: any rope scaling with mscale_all_dim multiplies the scale by mscale²
+        factor = float(sc.get("factor", 1.0))
+        m = 0.1 * float(mad) * math.log(factor) + 1.0 if factor > 1 else 1.0
+        f.scale = (n + r) ** -0.5 * m * m
+        f.from_config.append("scale")
+    _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps",))
 
 
 @layout("phi", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.dense\.weight$",
@@ -1314,6 +1405,7 @@ CONFIG_DECIDES = {
     "persimmon": "partial rotary, RoPE base, heads",
     "gpt_neo": "which layers are local, window_size, heads",
     "bart": "causal or not, pre- or post-norm, heads",
+    "mla": "the latent widths, RoPE style and base, heads",
 }
 
 

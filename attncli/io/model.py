@@ -22,7 +22,7 @@ import numpy as np
 
 from attncli.core.layer import Layer
 from attncli.core.options import Options
-from attncli.core.projections import Norm, Projections, RelativeBias
+from attncli.core.projections import Latent, Norm, Projections, RelativeBias
 from attncli.errors import InputError
 from attncli.io.checkpoint import ML_DTYPES, Checkpoint
 from attncli.io.layouts import AttentionFacts, LayerAttention
@@ -109,8 +109,15 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: 
     ``layout`` forces a declared family (attncli.io.families) on a model_type attncli does not declare."""
     la = read_layer(path, layer, prefix, heads=heads, layout=layout)
     a, f = la.arrays, la.facts
+    latent = None
+    if f.latent is not None:  # MLA: the latents' matrices and norms
+        d_nope, d_rope, eps = f.latent
+        opt = {n: numbers(a[n]) for n in ("b_kva", "W_qa", "b_qa", "q_a_norm") if n in a}
+        latent = Latent(numbers(a["W_kva"]), numbers(a["kv_a_norm"]), d_nope, d_rope, eps, **opt,
+                        origin={n: la.origin[n] for n in ("W_kva", "b_kva", "W_qa", "b_qa", "q_a_norm", "kv_a_norm")
+                                if n in la.origin})
     proj = Projections(**{n: numbers(a[n]) for n in PROJECTION_NAMES if n in a},  # type: ignore[arg-type]
-                       source=f"{la.source} layer {la.layer}",
+                       latent=latent, source=f"{la.source} layer {la.layer}",
                        origin={n: la.origin[n] for n in PROJECTION_NAMES if n in la.origin}, kind=la.layout)
     options: dict[str, Any] = {n: v for n in FACT_OPTIONS if (v := getattr(f, n)) is not None and v is not False}
     if f.qk_norm and f.qk_norm_eps is not None:
