@@ -231,8 +231,9 @@ class Context:
 
     def requires_keep_mask(self) -> None:
         p = self.problem
-        if p.query_limit is None and not p.options.causal and (p.mask is None or p.mask.dtype != bool) and \
-                (p.padding is None or p.padding.dtype != bool):
+        o = p.options
+        if p.query_limit is None and not o.causal and o.window is None and o.chunk is None and o.local_window is None \
+                and (p.mask is None or p.mask.dtype != bool) and (p.padding is None or p.padding.dtype != bool):
             raise NotApplicable("no keys are masked (no valid lengths, boolean mask or causal mask)")
 
 
