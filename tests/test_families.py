@@ -481,7 +481,13 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "opt-post-norm": ("opt", dict(do_layer_norm_before=False)),  # OPT-350m
             "opt-no-affine-no-bias": ("opt", dict(layer_norm_elementwise_affine=False, enable_bias=False)),
             "albert-groups": ("albert", dict(num_hidden_groups=2, inner_group_num=2, embedding_size=32)),
-            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3]))}  # conv layers 0 and 2 between attention
+            "lfm2-hybrid": ("lfm2", dict(full_attn_idxs=[1, 3])),  # conv layers 0 and 2 between attention
+            # ModernBERT with a local layer 0 (attn_norm nn.Identity) and a global layer 1 (a LayerNorm), biases on
+            # Wqkv, Wo and the norms; the decoder likewise
+            "modernbert-local-first": ("modernbert", dict(layer_types=["sliding_attention", "full_attention"] * 2,
+                                                          attention_bias=True, norm_bias=True)),
+            "modernbert-decoder-local-first": ("modernbert-decoder", dict(
+                layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True, norm_bias=True))}
 
 
 @pytest.mark.slow
@@ -503,7 +509,7 @@ def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyP
 BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", "mistral", "granite", "olmo",
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
-        "albert", "lfm2"]
+        "albert", "lfm2", "modernbert", "modernbert-decoder", "ultrabert"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -520,7 +526,8 @@ def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
     assert verdict in ("agrees", "refused", "partly refused"), f"{mt} bf16: {verdict}: {detail}"
 
 
-BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm"]
+BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm",
+                 "modernbert-local-first"]
 
 
 @pytest.mark.slow

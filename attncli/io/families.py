@@ -35,6 +35,12 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     bart, marian, ...  bart    none                    post-norm (pegasus, mbart, whisper, ...: pre-norm)
     distilbert         distilbert none                 post-norm (none before)       bidirectional
     albert             albert  none                    post-norm (none before)       layers share groups
+    modernbert         modernbert half, theta per layer type LayerNorm attn_norm (layer 0: none) fused Wqkv, local layers
+                                                                                     |j - i| <= local_attention // 2
+    modernbert-decoder modernbert half, theta per layer type LayerNorm attn_norm (layer 0: none) q/k/v_proj, Wo, causal
+                                                                                     sliding_window on local layers
+    ultrabert          llama   half, theta per layer type RMS                        bidirectional, local layers
+                                                                                     |j - i| <= sliding_window
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class Family:
     causal: bool = True
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
+    window_kind: str = "causal"  # its sliding layers: "causal" (the W keys up to each query) | "both" (|j - i| <= R)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -93,6 +100,8 @@ LAYOUT_KEYS: dict[str, frozenset[str]] = {
                        "decoder_layers", "encoder_layers", "num_layers"}),
     "distilbert": frozenset({"dim", "n_heads", "n_layers"}),
     "albert": frozenset({"num_hidden_groups", "inner_group_num"}),
+    "modernbert": frozenset({"attention_bias", "norm_eps", "norm_bias", "local_attention", "global_attn_every_n_layers",
+                             "global_rope_theta", "local_rope_theta", "layer_types", "sliding_window"}),
 }
 
 
@@ -136,6 +145,11 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "layer_types": (_all_full, "sliding / chunked / other layers"),
     "sliding_window_pattern": (_off, "which layers slide"),
     "attention_window": (_off, "local windowed attention"),
+    "attention_windows": (_off, "per-layer local windows"),
+    "local_attention": (_off, "local (windowed) layers"),
+    "global_attn_every_n_layers": (_is(1), "which layers are local"),
+    "global_rope_theta": (_off, "rotary positions"),
+    "local_rope_theta": (_off, "rotary positions of local layers"),
     "attention_type": (_is("original_full"), "sparse attention"),
     "attention_layers": (_all_full, "local layers"),
     "position_embedding_type": (_is("absolute"), "relative or rotary positions in the scores"),
@@ -237,6 +251,16 @@ declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers,
                         "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
 declare("eurobert", layout="llama", causal=False)
+# UltraBERT: EuroBERT's attention with rotary theta per layer type and local layers seeing |j - i| <= sliding_window
+# (masking_utils.sliding_window_bidirectional_overlay); which layers are local: layer_types, else (i + 1) % 3 != 0
+declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W)
+# ModernBERT: fused Wqkv = [Q; K; V] by rows, Wo, attention_bias; half rotary with theta per layer type
+# (rope_parameters, or global_rope_theta / local_rope_theta); local layers (layer_types, else i % every_n != 0) see
+# |j - i| <= local_attention // 2 (config.sliding_window); pre-norm attn_norm (LayerNorm, bias if norm_bias), layer 0's
+# an nn.Identity. The decoder: q/k/v_proj and Wo, causal, its local layers the causal window of sliding_window keys.
+declare("modernbert", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None, causal=False,
+        window_kind="both")
+declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
         "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False)
@@ -314,7 +338,6 @@ REFUSED: dict[str, str] = {
     "olmo2": "q_norm / k_norm over the full width (before the head split) is not supported",
     "olmo3": "q_norm / k_norm over the full width (before the head split) is not supported",
     "cohere": "its parallel block with a per-head LayerNorm QK-norm is not supported",
-    "ultrabert": "bidirectional sliding-window attention is not supported",
     "esm": "its rotary BERT attention with a LayerNorm inside the module is not supported",
     "roformer": "its sinusoidal rotary BERT attention is not supported",
     "longformer": "local windowed + global attention (attention_window) is not supported",
@@ -322,7 +345,6 @@ REFUSED: dict[str, str] = {
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",
     "mra": "the MRA approximation of softmax attention is not supported",
     "mpt": "its fused Wqkv with clip_qkv / qk_ln is not supported",
-    "modernbert": "its fused Wqkv with local and global layers is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
 }
