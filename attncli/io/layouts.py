@@ -1326,7 +1326,7 @@ CONFIG_DECIDES = {
     "persimmon": "partial rotary, RoPE base, heads",
     "gpt_neo": "which layers are local, window_size, heads",
     "bart": "causal or not, pre- or post-norm, heads",
-    "modernbert": "encoder or decoder, which layers are local, the local window, RoPE bases, heads",
+    "modernbert": "causal or not, local layers, window, RoPE bases, heads",
 }
 
 
