@@ -384,3 +384,27 @@ def test_mpt_stays_refused(tmp_path: Path) -> None:
         res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(tmp_path), "--layer", "0"])
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
         assert "MPT" in res.stderr or "mpt" in res.stderr
+
+
+# ---- check names the local window's classic mistakes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mistake", ["local-window-off-by-one", "local-window-one-short", "causal-added"])
+def test_check_names_the_local_window_mistake(mistake: str, tmp_path: Path) -> None:
+    """The expected output computed by torch SDPA with a boolean mask built here from the mistaken rule (a causal
+    mask on top of the local window: a decoder's sliding window on an encoder's local layer)."""
+    rng = np.random.default_rng(11)
+    h, n, d, r = 2, 9, 8, 2
+    q, k, v = rng.normal(size=(1, h, n, d)), rng.normal(size=(1, h, n, d)), rng.normal(size=(1, h, n, 3))
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    keep = {"local-window-off-by-one": np.abs(j - i) <= r + 1, "local-window-one-short": np.abs(j - i) < r,
+            "causal-added": (j <= i) & (j >= i - r)}[mistake]
+    expected = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)),
+                                                                attn_mask=torch.from_numpy(keep)).numpy()
+    for name, a in (("q", q), ("k", k), ("v", v), ("expected", expected)):
+        np.save(tmp_path / f"{name}.npy", a)
+    res = runner.invoke(app, ["check", "-e", str(tmp_path / "expected.npy"), *(str(tmp_path / f"{x}.npy") for x in "qkv"),
+                              "--local-window", str(r), "--what", "output", "--format", "json"])
+    assert res.exit_code == 1, res.output
+    names = [e["name"] for e in json.loads(res.stdout)["explanations"]]
+    assert names and names[0] == mistake, names
