@@ -408,3 +408,16 @@ def test_check_names_the_local_window_mistake(mistake: str, tmp_path: Path) -> N
     assert res.exit_code == 1, res.output
     names = [e["name"] for e in json.loads(res.stdout)["explanations"]]
     assert names and names[0] == mistake, names
+
+
+def test_ultrabert_without_layer_types_and_with_attention_windows(tmp_path: Path) -> None:
+    """UltrabertConfig's own rule when config.json has no layer_types: layer i is local when (i + 1) % 3 != 0 (layer
+    1 here, as built); attention_windows (the original per-layer windows) is not read: refused naming it."""
+    ref = _build("ultrabert", tmp_path / "m")
+    _edit_config(tmp_path / "m", layer_types=None)
+    res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    np.testing.assert_allclose(np.array(json.loads(res.stdout)["weights"]), ref[1]["weights"], atol=1e-5)
+    _edit_config(tmp_path / "m", attention_windows=[0, 2])
+    res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
+    assert res.exit_code == 2 and "attention_windows" in res.stderr and len(res.stderr.strip().splitlines()) == 1
