@@ -487,7 +487,9 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "modernbert-local-first": ("modernbert", dict(layer_types=["sliding_attention", "full_attention"] * 2,
                                                           attention_bias=True, norm_bias=True)),
             "modernbert-decoder-local-first": ("modernbert-decoder", dict(
-                layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True, norm_bias=True))}
+                layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True, norm_bias=True)),
+            "modernbert-linear-rope": ("modernbert", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+            "modernbert-yarn": ("modernbert", dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}))}  # refused
 
 
 @pytest.mark.slow

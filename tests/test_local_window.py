@@ -355,6 +355,10 @@ def test_refusals_are_one_line(tmp_path: Path) -> None:
         assert len(lines) == 1 and len(lines[0]) < 300
         return lines[0]
 
+    # ModernBertRotaryEmbedding rotates the whole head whatever partial_rotary_factor says: not read, refused by key
+    _edit_config(tmp_path / "m", partial_rotary_factor=0.5)
+    assert "partial_rotary_factor" in refused(tmp_path / "m")
+    _edit_config(tmp_path / "m", partial_rotary_factor=None)
     # transformers 4's keys: local layers used global_rope_theta when local_rope_theta was absent, 5 uses 10000
     _edit_config(tmp_path / "m", rope_parameters=None, layer_types=None, global_rope_theta=160000.0)
     assert "local_rope_theta" in refused(tmp_path / "m")
@@ -415,6 +419,13 @@ def test_ultrabert_without_layer_types_and_with_attention_windows(tmp_path: Path
     1 here, as built); attention_windows (the original per-layer windows) is not read: refused naming it."""
     ref = _build("ultrabert", tmp_path / "m")
     _edit_config(tmp_path / "m", layer_types=None)
+    res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    np.testing.assert_allclose(np.array(json.loads(res.stdout)["weights"]), ref[1]["weights"], atol=1e-5)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())  # a partial factor inside rope_parameters: the
+    for params in cfg["rope_parameters"].values():  # whole head still rotates (UltrabertRotaryEmbedding takes head_dim)
+        params["partial_rotary_factor"] = 0.5
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
     assert res.exit_code == 0, res.stderr
     np.testing.assert_allclose(np.array(json.loads(res.stdout)["weights"]), ref[1]["weights"], atol=1e-5)

@@ -68,6 +68,8 @@ class Family:
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
     window_kind: str = "causal"  # its sliding layers: "causal" (the W keys up to each query) | "both" (|j - i| <= R)
+    rope_keys: frozenset[str] | None = None  # the rotary keys it reads (None: all of ROPE_KEYS)
+    full_rotary: bool = False  # rotary over the whole head whatever partial_rotary_factor says; default or linear only
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -75,7 +77,7 @@ class Family:
         """Every attention key of config.json this declaration reads (the rest must be neutral)."""
         keys = set(self.keys) | set(LAYOUT_KEYS.get(self.layout, ()))
         if self.rope:
-            keys |= ROPE_KEYS
+            keys |= ROPE_KEYS if self.rope_keys is None else self.rope_keys
         if self.scale:
             keys.add(self.scale)
         return frozenset(keys)
@@ -251,16 +253,21 @@ declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers,
                         "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
 declare("eurobert", layout="llama", causal=False)
+# ModernBERT and UltraBERT: rotary over the whole head whatever partial_rotary_factor says (their own
+# compute_default_rope_parameters), theta from rope_parameters per layer type; a top-level rope_theta or
+# partial_rotary_factor is not read (refused when set)
+MB_ROPE = frozenset({"rope_parameters", "rope_scaling"})
 # UltraBERT: EuroBERT's attention with rotary theta per layer type and local layers seeing |j - i| <= sliding_window
 # (masking_utils.sliding_window_bidirectional_overlay); which layers are local: layer_types, else (i + 1) % 3 != 0
-declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W)
+declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W, rope_keys=MB_ROPE, full_rotary=True)
 # ModernBERT: fused Wqkv = [Q; K; V] by rows, Wo, attention_bias; half rotary with theta per layer type
 # (rope_parameters, or global_rope_theta / local_rope_theta); local layers (layer_types, else i % every_n != 0) see
 # |j - i| <= local_attention // 2 (config.sliding_window); pre-norm attn_norm (LayerNorm, bias if norm_bias), layer 0's
 # an nn.Identity. The decoder: q/k/v_proj and Wo, causal, its local layers the causal window of sliding_window keys.
 declare("modernbert", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None, causal=False,
-        window_kind="both")
-declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None)
+        window_kind="both", rope_keys=MB_ROPE, full_rotary=True)
+declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None,
+        rope_keys=MB_ROPE, full_rotary=True)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
         "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False)

@@ -451,6 +451,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     nope = fam.nope is not None and fam.nope(c.layer, cfg, lt)
     if fam.rope is not None and not nope:
         _rope(c, fam.rope, layer_type=lt)
+        _full_rotary(c, fam)
     elif fam.rope is not None:
         c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
@@ -467,6 +468,24 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         c.facts.scale = float(mult)
         c.facts.from_config.append("scale")
     c.conf("softcap", "attn_logit_softcapping", cast=float)
+
+
+def _full_rotary(c: Ctx, fam: Family) -> None:
+    """After _rope, for the families whose rotary covers the whole head (ModernBERT, UltraBERT: their own
+    compute_default_rope_parameters takes head_dim, whatever partial_rotary_factor says): rotary_dim = head_dim;
+    scaling other than linear (checked against ModernBertRotaryEmbedding) is refused, and so is a partial factor
+    beside it (transformers' shared scaling functions read it)."""
+    f = c.facts
+    if not fam.full_rotary or f.rope is None:
+        return
+    f.rotary_dim = f.head_dim
+    if "rotary_dim" in f.from_config:
+        f.from_config.remove("rotary_dim")
+    sc = f.rope_scaling or {}
+    kind = sc.get("rope_type", sc.get("type"))
+    if f.rope_scaling is not None and (kind != "linear" or sc.get("partial_rotary_factor") is not None):
+        raise c.fail(f"{fam.model_type}: rope_parameters rope_type {printable(str(kind), 30)} (rotary scaling) is not "
+                     "supported on its layers")
 
 
 def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> None:
@@ -1007,6 +1026,7 @@ def _modernbert(c: Ctx) -> None:
     if lt not in ("full_attention", "sliding_attention"):
         raise c.fail(f"{fam.model_type}: layer {c.layer} is a {printable(lt, 40)} layer, which its declaration does not read")
     _rope(c, "half", layer_type=lt)
+    _full_rotary(c, fam)
     params = cfg.get("rope_parameters")
     if not (isinstance(params, dict) and isinstance(params.get(lt), dict) and params[lt].get("rope_theta") is not None):
         key = "local_rope_theta" if lt == "sliding_attention" else "global_rope_theta"
