@@ -432,3 +432,12 @@ def test_ultrabert_without_layer_types_and_with_attention_windows(tmp_path: Path
     _edit_config(tmp_path / "m", attention_windows=[0, 2])
     res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
     assert res.exit_code == 2 and "attention_windows" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_decoder_config_on_an_encoder_checkpoint_is_refused(tmp_path: Path) -> None:
+    """ModernBERT fuses q, k, v (attn.Wqkv), its decoder splits them: a model_type that does not fit the tensors is
+    refused in one line, never read with the other family's mask."""
+    ref = _build("modernbert", tmp_path / "m")
+    _edit_config(tmp_path / "m", model_type="modernbert-decoder")
+    res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
+    assert res.exit_code == 2 and "Wqkv" in res.stderr and len(res.stderr.strip().splitlines()) == 1

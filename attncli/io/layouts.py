@@ -984,6 +984,9 @@ def _modernbert(c: Ctx) -> None:
                      "attn.q/k/v_proj, attn.Wo) does not read")
     if not fused and not c.has(a + "q_proj.weight"):
         raise c.fail(f"has {a}Wo.weight but neither {a}Wqkv.weight nor {a}q_proj.weight: not a ModernBERT layer")
+    if fused == fam.causal:  # ModernBERT fuses (Wqkv), its decoder splits (q/k/v_proj): transformers reads no other
+        raise c.fail(f"{fam.model_type}: {a}{'Wqkv' if fused else 'q_proj'}.weight is not its attention's layout "
+                     f"({'attn.q/k/v_proj' if fam.causal else 'attn.Wqkv'})")
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",))
     f = c.facts
     if f.heads is None:
