@@ -489,7 +489,15 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
                 rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0))),
             # MLA: Q straight from q_proj (no q_lora_rank), half rotary; v_head_dim unlike qk_head_dim
             "deepseek_v3-q-proj-half": ("deepseek_v3", dict(MLA, q_lora_rank=None, rope_interleave=False, v_head_dim=12)),
-            "deepseek_v2-q-proj": ("deepseek_v2", dict(MLA, q_lora_rank=None, v_head_dim=12))}
+            "deepseek_v2-q-proj": ("deepseek_v2", dict(MLA, q_lora_rank=None, v_head_dim=12)),
+            # ModernBERT with a local layer 0 (attn_norm nn.Identity) and a global layer 1 (a LayerNorm), biases on
+            # Wqkv, Wo and the norms; the decoder likewise
+            "modernbert-local-first": ("modernbert", dict(layer_types=["sliding_attention", "full_attention"] * 2,
+                                                          attention_bias=True, norm_bias=True)),
+            "modernbert-decoder-local-first": ("modernbert-decoder", dict(
+                layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True, norm_bias=True)),
+            "modernbert-linear-rope": ("modernbert", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+            "modernbert-yarn": ("modernbert", dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}))}  # refused
 
 
 @pytest.mark.slow
@@ -512,7 +520,8 @@ BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", 
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
         "albert", "lfm2",
-        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "deepseek_v3"]
+        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "deepseek_v3",
+        "modernbert", "modernbert-decoder", "ultrabert"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -529,7 +538,8 @@ def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
     assert verdict in ("agrees", "refused", "partly refused"), f"{mt} bf16: {verdict}: {detail}"
 
 
-BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm"]
+BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm",
+                 "modernbert-local-first"]
 
 
 @pytest.mark.slow

@@ -231,8 +231,9 @@ class Context:
 
     def requires_keep_mask(self) -> None:
         p = self.problem
-        if p.query_limit is None and not p.options.causal and (p.mask is None or p.mask.dtype != bool) and \
-                (p.padding is None or p.padding.dtype != bool):
+        o = p.options
+        if p.query_limit is None and not o.causal and o.window is None and o.chunk is None and o.local_window is None \
+                and (p.mask is None or p.mask.dtype != bool) and (p.padding is None or p.padding.dtype != bool):
             raise NotApplicable("no keys are masked (no valid lengths, boolean mask or causal mask)")
 
 
@@ -773,6 +774,27 @@ def window_minus_one(c: Context) -> Result:
     return _window_shifted(c, -1)
 
 
+def _local_shifted(c: Context, by: int) -> Result:
+    r = c.options.local_window
+    if r is None or r + by < 0:
+        raise NotApplicable("no local window" if r is None else "a local window of radius 0 cannot be one smaller")
+    return c.rerun(local_window=r + by)
+
+
+@variant("local-window-off-by-one", "the local window kept the keys within R + 1 = {R1} positions on either side "
+                                    "instead of |j - i| <= R = {R} (HF sliding_window_bidirectional_overlay)")
+def local_window_plus_one(c: Context) -> Result:
+    """softmax(S masked where |j - i| > R + 1)·V"""
+    return _local_shifted(c, +1)
+
+
+@variant("local-window-one-short", "the local window kept |j - i| < R = {R} (an exclusive bound, as a window handed "
+                                   "to FlashAttention without HF ModernBERT's + 1) instead of |j - i| <= R")
+def local_window_minus_one(c: Context) -> Result:
+    """softmax(S masked where |j - i| >= R)·V"""
+    return _local_shifted(c, -1)
+
+
 @variant("rope-other-convention", "RoPE rotated the other pairs of features: {rope_other} instead of {rope} (HF's "
                                   "rotate_half pairs feature k with k + d/2, GPT-J and Meta pair 2k with 2k+1; HF's "
                                   "converter permutes W_q and W_k to switch)")
@@ -993,6 +1015,7 @@ def _explain(v: Variant, c: Context, err: float, detail: str = "") -> Explanatio
     facts.update(detail=detail, act=getattr(o, "activation", None) or "tanh", flipped=flipped,
                  scale=f"{o.scale:.4g}" if o.scale is not None else "", pre_attn=pre_attn,
                  G=c.problem.kv_heads or 1, r=c.problem.n_rep, W=o.window, W1=(o.window or 0) + 1, rope=o.rope,
+                 R=o.local_window, R1=(o.local_window or 0) + 1,
                  rope_other="interleaved" if o.rope == "half" else "half", P=c.problem.query_offset, cap=o.softcap,
                  base=f"{c.problem.rope_settings()[0]:g}", rope_added=detail.split(",")[0],
                  H4=detail)

@@ -215,17 +215,23 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
 
 
 def visible_keys(problem: Problem, i0: int, i1: int) -> tuple[int, int]:
-    """The keys [lo, hi) that the queries i0..i1-1 can see under the causal rule or the window (query i at
-    position P + i sees keys j <= P + i, and j > P + i - W): the others are masked, their weights exactly 0,
-    so a block need not score them. Every key where a fill value (--mask-value) gives masked keys a weight."""
+    """The keys [lo, hi) that the queries i0..i1-1 can see under the causal rule, the window or the local window
+    (query i at position P + i sees keys j <= P + i, and j > P + i - W; |j - (P + i)| <= R): the others are
+    masked, their weights exactly 0, so a block need not score them. Every key where a fill value (--mask-value)
+    gives masked keys a weight."""
     o, n = problem.options, problem.n
-    if o.mask_value is not None or not (o.causal or o.window is not None or o.chunk is not None):
+    causal = o.causal or o.window is not None or o.chunk is not None
+    if o.mask_value is not None or not (causal or o.local_window is not None):
         return 0, n
     P = problem.query_offset
-    hi = min(n, max(0, P + i1))
+    hi = min(n, max(0, P + i1)) if causal else n
     lo = 0 if o.window is None else min(max(0, P + i0 - o.window + 1), n)
     if o.chunk is not None:  # chunked: the first query's chunk starts at (P + i0) // C · C
         lo = max(lo, min((P + i0) // o.chunk * o.chunk, n))
+    if o.local_window is not None:  # both sides: the last query sees up to P + i1 - 1 + R, the first from P + i0 - R
+        R = o.local_window
+        hi = min(hi, max(0, P + i1 + R))
+        lo = max(lo, min(max(0, P + i0 - R), n))
     return (lo, hi) if hi > lo else (0, n)  # no key visible: every row of the block is fully masked
 
 
@@ -401,7 +407,8 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
             trace.warnings.append(overflow_message(problem, overflow))
     batch = problem.batch_shape
     q, k, v = (_as_4d(torch, t, batch + tuple(t.shape[-2:])) for t in (q, k, v))  # (B, 1, rows, width): 4-D for the fused kernels
-    top_left = o.window is None and o.chunk is None and (not o.causal or problem.query_offset == 0)  # is_causal: j <= i
+    top_left = (o.window is None and o.chunk is None and o.local_window is None
+                and (not o.causal or problem.query_offset == 0))  # is_causal: j <= i, or no positional mask
     if problem.query_limit is None and problem.mask is None and problem.padding is None and top_left:
         out = sdpa(q, k, v, is_causal=o.causal, scale=c)  # (B, 1, m, d) (B, 1, n, d) (B, 1, n, d_v) -> (B, 1, m, d_v)
         if progress is not None:

@@ -101,6 +101,7 @@ class Mask:
     window: int | None
     causal: bool
     chunk: int | None = None  # chunked attention: keys of the query's own chunk of C positions only
+    local: int | None = None  # local window on both sides: keys with |j - (P + i)| <= R only
 
 
 # ---- what a block of queries brings: its masks and biases, computed once per block of rows ----
@@ -275,14 +276,14 @@ def _bias_formula(a: Bias, prev: str) -> str:
 def _has_mask(p: Problem) -> bool:
     o = p.options
     return (p.query_limit is not None or o.causal or o.window is not None or o.chunk is not None
-            or p.mask is not None or p.padding is not None)
+            or o.local_window is not None or p.mask is not None or p.padding is not None)
 
 
 def _mask(b: Block, s: Any) -> tuple[Any, Mask]:
     o = b.p.options
     fill = stages.fill_value(b.p)
     return stages.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal,
-                                                                      o.chunk)
+                                                                      o.chunk, o.local_window)
 
 
 def _mask_formula(a: Mask, prev: str) -> str:
@@ -290,8 +291,10 @@ def _mask_formula(a: Mask, prev: str) -> str:
     window = f"; the sliding window keeps the {a.window} keys up to each query" if a.window is not None else ""
     chunk = (f"; chunked: query i sees key j only when j // {a.chunk} == (P + i) // {a.chunk}, its own chunk of "
              f"{a.chunk} positions, up to itself") if a.chunk is not None else ""
+    local = (f"; the local window keeps the keys within {a.local} positions on either side, |j - (P + i)| <= {a.local} "
+             f"({2 * a.local + 1} keys, itself included, fewer at the ends)") if a.local is not None else ""
     return (f"masked = {prev} with masked keys set to {a.fill:g}{' (+ float mask)' if a.float_mask else ''}"
-            f"{window}{chunk}")
+            f"{window}{chunk}{local}")
 
 
 # which paths: the conditions of the score and the scale

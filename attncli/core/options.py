@@ -254,6 +254,14 @@ def check_window(window: Any, where: str = "--window") -> int:
     return int(window)
 
 
+def check_local_window(radius: Any, where: str = "--local-window") -> int:
+    """The radius R of a bidirectional local window, or an InputError when it is not a whole number >= 0."""
+    if isinstance(radius, bool) or not isinstance(radius, numbers.Integral) or not 0 <= int(radius) <= MAX_POSITION:
+        raise InputError(f"the local window must be a whole number of positions from 0 to {MAX_POSITION:,} (query i "
+                         f"sees key j when |j - i| <= R, R keys on each side), got {_short(radius)}", where)
+    return int(radius)
+
+
 def check_chunk(chunk: Any, where: str = "--chunk") -> int:
     """The chunk size C, or an InputError when it is not a whole number >= 1."""
     if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or not 1 <= int(chunk) <= MAX_POSITION:
@@ -467,6 +475,11 @@ class Options:
     window: int | None = option(  # sliding window: causal, each query sees W keys, itself included
         None, "Sliding window: causal, each query sees the W keys up to itself (HF sliding_window, FlashAttention "
               "window_size=(W-1, 0)).", TODAY, check=lambda v, w: check_window(_integral(v), w))
+    local_window: int | None = option(  # bidirectional local window: |j - (P + i)| <= R, both sides (ModernBERT)
+        None, "Local window on both sides: query i sees key j when |j - (P + i)| <= R, R keys before and R after it "
+              "and itself (HF sliding_window_bidirectional_overlay; ModernBERT local layers: R = local_attention // 2, "
+              "UltraBERT: R = sliding_window). Not causal by itself; --window is the causal one.", TODAY,
+        label="local window", check=lambda v, w: check_local_window(_integral(v), w))
     chunk: int | None = option(  # chunked attention (Llama 4): causal, and keys of the query's own chunk only
         None, "Chunked attention: causal, and query i sees key j only in its own chunk of C positions, "
               "j // C == (P + i) // C (Llama 4 attention_chunk_size).", TODAY,

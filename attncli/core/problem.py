@@ -377,7 +377,7 @@ class _Draft(Problem):
             self.alibi_slopes = a
         if self.sinks is not None:
             self.sinks = heads.check_sinks(self.sinks, H, self.where("sinks"))
-        positional = o.causal or o.window is not None or o.chunk is not None
+        positional = o.causal or o.window is not None or o.chunk is not None or o.local_window is not None
         if o.q_offset is not None and o.causal_align == "bottom-right" and positional and o.q_offset != self.n - self.m:
             raise InputError(f"--q-offset {o.q_offset} with --causal-align bottom-right: bottom-right puts the {self.m} "
                              f"queries last among the {self.n} keys, at offset {self.n - self.m}; give one of the two",

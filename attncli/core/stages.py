@@ -8,7 +8,7 @@
     scale      S · factor / T
     cap        softcap: c · tanh(s / c)
     bias       ALiBi (alibi_slopes, alibi_bias, alibi_rows) and additive float masks
-    mask       keep-mask (valid lengths, causal / window / chunk at positions, boolean masks)
+    mask       keep-mask (valid lengths, causal / window / chunk / local window at positions, boolean masks)
     softmax    stable, rows of -inf give zeros; with sinks (softmax_with_sinks, sink_column); online
                (blocks of keys) for the output-only path
     select     hard attention, dropout
@@ -49,6 +49,7 @@ from attncli.core.options import (  # noqa: F401
     ROPE_MODES,
     ROPE_TYPES,
     check_chunk,
+    check_local_window,
     check_q_offset,
     check_rope_mode,
     check_softcap,
@@ -364,6 +365,18 @@ def window_keep(q_pos: Any, k_pos: Any, window: int) -> np.ndarray:
     return (k <= q) & (k > q - window)  # (1, n) vs (m, 1) -> (m, n)
 
 
+def local_keep(q_pos: Any, k_pos: Any, radius: int) -> np.ndarray:
+    """keep_ij = |k_pos_j - q_pos_i| <= R: a window on both sides of each query, 2R + 1 positions wide.
+    (m,), (n,) -> (m, n) bool
+
+    HF ``masking_utils.sliding_window_bidirectional_overlay`` (``abs(q_idx - kv_idx) <= sliding_window``): ModernBERT's
+    and UltraBERT's local layers.
+    """
+    check_local_window(radius)
+    k, q = np.asarray(k_pos)[None, :], np.asarray(q_pos)[:, None]
+    return np.abs(k - q) <= radius  # (1, n) vs (m, 1) -> (m, n)
+
+
 def chunk_keep(q_pos: Any, k_pos: Any, chunk: int) -> np.ndarray:
     """keep_ij = k_pos_j <= q_pos_i and k_pos_j // C == q_pos_i // C: causal within each chunk of C positions.
     (m,), (n,) -> (m, n) bool
@@ -508,12 +521,15 @@ def keep_mask(problem: Problem, n: int, rows: Rows = None) -> tuple[np.ndarray |
     j = np.arange(n)  # key index
     if problem.query_limit is not None:
         keep = _row_block(problem.query_limit[..., None], rows) > j  # (..., m, 1) vs (n,) -> (..., m, n)
-    if o.causal or o.window is not None or o.chunk is not None:  # query i at position P + i, key j at j
-        q_pos = problem.query_offset + index
+    q_pos = problem.query_offset + index  # query i at position P + i, key j at j
+    if o.causal or o.window is not None or o.chunk is not None:
         causal = causal_keep(q_pos, j) if o.window is None else window_keep(q_pos, j, o.window)  # (rows, n)
         if o.chunk is not None:  # Llama 4: only the keys of the query's own chunk
             causal = causal & chunk_keep(q_pos, j, o.chunk)
         keep = causal if keep is None else keep & causal
+    if o.local_window is not None:  # ModernBERT's local layers: both sides of the query
+        near = local_keep(q_pos, j, o.local_window)  # (rows, n)
+        keep = near if keep is None else keep & near
     bias = None
     if problem.mask is not None:
         mk = _row_block(problem.mask, rows)

@@ -42,6 +42,12 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     albert             albert  none                    post-norm (none before)       layers share groups
     deepseek_v2/v3 &co mla     interleaved (V3: rope_interleave; minicpm3 half) on qk_rope_head_dim, RMS input_layernorm,
                                multi-head latent attention (q/kv latents with their RMSNorms)
+    modernbert         modernbert half, theta per layer type LayerNorm attn_norm (layer 0: none) fused Wqkv, local layers
+                                                                                     |j - i| <= local_attention // 2
+    modernbert-decoder modernbert half, theta per layer type LayerNorm attn_norm (layer 0: none) q/k/v_proj, Wo, causal
+                                                                                     sliding_window on local layers
+    ultrabert          llama   half, theta per layer type RMS                        bidirectional, local layers
+                                                                                     |j - i| <= sliding_window
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ class Family:
     causal: bool = True
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
+    window_kind: str = "causal"  # its sliding layers: "causal" (the W keys up to each query) | "both" (|j - i| <= R)
+    rope_keys: frozenset[str] | None = None  # the rotary keys it reads (None: all of ROPE_KEYS)
+    full_rotary: bool = False  # rotary over the whole head whatever partial_rotary_factor says; default or linear only
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -82,7 +91,7 @@ class Family:
         """Every attention key of config.json this declaration reads (the rest must be neutral)."""
         keys = set(self.keys) | set(LAYOUT_KEYS.get(self.layout, ()))
         if self.rope:
-            keys |= ROPE_KEYS
+            keys |= ROPE_KEYS if self.rope_keys is None else self.rope_keys
         if self.scale:
             keys.add(self.scale)
         if self.qk_key:
@@ -109,6 +118,8 @@ LAYOUT_KEYS: dict[str, frozenset[str]] = {
                        "decoder_layers", "encoder_layers", "num_layers"}),
     "distilbert": frozenset({"dim", "n_heads", "n_layers"}),
     "albert": frozenset({"num_hidden_groups", "inner_group_num"}),
+    "modernbert": frozenset({"attention_bias", "norm_eps", "norm_bias", "local_attention", "global_attn_every_n_layers",
+                             "global_rope_theta", "local_rope_theta", "layer_types", "sliding_window"}),
 }
 
 
@@ -152,6 +163,11 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "layer_types": (_all_full, "sliding / chunked / other layers"),
     "sliding_window_pattern": (_off, "which layers slide"),
     "attention_window": (_off, "local windowed attention"),
+    "attention_windows": (_off, "per-layer local windows"),
+    "local_attention": (_off, "local (windowed) layers"),
+    "global_attn_every_n_layers": (_is(1), "which layers are local"),
+    "global_rope_theta": (_off, "rotary positions"),
+    "local_rope_theta": (_off, "rotary positions of local layers"),
     "attention_type": (_is("original_full"), "sparse attention"),
     "attention_layers": (_all_full, "local layers"),
     "position_embedding_type": (_is("absolute"), "relative or rotary positions in the scores"),
@@ -270,6 +286,21 @@ declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers,
                         "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
 declare("eurobert", layout="llama", causal=False)
+# ModernBERT and UltraBERT: rotary over the whole head whatever partial_rotary_factor says (their own
+# compute_default_rope_parameters), theta from rope_parameters per layer type; a top-level rope_theta or
+# partial_rotary_factor is not read (refused when set)
+MB_ROPE = frozenset({"rope_parameters", "rope_scaling"})
+# UltraBERT: EuroBERT's attention with rotary theta per layer type and local layers seeing |j - i| <= sliding_window
+# (masking_utils.sliding_window_bidirectional_overlay); which layers are local: layer_types, else (i + 1) % 3 != 0
+declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W, rope_keys=MB_ROPE, full_rotary=True)
+# ModernBERT: fused Wqkv = [Q; K; V] by rows, Wo, attention_bias; half rotary with theta per layer type
+# (rope_parameters, or global_rope_theta / local_rope_theta); local layers (layer_types, else i % every_n != 0) see
+# |j - i| <= local_attention // 2 (config.sliding_window); pre-norm attn_norm (LayerNorm, bias if norm_bias), layer 0's
+# an nn.Identity. The decoder: q/k/v_proj and Wo, causal, its local layers the causal window of sliding_window keys.
+declare("modernbert", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None, causal=False,
+        window_kind="both", rope_keys=MB_ROPE, full_rotary=True)
+declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None,
+        rope_keys=MB_ROPE, full_rotary=True)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
         "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False)
@@ -343,7 +374,6 @@ REFUSED: dict[str, str] = {
     "granitemoe_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
     "llama4": "the multimodal Llama 4 checkpoint (text_config inside) is not supported; its text stack saved "
               "alone (llama4_text) is",
-    "ultrabert": "bidirectional sliding-window attention is not supported",
     "esm": "its rotary BERT attention with a LayerNorm inside the module is not supported",
     "roformer": "its sinusoidal rotary BERT attention is not supported",
     "longformer": "local windowed + global attention (attention_window) is not supported",
@@ -351,7 +381,6 @@ REFUSED: dict[str, str] = {
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",
     "mra": "the MRA approximation of softmax attention is not supported",
     "mpt": "its fused Wqkv with clip_qkv / qk_ln is not supported",
-    "modernbert": "its fused Wqkv with local and global layers is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
 }

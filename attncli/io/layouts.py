@@ -22,6 +22,7 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     albert            albert_layer_groups.G.albert_layers.I.attention.*       shared: layer N -> (G, I) by config.json
     mla               self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj}, kv_a_proj_with_mqa, kv_a_layernorm,
                       kv_b_proj (rows per head [k_nope; v]), o_proj            nn.Linear; DeepSeek-V2/V3 latent attention
+    modernbert        attn.Wqkv (3E, E) = [Q; K; V] by rows (decoder: attn.{q,k,v}_proj), attn.Wo   nn.Linear
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
 A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
@@ -67,6 +68,7 @@ class AttentionFacts:
     rotary_dim: int | None = None
     rope_scaling: dict[str, Any] | None = None
     window: int | None = None  # the sliding window of THIS layer; None if it does not slide
+    local_window: int | None = None  # the bidirectional local window R of THIS layer (|j - i| <= R); None: none
     softcap: float | None = None  # attn_logit_softcapping
     qk_norm: str | None = None  # "rms" | "rms1p" (Gemma's 1 + w) | "layernorm" | "rms-full" | None
     qk_norm_at: str | None = None  # "after-rope" (HunYuan, nanochat); None: before RoPE
@@ -362,6 +364,7 @@ SLIDING_RULES: dict[str, Callable[[int, dict[str, Any]], bool]] = {
     "qwen2": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
     "qwen3": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
     "minimax": lambda i, cfg: True,  # its mask slides on every attention layer whatever layer_types says
+    "ultrabert": lambda i, cfg: (i + 1) % 3 != 0,  # UltrabertConfig's default layer_types
 }
 ALWAYS_SLIDES = ("minimax",)
 
@@ -382,7 +385,10 @@ def _window(c: Ctx) -> None:
     else:
         rule = SLIDING_RULES.get(str(cfg.get("model_type")))
         slides = rule(c.layer, cfg) if rule is not None else True
-    if slides:
+    if slides and c.family is not None and c.family.window_kind == "both":  # UltraBERT: |j - i| <= sliding_window
+        c.facts.local_window = int(w)
+        c.facts.from_config.append("local_window")
+    elif slides:
         c.facts.window = int(w)
         c.facts.from_config.append("window")
 
@@ -472,6 +478,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         _rope(c, fam.rope, layer_type=lt)
         if fam.rope_alpha:
             _ntk_alpha(c)
+        _full_rotary(c, fam)
     elif fam.rope is not None:
         c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
@@ -488,6 +495,24 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         c.facts.scale = float(mult)
         c.facts.from_config.append("scale")
     c.conf("softcap", "attn_logit_softcapping", cast=float)
+
+
+def _full_rotary(c: Ctx, fam: Family) -> None:
+    """After _rope, for the families whose rotary covers the whole head (ModernBERT, UltraBERT: their own
+    compute_default_rope_parameters takes head_dim, whatever partial_rotary_factor says): rotary_dim = head_dim;
+    scaling other than linear (checked against ModernBertRotaryEmbedding) is refused, and so is a partial factor
+    beside it (transformers' shared scaling functions read it)."""
+    f = c.facts
+    if not fam.full_rotary or f.rope is None:
+        return
+    f.rotary_dim = f.head_dim
+    if "rotary_dim" in f.from_config:
+        f.from_config.remove("rotary_dim")
+    sc = f.rope_scaling or {}
+    kind = sc.get("rope_type", sc.get("type"))
+    if f.rope_scaling is not None and (kind != "linear" or sc.get("partial_rotary_factor") is not None):
+        raise c.fail(f"{fam.model_type}: rope_parameters rope_type {printable(str(kind), 30)} (rotary scaling) is not "
+                     "supported on its layers")
 
 
 def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> None:
@@ -1114,6 +1139,95 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     _rope(c, "half", layer_type=_layer_type(c))
 
 
+@layout("modernbert", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attn\.Wo\.weight$",
+        "ModernBERT: attn.Wqkv = [Q; K; V] by rows, attn.Wo (nn.Linear); ModernBERT decoder: attn.{q,k,v}_proj, attn.Wo; "
+        "pre-norm attn_norm (layer 0: none)")
+def _modernbert(c: Ctx) -> None:
+    a = c.block + "attn."
+    fam = c.family or FAMILIES["modernbert"]  # without config.json the read is refused (CONFIG_DECIDES)
+    fused = c.has(a + "Wqkv.weight")
+    parts = ("Wqkv",) if fused else ("q_proj", "k_proj", "v_proj")
+    known = {f"{a}{n}.{p}" for n in (*parts, "Wo") for p in ("weight", "bias")}
+    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
+    if other:  # a tensor this attention does not have (a QK-norm, a rotary table): not ModernBERT's attention
+        raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the {fam.model_type} declaration (attn.Wqkv or "
+                     "attn.q/k/v_proj, attn.Wo) does not read")
+    if not fused and not c.has(a + "q_proj.weight"):
+        raise c.fail(f"has {a}Wo.weight but neither {a}Wqkv.weight nor {a}q_proj.weight: not a ModernBERT layer")
+    if fused == fam.causal:  # ModernBERT fuses (Wqkv), its decoder splits (q/k/v_proj): transformers reads no other
+        raise c.fail(f"{fam.model_type}: {a}{'Wqkv' if fused else 'q_proj'}.weight is not its attention's layout "
+                     f"({'attn.q/k/v_proj' if fam.causal else 'attn.Wqkv'})")
+    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",))
+    f = c.facts
+    if f.heads is None:
+        raise c.fail(f"{a.rstrip('.')} fuses or splits its heads by num_attention_heads: put config.json beside it")
+    if fused:
+        name = a + "Wqkv.weight"
+        w = c.get(name)
+        if w.ndim != 2 or w.shape[0] % 3 or (w.shape[0] // 3) % f.heads:
+            raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (3·{f.heads}·head_dim, E): [Q; K; V] by rows")
+        n = w.shape[0] // 3
+        b = c.get(a + "Wqkv.bias") if c.has(a + "Wqkv.bias") else None
+        for i, t in enumerate(("W_q", "W_k", "W_v")):  # qkv.view(..., 3, H, d): Q rows first, then K, then V
+            c.put(t, w[i * n:(i + 1) * n].T, f"{name}[{i * n}:{(i + 1) * n}]ᵀ")  # rows (out) -> columns (in, out)
+            if b is not None:
+                c.put("b_" + t[-1], b[i * n:(i + 1) * n], f"{a}Wqkv.bias[{i * n}:{(i + 1) * n}]")
+    else:
+        for t, n_ in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
+            c.linear(t, f"{a}{n_}_proj.weight", f"{a}{n_}_proj.bias")
+    c.linear("W_o", a + "Wo.weight", a + "Wo.bias")
+    width = c.arrays["W_q"].shape[1]
+    if width % f.heads:
+        raise c.fail(f"{f.heads} heads do not divide the {width} query features of {c.origin['W_q']}")
+    f.head_dim, f.kv_heads = width // f.heads, f.heads  # hidden_size // num_attention_heads, whatever head_dim says
+    if "head_dim" in f.from_config:
+        f.from_config.remove("head_dim")
+    cfg = c.config or {}
+    f.causal = fam.causal
+    if not fam.causal:
+        f.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
+    if c.layer == 0:  # ModernBertEncoderLayer / ModernBertDecoderLayer: attn_norm = nn.Identity() on layer 0
+        f.extra["pre_norm"] = f"none: layer 0's attn_norm is nn.Identity ({fam.model_type})"
+        if c.has(c.block + "attn_norm.weight"):
+            f.extra["pre_norm_ignored"] = f"{c.block}attn_norm.weight (layer 0 has no attn_norm; transformers ignores it)"
+    else:
+        _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
+    lt = _layer_type(c)
+    if lt is None:  # transformers 4's config: every n-th layer global, from layer 0 on
+        every = int(cfgcheck.value(cfg, "global_attn_every_n_layers", "config.json", 3))
+        lt = "sliding_attention" if c.layer % every else "full_attention"
+    if lt not in ("full_attention", "sliding_attention"):
+        raise c.fail(f"{fam.model_type}: layer {c.layer} is a {printable(lt, 40)} layer, which its declaration does not read")
+    _rope(c, "half", layer_type=lt)
+    _full_rotary(c, fam)
+    params = cfg.get("rope_parameters")
+    if not (isinstance(params, dict) and isinstance(params.get(lt), dict) and params[lt].get("rope_theta") is not None):
+        key = "local_rope_theta" if lt == "sliding_attention" else "global_rope_theta"
+        if key not in cfg and cfg.get("global_rope_theta") is not None and lt == "sliding_attention":
+            raise c.fail(f"{fam.model_type}: config.json has global_rope_theta but no local_rope_theta, whose default "
+                         "differs between transformers 4 (global_rope_theta) and 5 (10000)")
+        f.rope_base = float(cfgcheck.value(cfg, key, "config.json", 10000.0 if lt == "sliding_attention" else 160000.0))
+        if key in cfg and "rope_base" not in f.from_config:
+            f.from_config.append("rope_base")
+    if lt == "sliding_attention":
+        if cfg.get("sliding_window") is not None:  # config.sliding_window (a setter of local_attention in ModernBERT)
+            r = int(cfgcheck.value(cfg, "sliding_window", "config.json"))
+        else:
+            r = int(cfgcheck.value(cfg, "local_attention", "config.json", 128)) // 2
+        if fam.window_kind == "both":  # sliding_window_bidirectional_overlay: |q - kv| <= local_attention // 2
+            f.local_window = r
+            f.from_config.append("local_window")
+            f.extra["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
+                                        f"within {r} positions on either side")
+        else:  # the decoder: sliding_window_overlay (kv > q - sliding_window), causal: the W keys up to each query
+            if r < 1:
+                raise c.fail(f"{fam.model_type}: layer {c.layer} is local with a window of {r} keys (local_attention "
+                             f"{cfg.get('local_attention')}): every query would see no key")
+            f.window = r
+            f.from_config.append("window")
+    f.extra["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
+
+
 @layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
         "DistilBERT: attention.{q,k,v,out}_lin (nn.Linear, biases); bidirectional; post-norm sa_layer_norm")
 def _distilbert(c: Ctx) -> None:
@@ -1406,6 +1520,7 @@ CONFIG_DECIDES = {
     "gpt_neo": "which layers are local, window_size, heads",
     "bart": "causal or not, pre- or post-norm, heads",
     "mla": "the latent widths, RoPE style and base, heads",
+    "modernbert": "causal or not, local layers, window, RoPE bases, heads",
 }
 
 
