@@ -168,6 +168,9 @@ def _randomise(model: Any, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 1.5 / fan_in ** 0.5)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        for m in model.modules():  # RoFormer's rotary table is a weight: real checkpoints hold the sinusoidal one
+            if type(m).__name__ == "RoFormerSinusoidalPositionalEmbedding":
+                m.weight.copy_(m.create_weight())
 
 
 def _layers(model: Any, n: int) -> Any:
@@ -283,8 +286,9 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         model.save_pretrained(folder)
     else:  # the reference: the same weights rounded to dtype, computed in float32 (rotary buffers stay float32)
         with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(p.to(dtype).float())
+            for name, p in model.named_parameters():
+                if not name.endswith("embed_positions.weight") or mt != "roformer":  # its sinusoidal table: as the
+                    p.copy_(p.to(dtype).float())  # rotary buffers, exact (attncli checks the stored one, computes it)
         copy.deepcopy(model).to(dtype).save_pretrained(folder)
     got: dict[int, dict[str, Any]] = {i: {} for i in tested}
     handles = []
@@ -485,6 +489,8 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "cohere-no-qk-norm": ("cohere", dict(use_qk_norm=False)),
             "llama4_text-no-qk-norm": ("llama4_text", dict(no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True,
                                                            floor_scale=2, attn_scale=0.5, use_qk_norm=False)),
+            "esm-rotary": ("esm", dict(position_embedding_type="rotary")),
+            "roformer-rotary-value": ("roformer", dict(rotary_value=True)),
             "hunyuan_v1_dense-ntk-alpha": ("hunyuan_v1_dense", dict(rope_parameters=dict(
                 rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0)))}
 
@@ -509,7 +515,7 @@ BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", 
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
         "albert", "lfm2",
-        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat"]
+        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "roformer", "esm"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -526,7 +532,8 @@ def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
     assert verdict in ("agrees", "refused", "partly refused"), f"{mt} bf16: {verdict}: {detail}"
 
 
-BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm"]
+BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm",
+                 "esm-rotary"]
 
 
 @pytest.mark.slow

@@ -35,6 +35,8 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     bitnet             llama   half                    RMS                           attn_sub_norm before o_proj
     llama4_text        llama   interleaved; NoPE layers RMS                          chunked RoPE layers, q tuning
     bert & co          bert    none                    post-norm (none before)       bidirectional
+    roformer           bert    interleaved (sinusoidal) post-norm (none before)      bidirectional
+    esm                bert    half (rotary) or none    LayerNorm attention.LayerNorm q · d^-0.5 before the rotary
     roberta-prelayernorm, xlm-roberta-xl, megatron-bert: bert, a LayerNorm inside the attention module
     opt, biogpt, xglm  bart    none                    LayerNorm self_attn_layer_norm (OPT: do_layer_norm_before)
     bart, marian, ...  bart    none                    post-norm (pegasus, mbart, whisper, ...: pre-norm)
@@ -271,6 +273,24 @@ declare("eurobert", layout="llama", causal=False)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
         "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False)
+# RoFormer: BERT's attention with sinusoidal rotary on q and k (RoFormerSinusoidalPositionalEmbedding: θ_i = pos ·
+# 10000^(-2i/d), sin and cos of pair i applied to features 2i, 2i + 1 (its apply_rotary_position_embeddings): interleaved
+# RoPE, base 10000, positions 0..T-1); rotary_value (the same rotation of v) is refused (ATTENTION_KEYS)
+declare("roformer", layout="bert", rope="interleaved", pre_norm=None, causal=False,
+        notes="sinusoidal rotary = interleaved RoPE, base 10000; post-norm")
+
+
+def _esm_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """ESM: rotary (half, rope_theta) only when position_embedding_type is rotary; absolute adds learned positions to
+    the embeddings, outside attention."""
+    return cfg.get("position_embedding_type", "absolute") != "rotary"
+
+
+# ESM: q · d^-0.5 before its half rotary (linear: the same scores as scaling them), an nn.LayerNorm inside the
+# attention module (attention.LayerNorm) before the projections
+declare("esm", layout="bert", rope="half", nope=_esm_nope, pre_norm="layernorm", norm_name="attention.LayerNorm",
+        norm_inside=True, causal=False,
+        notes="position_embedding_type rotary: half RoPE (rope_theta); absolute: none inside attention")
 # BigBird: exact only with attention_type original_full (block_sparse: sparse from 704 tokens on, refused)
 declare("big_bird", layout="bert", rope=None, pre_norm=None, causal=False)
 declare("roberta-prelayernorm", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.LayerNorm",
@@ -342,8 +362,6 @@ REFUSED: dict[str, str] = {
     "llama4": "the multimodal Llama 4 checkpoint (text_config inside) is not supported; its text stack saved "
               "alone (llama4_text) is",
     "ultrabert": "bidirectional sliding-window attention is not supported",
-    "esm": "its rotary BERT attention with a LayerNorm inside the module is not supported",
-    "roformer": "its sinusoidal rotary BERT attention is not supported",
     "longformer": "local windowed + global attention (attention_window) is not supported",
     "nystromformer": "the Nystrom approximation of softmax attention is not supported",
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",

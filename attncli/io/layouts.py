@@ -4,7 +4,7 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
 
     layout            names (after the layer's prefix)                       stored as
     mha               in_proj_weight (3E, E), out_proj                        nn.Linear (out, in)
-    bert              attention.self.{query,key,value}, attention.output.dense nn.Linear
+    bert              attention.self.{query,key,value}, attention.output.dense nn.Linear (RoFormer, ESM: rotary)
     gpt2              attn.c_attn (E, 3E) = [Q | K | V] by columns, c_proj    Conv1D (in, out)
     nanogpt           attn.c_attn (3E, E), c_proj                             nn.Linear
     gptj              attn.{q,k,v,out}_proj                                   nn.Linear, rotary interleaved
@@ -578,16 +578,17 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
         c.facts.pre_norm = "rms"
         c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
         return
-    if not c.has(w + ".weight"):  # plain runs need no norm; --from-residual is refused (model.py)
+    if fam.norm_inside:  # a missing norm is then refused in plain runs too (model.py)
+        c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
+    wn, bn = (".gamma", ".beta") if not c.has(w + ".weight") and c.has(w + ".gamma") else (".weight", ".bias")
+    if not c.has(w + wn):  # plain runs need no norm; --from-residual is refused (model.py)
         c.facts.extra["pre_norm_missing"] = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
         return
-    bias = w + ".bias" if kind.startswith("layernorm") else None
-    _norm(c, "layernorm" if kind == "layernorm1p" else kind, w + ".weight", bias, eps_keys=eps_keys,
+    bias = w + bn if kind.startswith("layernorm") else None  # ESM saves its LayerNorms as gamma / beta
+    _norm(c, "layernorm" if kind == "layernorm1p" else kind, w + wn, bias, eps_keys=eps_keys,
           eps=1e-5 if kind.startswith("layernorm") else 1e-6)
     if kind == "layernorm1p":
-        c.put("norm_w", 1.0 + np.asarray(c.arrays["norm_w"], np.float64), f"1 + {w}.weight (LayerNorm1p)")
-    if fam.norm_inside:
-        c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
+        c.put("norm_w", 1.0 + np.asarray(c.arrays["norm_w"], np.float64), f"1 + {w}{wn} (LayerNorm1p)")
 
 
 def _partial_default(c: Ctx, default: float) -> None:
@@ -765,18 +766,48 @@ def _gpt_neo(c: Ctx) -> None:
         "BERT / RoBERTa: attention.self.{query,key,value}, attention.output.dense (nn.Linear); post-norm")
 def _bert(c: Ctx) -> None:
     a = c.block + "attention."
-    pe = (c.config or {}).get("position_embedding_type", "absolute")
-    if pe not in (None, "absolute") or c.has(a + "self.distance_embedding.weight"):
+    cfg, fam = c.config or {}, c.family
+    pe = cfg.get("position_embedding_type", "absolute")
+    rotary = fam is not None and fam.rope is not None  # RoFormer (always), ESM (position_embedding_type rotary)
+    if pe not in (None, "absolute", *(("rotary",) if rotary else ())) or c.has(a + "self.distance_embedding.weight"):
         raise c.fail(f"uses BERT's position_embedding_type {pe!r} (relative_key), which is not supported")
     for t, n in (("W_q", "self.query"), ("W_k", "self.key"), ("W_v", "self.value"), ("W_o", "output.dense")):
         c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
-    c.facts.causal = bool((c.config or {}).get("is_decoder", False))
-    fam = c.family
+    c.facts.causal = bool(cfg.get("is_decoder", False))
+    if fam is not None and fam.rope is not None:
+        if fam.nope is not None and fam.nope(c.layer, cfg, None):
+            c.facts.extra["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
+        else:
+            _rope(c, fam.rope)
+            if fam.model_type == "roformer":
+                _sinusoidal_table(c)
     if fam is not None and fam.pre_norm is not None:  # pre-LN BERTs: the LayerNorm inside the attention module
         _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
     else:
         c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+def _sinusoidal_table(c: Ctx) -> None:
+    """RoFormer keeps its rotary table as a weight, encoder.embed_positions.weight (P, d): sin(pos · 10000^(-2i/d))
+    in columns 0..d/2-1, cos in d/2..d-1 (RoFormerSinusoidalPositionalEmbedding), and HF computes with the stored
+    one. attncli computes the interleaved RoPE of that formula: a stored table that is not it is refused."""
+    name = c.stack[: -len("layer.")] + "embed_positions.weight"
+    if not c.has(name):  # HF builds it from the formula when the checkpoint lacks it
+        return
+    table = c.get(name)
+    d = c.facts.head_dim
+    if table.ndim != 2 or d is None or table.shape[1] != d or d % 2:
+        raise c.fail(f"{name} has shape {table.shape}; expected (positions, {d}), the sinusoidal rotary table")
+    pos = np.arange(table.shape[0], dtype=np.float64)[:, None] * 10000.0 ** (-2.0 * np.arange(d // 2) / d)  # (P, d/2)
+    want = np.concatenate([np.sin(pos), np.cos(pos)], axis=1)  # (P, d)
+    got = np.asarray(table.astype(np.float64))
+    tol = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}.get(table.dtype.name, 2.0 ** -22)  # twice the rounding
+    err = float(np.abs(got - want).max(initial=0.0))
+    if not err <= tol:
+        raise c.fail(f"{name} is not the sinusoidal rotary table sin/cos(pos · 10000^(-2i/{d})) (off by {err:.3g}), "
+                     "which attncli computes; it is not supported")
+    c.facts.extra["rope_table"] = f"{name}: the sinusoidal table, interleaved RoPE base 10000 (checked)"
 
 
 def _fused_per_head(c: Ctx, name: str, bias: str) -> None:

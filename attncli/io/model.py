@@ -73,9 +73,11 @@ class CheckpointLayer:
             raise InputError("does not say how many heads its attention has (no config.json, no model_args); "
                              "give heads= (--heads N)", self.source)
         missing = self.facts.extra.get("pre_norm_missing")
+        inside = bool(self.facts.extra.get("norm_inside"))  # pre-LN BERTs: the norm belongs to the module
         if from_residual and missing:
             raise InputError(f"has no {missing}, which --from-residual applies first", self.source)
-        inside = bool(self.facts.extra.get("norm_inside"))  # pre-LN BERTs: the norm belongs to the module
+        if inside and missing:
+            raise InputError(f"has no {missing}, which its attention module applies to X first", self.source)
         slopes = self.raw.arrays.get("alibi_slopes")  # Falcon: its ALiBi slopes, scaled with the scores
         if slopes is not None and kw.get("alibi_slopes") is None:
             keys = memory if memory is not None else x
