@@ -33,6 +33,8 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     gpt_neo            gpt_neo none                    LayerNorm ln_1                scale 1, local layers
     olmo               llama   half                    LayerNorm without weights     clip_qkv (q, k, v clamped)
     bitnet             llama   half                    RMS                           attn_sub_norm before o_proj
+    afmoe              llama   half on sliding layers  RMS                           sigmoid(gate_proj(x)) gate before o_proj
+    laguna             llama   half (partial per type) RMS                           softplus(g_proj(x)) gate; heads per layer
     llama4_text        llama   interleaved; NoPE layers RMS                          chunked RoPE layers, q tuning
     bert & co          bert    none                    post-norm (none before)       bidirectional
     roformer           bert    interleaved (sinusoidal) post-norm (none before)      bidirectional
@@ -75,6 +77,8 @@ class Family:
     causal: bool = True
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
+    gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
+    heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -87,6 +91,8 @@ class Family:
             keys.add(self.scale)
         if self.qk_key:
             keys.add(self.qk_key)
+        if self.heads_key:
+            keys.add(self.heads_key)
         return frozenset(keys)
 
 
@@ -194,6 +200,11 @@ def _full_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     return cfg.get("sliding_window") is not None and lt == "full_attention"
 
 
+def _unless_sliding(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """AFMoE: rotary on its sliding (local) layers only; the full-attention layers have none."""
+    return lt != "sliding_attention"
+
+
 def _no_rope_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     nope = cfg.get("no_rope_layers")
     return isinstance(nope, list) and i < len(nope) and not nope[i]
@@ -269,6 +280,16 @@ declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers,
         keys=frozenset({"layer_types", "no_rope_layers", "no_rope_layer_interval", "attention_chunk_size",
                         "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
+# AFMoE: q_norm / k_norm (RMS per head), rotary on the sliding layers only, and an output gate: the concatenated heads
+# times sigmoid(gate_proj(x)), feature by feature, before o_proj (AfmoeAttention.forward); post_attention_layernorm is
+# after o_proj, outside the module; mup_enabled scales the embeddings only
+declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), keys=W,
+        notes="gate_proj: gated = concat ⊙ sigmoid(x · W_g) before o_proj (the steps gate, gated); NoPE full layers")
+# Laguna: as AFMoE with rotary on every layer (rope_parameters per layer type, partial_rotary_factor), query heads per
+# layer (num_attention_heads_per_layer), and softplus(g_proj(x)) as the gate: one per head (gating true or per-head,
+# g_proj (H, E)) or one per feature (otherwise, (H·d, E)), computed in float32
+declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_attention_heads_per_layer",
+        keys=W | {"gating"}, notes="g_proj: gated = concat ⊙ softplus(x · W_g), per head or per feature, before o_proj")
 declare("eurobert", layout="llama", causal=False)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
@@ -352,8 +373,6 @@ declare("albert", layout="albert", rope=None, pre_norm=None, causal=False)
 
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
 REFUSED: dict[str, str] = {
-    "afmoe": "its output gate (sigmoid(gate_proj(x)) before o_proj) is not supported",
-    "laguna": "its output gate (softplus(g_proj(x)) before o_proj) is not supported",
     "diffllama": "differential attention (two softmaxes, lambda, group norm) is not supported",
     "doge": "its dynamic mask (A · softplus(dt_proj(v)) added to the scores) is not supported",
     "flint": "its per-layer rotary and QK-norm placement is not supported",

@@ -77,6 +77,7 @@ class AttentionFacts:
     tuning_scale: float | None = None  # Llama 4's temperature tuning of q on THIS layer (attn_scale); None: none
     tuning_floor: float | None = None  # its floor_scale
     sub_norm: str | None = None  # "rms": an RMSNorm of the concatenated heads before o_proj (BitNet); eps: norm_eps
+    gate: str | None = None  # "sigmoid" | "softplus": an output gate act(x · W_g) of the concatenated heads (AFMoE, Laguna)
     sinks: bool = False  # gpt-oss
     relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
     from_config: list[str] = field(default_factory=list)
@@ -433,6 +434,8 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     f, width, kv_width = c.facts, c.arrays["W_q"].shape[1], c.arrays["W_k"].shape[1]
     if f.heads is None:
         _heads(c, "num_attention_heads", width=None)
+    if fam.heads_key is not None:
+        _layer_heads(c, fam.heads_key)
     if f.head_dim is None:  # no head_dim in the config: a per-head q_norm's width, else the model width / heads
         f.head_dim = (c.arrays["q_norm"].shape[-1] if "q_norm" in c.arrays and fam.qk_norm != "rms-full"
                       else width // f.heads if f.heads and width % f.heads == 0 else None)
@@ -495,11 +498,48 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
     if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
         c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
         c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
+    if fam.gate is not None:
+        _gate(c, fam, a)
     if fam.sub_norm is not None:
         name = f"{a}{fam.sub_norm}.weight"
         c.put("sub_norm", c.get(name), name)
         c.facts.sub_norm = "rms"
         c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+
+
+def _layer_heads(c: Ctx, key: str) -> None:
+    """Query heads per layer from a config list (Laguna's num_attention_heads_per_layer): this layer's entry."""
+    per = (c.config or {}).get(key)
+    if per is None or c.heads_hint is not None:
+        return
+    if not isinstance(per, list) or c.layer >= len(per) or not isinstance(per[c.layer], int) or per[c.layer] < 1:
+        raise c.fail(f"config.json {key} has no head count for layer {c.layer}")
+    c.facts.heads = int(per[c.layer])
+    if "heads" not in c.facts.from_config:
+        c.facts.from_config.append("heads")
+
+
+def _gate(c: Ctx, fam: Family, a: str) -> None:
+    """An output gate's weight (AFMoE gate_proj, Laguna g_proj): (H·d, E), one gate per feature of the concatenated
+    heads, or (H, E), one per head; Laguna's gating (true / per-head: per head) must agree with its shape."""
+    assert fam.gate is not None
+    tensor, act = fam.gate
+    name = f"{a}{tensor}.weight"
+    c.linear("W_g", name)  # (n, E) -> (E, n)
+    if c.has(f"{a}{tensor}.bias"):
+        raise c.fail(f"{fam.model_type}: {a}{tensor}.bias is a gate bias its declaration does not have")
+    f, n = c.facts, c.arrays["W_g"].shape[1]
+    width = c.arrays["W_q"].shape[1]
+    cfg = c.config or {}
+    if "gating" in cfg:
+        per_head = cfg["gating"] is True or cfg["gating"] == "per-head"
+        want = f.heads if per_head else width
+        if n != want:
+            raise c.fail(f"{name} has {n} outputs but config.json gating = {cfg['gating']!r} means one gate per "
+                         f"{'head' if per_head else 'feature'} ({want})")
+    elif n != width:
+        raise c.fail(f"{name} has {n} outputs; expected {width}, one gate per feature of the concatenated heads")
+    f.gate = act
 
 
 def _ntk_alpha(c: Ctx) -> None:
