@@ -89,6 +89,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5),
     "cohere": dict(use_qk_norm=True),
     # Laguna: sliding and full layers (rotary per type: partial on the full ones), its default per-head gate
+    # Granite SWA: layer 0 sliding and NoPE (theta 0), layer 1 full with its own base, sinks (random), the multiplier
+    **{mt: dict(attention_multiplier=0.3, layer_types=["sliding_attention", "full_attention"] * 2,
+                layer_rope_theta=[0, 50000.0, 10000.0, 0]) for mt in ("granite_swa", "granitemoe_swa")},
     "laguna": dict(layer_types=["sliding_attention", "full_attention"] * 2, gating=True),
     "gptj": dict(rotary_dim=8),
     "codegen": dict(rotary_dim=8),
@@ -365,6 +368,12 @@ class Outcome:
     error: float = 0.0
 
 
+# Granite SWA: output · sigmoid(lse - sink) after softmax · V, i.e. a sink logit in the denominator. attncli's weights
+# are those multiplying V (rows summing to 1 - the sink's share); HF's output_attentions the plain softmax before it.
+# Their rows renormalised must equal HF's, and the output (which the sink's share scales) must agree as it is.
+SINK_SCALED = ("granite_swa", "granitemoe_swa")
+
+
 def run_self(built: Built, layer: int, residual: bool, work: Path) -> Outcome:
     arrays = built.layers[layer]
     src = arrays["hidden"] if residual else arrays["x"]
@@ -383,6 +392,8 @@ def run_self(built: Built, layer: int, residual: bool, work: Path) -> Outcome:
         return Outcome("broken", f"exit {res.exit_code}: {(res.stderr or res.output)[-300:]!r}")
     doc = json.loads(res.stdout)
     w, y = np.array(doc["weights"], dtype=np.float64), np.array(doc["output"], dtype=np.float64)
+    if built.model_type in SINK_SCALED:  # HF returns the weights before the sink's share: attncli's, renormalised
+        w = w / np.where(w.sum(axis=-1, keepdims=True) > 0, w.sum(axis=-1, keepdims=True), 1.0)
     if w.shape != arrays["weights"].shape or y.shape != arrays["y"].shape:
         return Outcome("wrong", f"shapes {w.shape} {y.shape}, the module's {arrays['weights'].shape} "
                                 f"{arrays['y'].shape}", float("inf"))
@@ -495,6 +506,7 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
                                                     gating=False)),
             "laguna-heads-per-layer": ("laguna", dict(layer_types=["sliding_attention", "full_attention"] * 2,
                                                        num_attention_heads_per_layer=[4, 2, 4, 2])),
+            "granite_swa-default-theta": ("granite_swa", dict(attention_multiplier=0.3)),
             "esm-rotary": ("esm", dict(position_embedding_type="rotary")),
             "roformer-rotary-value": ("roformer", dict(rotary_value=True)),
             "hunyuan_v1_dense-ntk-alpha": ("hunyuan_v1_dense", dict(rope_parameters=dict(

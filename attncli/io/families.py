@@ -13,6 +13,7 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     llama & co         llama   half                    RMS input_layernorm           q_norm/k_norm RMS per head
     gemma, 2, 3, vault llama   half                    RMS (1 + w)                   query_pre_attn_scalar, soft-cap
     granite(moe)       llama   half                    RMS                           scale = attention_multiplier
+    granite(moe)_swa   llama   half, theta per layer   RMS                           + sliding layers, sinks
     helium, ernie4_5   llama   interleaved             RMS
     glm, glm4          llama   partial interleaved     RMS
     smollm3            llama   half, NoPE layers       RMS                           no_rope_layers
@@ -79,6 +80,7 @@ class Family:
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
     gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
     heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
+    theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -93,6 +95,8 @@ class Family:
             keys.add(self.qk_key)
         if self.heads_key:
             keys.add(self.heads_key)
+        if self.theta_key:
+            keys.add(self.theta_key)
         return frozenset(keys)
 
 
@@ -187,6 +191,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "index_n_heads": (_off, "a sparse-attention indexer"),
     "keep_window_size": (_off, "a dynamic mask"),
     "lambda_std_dev": (_off, "differential attention"),
+    "layer_rope_theta": (_off, "per-layer rotary bases"),
     "use_prompt": (_off, "prompt keys and values prepended to the attention (MVP)"),
 }
 
@@ -203,6 +208,12 @@ def _full_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
 def _unless_sliding(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     """AFMoE: rotary on its sliding (local) layers only; the full-attention layers have none."""
     return lt != "sliding_attention"
+
+
+def _theta_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """Granite SWA: a layer whose layer_rope_theta is 0 (or null) has no rotary."""
+    thetas = cfg.get("layer_rope_theta")
+    return isinstance(thetas, list) and i < len(thetas) and not thetas[i]
 
 
 def _no_rope_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
@@ -243,6 +254,13 @@ declare("gemma2", "gemma3_text", "vaultgemma", layout="llama", pre_norm="rms1p",
         scale="query_pre_attn_scalar", keys=W | {"attn_logit_softcapping"})
 declare("gpt_oss", layout="llama", keys=W, notes="sinks: one logit per head in the softmax denominator")
 declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="attention_multiplier")
+# Granite SWA: Granite's attention (scale attention_multiplier) with sliding layers, a rotary base per layer
+# (layer_rope_theta; 0: NoPE) and a sink per head applied after the weights: output · sigmoid(logsumexp(scores) -
+# sink_h) = Σ_j exp(s_j) v_j / (Σ_j exp(s_j) + exp(sink_h)), gpt-oss's sink logit in the softmax's denominator (the
+# weights attncli shows are the ones multiplying V; HF's output_attentions returns them before the sink's share)
+declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", nope=_theta_nope,
+        theta_key="layer_rope_theta", keys=W,
+        notes="sinks: sigmoid(lse - sink) scaling = a sink logit in the denominator; layer_rope_theta per layer")
 declare("hyperclovax", layout="llama", scale="attention_multiplier",
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
 declare("helium", "ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}))
@@ -376,8 +394,6 @@ REFUSED: dict[str, str] = {
     "diffllama": "differential attention (two softmaxes, lambda, group norm) is not supported",
     "doge": "its dynamic mask (A · softplus(dt_proj(v)) added to the scores) is not supported",
     "flint": "its per-layer rotary and QK-norm placement is not supported",
-    "granite_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
-    "granitemoe_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
     "llama4": "the multimodal Llama 4 checkpoint (text_config inside) is not supported; its text stack saved "
               "alone (llama4_text) is",
     "ultrabert": "bidirectional sliding-window attention is not supported",

@@ -464,6 +464,13 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         _rope(c, fam.rope, layer_type=lt)
         if fam.rope_alpha:
             _ntk_alpha(c)
+        if fam.theta_key is not None and isinstance(cfg.get(fam.theta_key), list):  # Granite SWA: base per layer
+            thetas = cfg[fam.theta_key]
+            if c.layer >= len(thetas) or not isinstance(thetas[c.layer], (int, float)):
+                raise c.fail(f"config.json {fam.theta_key} has no rotary base for layer {c.layer}")
+            c.facts.rope_base = float(thetas[c.layer])
+            if "rope_base" not in c.facts.from_config:
+                c.facts.from_config.append("rope_base")
     elif fam.rope is not None:
         c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
