@@ -463,7 +463,7 @@ def test_family_agrees_or_refuses(mt: str) -> None:
 
 
 # Families whose every run must agree (not only agree or refuse): each new step, against its own module.
-MUST_AGREE = ["olmo", "bitnet", "llama4_text"]
+MUST_AGREE = ["olmo", "bitnet", "llama4_text", "roformer", "esm", "afmoe", "laguna", "granite_swa", "granitemoe_swa"]
 
 
 @pytest.mark.slow
@@ -474,6 +474,8 @@ def test_family_with_a_new_step_agrees(mt: str, dtype: str | None) -> None:
     bfloat16 checkpoint, plain and --from-residual."""
     outcomes = sweep_one(mt, None if dtype is None else getattr(torch, dtype))
     assert {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
+    if mt in ("afmoe", "laguna", "granite_swa"):  # a sliding and a full layer were both run
+        assert {k.split(" ")[0].split("/")[1] for k in outcomes} == {"sliding_attention", "full_attention"}
     if mt == "llama4_text":  # a chunked RoPE layer and a NoPE layer with the tuning were both run
         assert {k.split(" ")[0] for k in outcomes} == {"0/chunked_attention/rope", "3/full_attention/nope"}
 
@@ -513,6 +515,19 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
                 rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0)))}
 
 
+# Variants whose every run must agree (the other rotary, gate and head layouts of the families above)
+MUST_AGREE_VARIANTS = ["esm-rotary", "laguna-feature-gate", "laguna-heads-per-layer", "granite_swa-default-theta"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MUST_AGREE_VARIANTS)
+def test_variant_with_a_new_step_agrees(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    mt, over = VARIANTS[name]
+    monkeypatch.setitem(OVERRIDES, mt, over)
+    outcomes = sweep_one(mt)
+    assert {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -533,7 +548,8 @@ BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", 
         "stablelm", "cohere2", "phi3", "nemotron", "vaultgemma", "smollm3", "roberta-prelayernorm", "starcoder2",
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
         "albert", "lfm2",
-        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "roformer", "esm"]
+        "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "roformer", "esm", "afmoe",
+        "laguna", "granite_swa", "granitemoe_swa"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -551,7 +567,7 @@ def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
 
 
 BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm",
-                 "esm-rotary"]
+                 "esm-rotary", "laguna-feature-gate", "laguna-heads-per-layer"]
 
 
 @pytest.mark.slow
