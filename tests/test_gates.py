@@ -126,6 +126,9 @@ def test_gate_of_the_wrong_width_is_one_line() -> None:
     proj = Projections(W_q=np.eye(E), W_k=np.eye(E), W_v=np.eye(E), W_o=np.eye(E))
     with pytest.raises(InputError, match=r"W_g has shape \(32, 5\)"):
         Layer.build(x, projections=proj, heads=H, gate=Gate("softplus", np.ones((E, 5)), "g_proj.weight"))
+    with pytest.raises(InputError, match="no W_o"):
+        Layer.build(x, projections=Projections(W_q=np.eye(E), W_k=np.eye(E), W_v=np.eye(E)), heads=H,
+                    gate=Gate("sigmoid", np.ones((E, H)), "gate_proj.weight"))
     with pytest.raises(InputError, match="activation"):
         Layer.build(x, projections=proj, heads=H, gate=Gate("tanh", np.ones((E, H)), "g_proj.weight"))
 

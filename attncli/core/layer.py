@@ -195,6 +195,9 @@ class Layer(Shared):
                              "concatenated heads' width", sub_norm.origin or src["weights"])
         if gate is not None:
             _check_gate(gate, int(X.shape[2]), heads, width, src["weights"])
+            if projections.W_o is None:  # the gate sits before W_o: without it there is nowhere to put it
+                raise InputError("an output gate multiplies the heads before W_o, and these weights have no W_o",
+                                 gate.origin or src["weights"])
         checked = Problem.shaped(*layer.shapes(), layer.dtype, **{n: getattr(layer, n) for n in HANDED})
         return cls(X, Y, Z, projections, heads, pre_norm, sub_norm, gate, batch_first,
                    **{n: getattr(checked, n) for n in HANDED if n not in ("padding",)}, padding=pad)
