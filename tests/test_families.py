@@ -510,13 +510,14 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
                                                        num_attention_heads_per_layer=[4, 2, 4, 2])),
             "granite_swa-default-theta": ("granite_swa", dict(attention_multiplier=0.3)),
             "esm-rotary": ("esm", dict(position_embedding_type="rotary")),
+            "esm-rotary-base": ("esm", dict(position_embedding_type="rotary", rope_theta=100.0)),
             "roformer-rotary-value": ("roformer", dict(rotary_value=True)),
             "hunyuan_v1_dense-ntk-alpha": ("hunyuan_v1_dense", dict(rope_parameters=dict(
                 rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0)))}
 
 
 # Variants whose every run must agree (the other rotary, gate and head layouts of the families above)
-MUST_AGREE_VARIANTS = ["esm-rotary", "laguna-feature-gate", "laguna-heads-per-layer", "granite_swa-default-theta"]
+MUST_AGREE_VARIANTS = ["esm-rotary", "esm-rotary-base", "laguna-feature-gate", "laguna-heads-per-layer", "granite_swa-default-theta"]
 
 
 @pytest.mark.slow

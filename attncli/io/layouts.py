@@ -826,13 +826,24 @@ def _bert(c: Ctx) -> None:
         if fam.nope is not None and fam.nope(c.layer, cfg, None):
             c.facts.extra["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
         else:
-            _rope(c, fam.rope)
-            if fam.model_type == "roformer":
-                _sinusoidal_table(c)
+            _bert_rope(c, fam)
     if fam is not None and fam.pre_norm is not None:  # pre-LN BERTs: the LayerNorm inside the attention module
         _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
     else:
         c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+def _bert_rope(c: Ctx, fam: Family) -> None:
+    """RoFormer's and ESM's rotary, over the whole head and without scaling, whatever else config.json says (their
+    modeling files read no partial factor or scaling): RoFormer's stored table is base 10000 (checked), ESM's base
+    is rope_theta (default 10000)."""
+    f = c.facts
+    f.rope, f.rotary_dim = fam.rope, f.head_dim
+    if fam.model_type == "roformer":
+        f.rope_base = 10000.0
+        _sinusoidal_table(c)
+    else:
+        c.conf("rope_base", "rope_theta", default=10000.0, cast=float)
 
 
 def _sinusoidal_table(c: Ctx) -> None:
