@@ -517,7 +517,8 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
 
 
 # Variants whose every run must agree (the other rotary, gate and head layouts of the families above)
-MUST_AGREE_VARIANTS = ["esm-rotary", "esm-rotary-base", "laguna-feature-gate", "laguna-heads-per-layer", "granite_swa-default-theta"]
+MUST_AGREE_VARIANTS = ["esm-rotary", "esm-rotary-base", "laguna-feature-gate", "laguna-heads-per-layer",
+                       "granite_swa-default-theta"]
 
 
 @pytest.mark.slow
