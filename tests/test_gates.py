@@ -245,3 +245,13 @@ def test_laguna_gate_width_must_agree_with_gating(tmp_path: Path) -> None:
     doc["gating"] = False  # one gate per feature, but g_proj holds one per head
     cfg.write_text(json.dumps(doc))
     assert "g_proj.weight has 4 outputs but config.json gating = False" in _one_line(_self(tmp_path / "m", a["x"], layer))
+
+
+def test_sliding_family_without_layer_types_is_refused(tmp_path: Path) -> None:
+    """Laguna's config class makes every layer full without layer_types, AFMoE's every fourth: attncli does not guess."""
+    a, layer = _tiny("laguna", tmp_path / "m", layer_types=["full_attention"] * 2)
+    cfg = tmp_path / "m" / "config.json"
+    doc = json.loads(cfg.read_text())
+    del doc["layer_types"]
+    cfg.write_text(json.dumps(doc))
+    assert "has no layer_types" in _one_line(_self(tmp_path / "m", a["x"], layer))

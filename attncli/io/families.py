@@ -81,6 +81,7 @@ class Family:
     gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
     heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
     theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
+    layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -259,7 +260,7 @@ declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="atte
 # sink_h) = Σ_j exp(s_j) v_j / (Σ_j exp(s_j) + exp(sink_h)), gpt-oss's sink logit in the softmax's denominator (the
 # weights attncli shows are the ones multiplying V; HF's output_attentions returns them before the sink's share)
 declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", nope=_theta_nope,
-        theta_key="layer_rope_theta", keys=W,
+        theta_key="layer_rope_theta", keys=W, layer_types=True,
         notes="sinks: sigmoid(lse - sink) scaling = a sink logit in the denominator; layer_rope_theta per layer")
 declare("hyperclovax", layout="llama", scale="attention_multiplier",
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
@@ -301,12 +302,12 @@ declare("apertus", layout="llama", norm_name="attention_layernorm")
 # AFMoE: q_norm / k_norm (RMS per head), rotary on the sliding layers only, and an output gate: the concatenated heads
 # times sigmoid(gate_proj(x)), feature by feature, before o_proj (AfmoeAttention.forward); post_attention_layernorm is
 # after o_proj, outside the module; mup_enabled scales the embeddings only
-declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), keys=W,
+declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), keys=W, layer_types=True,
         notes="gate_proj: gated = concat ⊙ sigmoid(x · W_g) before o_proj (the steps gate, gated); NoPE full layers")
 # Laguna: as AFMoE with rotary on every layer (rope_parameters per layer type, partial_rotary_factor), query heads per
 # layer (num_attention_heads_per_layer), and softplus(g_proj(x)) as the gate: one per head (gating true or per-head,
 # g_proj (H, E)) or one per feature (otherwise, (H·d, E)), computed in float32
-declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_attention_heads_per_layer",
+declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_attention_heads_per_layer", layer_types=True,
         keys=W | {"gating"}, notes="g_proj: gated = concat ⊙ softplus(x · W_g), per head or per feature, before o_proj")
 declare("eurobert", layout="llama", causal=False)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm

@@ -459,6 +459,9 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
     lt = _layer_type(c)
     cfg = c.config or {}
+    if fam.layer_types and lt is None:  # save_pretrained writes them; a config without them is not guessed
+        raise c.fail(f"{fam.model_type}: config.json has no layer_types entry for layer {c.layer}, which says whether "
+                     "it slides (and, for some families, has rotary)")
     nope = fam.nope is not None and fam.nope(c.layer, cfg, lt)
     if fam.rope is not None and not nope:
         _rope(c, fam.rope, layer_type=lt)
