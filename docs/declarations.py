@@ -25,6 +25,9 @@ def _row(fam: Family) -> tuple[str, ...]:
         f", switch `{fam.qk_key}`" if fam.qk_key else "") + (f", layers: {_rule(fam.qk_layers)}" if fam.qk_layers else "")
     extra = [x for x in (f"chunked: {_rule(fam.chunked)}" if fam.chunked else "",
                          f"sub-norm `{fam.sub_norm}`" if fam.sub_norm else "",
+                         f"output gate {fam.gate[1]}(`{fam.gate[0]}`)" if fam.gate else "",
+                         f"heads per layer `{fam.heads_key}`" if fam.heads_key else "",
+                         f"rotary base per layer `{fam.theta_key}`" if fam.theta_key else "",
                          "NTK alpha" if fam.rope_alpha else "") if x]
     keys = ", ".join(f"`{k}`" for k in sorted(fam.reads() - SHAPE_KEYS)) or "—"
     return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, fam.scale or "1/√d",

@@ -77,6 +77,11 @@ _OVERALL = ("bfloat16, own output: the overall rule (largest error <= 2x the pla
 FALSE_ALARMS: dict[tuple[str, str], str] = {
     ("minimax", "bfloat16"): _OVERALL.format(row="2.3x", rms="1.24x") + " (layer 0, from its input: 0.076 > 0.065)",
     ("solar_open", "bfloat16"): _OVERALL.format(row="3.5x", rms="1.44x") + " (layer 3 --from-residual: 0.073 > 0.057)",
+    ("granite_swa", "float16"): "float16, own output: the overall rule (largest error <= 2x the plain float16 emulation's) "
+                                "fails on layer 1 (0.0074 > 0.0069): HF scales softmax · V by sigmoid(lse - sink) in "
+                                "float16 after the product, the plain emulation rounds the softmax with the sink logit "
+                                "in its denominator (the same attention, rounded at other places); granitemoe_swa "
+                                "passes (0.0071 <= 0.0079)",
 }
 
 

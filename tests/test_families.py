@@ -88,6 +88,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "phi": dict(qk_layernorm=True, partial_rotary_factor=0.5),
     "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5),
     "cohere": dict(use_qk_norm=True),
+    # Laguna: sliding and full layers (rotary per type: partial on the full ones), its default per-head gate
+    # Granite SWA: layer 0 sliding and NoPE (theta 0), layer 1 full with its own base, sinks (random), the multiplier
+    **{mt: dict(attention_multiplier=0.3, layer_types=["sliding_attention", "full_attention"] * 2,
+                layer_rope_theta=[0, 50000.0, 10000.0, 0]) for mt in ("granite_swa", "granitemoe_swa")},
+    "laguna": dict(layer_types=["sliding_attention", "full_attention"] * 2, gating=True),
     "gptj": dict(rotary_dim=8),
     "codegen": dict(rotary_dim=8),
     **{mt: dict(MLA) for mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "minicpm3", "glm4_moe_lite", "glm_moe_dsa",
@@ -168,6 +173,9 @@ def _randomise(model: Any, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 1.5 / fan_in ** 0.5)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        for m in model.modules():  # RoFormer's rotary table is a weight: real checkpoints hold the sinusoidal one
+            if type(m).__name__ == "RoFormerSinusoidalPositionalEmbedding":
+                m.weight.copy_(m.create_weight())
 
 
 def _layers(model: Any, n: int) -> Any:
@@ -283,8 +291,9 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         model.save_pretrained(folder)
     else:  # the reference: the same weights rounded to dtype, computed in float32 (rotary buffers stay float32)
         with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(p.to(dtype).float())
+            for name, p in model.named_parameters():
+                if not name.endswith("embed_positions.weight") or mt != "roformer":  # its sinusoidal table: as the
+                    p.copy_(p.to(dtype).float())  # rotary buffers, exact (attncli checks the stored one, computes it)
         copy.deepcopy(model).to(dtype).save_pretrained(folder)
     got: dict[int, dict[str, Any]] = {i: {} for i in tested}
     handles = []
@@ -359,6 +368,12 @@ class Outcome:
     error: float = 0.0
 
 
+# Granite SWA: output · sigmoid(lse - sink) after softmax · V, i.e. a sink logit in the denominator. attncli's weights
+# are those multiplying V (rows summing to 1 - the sink's share); HF's output_attentions the plain softmax before it.
+# Their rows renormalised must equal HF's, and the output (which the sink's share scales) must agree as it is.
+SINK_SCALED = ("granite_swa", "granitemoe_swa")
+
+
 def run_self(built: Built, layer: int, residual: bool, work: Path) -> Outcome:
     arrays = built.layers[layer]
     src = arrays["hidden"] if residual else arrays["x"]
@@ -377,6 +392,8 @@ def run_self(built: Built, layer: int, residual: bool, work: Path) -> Outcome:
         return Outcome("broken", f"exit {res.exit_code}: {(res.stderr or res.output)[-300:]!r}")
     doc = json.loads(res.stdout)
     w, y = np.array(doc["weights"], dtype=np.float64), np.array(doc["output"], dtype=np.float64)
+    if built.model_type in SINK_SCALED:  # HF returns the weights before the sink's share: attncli's, renormalised
+        w = w / np.where(w.sum(axis=-1, keepdims=True) > 0, w.sum(axis=-1, keepdims=True), 1.0)
     if w.shape != arrays["weights"].shape or y.shape != arrays["y"].shape:
         return Outcome("wrong", f"shapes {w.shape} {y.shape}, the module's {arrays['weights'].shape} "
                                 f"{arrays['y'].shape}", float("inf"))
@@ -446,7 +463,7 @@ def test_family_agrees_or_refuses(mt: str) -> None:
 
 
 # Families whose every run must agree (not only agree or refuse): each new step, against its own module.
-MUST_AGREE = ["olmo", "bitnet", "llama4_text"]
+MUST_AGREE = ["olmo", "bitnet", "llama4_text", "roformer", "esm", "afmoe", "laguna", "granite_swa", "granitemoe_swa"]
 
 
 @pytest.mark.slow
@@ -457,6 +474,8 @@ def test_family_with_a_new_step_agrees(mt: str, dtype: str | None) -> None:
     bfloat16 checkpoint, plain and --from-residual."""
     outcomes = sweep_one(mt, None if dtype is None else getattr(torch, dtype))
     assert {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
+    if mt in ("afmoe", "laguna", "granite_swa"):  # a sliding and a full layer were both run
+        assert {k.split(" ")[0].split("/")[1] for k in outcomes} == {"sliding_attention", "full_attention"}
     if mt == "llama4_text":  # a chunked RoPE layer and a NoPE layer with the tuning were both run
         assert {k.split(" ")[0] for k in outcomes} == {"0/chunked_attention/rope", "3/full_attention/nope"}
 
@@ -485,6 +504,14 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "cohere-no-qk-norm": ("cohere", dict(use_qk_norm=False)),
             "llama4_text-no-qk-norm": ("llama4_text", dict(no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True,
                                                            floor_scale=2, attn_scale=0.5, use_qk_norm=False)),
+            "laguna-feature-gate": ("laguna", dict(layer_types=["sliding_attention", "full_attention"] * 2,
+                                                    gating=False)),
+            "laguna-heads-per-layer": ("laguna", dict(layer_types=["sliding_attention", "full_attention"] * 2,
+                                                       num_attention_heads_per_layer=[4, 2, 4, 2])),
+            "granite_swa-default-theta": ("granite_swa", dict(attention_multiplier=0.3)),
+            "esm-rotary": ("esm", dict(position_embedding_type="rotary")),
+            "esm-rotary-base": ("esm", dict(position_embedding_type="rotary", rope_theta=100.0)),
+            "roformer-rotary-value": ("roformer", dict(rotary_value=True)),
             "hunyuan_v1_dense-ntk-alpha": ("hunyuan_v1_dense", dict(rope_parameters=dict(
                 rope_type="dynamic", alpha=50.0, factor=2.0, rope_theta=10000.0))),
             # MLA: Q straight from q_proj (no q_lora_rank), half rotary; v_head_dim unlike qk_head_dim
@@ -498,6 +525,20 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
                 layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True, norm_bias=True)),
             "modernbert-linear-rope": ("modernbert", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
             "modernbert-yarn": ("modernbert", dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}))}  # refused
+
+
+# Variants whose every run must agree (the other rotary, gate and head layouts of the families above)
+MUST_AGREE_VARIANTS = ["esm-rotary", "esm-rotary-base", "laguna-feature-gate", "laguna-heads-per-layer",
+                       "granite_swa-default-theta"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MUST_AGREE_VARIANTS)
+def test_variant_with_a_new_step_agrees(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    mt, over = VARIANTS[name]
+    monkeypatch.setitem(OVERRIDES, mt, over)
+    outcomes = sweep_one(mt)
+    assert {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
 
 
 @pytest.mark.slow
@@ -521,7 +562,8 @@ BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", 
         "falcon", "gpt_neo", "bitnet", "llama4_text", "opt", "biogpt", "xglm", "bart", "whisper", "distilbert",
         "albert", "lfm2",
         "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "deepseek_v3",
-        "modernbert", "modernbert-decoder", "ultrabert"]
+        "modernbert", "modernbert-decoder", "ultrabert", "roformer", "esm", "afmoe", "laguna", "granite_swa",
+        "granitemoe_swa"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -539,7 +581,7 @@ def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
 
 
 BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm",
-                 "modernbert-local-first"]
+                 "modernbert-local-first", "esm-rotary", "laguna-feature-gate", "laguna-heads-per-layer"]
 
 
 @pytest.mark.slow

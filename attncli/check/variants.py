@@ -210,6 +210,8 @@ class Context:
         else:
             concat = heads.reshape(heads.shape[:-3] + (T, H * dh))  # (..., H, T, dh) read as (..., T, d_v): no transpose
         out = concat
+        if "gated" in self.ref:  # AFMoE / Laguna: the output gate, as the reference computed it, before W_o
+            out = stages.gated(np, out, self.ref["gate"])
         sub = self.problem.sub_norm if isinstance(self.problem, Layer) else None
         if sub is not None:  # BitNet: the RMSNorm of the concatenated heads before W_o
             out = stages.rms_norm(np, out, sub.w, sub.eps)

@@ -387,7 +387,8 @@ def head_scales(reference: Trace, diff: np.ndarray) -> HeadScales | None:
         return None
     w = np.asarray(reference["W_o"], dtype=np.float64)  # (d_v, E)
     H = int(reference["head_output"].shape[-3])
-    o = np.asarray(reference["concat"], dtype=np.float64)
+    o = np.asarray(reference["gated" if "gated" in reference else "concat"], dtype=np.float64)  # W_o's input (AFMoE,
+    # Laguna: the gated heads; a head's output scaled by 1 + α scales its gated features alike)
     if w.ndim != 2 or H < 2 or w.shape[0] % H or diff.shape[-1] != w.shape[1] or o.shape[-1] != w.shape[0] or \
             o.size // o.shape[-1] != diff.size // diff.shape[-1]:
         return None

@@ -80,7 +80,7 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
 
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",
-                     "W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o"}
+                     "W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", "W_g", "gate", "gated"}
 PROGRESS_AFTER = 1.0  # seconds a run takes before its progress bar appears
 
 

@@ -9,7 +9,7 @@
                  the chain before the softmax (chain.logits), the softmax and its variants
     8) sum       output = weights · V                                  (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     9) merge     concat = the heads side by side; output = concat W_o + b_o   (with projections; BitNet:
-                 sub_norm = RMSNorm(concat) before W_o)
+                 sub_norm = RMSNorm(concat) before W_o; AFMoE, Laguna: gated = concat ⊙ act(x_norm W_g) before W_o)
 
 Single-head ``run`` and multi-head ``self`` are this one function; :func:`attncli.core.plan.plan`
 says whether steps 3-7 run on the whole score matrix (explicit), in blocks of queries, or in
@@ -32,6 +32,7 @@ from attncli.core.params import (
     AlibiFacts,
     Clip,
     Dropout,
+    Gating,
     Hard,
     HeadMap,
     Initialised,
@@ -46,7 +47,7 @@ from attncli.core.params import (
 )
 from attncli.core.plan import Plan, plan
 from attncli.core.problem import Problem
-from attncli.core.projections import LATENT, Norm, Projections
+from attncli.core.projections import LATENT, Gate, Norm, Projections
 from attncli.core.scoring import get_score
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.core.trace import StepName as N
@@ -615,12 +616,14 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "
           "the heads side by side, in order", concat, (QUERIES, FEATURES))
     out = concat
+    if problem.gate is not None:  # AFMoE / Laguna: concat ⊙ act(x_norm · W_g) before W_o
+        out = _gate(problem.gate, be, out, problem.dtype, t)
     if problem.sub_norm is not None:  # BitNet: an RMSNorm of the concatenated heads before W_o
         out = _sub_norm(problem.sub_norm, be, out, problem.dtype, t)
     if has_o:
         _weight(t, proj, w, "W_o")
         _weight(t, proj, w, "b_o")
-        into = "sub_norm" if problem.sub_norm is not None else "concat"
+        into = t.steps[-3 if "b_o" in w else -2].name  # the step before W_o (b_o): concat, gated or sub_norm
         out = stages.project(out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
         t.add("output", f"output = {into} · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
               params=Projection(into, "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
@@ -634,7 +637,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     t.seq_first = problem.batched and not problem.batch_first
     if not problem.batched:
         for s in t.steps:
-            if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", *LATENT}:
+            if s.name not in {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", *LATENT, "W_g"}:
                 s.values = s.values[0]
         t.dead = None if t.dead is None else t.dead[0]
 
@@ -647,6 +650,29 @@ def _sub_norm(norm: Norm, be: Backend, c: Any, dt: str, t: Trace) -> Any:
     where = f" (w = {norm.origin})" if norm.origin else ""
     t.add("sub_norm", f"sub_norm = w · concat / sqrt(mean(concat²) + {norm.eps:g}): an RMSNorm of the concatenated "
           f"heads before W_o{where}", y, (QUERIES, FEATURES), params=Normalise("rms", norm.eps, True, norm.origin or None))
+    return y
+
+
+def _gate(gate: Gate, be: Backend, c: Any, dt: str, t: Trace) -> Any:
+    """The output gate (AFMoE's gate_proj: sigmoid, Laguna's g_proj: softplus): gate = act(x_norm · W_g), from the
+    attention's input after its pre-norm, and gated = concat ⊙ gate (per head: each head's features times its one
+    gate). The steps W_g, gate, gated; returns gated."""
+    src = "x_norm" if "x_norm" in t else "x"
+    x = t.step(src).values  # (B, T, D): the attention's input, as the projections took it
+    w = be.asarray(gate.w, dt)
+    per_head = int(gate.w.shape[1]) != int(c.shape[-1])
+    where = f" (from {gate.origin})" if gate.origin else ""
+    t.add("W_g", f"W_g{where}, textbook convention (in, out): the output gate's weight", w, WEIGHT_AXES,
+          params=Weight(gate.origin or None))
+    z = stages.project(x, w)  # (B, T, D) x (D, n) -> (B, T, n)
+    g = stages.gate_values(be.xp, z, gate.act)
+    act = "1 / (1 + exp(-z))" if gate.act == "sigmoid" else "log(1 + exp(z))"
+    par = Gating(gate.act, src, per_head, gate.origin or None)
+    t.add("gate", f"gate = {gate.act}({src} · W_g) = {act}: one gate per "
+          f"{'head' if per_head else 'feature of the concatenated heads'}", g, (QUERIES, FEATURES), params=par)
+    y = stages.gated(be.xp, c, g)
+    t.add("gated", "gated = concat ⊙ gate" + (": each head's features times its gate" if per_head else
+                                               ", feature by feature") + ", before W_o", y, (QUERIES, FEATURES), params=par)
     return y
 
 

@@ -6,6 +6,7 @@
     clip: q, k, v clamped to [-C, C] (OLMo clip_qkv, option clip_qkv), before the split
     output = concat(head_0, ..., head_{H-1}) W_o + b_o   (BitNet: sub_norm(concat) W_o + b_o)
     MLA (DeepSeek): Q, K, V from low-rank latents of X, an RMSNorm between the two matrices (core.projections.Latent)
+    gated = concat ⊙ act(x_norm W_g)                     (AFMoE sigmoid, Laguna softplus: an output gate before W_o)
 
 A Layer holds X, Y, Z, the projections, the heads, the pre-norm and the key padding mask, and what it
 hands on to the attention of its heads (masks, lengths, labels, biases, options) under the same names
@@ -28,7 +29,16 @@ from attncli.core.arrays import mask_array
 from attncli.core.backend import half_type
 from attncli.core.options import Options
 from attncli.core.problem import Problem, Shared, computed_dtype
-from attncli.core.projections import Norm, Projections, RelativeBias, head_mask, input_matrix, padding_mask
+from attncli.core.projections import (
+    GATE_ACTS,
+    Gate,
+    Norm,
+    Projections,
+    RelativeBias,
+    head_mask,
+    input_matrix,
+    padding_mask,
+)
 from attncli.errors import InputError
 
 # what a layer hands on to the Problem of its heads, by the Problem's own field names
@@ -50,6 +60,7 @@ class Layer(Shared):
     heads: int = 1
     pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
     sub_norm: Norm | None = None  # BitNet: an RMSNorm of the concatenated heads before W_o (attn_sub_norm)
+    gate: Gate | None = None  # AFMoE / Laguna: concat ⊙ act(x_norm · W_g) before W_o
     batch_first: bool = True  # X given (B, T, D); False: (T, B, D), PyTorch's default (held (B, T, D) here all
     # the same; the output is returned (T, B, E), as nn.MultiheadAttention(batch_first=False) returns it)
 
@@ -139,7 +150,7 @@ class Layer(Shared):
     @classmethod
     def build(cls, x: Any, memory: Any = None, values: Any = None, *, projections: Projections, heads: int = 1,
               padding: Any = None, pre_norm: Norm | None = None, batch_first: bool = True,
-              sub_norm: Norm | None = None, **core: Any) -> Layer:
+              sub_norm: Norm | None = None, gate: Gate | None = None, **core: Any) -> Layer:
         """A validated, frozen Layer; memory and values default to x (self-attention). ``core``: the
         fields handed on to the heads' Problem (mask, valid_lens, labels, options, sinks, ...)."""
         memory = x if memory is None else memory
@@ -181,14 +192,32 @@ class Layer(Shared):
         if core.get("mask") is not None:
             core["mask"] = head_mask(mask_array(core["mask"], "mask", src["mask"]), B, heads, src["mask"])
         pad = None if padding is None else padding_mask(padding, B, S, batched, src["key_padding_mask"])
-        layer = cls(X, Y, Z, projections, heads, pre_norm, sub_norm, batch_first, **core)
-        if sub_norm is not None and sub_norm.w.shape != (layer.shapes()[0][1] * layer.shapes()[2][3],):
-            raise InputError(f"the sub-norm has weights of shape {sub_norm.w.shape}; expected "
-                             f"({layer.shapes()[0][1] * layer.shapes()[2][3]},), the concatenated heads' width",
-                             sub_norm.origin or src["weights"])
+        layer = cls(X, Y, Z, projections, heads, pre_norm, sub_norm, gate, batch_first, **core)
+        width = layer.shapes()[0][1] * layer.shapes()[2][3]  # H · d_v: the concatenated heads
+        if sub_norm is not None and sub_norm.w.shape != (width,):
+            raise InputError(f"the sub-norm has weights of shape {sub_norm.w.shape}; expected ({width},), the "
+                             "concatenated heads' width", sub_norm.origin or src["weights"])
+        if gate is not None:
+            _check_gate(gate, int(X.shape[2]), heads, width, src["weights"])
+            if projections.W_o is None:  # the gate sits before W_o: without it there is nowhere to put it
+                raise InputError("an output gate multiplies the heads before W_o, and these weights have no W_o",
+                                 gate.origin or src["weights"])
         checked = Problem.shaped(*layer.shapes(), layer.dtype, **{n: getattr(layer, n) for n in HANDED})
-        return cls(X, Y, Z, projections, heads, pre_norm, sub_norm, batch_first,
+        return cls(X, Y, Z, projections, heads, pre_norm, sub_norm, gate, batch_first,
                    **{n: getattr(checked, n) for n in HANDED if n not in ("padding",)}, padding=pad)
+
+
+def _check_gate(gate: Gate, D: int, H: int, width: int, where: str) -> None:
+    """An output gate's W_g (D, H·d_v) or (D, H), finite, and a known activation: else one line naming it."""
+    src = gate.origin or where
+    if gate.act not in GATE_ACTS:
+        raise InputError(f"the output gate's activation {gate.act!r} is not one of {', '.join(GATE_ACTS)}", src)
+    w = np.asarray(gate.w)
+    if w.ndim != 2 or w.shape[0] != D or w.shape[1] not in (width, H):
+        raise InputError(f"the output gate's W_g has shape {w.shape}; expected ({D}, {width}) (one gate per feature of "
+                         f"the concatenated heads) or ({D}, {H}) (one per head)", src)
+    if not np.all(np.isfinite(w)):
+        raise InputError("the output gate's W_g holds NaN or infinite values", src)
 
 
 def _inputs(x: Any, memory: Any, values: Any, batch_first: bool, src: dict[str, str]) -> tuple[Any, Any, Any, bool]:

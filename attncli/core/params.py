@@ -76,6 +76,17 @@ class Normalise:
 
 
 @dataclass(frozen=True)
+class Gating:
+    """gate = act(input · W_g) and gated = concat ⊙ gate (AFMoE, Laguna): one gate per feature of the
+    concatenated heads, or one per head (``per_head``) shared by its features."""
+
+    act: str  # sigmoid | softplus
+    input: str  # the step the gate is computed from: x_norm or x
+    per_head: bool
+    origin: str | None = None
+
+
+@dataclass(frozen=True)
 class Rotation:
     """RoPE on q_rot and k_rot: query i at position q_offset + i, key j at j."""
 

@@ -264,6 +264,20 @@ class Norm:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """An output gate of the concatenated heads before W_o: ``gated = concat ⊙ act(X · W_g)``, X the attention's
+    input (after its pre-norm). ``act``: sigmoid (AFMoE's gate_proj) or softplus (Laguna's g_proj); W_g (D, H·d_v):
+    one gate per feature, or (D, H): one per head (its d_v features share it)."""
+
+    act: str  # sigmoid | softplus
+    w: np.ndarray  # W_g (D, n), textbook (in, out)
+    origin: str = ""
+
+
+GATE_ACTS = ("sigmoid", "softplus")
+
+
+@dataclass(frozen=True)
 class RelativeBias:
     """T5's relative position bias: ``table[bucket(j - i), h]`` added to the scores of head h
     (``relative_attention_bias.weight``, (num_buckets, H); attncli.core.heads.t5_position_bias)."""

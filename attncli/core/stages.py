@@ -455,6 +455,27 @@ def rms_norm(xp: Any, x: Any, w: Any, eps: float, plus_one: bool = False, axes: 
     return xp.astype(y, dt) * xp.astype(wt, dt)
 
 
+def gate_values(xp: Any, z: Any, act: str) -> Any:
+    """An output gate's activation of its logits z = X · W_g: sigmoid 1 / (1 + e^-z) or softplus log(1 + e^z), both
+    written with e^-|z| (no overflow)."""
+    e = xp.exp(-xp.abs(z))
+    if act == "sigmoid":
+        return xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    if act == "softplus":
+        return xp.where(z > 0, z, xp.zeros_like(z)) + xp.log1p(e)
+    raise AssertionError(f"unknown gate activation {act!r}")
+
+
+def gated(xp: Any, concat: Any, g: Any) -> Any:
+    """concat ⊙ gate: (..., T, H·d) times (..., T, H·d), or times (..., T, H) with each head's d features sharing its
+    gate."""
+    n, width = int(g.shape[-1]), int(concat.shape[-1])
+    if n == width:
+        return concat * g
+    per = xp.reshape(concat, tuple(concat.shape[:-1]) + (n, width // n))  # (..., T, H·d) -> (..., T, H, d)
+    return xp.reshape(per * g[..., None], tuple(concat.shape))  # (..., T, H, d) * (..., T, H, 1)
+
+
 def layer_norm(xp: Any, x: Any, w: Any, b: Any, eps: float) -> Any:
     """y = (x - mean) / sqrt(var + eps) · w + b, biased variance over the last axis (nn.LayerNorm). (..., d) -> (..., d)
 

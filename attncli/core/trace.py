@@ -54,6 +54,9 @@ class StepName(str, Enum):
     OUTPUT = "output"
     CONCAT = "concat"
     SUB_NORM = "sub_norm"  # BitNet's RMSNorm of the concatenated heads, before W_o
+    W_G = "W_g"  # an output gate's weight (AFMoE gate_proj, Laguna g_proj)
+    GATE = "gate"  # act(x · W_g): the gate values
+    GATED = "gated"  # concat ⊙ gate, before W_o
     AVG_WEIGHTS = "avg_weights"
 
     __str__ = str.__str__

@@ -13,6 +13,7 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     llama & co         llama   half                    RMS input_layernorm           q_norm/k_norm RMS per head
     gemma, 2, 3, vault llama   half                    RMS (1 + w)                   query_pre_attn_scalar, soft-cap
     granite(moe)       llama   half                    RMS                           scale = attention_multiplier
+    granite(moe)_swa   llama   half, theta per layer   RMS                           + sliding layers, sinks
     helium, ernie4_5   llama   interleaved             RMS
     glm, glm4          llama   partial interleaved     RMS
     smollm3            llama   half, NoPE layers       RMS                           no_rope_layers
@@ -33,8 +34,12 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     gpt_neo            gpt_neo none                    LayerNorm ln_1                scale 1, local layers
     olmo               llama   half                    LayerNorm without weights     clip_qkv (q, k, v clamped)
     bitnet             llama   half                    RMS                           attn_sub_norm before o_proj
+    afmoe              llama   half on sliding layers  RMS                           sigmoid(gate_proj(x)) gate before o_proj
+    laguna             llama   half (partial per type) RMS                           softplus(g_proj(x)) gate; heads per layer
     llama4_text        llama   interleaved; NoPE layers RMS                          chunked RoPE layers, q tuning
     bert & co          bert    none                    post-norm (none before)       bidirectional
+    roformer           bert    interleaved (sinusoidal) post-norm (none before)      bidirectional
+    esm                bert    half (rotary) or none    LayerNorm attention.LayerNorm q · d^-0.5 before the rotary
     roberta-prelayernorm, xlm-roberta-xl, megatron-bert: bert, a LayerNorm inside the attention module
     opt, biogpt, xglm  bart    none                    LayerNorm self_attn_layer_norm (OPT: do_layer_norm_before)
     bart, marian, ...  bart    none                    post-norm (pegasus, mbart, whisper, ...: pre-norm)
@@ -84,6 +89,10 @@ class Family:
     window_kind: str = "causal"  # its sliding layers: "causal" (the W keys up to each query) | "both" (|j - i| <= R)
     rope_keys: frozenset[str] | None = None  # the rotary keys it reads (None: all of ROPE_KEYS)
     full_rotary: bool = False  # rotary over the whole head whatever partial_rotary_factor says; default or linear only
+    gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
+    heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
+    theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
+    layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -96,6 +105,10 @@ class Family:
             keys.add(self.scale)
         if self.qk_key:
             keys.add(self.qk_key)
+        if self.heads_key:
+            keys.add(self.heads_key)
+        if self.theta_key:
+            keys.add(self.theta_key)
         return frozenset(keys)
 
 
@@ -197,6 +210,7 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "index_n_heads": (_off, "a sparse-attention indexer"),
     "keep_window_size": (_off, "a dynamic mask"),
     "lambda_std_dev": (_off, "differential attention"),
+    "layer_rope_theta": (_off, "per-layer rotary bases"),
     "use_prompt": (_off, "prompt keys and values prepended to the attention (MVP)"),
 }
 
@@ -208,6 +222,17 @@ def _sliding(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
 def _full_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     """Cohere2 / EXAONE 4: the full-attention layers of a sliding model have no rotary."""
     return cfg.get("sliding_window") is not None and lt == "full_attention"
+
+
+def _unless_sliding(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """AFMoE: rotary on its sliding (local) layers only; the full-attention layers have none."""
+    return lt != "sliding_attention"
+
+
+def _theta_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """Granite SWA: a layer whose layer_rope_theta is 0 (or null) has no rotary."""
+    thetas = cfg.get("layer_rope_theta")
+    return isinstance(thetas, list) and i < len(thetas) and not thetas[i]
 
 
 def _no_rope_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
@@ -248,6 +273,13 @@ declare("gemma2", "gemma3_text", "vaultgemma", layout="llama", pre_norm="rms1p",
         scale="query_pre_attn_scalar", keys=W | {"attn_logit_softcapping"})
 declare("gpt_oss", layout="llama", keys=W, notes="sinks: one logit per head in the softmax denominator")
 declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="attention_multiplier")
+# Granite SWA: Granite's attention (scale attention_multiplier) with sliding layers, a rotary base per layer
+# (layer_rope_theta; 0: NoPE) and a sink per head applied after the weights: output · sigmoid(logsumexp(scores) -
+# sink_h) = Σ_j exp(s_j) v_j / (Σ_j exp(s_j) + exp(sink_h)), gpt-oss's sink logit in the softmax's denominator (the
+# weights attncli shows are the ones multiplying V; HF's output_attentions returns them before the sink's share)
+declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", nope=_theta_nope,
+        theta_key="layer_rope_theta", keys=W, layer_types=True,
+        notes="sinks: sigmoid(lse - sink) scaling = a sink logit in the denominator; layer_rope_theta per layer")
 declare("hyperclovax", layout="llama", scale="attention_multiplier",
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
 declare("helium", "ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}))
@@ -285,6 +317,16 @@ declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers,
         keys=frozenset({"layer_types", "no_rope_layers", "no_rope_layer_interval", "attention_chunk_size",
                         "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
+# AFMoE: q_norm / k_norm (RMS per head), rotary on the sliding layers only, and an output gate: the concatenated heads
+# times sigmoid(gate_proj(x)), feature by feature, before o_proj (AfmoeAttention.forward); post_attention_layernorm is
+# after o_proj, outside the module; mup_enabled scales the embeddings only
+declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), keys=W, layer_types=True,
+        notes="gate_proj: gated = concat ⊙ sigmoid(x · W_g) before o_proj (the steps gate, gated); NoPE full layers")
+# Laguna: as AFMoE with rotary on every layer (rope_parameters per layer type, partial_rotary_factor), query heads per
+# layer (num_attention_heads_per_layer), and softplus(g_proj(x)) as the gate: one per head (gating true or per-head,
+# g_proj (H, E)) or one per feature (otherwise, (H·d, E)), computed in float32
+declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_attention_heads_per_layer", layer_types=True,
+        keys=W | {"gating"}, notes="g_proj: gated = concat ⊙ softplus(x · W_g), per head or per feature, before o_proj")
 declare("eurobert", layout="llama", causal=False)
 # ModernBERT and UltraBERT: rotary over the whole head whatever partial_rotary_factor says (their own
 # compute_default_rope_parameters), theta from rope_parameters per layer type; a top-level rope_theta or
@@ -304,6 +346,24 @@ declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_na
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
         "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False)
+# RoFormer: BERT's attention with sinusoidal rotary on q and k (RoFormerSinusoidalPositionalEmbedding: θ_i = pos ·
+# 10000^(-2i/d), sin and cos of pair i applied to features 2i, 2i + 1 (its apply_rotary_position_embeddings): interleaved
+# RoPE, base 10000, positions 0..T-1); rotary_value (the same rotation of v) is refused (ATTENTION_KEYS)
+declare("roformer", layout="bert", rope="interleaved", pre_norm=None, causal=False,
+        notes="sinusoidal rotary = interleaved RoPE, base 10000; post-norm")
+
+
+def _esm_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """ESM: rotary (half, rope_theta) only when position_embedding_type is rotary; absolute adds learned positions to
+    the embeddings, outside attention."""
+    return cfg.get("position_embedding_type", "absolute") != "rotary"
+
+
+# ESM: q · d^-0.5 before its half rotary (linear: the same scores as scaling them), an nn.LayerNorm inside the
+# attention module (attention.LayerNorm) before the projections
+declare("esm", layout="bert", rope="half", nope=_esm_nope, pre_norm="layernorm", norm_name="attention.LayerNorm",
+        norm_inside=True, causal=False,
+        notes="position_embedding_type rotary: half RoPE (rope_theta); absolute: none inside attention")
 # BigBird: exact only with attention_type original_full (block_sparse: sparse from 704 tokens on, refused)
 declare("big_bird", layout="bert", rope=None, pre_norm=None, causal=False)
 declare("roberta-prelayernorm", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.LayerNorm",
@@ -365,17 +425,11 @@ declare("albert", layout="albert", rope=None, pre_norm=None, causal=False)
 
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
 REFUSED: dict[str, str] = {
-    "afmoe": "its output gate (sigmoid(gate_proj(x)) before o_proj) is not supported",
-    "laguna": "its output gate (softplus(g_proj(x)) before o_proj) is not supported",
     "diffllama": "differential attention (two softmaxes, lambda, group norm) is not supported",
     "doge": "its dynamic mask (A · softplus(dt_proj(v)) added to the scores) is not supported",
     "flint": "its per-layer rotary and QK-norm placement is not supported",
-    "granite_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
-    "granitemoe_swa": "its sink scaling of the output (sigmoid(logsumexp - sink)) is not supported",
     "llama4": "the multimodal Llama 4 checkpoint (text_config inside) is not supported; its text stack saved "
               "alone (llama4_text) is",
-    "esm": "its rotary BERT attention with a LayerNorm inside the module is not supported",
-    "roformer": "its sinusoidal rotary BERT attention is not supported",
     "longformer": "local windowed + global attention (attention_window) is not supported",
     "nystromformer": "the Nystrom approximation of softmax attention is not supported",
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",

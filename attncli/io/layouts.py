@@ -4,7 +4,7 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
 
     layout            names (after the layer's prefix)                       stored as
     mha               in_proj_weight (3E, E), out_proj                        nn.Linear (out, in)
-    bert              attention.self.{query,key,value}, attention.output.dense nn.Linear
+    bert              attention.self.{query,key,value}, attention.output.dense nn.Linear (RoFormer, ESM: rotary)
     gpt2              attn.c_attn (E, 3E) = [Q | K | V] by columns, c_proj    Conv1D (in, out)
     nanogpt           attn.c_attn (3E, E), c_proj                             nn.Linear
     gptj              attn.{q,k,v,out}_proj                                   nn.Linear, rotary interleaved
@@ -81,6 +81,7 @@ class AttentionFacts:
     tuning_scale: float | None = None  # Llama 4's temperature tuning of q on THIS layer (attn_scale); None: none
     tuning_floor: float | None = None  # its floor_scale
     sub_norm: str | None = None  # "rms": an RMSNorm of the concatenated heads before o_proj (BitNet); eps: norm_eps
+    gate: str | None = None  # "sigmoid" | "softplus": an output gate act(x · W_g) of the concatenated heads (AFMoE, Laguna)
     sinks: bool = False  # gpt-oss
     latent: tuple[int, int, float] | None = None  # MLA: (qk_nope_head_dim, qk_rope_head_dim, the latents' RMS eps)
     relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
@@ -450,6 +451,8 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     f, width, kv_width = c.facts, c.arrays["W_q"].shape[1], c.arrays["W_k"].shape[1]
     if f.heads is None:
         _heads(c, "num_attention_heads", width=None)
+    if fam.heads_key is not None:
+        _layer_heads(c, fam.heads_key)
     if f.head_dim is None:  # no head_dim in the config: a per-head q_norm's width, else the model width / heads
         f.head_dim = (c.arrays["q_norm"].shape[-1] if "q_norm" in c.arrays and fam.qk_norm != "rms-full"
                       else width // f.heads if f.heads and width % f.heads == 0 else None)
@@ -473,12 +476,22 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
     lt = _layer_type(c)
     cfg = c.config or {}
+    if fam.layer_types and lt is None:  # save_pretrained writes them; a config without them is not guessed
+        raise c.fail(f"{fam.model_type}: config.json has no layer_types entry for layer {c.layer}, which says whether "
+                     "it slides (and, for some families, has rotary)")
     nope = fam.nope is not None and fam.nope(c.layer, cfg, lt)
     if fam.rope is not None and not nope:
         _rope(c, fam.rope, layer_type=lt)
         if fam.rope_alpha:
             _ntk_alpha(c)
         _full_rotary(c, fam)
+        if fam.theta_key is not None and isinstance(cfg.get(fam.theta_key), list):  # Granite SWA: base per layer
+            thetas = cfg[fam.theta_key]
+            if c.layer >= len(thetas) or not isinstance(thetas[c.layer], (int, float)):
+                raise c.fail(f"config.json {fam.theta_key} has no rotary base for layer {c.layer}")
+            c.facts.rope_base = float(thetas[c.layer])
+            if "rope_base" not in c.facts.from_config:
+                c.facts.from_config.append("rope_base")
     elif fam.rope is not None:
         c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
@@ -531,11 +544,48 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
     if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
         c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
         c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
+    if fam.gate is not None:
+        _gate(c, fam, a)
     if fam.sub_norm is not None:
         name = f"{a}{fam.sub_norm}.weight"
         c.put("sub_norm", c.get(name), name)
         c.facts.sub_norm = "rms"
         c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+
+
+def _layer_heads(c: Ctx, key: str) -> None:
+    """Query heads per layer from a config list (Laguna's num_attention_heads_per_layer): this layer's entry."""
+    per = (c.config or {}).get(key)
+    if per is None or c.heads_hint is not None:
+        return
+    if not isinstance(per, list) or c.layer >= len(per) or not isinstance(per[c.layer], int) or per[c.layer] < 1:
+        raise c.fail(f"config.json {key} has no head count for layer {c.layer}")
+    c.facts.heads = int(per[c.layer])
+    if "heads" not in c.facts.from_config:
+        c.facts.from_config.append("heads")
+
+
+def _gate(c: Ctx, fam: Family, a: str) -> None:
+    """An output gate's weight (AFMoE gate_proj, Laguna g_proj): (H·d, E), one gate per feature of the concatenated
+    heads, or (H, E), one per head; Laguna's gating (true / per-head: per head) must agree with its shape."""
+    assert fam.gate is not None
+    tensor, act = fam.gate
+    name = f"{a}{tensor}.weight"
+    c.linear("W_g", name)  # (n, E) -> (E, n)
+    if c.has(f"{a}{tensor}.bias"):
+        raise c.fail(f"{fam.model_type}: {a}{tensor}.bias is a gate bias its declaration does not have")
+    f, n = c.facts, c.arrays["W_g"].shape[1]
+    width = c.arrays["W_q"].shape[1]
+    cfg = c.config or {}
+    if "gating" in cfg:
+        per_head = cfg["gating"] is True or cfg["gating"] == "per-head"
+        want = f.heads if per_head else width
+        if n != want:
+            raise c.fail(f"{name} has {n} outputs but config.json gating = {cfg['gating']!r} means one gate per "
+                         f"{'head' if per_head else 'feature'} ({want})")
+    elif n != width:
+        raise c.fail(f"{name} has {n} outputs; expected {width}, one gate per feature of the concatenated heads")
+    f.gate = act
 
 
 def _ntk_alpha(c: Ctx) -> None:
@@ -614,16 +664,17 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
         c.facts.pre_norm = "rms"
         c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
         return
-    if not c.has(w + ".weight"):  # plain runs need no norm; --from-residual is refused (model.py)
+    if fam.norm_inside:  # a missing norm is then refused in plain runs too (model.py)
+        c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
+    wn, bn = (".gamma", ".beta") if not c.has(w + ".weight") and c.has(w + ".gamma") else (".weight", ".bias")
+    if not c.has(w + wn):  # plain runs need no norm; --from-residual is refused (model.py)
         c.facts.extra["pre_norm_missing"] = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
         return
-    bias = w + ".bias" if kind.startswith("layernorm") else None
-    _norm(c, "layernorm" if kind == "layernorm1p" else kind, w + ".weight", bias, eps_keys=eps_keys,
+    bias = w + bn if kind.startswith("layernorm") else None  # ESM saves its LayerNorms as gamma / beta
+    _norm(c, "layernorm" if kind == "layernorm1p" else kind, w + wn, bias, eps_keys=eps_keys,
           eps=1e-5 if kind.startswith("layernorm") else 1e-6)
     if kind == "layernorm1p":
-        c.put("norm_w", 1.0 + np.asarray(c.arrays["norm_w"], np.float64), f"1 + {w}.weight (LayerNorm1p)")
-    if fam.norm_inside:
-        c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
+        c.put("norm_w", 1.0 + np.asarray(c.arrays["norm_w"], np.float64), f"1 + {w}{wn} (LayerNorm1p)")
 
 
 def _partial_default(c: Ctx, default: float) -> None:
@@ -881,18 +932,59 @@ def _gpt_neo(c: Ctx) -> None:
         "BERT / RoBERTa: attention.self.{query,key,value}, attention.output.dense (nn.Linear); post-norm")
 def _bert(c: Ctx) -> None:
     a = c.block + "attention."
-    pe = (c.config or {}).get("position_embedding_type", "absolute")
-    if pe not in (None, "absolute") or c.has(a + "self.distance_embedding.weight"):
+    cfg, fam = c.config or {}, c.family
+    pe = cfg.get("position_embedding_type", "absolute")
+    rotary = fam is not None and fam.rope is not None  # RoFormer (always), ESM (position_embedding_type rotary)
+    if pe not in (None, "absolute", *(("rotary",) if rotary else ())) or c.has(a + "self.distance_embedding.weight"):
         raise c.fail(f"uses BERT's position_embedding_type {pe!r} (relative_key), which is not supported")
     for t, n in (("W_q", "self.query"), ("W_k", "self.key"), ("W_v", "self.value"), ("W_o", "output.dense")):
         c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
-    c.facts.causal = bool((c.config or {}).get("is_decoder", False))
-    fam = c.family
+    c.facts.causal = bool(cfg.get("is_decoder", False))
+    if fam is not None and fam.rope is not None:
+        if fam.nope is not None and fam.nope(c.layer, cfg, None):
+            c.facts.extra["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
+        else:
+            _bert_rope(c, fam)
     if fam is not None and fam.pre_norm is not None:  # pre-LN BERTs: the LayerNorm inside the attention module
         _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
     else:
         c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+
+
+def _bert_rope(c: Ctx, fam: Family) -> None:
+    """RoFormer's and ESM's rotary, over the whole head and without scaling, whatever else config.json says (their
+    modeling files read no partial factor or scaling): RoFormer's stored table is base 10000 (checked), ESM's base
+    is rope_theta (default 10000)."""
+    f = c.facts
+    f.rope, f.rotary_dim = fam.rope, f.head_dim
+    if fam.model_type == "roformer":
+        f.rope_base = 10000.0
+        _sinusoidal_table(c)
+    else:
+        c.conf("rope_base", "rope_theta", default=10000.0, cast=float)
+
+
+def _sinusoidal_table(c: Ctx) -> None:
+    """RoFormer keeps its rotary table as a weight, encoder.embed_positions.weight (P, d): sin(pos · 10000^(-2i/d))
+    in columns 0..d/2-1, cos in d/2..d-1 (RoFormerSinusoidalPositionalEmbedding), and HF computes with the stored
+    one. attncli computes the interleaved RoPE of that formula: a stored table that is not it is refused."""
+    name = c.stack[: -len("layer.")] + "embed_positions.weight"
+    if not c.has(name):  # HF builds it from the formula when the checkpoint lacks it
+        return
+    table = c.get(name)
+    d = c.facts.head_dim
+    if table.ndim != 2 or d is None or table.shape[1] != d or d % 2:
+        raise c.fail(f"{name} has shape {table.shape}; expected (positions, {d}), the sinusoidal rotary table")
+    pos = np.arange(table.shape[0], dtype=np.float64)[:, None] * 10000.0 ** (-2.0 * np.arange(d // 2) / d)  # (P, d/2)
+    want = np.concatenate([np.sin(pos), np.cos(pos)], axis=1)  # (P, d)
+    got = np.asarray(table.astype(np.float64))
+    tol = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}.get(table.dtype.name, 2.0 ** -22)  # twice the rounding
+    err = float(np.abs(got - want).max(initial=0.0))
+    if not err <= tol:
+        raise c.fail(f"{name} is not the sinusoidal rotary table sin/cos(pos · 10000^(-2i/{d})) (off by {err:.3g}), "
+                     "which attncli computes; it is not supported")
+    c.facts.extra["rope_table"] = f"{name}: the sinusoidal table, interleaved RoPE base 10000 (checked)"
 
 
 def _fused_per_head(c: Ctx, name: str, bias: str) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from attncli.core.layer import Layer
 from attncli.core.options import Options
-from attncli.core.projections import Latent, Norm, Projections, RelativeBias
+from attncli.core.projections import Gate, Latent, Norm, Projections, RelativeBias
 from attncli.errors import InputError
 from attncli.io.checkpoint import ML_DTYPES, Checkpoint
 from attncli.io.layouts import AttentionFacts, LayerAttention
@@ -44,6 +44,7 @@ class CheckpointLayer:
     heads: int | None  # query heads (None: no config.json said; give heads=)
     norm: Norm | None  # the pre-attention norm (applied with from_residual=True); None for post-norm layers
     sub_norm: Norm | None  # BitNet's RMSNorm of the concatenated heads before W_o (applied in every run)
+    gate: Gate | None  # AFMoE / Laguna: the output gate act(x · W_g) of the concatenated heads (every run)
     relative_bias: RelativeBias | None  # T5's relative position bias
     facts: AttentionFacts  # everything the layout read, as read
     layout: str
@@ -73,9 +74,11 @@ class CheckpointLayer:
             raise InputError("does not say how many heads its attention has (no config.json, no model_args); "
                              "give heads= (--heads N)", self.source)
         missing = self.facts.extra.get("pre_norm_missing")
+        inside = bool(self.facts.extra.get("norm_inside"))  # pre-LN BERTs: the norm belongs to the module
         if from_residual and missing:
             raise InputError(f"has no {missing}, which --from-residual applies first", self.source)
-        inside = bool(self.facts.extra.get("norm_inside"))  # pre-LN BERTs: the norm belongs to the module
+        if inside and missing:
+            raise InputError(f"has no {missing}, which its attention module applies to X first", self.source)
         slopes = self.raw.arrays.get("alibi_slopes")  # Falcon: its ALiBi slopes, scaled with the scores
         if slopes is not None and kw.get("alibi_slopes") is None:
             keys = memory if memory is not None else x
@@ -89,7 +92,7 @@ class CheckpointLayer:
             kw["alibi_slopes"] = numbers(slopes)
         return Layer.build(x, memory, values, projections=self.projections, heads=h,
                            options=options if options is not None else self.config_options(),
-                           pre_norm=self.norm if from_residual or inside else None, sub_norm=self.sub_norm,
+                           pre_norm=self.norm if from_residual or inside else None, sub_norm=self.sub_norm, gate=self.gate,
                            relative_bias=self.relative_bias, **kw)
 
 
@@ -136,4 +139,5 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: 
     if f.sub_norm is not None and "sub_norm" in a:
         sub = Norm(f.sub_norm, numbers(a["sub_norm"]), None, f.norm_eps if f.norm_eps is not None else 1e-6,
                    la.origin.get("sub_norm", ""))
-    return CheckpointLayer(proj, options, f.heads, norm, sub, bias, f, la.layout, la.layer, la.layers, la.source, la)
+    gate = Gate(f.gate, numbers(a["W_g"]), la.origin.get("W_g", "")) if f.gate is not None else None
+    return CheckpointLayer(proj, options, f.heads, norm, sub, gate, bias, f, la.layout, la.layer, la.layers, la.source, la)

@@ -60,7 +60,7 @@ HEAD_VIEW_TOP = 8  # lines per query and head: its strongest keys ...
 HEAD_VIEW_MIN = 0.02  # ... of at least this weight
 MAX_TILE = 2048  # pixels per axis of one tile
 CLIP = 99.5  # percentile of a step's overview that takes the brightest colour
-PARAMETERS = {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", *LATENT}  # steps an unbatched run keeps whole
+PARAMETERS = {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", *LATENT, "W_g"}  # steps an unbatched run keeps whole
 WORKERS = max(1, min(4, os.cpu_count() or 1))  # blocks computed side by side in a sweep
 
 
