@@ -320,7 +320,9 @@ declare("apertus", layout="llama", norm_name="attention_layernorm")
 # AFMoE: q_norm / k_norm (RMS per head), rotary on the sliding layers only, and an output gate: the concatenated heads
 # times sigmoid(gate_proj(x)), feature by feature, before o_proj (AfmoeAttention.forward); post_attention_layernorm is
 # after o_proj, outside the module; mup_enabled scales the embeddings only
-declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), keys=W, layer_types=True,
+# (global_attn_every_n_layers only derives layer_types in its config class, which the modeling file reads)
+declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), layer_types=True,
+        keys=W | {"global_attn_every_n_layers"},
         notes="gate_proj: gated = concat ⊙ sigmoid(x · W_g) before o_proj (the steps gate, gated); NoPE full layers")
 # Laguna: as AFMoE with rotary on every layer (rope_parameters per layer type, partial_rotary_factor), query heads per
 # layer (num_attention_heads_per_layer), and softplus(g_proj(x)) as the gate: one per head (gating true or per-head,
