@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np
 
-from attncli.core import heads, stages
+from attncli.core import alibi, heads, stages
 from attncli.core.backend import Backend
 from attncli.core.scoring import SCALINGS, get_score
 from attncli.core.stages import Rows
@@ -66,11 +66,20 @@ class Cap:
 
 @dataclass(frozen=True)
 class Alibi:
-    """slope_h · (j - (P + i)): per query head h, query i at position P + i."""
+    """ALiBi's bias in the form ``form`` (attncli.core.alibi.FORMS): slope_h · (j - (P + i)) per query head h,
+    query i at position P + i, or a model's rounding of slope_h · j; ``r``: what a form the model adds before
+    the scale is divided by (the scale's reciprocal, √d for Falcon), else None."""
 
     slopes: tuple[float, ...]
     q_offset: int
-    given: bool = False  # the slopes came with the input (else the paper's for the head count)
+    given: bool = False  # the slopes came with the input (else the form's for the head count)
+    form: str = "relative"
+    r: float | None = None
+
+    def value(self, h: int, i: int, j: int) -> float:
+        """The bias added at query head ``h``, query ``i``, key ``j`` (recomputed, for explanations)."""
+        b = alibi.bias(self.form, [self.slopes[h]], [self.q_offset + i], [j], 1.0 if self.r is None else self.r)
+        return float(b[0, 0, 0])
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,7 @@ def block(p: Problem, be: Backend, rows: Rows = None, c: Any = None) -> Block:
     """The :class:`Block` of the queries ``rows`` (all, i0..i1-1, or an index array) against every key."""
     i = np.arange(*rows) if isinstance(rows, tuple) else np.arange(p.m) if rows is None else np.asarray(rows)
     keep, bias = stages.masks(p, be, rows=rows)
-    ab = stages.alibi_rows(p, rows)
+    ab = stages.alibi_rows(p, rows, alibi_divisor(p) or 1.0)
     rb = relative_rows(p, i)
     return Block(p, be, i, np.arange(p.n), keep, bias, None if ab is None else be.asarray(ab, p.dtype),
                  None if rb is None else be.asarray(rb, p.dtype), c)
@@ -243,29 +252,51 @@ def _has_bias(p: Problem) -> bool:
     return p.slopes() is not None or p.relative_bias is not None
 
 
+def alibi_divisor(p: Problem) -> float | None:
+    """What an ALiBi form that the model adds before the scale is divided by, added after attncli's scale step:
+    1 / the scale (√d for Falcon's 1/√d; exactly √d in float32 for every d below 2^17); None for the others."""
+    if not alibi.FORMS[p.options.alibi_form].before_scale:
+        return None
+    return 1.0 / constant_factor(p)  # Problem checked that the scale is constant (Shared._check_alibi_form)
+
+
 def _bias(b: Block, s: Any) -> tuple[Any, Bias]:
     p = b.p
     P = p.query_offset
-    alibi = rel = None
+    ab = rel = None
     if b.alibi is not None:
         s = s + b.alibi  # (..., H, b, n_c) + (H, b, n_c)
         sl = p.slopes()
         assert sl is not None
-        alibi = Alibi(tuple(float(x) for x in sl), P, p.alibi_slopes is not None)
+        ab = Alibi(tuple(float(x) for x in sl), P, p.alibi_slopes is not None, p.options.alibi_form,
+                   alibi_divisor(p))
     if b.relative is not None:
         s = s + b.relative  # (..., H, b, n_c) + (H, b, n_c)
         rb = p.relative_bias
         assert rb is not None
         rel = RelativeBias(int(np.shape(rb.table)[-1]), rb.num_buckets, rb.max_distance, rb.bidirectional, P)
-    return s, Bias(alibi, rel)
+    return s, Bias(ab, rel)
+
+
+def alibi_term(a: Alibi) -> str:
+    """What ALiBi adds, in words and symbols, e.g. 'fl32(fl32(slope_h) · j)'."""
+    f = alibi.FORMS[a.form]
+    if a.form == "relative":
+        return f"slope_h · (j - {'(' + str(a.q_offset) + ' + i)' if a.q_offset else 'i'})"
+    return f.text.replace("/ r)", f"/ {a.r:g})") if a.r is not None else f.text
 
 
 def _bias_formula(a: Bias, prev: str) -> str:
     if a.relative is None and a.alibi is not None:
-        P = a.alibi.q_offset
-        return (f"alibi = {prev} + slope_h · (j - {'(' + str(P) + ' + i)' if P else 'i'}) = {prev} - slope_h · "
-                f"distance (ALiBi{', slopes given' if a.alibi.given else ''})")
-    terms = (" + slope_h · (j - i)" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
+        given = ", slopes given" if a.alibi.given else ""
+        if a.alibi.form == "relative":
+            return f"alibi = {prev} + {alibi_term(a.alibi)} = {prev} - slope_h · distance (ALiBi{given})"
+        f = alibi.FORMS[a.alibi.form]
+        where = (f"; the model adds it to q·k before its scale, so here it is divided by {a.alibi.r:g} after "
+                 "the rounding, in float32" if f.before_scale else "")
+        return (f"alibi = {prev} + {alibi_term(a.alibi)}: ALiBi with key j at its absolute position, as {f.source}"
+                f"{where}{given}; the same weights as slope_h · (j - i) up to that rounding")
+    terms = (f" + {alibi_term(a.alibi)}" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
     return f"bias = {prev}{terms}: T5's relative position bias ({a.relative.num_buckets if a.relative else 0} buckets)"
 
 

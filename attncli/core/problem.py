@@ -11,6 +11,7 @@ else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.core import heads
+from attncli.core.alibi import FORMS as ALIBI_FORMS
 from attncli.core import validate as check
 from attncli.core.arrays import mask_array, numeric_array, printable
 from attncli.core.backend import half_type
@@ -75,12 +76,30 @@ class Shared:
         return base, width
 
     def slopes(self) -> np.ndarray | None:
-        """The ALiBi slopes (H,): as given, or the paper's for the head count; None without ALiBi."""
+        """The ALiBi slopes (H,): as given, or those of the ALiBi form for the head count (the paper's, or
+        transformers' float32 ones for its absolute forms); None without ALiBi."""
         if self.alibi_slopes is not None:
             return self.alibi_slopes
         if not self.options.alibi:
             return None
-        return heads.alibi_slopes(self.head_count)
+        return ALIBI_FORMS[self.options.alibi_form].slopes(self.head_count)
+
+    def _check_alibi_form(self) -> None:
+        """A form the model adds before the scale (Falcon's) is divided here by the scale's reciprocal after the
+        soft-cap: it needs a scale known from d and n, and no cap between."""
+        from attncli.core import chain
+
+        o = self.options
+        if not ALIBI_FORMS[o.alibi_form].before_scale:
+            return
+        if not chain.constant_scale(self):  # type: ignore[arg-type]
+            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, which must then be a number "
+                             f"known from d and n; scaling {chain.scaling_name(self)} (of the scores themselves) is "
+                             "not", self.origin("alibi_form"))
+        if o.softcap is not None:
+            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, so before the soft-cap, while "
+                             f"attncli caps ({self.origin('softcap')}) before its bias step: give one of the two",
+                             self.origin("alibi_form"))
 
     def where(self, name: str) -> str:
         """The file (or stdin / option) an array came from, for error messages."""
@@ -366,6 +385,9 @@ class _Draft(Problem):
                              self.origin("rope_scaling"))
         if o.alibi or self.alibi_slopes is not None:
             heads.check_positional(score, "alibi")
+            self._check_alibi_form()
+        elif o.alibi_form != Options().alibi_form:
+            raise InputError("applies to ALiBi: add --alibi (or --alibi-slopes)", self.origin("alibi_form"))
         if self.alibi_slopes is not None:
             a = heads.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"), "ALiBi slopes")
             if not np.isfinite(a).all():
