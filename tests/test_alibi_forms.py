@@ -281,7 +281,7 @@ def test_cli_option_and_explain_show_the_bias(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.stderr
     line = " ".join(res.stdout.split())
     b = _loop_bias("absolute-bf16", float(_hf_slopes(H)[1]), 299, 260, math.sqrt(d))
-    assert f"· bf16(260)) / 2) = " in line and f"+ {b!r} =" in line, line
+    assert "· bf16(260)) / 2) = " in line and f"+ {b!r} =" in line, line
     assert "absolute-bf16" in line
 
 

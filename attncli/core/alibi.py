@@ -67,10 +67,21 @@ def form(name: str, slopes: Callable[[int], Any], text: str, source: str,
 
 
 def paper_slopes(heads: int) -> Any:
-    """Press et al.'s slopes in float64 (attncli.core.heads.alibi_slopes)."""
-    from attncli.core.heads import alibi_slopes
+    """slope_h = (2^(-8/P))^(h+1) for P = heads a power of two; otherwise P's slopes, then every other
+    slope of 2P. -> (H,) float64
 
-    return alibi_slopes(heads)
+    fairseq ``get_slopes`` (Press et al.), computed in float64. HF Bloom's ``build_alibi_tensor``
+    rounds the base 2^(-8/P) to float32 and raises it to the integer powers in float32: its
+    slopes differ from these by a few float32 units in the last place (relative ~1e-7); :func:`hf_slopes`.
+    """
+    if heads < 1:
+        raise InputError(f"ALiBi needs at least one head, got {heads}", "--alibi")
+    p = 2 ** math.floor(math.log2(heads))
+    slopes = (2.0 ** (-8.0 / p)) ** np.arange(1, p + 1, dtype=np.float64)  # (P,)
+    if p == heads:
+        return slopes
+    extra = (2.0 ** (-8.0 / (2 * p))) ** np.arange(1, 2 * (heads - p), 2, dtype=np.float64)  # odd powers of 2P's base
+    return np.concatenate([slopes, extra])
 
 
 def hf_slopes(heads: int) -> Any:

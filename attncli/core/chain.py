@@ -30,15 +30,13 @@ else:
 
 from attncli.core import alibi, heads, stages
 from attncli.core.backend import Backend
-from attncli.core.scoring import SCALINGS, get_score
+from attncli.core.scoring import CONSTANT_SCALINGS, SCALINGS, get_score
 from attncli.core.stages import Rows
 from attncli.core.trace import StepName as N
 from attncli.core.trace import Trace
 
 # Scores whose raw value is q_i · k_j: the scale can go into q (one pass less) and SDPA applies.
 DOT_SCORES = {"dot", "scaled-dot"}
-# Scaling rules whose factor depends only on d and n, not on the scores themselves.
-CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
 # ... and those whose factor needs the whole score matrix: the blocked path's first pass for each
 # (attncli.core.blocked registers them).
 WHOLE_MATRIX_SCALINGS: dict[str, Callable[..., Any]] = {}

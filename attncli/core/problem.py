@@ -11,13 +11,13 @@ else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.core import heads
-from attncli.core.alibi import FORMS as ALIBI_FORMS
 from attncli.core import validate as check
+from attncli.core.alibi import FORMS as ALIBI_FORMS
 from attncli.core.arrays import mask_array, numeric_array, printable
 from attncli.core.backend import half_type
 from attncli.core.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
 from attncli.core.projections import RelativeBias
-from attncli.core.scoring import get_score
+from attncli.core.scoring import CONSTANT_SCALINGS, get_score
 from attncli.core.weights import prepare
 from attncli.errors import InputError
 
@@ -83,23 +83,6 @@ class Shared:
         if not self.options.alibi:
             return None
         return ALIBI_FORMS[self.options.alibi_form].slopes(self.head_count)
-
-    def _check_alibi_form(self) -> None:
-        """A form the model adds before the scale (Falcon's) is divided here by the scale's reciprocal after the
-        soft-cap: it needs a scale known from d and n, and no cap between."""
-        from attncli.core import chain
-
-        o = self.options
-        if not ALIBI_FORMS[o.alibi_form].before_scale:
-            return
-        if not chain.constant_scale(self):  # type: ignore[arg-type]
-            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, which must then be a number "
-                             f"known from d and n; scaling {chain.scaling_name(self)} (of the scores themselves) is "
-                             "not", self.origin("alibi_form"))
-        if o.softcap is not None:
-            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, so before the soft-cap, while "
-                             f"attncli caps ({self.origin('softcap')}) before its bias step: give one of the two",
-                             self.origin("alibi_form"))
 
     def where(self, name: str) -> str:
         """The file (or stdin / option) an array came from, for error messages."""
@@ -354,6 +337,22 @@ class _Draft(Problem):
             raise self._fail("v", f"V has shape {v.shape} but K has {G} heads (axis -3): K and V need the same heads")
         self.kv_heads = G
         return k.shape[:-3] + (H,), v.shape[:-3] + (H,)
+
+    def _check_alibi_form(self) -> None:
+        """A form the model adds before the scale (Falcon's) is divided here by the scale's reciprocal after the
+        soft-cap: it needs a scale known from d and n, and no cap between."""
+        o = self.options
+        if not ALIBI_FORMS[o.alibi_form].before_scale:
+            return
+        rule = o.scaling or get_score(o.score).scaling
+        if o.scale is None and rule not in CONSTANT_SCALINGS:
+            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, which must then be a number "
+                             f"known from d and n; scaling {rule} (of the scores themselves) is not",
+                             self.origin("alibi_form"))
+        if o.softcap is not None:
+            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, so before the soft-cap, while "
+                             f"attncli caps ({self.origin('softcap')}) before its bias step: give one of the two",
+                             self.origin("alibi_form"))
 
     def _check_today(self) -> None:
         """The options of today's models against the shapes: RoPE widths, positions that mean something,

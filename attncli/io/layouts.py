@@ -31,7 +31,6 @@ read from .npz/.yaml/.json/.pt: textbook, d2l, notes, mha-kdim, converted by att
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
