@@ -276,12 +276,18 @@ def _bias(b: Block, s: Any) -> tuple[Any, Bias]:
     return s, Bias(ab, rel)
 
 
+def divisor_text(r: float) -> str:
+    """The divisor of a form added before the scale as the scale's rule writes it: 8, √12, 0.5."""
+    sq = round(r * r)
+    return f"{r:g}" if r == round(r) or abs(r * r - sq) > 1e-9 * sq else f"√{sq}"
+
+
 def alibi_term(a: Alibi) -> str:
     """What ALiBi adds, in words and symbols, e.g. 'fl32(fl32(slope_h) · j)'."""
     f = alibi.FORMS[a.form]
     if a.form == "relative":
         return f"slope_h · (j - {'(' + str(a.q_offset) + ' + i)' if a.q_offset else 'i'})"
-    return f.text.replace("/ r)", f"/ {a.r:g})") if a.r is not None else f.text
+    return f.text.replace("/ r)", f"/ {divisor_text(a.r)})") if a.r is not None else f.text
 
 
 def _bias_formula(a: Bias, prev: str) -> str:
@@ -290,8 +296,9 @@ def _bias_formula(a: Bias, prev: str) -> str:
         if a.alibi.form == "relative":
             return f"alibi = {prev} + {alibi_term(a.alibi)} = {prev} - slope_h · distance (ALiBi{given})"
         f = alibi.FORMS[a.alibi.form]
-        where = (f"; the model adds it to q·k before its scale, so here it is divided by {a.alibi.r:g} after "
-                 "the rounding, in float32" if f.before_scale else "")
+        where = (f"; the model adds it to q·k before its scale, so here it is divided by "
+                 f"{divisor_text(a.alibi.r)} after the rounding (a float32 division)"
+                 if f.before_scale and a.alibi.r is not None else "")
         return (f"alibi = {prev} + {alibi_term(a.alibi)}: ALiBi with key j at its absolute position, as {f.source}"
                 f"{where}{given}; the same weights as slope_h · (j - i) up to that rounding")
     terms = (f" + {alibi_term(a.alibi)}" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
