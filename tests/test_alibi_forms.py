@@ -187,22 +187,25 @@ def test_t2048_32_heads_matches_the_module(kind: str, tol: float, tmp_path: Path
 # ---- the forms on run, against a float64 plain loop --------------------------------------------------------
 
 
-def _loop_bias(form: str, slope: float, i: int, j: int, r: float) -> float:
-    """One cell's bias, rounded by torch's own float32 / bfloat16 arithmetic."""
+def _loop_bias(form: str, slope: float, i: int, j: int, r: float | None) -> float:
+    """One cell's bias, rounded by torch's own float32 / bfloat16 arithmetic; divided by r when the model adds it
+    before its scale 1/r (exactly for the relative form, as a float32 division for the absolute ones)."""
     if form == "relative":
-        return slope * (j - i)
+        return slope * (j - i) / (r or 1.0)
     if form == "absolute-f32":
-        return float(torch.tensor(slope, dtype=torch.float32) * torch.tensor(j, dtype=torch.float32))
-    b = torch.tensor(slope, dtype=torch.float32).bfloat16() * torch.tensor(j, dtype=torch.long)  # bf16 product
-    return float(b.float() / torch.tensor(r, dtype=torch.float32))
+        b = torch.tensor(slope, dtype=torch.float32) * torch.tensor(j, dtype=torch.float32)
+    else:
+        b = (torch.tensor(slope, dtype=torch.float32).bfloat16() * torch.tensor(j, dtype=torch.long)).float()
+    return float(b if r is None else b / torch.tensor(r, dtype=torch.float32))
 
 
 def _loop(q: np.ndarray, k: np.ndarray, v: np.ndarray, slopes: np.ndarray, form: str, P: int,
-          causal: bool) -> tuple[np.ndarray, np.ndarray]:
+          causal: bool, scaled: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Causal scaled-dot attention with ALiBi, one cell at a time in float64. (H, m, d), (H, n, d) -> weights, out"""
     H, m, d = q.shape
     n = k.shape[1]
-    table = {(h, j): _loop_bias(form, float(slopes[h]), 0, j, math.sqrt(d)) for h in range(H) for j in range(n)}
+    r = math.sqrt(d) if scaled else None
+    table = {(h, j): _loop_bias(form, float(slopes[h]), 0, j, r) for h in range(H) for j in range(n)}
     w = np.zeros((H, m, n))
     for h in range(H):
         for i in range(m):
@@ -212,7 +215,7 @@ def _loop(q: np.ndarray, k: np.ndarray, v: np.ndarray, slopes: np.ndarray, form:
                     row.append(-math.inf)
                     continue
                 s = sum(float(q[h, i, t]) * float(k[h, j, t]) for t in range(d)) / math.sqrt(d)
-                b = float(slopes[h]) * (j - (P + i)) if form == "relative" else table[h, j]
+                b = _loop_bias(form, float(slopes[h]), P + i, j, r) if form == "relative" else table[h, j]
                 row.append(s + b)
             mx = max(row)
             e = [math.exp(x - mx) for x in row]
@@ -226,18 +229,20 @@ def _hf_slopes(heads: int) -> np.ndarray:
     return _get_alibi_slopes(heads, torch.device("cpu")).double().numpy()
 
 
-@pytest.mark.parametrize("form", ["relative", "absolute-f32", "absolute-bf16"])
-def test_forms_match_a_plain_loop_on_every_path(form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("form,scaled", [("relative", False), ("relative", True), ("absolute-f32", False),
+                                         ("absolute-bf16", True), ("absolute-bf16", False)])
+def test_forms_match_a_plain_loop_on_every_path(form: str, scaled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A KV-cache step (4 queries at positions 596..599 over 600 keys, 2 heads of 16) with each form: the explicit
     path's weights and output, and the blocked path in blocks of a few rows and chunks of keys (the bias computed
-    per block), against the loop. Slopes given as torch computes Bloom's for 2 heads (powers of two, exact)."""
+    per block), against the loop; --alibi-scaled divides the bias by sqrt(d) (Falcon adds it before its scale).
+    The slopes are torch's build_alibi_tensor ones for 2 heads (powers of two, exact)."""
     g = np.random.default_rng(3)
     H, m, n, d = 2, 4, 600, 16
     q, k, v = g.standard_normal((H, m, d)), g.standard_normal((H, n, d)), g.standard_normal((H, n, d))
     slopes = _hf_slopes(H)
     P = n - m
-    w_ref, y_ref = _loop(q, k, v, slopes, form, P, True)
-    kw = dict(alibi=True, alibi_form=form, causal=True, causal_align="bottom-right")
+    w_ref, y_ref = _loop(q, k, v, slopes, form, P, True, scaled)
+    kw = dict(alibi=True, alibi_form=form, alibi_scaled=scaled, causal=True, causal_align="bottom-right")
     t = attend(q, k, v, **kw)
     assert np.abs(np.asarray(t.weights) - w_ref).max() < 1e-12
     assert np.abs(np.asarray(t.output) - y_ref).max() < 1e-12
@@ -257,25 +262,25 @@ def test_absolute_forms_differ_from_relative_by_their_rounding_only() -> None:
     w = {f: np.asarray(attend(z, z, z, alibi=True, alibi_form=f, causal=True).weights) for f in
          ("relative", "absolute-f32", "absolute-bf16")}
     assert np.abs(w["absolute-f32"] - w["relative"]).max() < 1e-4
-    assert np.abs(w["absolute-bf16"] - w["relative"]).max() > 1e-2  # bf16(slope·j) / sqrt(8) moves keys by units
+    assert np.abs(w["absolute-bf16"] - w["relative"]).max() > 1e-2  # bf16(slope·j) moves keys by whole units
 
 
 # ---- the command line ----------------------------------------------------------------------------------
 
 
 def test_cli_option_and_explain_show_the_bias(tmp_path: Path) -> None:
-    """--alibi-form on run: the JSON weights are the loop's, and --explain of a cell names the form and the value
-    added (torch's bf16 product over sqrt(d) for absolute-bf16)."""
+    """--alibi-form absolute-bf16 --alibi-scaled (Falcon's) on run: the JSON weights are the loop's, and --explain
+    of a cell names the form and the value added (torch's bf16 product over sqrt(d), in float32)."""
     g = np.random.default_rng(5)
     H, n, d = 2, 300, 4
     q, k = g.standard_normal((H, n, d)), g.standard_normal((H, n, d))
     np.save(tmp_path / "q.npy", q)
     np.save(tmp_path / "k.npy", k)
     args = ["run", str(tmp_path / "q.npy"), str(tmp_path / "k.npy"), "--alibi", "--alibi-form", "absolute-bf16",
-            "--causal"]
+            "--alibi-scaled", "--causal"]
     res = runner.invoke(app, [*args, "--format", "json"])
     assert res.exit_code == 0, res.stderr
-    w_ref, _ = _loop(q[:, -3:], k, k, _hf_slopes(H), "absolute-bf16", n - 3, True)
+    w_ref, _ = _loop(q[:, -3:], k, k, _hf_slopes(H), "absolute-bf16", n - 3, True, scaled=True)
     assert np.abs(np.array(json.loads(res.stdout)["weights"])[:, -3:] - w_ref).max() < 1e-12
     res = runner.invoke(app, [*args, "--explain", "1:299,260"])  # head 1 (axis -3 of Q: the heads)
     assert res.exit_code == 0, res.stderr
@@ -285,16 +290,17 @@ def test_cli_option_and_explain_show_the_bias(tmp_path: Path) -> None:
     assert "absolute-bf16" in line
 
 
-@pytest.mark.parametrize("extra", [
-    [],  # without --alibi
-    ["--alibi", "--scaling", "norm"],  # a scale of the scores themselves: no number to divide by
-    ["--alibi", "--softcap", "3"],  # the model's bias comes before the cap, attncli's after it
+@pytest.mark.parametrize("extra,culprit", [
+    (["--alibi-form", "absolute-bf16"], "--alibi-form"),  # without --alibi
+    (["--alibi-scaled"], "--alibi-scaled"),  # without --alibi
+    (["--alibi", "--alibi-scaled", "--scaling", "norm"], "--alibi-scaled"),  # a scale of the scores themselves
+    (["--alibi", "--alibi-scaled", "--softcap", "3"], "--alibi-scaled"),  # the model's bias before the cap
 ])
-def test_cli_refusals_are_one_line(extra: list[str], tmp_path: Path) -> None:
+def test_cli_refusals_are_one_line(extra: list[str], culprit: str, tmp_path: Path) -> None:
     np.save(tmp_path / "q.npy", np.ones((2, 5, 4)))
-    res = runner.invoke(app, ["run", str(tmp_path / "q.npy"), "--alibi-form", "absolute-bf16", *extra])
+    res = runner.invoke(app, ["run", str(tmp_path / "q.npy"), *extra])
     lines = res.stderr.strip().splitlines()
-    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("attncli: error: --alibi-form: "), res.stderr
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"attncli: error: {culprit}: "), res.stderr
     assert len(lines[0]) < 300
 
 

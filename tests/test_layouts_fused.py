@@ -156,13 +156,14 @@ def test_falcon_heads_are_the_modules_split(name: str, tmp_path: Path) -> None:
 
 
 def test_falcon_alibi_is_the_absolute_bf16_form(tmp_path: Path) -> None:
-    """Falcon's ALiBi is read as the form its code computes (bf16(bf16(slope)·bf16(j)) before the 1/sqrt(d);
+    """Falcon's ALiBi is read as the form its code computes (bf16(bf16(slope)·bf16(j)) before the 1/sqrt(d): form
+    absolute-bf16, scaled;
     tests/test_alibi_forms.py checks it bit for bit against build_alibi_tensor), with no slopes of its own and no
     length limit: 600 tokens run (attncli refused inputs beyond 257 keys before)."""
     folder = tmp_path / "m"
     build("falcon-alibi", folder)
     la = load_layer(folder, 1)
-    assert la.facts.alibi is True and la.facts.alibi_form == "absolute-bf16"
+    assert la.facts.alibi is True and la.facts.alibi_form == "absolute-bf16" and la.facts.alibi_scaled is True
     assert "alibi_slopes" not in la.arrays
     np.save(tmp_path / "x.npy", np.zeros((600, 32), np.float32))
     res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(folder), "--layer", "1", "--format",
@@ -175,6 +176,15 @@ def test_falcon_alibi_is_the_absolute_bf16_form(tmp_path: Path) -> None:
     w = np.array(json.loads(res.stdout)["weights"])  # (H, T, T)
     b = (build_alibi_tensor(torch.ones(1, 600, dtype=torch.long), 4, torch.float32) / np.sqrt(8))[:, 0].double()
     s = torch.where(torch.ones(600, 600, dtype=torch.bool).tril(), b[:, None, :], -torch.inf)  # (H, T, T)
+    assert np.abs(w - torch.softmax(s, -1).numpy()).max() < 1e-6
+    # --alibi-form relative on the same checkpoint: Falcon in exact arithmetic, slope·(j - i) / sqrt(d)
+    res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(folder), "--layer", "1", "--format",
+                              "json", "--alibi-form", "relative"])
+    assert res.exit_code == 0, res.stderr
+    sl = torch.tensor([2.0 ** -(2 * (h + 1)) for h in range(4)], dtype=torch.float64)  # 4 heads: 2^-2, 2^-4, ...
+    exact = sl[:, None] * torch.arange(600, dtype=torch.float64) / np.sqrt(8)  # (H, T)
+    s = torch.where(torch.ones(600, 600, dtype=torch.bool).tril(), exact[:, None, :], -torch.inf)
+    w = np.array(json.loads(res.stdout)["weights"])
     assert np.abs(w - torch.softmax(s, -1).numpy()).max() < 1e-6
 
 

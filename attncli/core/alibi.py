@@ -2,9 +2,11 @@
 
     relative       slope_h · (j - (P + i))                      Press et al.; in the computing dtype
     absolute-f32   fl32(fl32(slope_h) · j)                      HF Bloom's build_alibi_tensor
-    absolute-bf16  fl32(bf16(bf16(slope_h) · bf16(j)) / r)      HF Falcon's build_alibi_tensor, added to q·k
-                                                                before the scale 1/r (r = √d), so here
-                                                                divided by r after the rounding
+    absolute-bf16  bf16(bf16(slope_h) · bf16(j))                HF Falcon's build_alibi_tensor
+
+A model that adds ALiBi to q·k before its scale 1/r (Falcon: (q·k + alibi) / √d; ``--alibi-scaled``) has the
+bias divided by r after its rounding: the absolute forms as a float32 division (FalconModel's ``alibi /
+math.sqrt(head_dim)``), the relative one in the computing dtype.
 
 Query i sits at position P + i, key j at j. In exact arithmetic the three give the same weights: slope_h · j is
 slope_h · (j - (P + i)) plus slope_h · (P + i), the same for every key of a row, which the softmax ignores. After
@@ -40,27 +42,24 @@ BiasFn = Callable[[Any, Any, Any, float], Any]  # (slopes (H,), q_pos (m,), k_po
 
 @dataclass(frozen=True)
 class Form:
-    """One way of computing ALiBi's bias: ``fn`` the bias itself, ``slopes`` those for H heads when none are
-    given, ``text`` what is added (for display), ``before_scale``: the model adds it to the raw scores before
-    the scale 1/r, so the value added after attncli's scale step is the bias divided by r."""
+    """One way of computing ALiBi's bias: ``fn`` the bias itself (divided by r, 1 unless the model adds it before
+    its scale 1/r), ``slopes`` those for H heads when none are given, ``text`` what is added (for display)."""
 
     name: str
     fn: BiasFn
     slopes: Callable[[int], Any]
     text: str
     source: str
-    before_scale: bool = False
 
 
 FORMS: dict[str, Form] = {}
 
 
-def form(name: str, slopes: Callable[[int], Any], text: str, source: str,
-         before_scale: bool = False) -> Callable[[BiasFn], BiasFn]:
+def form(name: str, slopes: Callable[[int], Any], text: str, source: str) -> Callable[[BiasFn], BiasFn]:
     """Register the bias function of the form ``name``."""
 
     def deco(fn: BiasFn) -> BiasFn:
-        FORMS[name] = Form(name, fn, slopes, text, source, before_scale)
+        FORMS[name] = Form(name, fn, slopes, text, source)
         return fn
 
     return deco
@@ -119,7 +118,7 @@ def _rows(b: Any, m: int) -> Any:
 
 @form("relative", paper_slopes, "slope_h · (j - (P + i))", "Press et al. (ALiBi): minus slope_h times the distance")
 def relative(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
-    """b_hij = slope_h · (k_pos_j - q_pos_i) = -slope_h · distance. (H,), (m,), (n,) -> (H, m, n)
+    """b_hij = slope_h · (k_pos_j - q_pos_i) = -slope_h · distance (over r). (H,), (m,), (n,) -> (H, m, n)
 
     Bloom adds slope·j (the same per row up to a constant, so the same weights); FlashAttention
     -slope·|i + n - m - j|, the same on the causal side.
@@ -127,32 +126,35 @@ def relative(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
     sl = np.asarray(sl)
     dt = sl.dtype if sl.dtype.kind == "f" else np.float64
     rel = np.asarray(k_pos)[None, :].astype(dt) - np.asarray(q_pos)[:, None].astype(dt)  # (1, n) - (m, 1) -> (m, n)
-    return sl.astype(dt)[:, None, None] * rel[None, :, :]  # (H, 1, 1) x (1, m, n) -> (H, m, n)
+    b = sl.astype(dt)[:, None, None] * rel[None, :, :]  # (H, 1, 1) x (1, m, n) -> (H, m, n)
+    return b if r == 1 else b / r
 
 
 @form("absolute-f32", hf_slopes, "fl32(fl32(slope_h) · j)",
       "transformers' Bloom (build_alibi_tensor): the float32 slope times the key's absolute position, in float32")
 def absolute_f32(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
-    """b_hij = fl32(fl32(slope_h) · fl32(j)): the same for every query i. (H,), (m,), (n,) -> (H, m, n)"""
+    """b_hij = fl32(fl32(slope_h) · fl32(j)) (then fl32(b / fl32(r))): the same for every query i.
+    (H,), (m,), (n,) -> (H, m, n)"""
     b = f32(f32(sl)[:, None] * f32(k_pos)[None, :])  # (H, 1) x (1, n) -> (H, n): exact in float64, rounded once
-    return _rows(b, len(q_pos))
+    return _rows(b if r == 1 else f32(b / f32(r)), len(q_pos))
 
 
-@form("absolute-bf16", hf_slopes, "fl32(bf16(bf16(slope_h) · bf16(j)) / r)",
-      "transformers' Falcon (build_alibi_tensor, FalconAttention): the slope and the key's absolute position in "
-      "bfloat16, their product rounded to bfloat16", before_scale=True)
+@form("absolute-bf16", hf_slopes, "bf16(bf16(slope_h) · bf16(j))",
+      "transformers' Falcon (build_alibi_tensor): the slope and the key's absolute position in bfloat16, their "
+      "product rounded to bfloat16")
 def absolute_bf16(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
-    """b_hij = fl32(bf16(bf16(slope_h) · bf16(j)) / fl32(r)): the same for every query i. (H,), (m,), (n,) -> (H, m, n)
+    """b_hij = bf16(bf16(slope_h) · bf16(j)) (then fl32(b / fl32(r))): the same for every query i.
+    (H,), (m,), (n,) -> (H, m, n)
 
     The product of two bfloat16 numbers is exact in float32 (16 significant bits), so rounding it once to
     bfloat16 is torch's bfloat16 multiply; the quotient of two float32 numbers rounded from float64 is the
     float32 division (FalconModel: ``alibi / math.sqrt(head_dim)``).
     """
     b = bf16(bf16(sl)[:, None] * bf16(np.asarray(k_pos, dtype=np.float64))[None, :])  # (H, 1) x (1, n) -> (H, n)
-    return _rows(f32(b / f32(r)), len(q_pos))
+    return _rows(b if r == 1 else f32(b / f32(r)), len(q_pos))
 
 
 def bias(name: str, slopes: Any, q_pos: Any, k_pos: Any, r: float = 1.0) -> Any:
     """The bias of the form ``name``: slopes (H,), query positions (m,), key positions (n,) -> (H, m, n) float64
-    (``r``: the divisor of a form added before the scale)."""
+    (``r``: what it is divided by when the model adds it before its scale 1/r)."""
     return FORMS[name].fn(np.asarray(slopes), np.asarray(q_pos), np.asarray(k_pos), r)

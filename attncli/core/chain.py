@@ -65,8 +65,8 @@ class Cap:
 @dataclass(frozen=True)
 class Alibi:
     """ALiBi's bias in the form ``form`` (attncli.core.alibi.FORMS): slope_h · (j - (P + i)) per query head h,
-    query i at position P + i, or a model's rounding of slope_h · j; ``r``: what a form the model adds before
-    the scale is divided by (the scale's reciprocal, √d for Falcon), else None."""
+    query i at position P + i, or a model's rounding of slope_h · j; ``r``: what it is divided by when the model
+    adds it before the scale (--alibi-scaled: the scale's reciprocal, √d for Falcon), else None."""
 
     slopes: tuple[float, ...]
     q_offset: int
@@ -251,11 +251,11 @@ def _has_bias(p: Problem) -> bool:
 
 
 def alibi_divisor(p: Problem) -> float | None:
-    """What an ALiBi form that the model adds before the scale is divided by, added after attncli's scale step:
-    1 / the scale (√d for Falcon's 1/√d; exactly √d in float32 for every d below 2^17); None for the others."""
-    if not alibi.FORMS[p.options.alibi_form].before_scale:
+    """What ALiBi that the model adds before the scale (--alibi-scaled) is divided by, added after attncli's scale
+    step: 1 / the scale (√d for Falcon's 1/√d; in float32 exactly √d for every d below 2^17); else None."""
+    if not p.options.alibi_scaled:
         return None
-    return 1.0 / constant_factor(p)  # Problem checked that the scale is constant (Shared._check_alibi_form)
+    return 1.0 / constant_factor(p)  # Problem checked that the scale is constant (_Draft._check_alibi_form)
 
 
 def _bias(b: Block, s: Any) -> tuple[Any, Bias]:
@@ -283,24 +283,27 @@ def divisor_text(r: float) -> str:
 
 
 def alibi_term(a: Alibi) -> str:
-    """What ALiBi adds, in words and symbols, e.g. 'fl32(fl32(slope_h) · j)'."""
-    f = alibi.FORMS[a.form]
-    if a.form == "relative":
-        return f"slope_h · (j - {'(' + str(a.q_offset) + ' + i)' if a.q_offset else 'i'})"
-    return f.text.replace("/ r)", f"/ {divisor_text(a.r)})") if a.r is not None else f.text
+    """What ALiBi adds, in symbols, e.g. 'fl32(fl32(slope_h) · j)', 'fl32(bf16(bf16(slope_h) · bf16(j)) / √8)'."""
+    t = (f"slope_h · (j - {'(' + str(a.q_offset) + ' + i)' if a.q_offset else 'i'})" if a.form == "relative"
+         else alibi.FORMS[a.form].text)
+    if a.r is None:
+        return t
+    return f"{t} / {divisor_text(a.r)}" if a.form == "relative" else f"fl32({t} / {divisor_text(a.r)})"
 
 
 def _bias_formula(a: Bias, prev: str) -> str:
     if a.relative is None and a.alibi is not None:
-        given = ", slopes given" if a.alibi.given else ""
-        if a.alibi.form == "relative":
-            return f"alibi = {prev} + {alibi_term(a.alibi)} = {prev} - slope_h · distance (ALiBi{given})"
-        f = alibi.FORMS[a.alibi.form]
-        where = (f"; the model adds it to q·k before its scale, so here it is divided by "
-                 f"{divisor_text(a.alibi.r)} after the rounding (a float32 division)"
-                 if f.before_scale and a.alibi.r is not None else "")
-        return (f"alibi = {prev} + {alibi_term(a.alibi)}: ALiBi with key j at its absolute position, as {f.source}"
-                f"{where}{given}; the same weights as slope_h · (j - i) up to that rounding")
+        al = a.alibi
+        given = ", slopes given" if al.given else ""
+        scaled = (f"; the model adds it to q·k before its scale, so it is divided here by {divisor_text(al.r)}"
+                  f"{' after the rounding (a float32 division)' if al.form != 'relative' else ''}"
+                  if al.r is not None else "")
+        if al.form == "relative":
+            over = f" / {divisor_text(al.r)}" if al.r is not None else ""
+            return f"alibi = {prev} + {alibi_term(al)} = {prev} - slope_h · distance{over} (ALiBi{given}){scaled}"
+        return (f"alibi = {prev} + {alibi_term(al)}: ALiBi with key j at its absolute position, as "
+                f"{alibi.FORMS[al.form].source}{scaled}{given}; the same weights as slope_h · (j - i) up to that "
+                "rounding")
     terms = (f" + {alibi_term(a.alibi)}" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
     return f"bias = {prev}{terms}: T5's relative position bias ({a.relative.num_buckets if a.relative else 0} buckets)"
 

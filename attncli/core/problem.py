@@ -339,20 +339,19 @@ class _Draft(Problem):
         return k.shape[:-3] + (H,), v.shape[:-3] + (H,)
 
     def _check_alibi_form(self) -> None:
-        """A form the model adds before the scale (Falcon's) is divided here by the scale's reciprocal after the
-        soft-cap: it needs a scale known from d and n, and no cap between."""
+        """ALiBi added before the scale (Falcon's) is divided here by the scale's reciprocal after the soft-cap: it
+        needs a scale known from d and n, and no cap between."""
         o = self.options
-        if not ALIBI_FORMS[o.alibi_form].before_scale:
+        if not o.alibi_scaled:
             return
         rule = o.scaling or get_score(o.score).scaling
         if o.scale is None and rule not in CONSTANT_SCALINGS:
-            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, which must then be a number "
-                             f"known from d and n; scaling {rule} (of the scores themselves) is not",
-                             self.origin("alibi_form"))
+            raise InputError(f"ALiBi added before the scale needs a scale known from d and n; scaling {rule} (of the "
+                             "scores themselves) is not", self.origin("alibi_scaled"))
         if o.softcap is not None:
-            raise InputError(f"ALiBi form {o.alibi_form} is added before the scale, so before the soft-cap, while "
-                             f"attncli caps ({self.origin('softcap')}) before its bias step: give one of the two",
-                             self.origin("alibi_form"))
+            raise InputError(f"ALiBi added before the scale comes before the soft-cap too, while attncli caps "
+                             f"({self.origin('softcap')}) before its bias step: give one of the two",
+                             self.origin("alibi_scaled"))
 
     def _check_today(self) -> None:
         """The options of today's models against the shapes: RoPE widths, positions that mean something,
@@ -385,8 +384,9 @@ class _Draft(Problem):
         if o.alibi or self.alibi_slopes is not None:
             heads.check_positional(score, "alibi")
             self._check_alibi_form()
-        elif o.alibi_form != Options().alibi_form:
-            raise InputError("applies to ALiBi: add --alibi (or --alibi-slopes)", self.origin("alibi_form"))
+        elif o.alibi_form != Options().alibi_form or o.alibi_scaled:
+            raise InputError("applies to ALiBi: add --alibi (or --alibi-slopes)",
+                             self.origin("alibi_scaled" if o.alibi_scaled else "alibi_form"))
         if self.alibi_slopes is not None:
             a = heads.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"), "ALiBi slopes")
             if not np.isfinite(a).all():

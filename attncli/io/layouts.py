@@ -69,6 +69,7 @@ class AttentionFacts:
     norm_eps: float | None = None
     alibi: bool = False  # Bloom / Falcon
     alibi_form: str | None = None  # how the model computes it (attncli.core.alibi.FORMS): Bloom, Falcon round slope·j
+    alibi_scaled: bool = False  # ALiBi added to q·k before the scale (Falcon)
     chunk: int | None = None  # chunked attention of THIS layer (Llama 4 attention_chunk_size); None: not chunked
     clip_qkv: float | None = None  # q, k, v clamped to [-C, C] after the projections (OLMo)
     tuning_scale: float | None = None  # Llama 4's temperature tuning of q on THIS layer (attn_scale); None: none
@@ -830,8 +831,8 @@ def _falcon(c: Ctx, a: str) -> None:
 def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
     """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each float32 slope and each key position j to
     bfloat16 and their product to bfloat16; FalconAttention adds it to q·k before the 1/sqrt(d) (Falcon-RW's own
-    code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16."""
-    c.facts.alibi, c.facts.alibi_form = True, "absolute-bf16"
+    code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16, scaled."""
+    c.facts.alibi, c.facts.alibi_form, c.facts.alibi_scaled = True, "absolute-bf16", True
     c.facts.from_config.append("alibi")
     c.facts.extra["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
                               "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "

@@ -30,7 +30,7 @@ from attncli.io.layouts import load_layer as read_layer
 
 # AttentionFacts -> Options fields: every fact the pipeline computes with
 FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "softcap",
-                "qk_norm", "alibi", "alibi_form", "chunk", "clip_qkv", "tuning_scale", "tuning_floor")
+                "qk_norm", "alibi", "alibi_form", "alibi_scaled", "chunk", "clip_qkv", "tuning_scale", "tuning_floor")
 PROJECTION_NAMES = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "sinks")
 
 

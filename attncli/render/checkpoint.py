@@ -12,7 +12,7 @@ from attncli.render import escape
 
 FACT_ORDER = ("heads", "kv_heads", "head_dim", "scale", "causal", "rope", "rope_base", "rotary_dim", "rope_scaling",
               "window", "chunk", "softcap", "qk_norm", "qk_norm_eps", "clip_qkv", "tuning_scale", "tuning_floor",
-              "pre_norm", "norm_eps", "sub_norm", "alibi", "alibi_form", "sinks", "relative_bias")
+              "pre_norm", "norm_eps", "sub_norm", "alibi", "alibi_form", "alibi_scaled", "sinks", "relative_bias")
 
 
 def _size(n: int) -> str:

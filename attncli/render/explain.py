@@ -371,7 +371,10 @@ def alibi_lines(c: Cell) -> list[str]:
     h = c.head()
     slope, b = al.slopes[h], al.value(h, c.i, c.j)
     if al.form == "relative":
-        return [f"alibi: {num(s, p)} + slope {num(slope, 6)} · ({c.j} - {pq}) = {num(a, p)}   {where}"]
+        if al.r is None:
+            return [f"alibi: {num(s, p)} + slope {num(slope, 6)} · ({c.j} - {pq}) = {num(a, p)}   {where}"]
+        term = f"{slope:.9g} · ({c.j} - {pq}) / {chain.divisor_text(al.r)}"
+        return [f"alibi: {num(s, p)} + {term} = {num(s, p)} + {b!r} = {num(a, p)}   {where}"]
     term = chain.alibi_term(al).replace("slope_h", f"{slope:.9g}").replace("j)", f"{c.j})")
     return [f"alibi: {num(s, p)} + {term} = {num(s, p)} + {b!r} = {num(a, p)}   (ALiBi {al.form}: key {c.key} at "
             f"absolute position {c.j}, the same for every query; query {c.query} is at {pq})"]
