@@ -12,9 +12,9 @@ Query i sits at position P + i, key j at j. In exact arithmetic the three give t
 slope_h · (j - (P + i)) plus slope_h · (P + i), the same for every key of a row, which the softmax ignores. After
 rounding they differ: transformers' Bloom multiplies the float32 slope by the key's absolute position in float32,
 and its Falcon multiplies the slope rounded to bfloat16 by the position rounded to bfloat16 (``slopes.bfloat16() *
-arange``: the integer positions take the bfloat16 dtype of the slopes) and rounds the product to bfloat16, whose 8
-significant bits move a key's bias by up to 2^-9 of slope · j (4 at j = 2047 for a slope of 1). The absolute forms
-reproduce those roundings exactly, for positions below 2^24 (which float32 holds).
+arange``: the integer positions take the bfloat16 dtype of the slopes) and rounds the product to bfloat16: with 8
+significant bits each rounding moves a key's bias by up to 2^-8 of it (whole units for slope · j in the thousands).
+The absolute forms reproduce those roundings exactly, for positions below 2^24 (which float32 holds).
 
 Their slopes, when none are given, are the float32 ones of transformers' ``build_alibi_tensor``: the float32 base
 2^(-8/P) raised to the integer powers, computed here in float64 from the float32 base and rounded once to float32.
