@@ -160,33 +160,37 @@ def test_falcon_heads_are_the_modules_split(name: str, tmp_path: Path) -> None:
         assert np.abs(ours - ref_heads).max() < 1e-5, t
 
 
-def test_falcon_alibi_slopes_are_build_alibi_tensor(tmp_path: Path) -> None:
-    """The slopes attncli adds (scaled by 1/sqrt(d)) are transformers' build_alibi_tensor per key position."""
-    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
-
-    for heads in (4, 6, 32):
-        folder = tmp_path / f"h{heads}"
-        cfg = transformers.FalconConfig(hidden_size=8 * heads, num_attention_heads=heads, num_hidden_layers=1,
-                                        vocab_size=16, multi_query=False, alibi=True)
-        transformers.FalconForCausalLM(cfg).save_pretrained(folder)
-        la = load_layer(folder, 0)
-        n = la.facts.extra["alibi_exact_keys"]
-        mask = torch.ones(1, n + 1, dtype=torch.long)  # as FalconModel builds it (a long mask: bf16 products)
-        alibi = build_alibi_tensor(mask, heads, torch.float32)[:, 0].double().numpy()  # (H, n + 1)
-        ours = np.asarray(la.arrays["alibi_slopes"])[:, None] * np.sqrt(8) * np.arange(n + 1)  # (H, n + 1)
-        assert np.allclose(ours[:, :n], alibi[:, :n], rtol=1e-12, atol=0), heads
-        # key n: the first where transformers' bfloat16 rounding of slope · j departs from it
-        assert not np.allclose(ours[:, n], alibi[:, n], rtol=1e-12, atol=0), heads
-
-
-def test_falcon_alibi_longer_than_exact_is_refused(tmp_path: Path) -> None:
+def test_falcon_alibi_is_the_absolute_bf16_form(tmp_path: Path) -> None:
+    """Falcon's ALiBi is read as the form its code computes (bf16(bf16(slope)·bf16(j)) before the 1/sqrt(d): form
+    absolute-bf16, scaled;
+    tests/test_alibi_forms.py checks it bit for bit against build_alibi_tensor), with no slopes of its own and no
+    length limit: 600 tokens run (attncli refused inputs beyond 257 keys before)."""
     folder = tmp_path / "m"
     build("falcon-alibi", folder)
-    n = load_layer(folder, 1).facts.extra["alibi_exact_keys"]
-    assert n == 257  # power-of-two slopes: slope · j is a bfloat16 number for j < 257 (8 significant bits)
-    np.save(tmp_path / "x.npy", np.zeros((n + 1, 32), np.float32))
-    line = refused(["self", str(tmp_path / "x.npy"), "--weights", str(folder), "--layer", "1"])
-    assert "bfloat16" in line and str(n) in line
+    la = load_layer(folder, 1)
+    assert la.facts.alibi is True and la.facts.alibi_form == "absolute-bf16" and la.facts.alibi_scaled is True
+    assert "alibi_slopes" not in la.arrays
+    np.save(tmp_path / "x.npy", np.zeros((600, 32), np.float32))
+    res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(folder), "--layer", "1", "--format",
+                              "json"])
+    assert res.exit_code == 0, res.stderr
+    # x = 0: q = b_q, k = b_k, the same score for every key of a head: the weights are ALiBi's alone, the causal
+    # softmax of FalconModel's alibi / sqrt(d)
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    w = np.array(json.loads(res.stdout)["weights"])  # (H, T, T)
+    b = (build_alibi_tensor(torch.ones(1, 600, dtype=torch.long), 4, torch.float32) / np.sqrt(8))[:, 0].double()
+    s = torch.where(torch.ones(600, 600, dtype=torch.bool).tril(), b[:, None, :], -torch.inf)  # (H, T, T)
+    assert np.abs(w - torch.softmax(s, -1).numpy()).max() < 1e-6
+    # --alibi-form relative on the same checkpoint: Falcon in exact arithmetic, slope·(j - i) / sqrt(d)
+    res = runner.invoke(app, ["self", str(tmp_path / "x.npy"), "--weights", str(folder), "--layer", "1", "--format",
+                              "json", "--alibi-form", "relative"])
+    assert res.exit_code == 0, res.stderr
+    sl = torch.tensor([2.0 ** -(2 * (h + 1)) for h in range(4)], dtype=torch.float64)  # 4 heads: 2^-2, 2^-4, ...
+    exact = sl[:, None] * torch.arange(600, dtype=torch.float64) / np.sqrt(8)  # (H, T)
+    s = torch.where(torch.ones(600, 600, dtype=torch.bool).tril(), exact[:, None, :], -torch.inf)
+    w = np.array(json.loads(res.stdout)["weights"])
+    assert np.abs(w - torch.softmax(s, -1).numpy()).max() < 1e-6
 
 
 def test_refusals_name_the_key(tmp_path: Path) -> None:

@@ -28,17 +28,15 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np
 
-from attncli.core import heads, stages
+from attncli.core import alibi, heads, stages
 from attncli.core.backend import Backend
-from attncli.core.scoring import SCALINGS, get_score
+from attncli.core.scoring import CONSTANT_SCALINGS, SCALINGS, get_score
 from attncli.core.stages import Rows
 from attncli.core.trace import StepName as N
 from attncli.core.trace import Trace
 
 # Scores whose raw value is q_i · k_j: the scale can go into q (one pass less) and SDPA applies.
 DOT_SCORES = {"dot", "scaled-dot"}
-# Scaling rules whose factor depends only on d and n, not on the scores themselves.
-CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
 # ... and those whose factor needs the whole score matrix: the blocked path's first pass for each
 # (attncli.core.blocked registers them).
 WHOLE_MATRIX_SCALINGS: dict[str, Callable[..., Any]] = {}
@@ -66,11 +64,20 @@ class Cap:
 
 @dataclass(frozen=True)
 class Alibi:
-    """slope_h · (j - (P + i)): per query head h, query i at position P + i."""
+    """ALiBi's bias in the form ``form`` (attncli.core.alibi.FORMS): slope_h · (j - (P + i)) per query head h,
+    query i at position P + i, or a model's rounding of slope_h · j; ``r``: what it is divided by when the model
+    adds it before the scale (--alibi-scaled: the scale's reciprocal, √d for Falcon), else None."""
 
     slopes: tuple[float, ...]
     q_offset: int
-    given: bool = False  # the slopes came with the input (else the paper's for the head count)
+    given: bool = False  # the slopes came with the input (else the form's for the head count)
+    form: str = "relative"
+    r: float | None = None
+
+    def value(self, h: int, i: int, j: int) -> float:
+        """The bias added at query head ``h``, query ``i``, key ``j`` (recomputed, for explanations)."""
+        b = alibi.bias(self.form, [self.slopes[h]], [self.q_offset + i], [j], 1.0 if self.r is None else self.r)
+        return float(b[0, 0, 0])
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,7 @@ def block(p: Problem, be: Backend, rows: Rows = None, c: Any = None) -> Block:
     """The :class:`Block` of the queries ``rows`` (all, i0..i1-1, or an index array) against every key."""
     i = np.arange(*rows) if isinstance(rows, tuple) else np.arange(p.m) if rows is None else np.asarray(rows)
     keep, bias = stages.masks(p, be, rows=rows)
-    ab = stages.alibi_rows(p, rows)
+    ab = stages.alibi_rows(p, rows, alibi_divisor(p) or 1.0)
     rb = relative_rows(p, i)
     return Block(p, be, i, np.arange(p.n), keep, bias, None if ab is None else be.asarray(ab, p.dtype),
                  None if rb is None else be.asarray(rb, p.dtype), c)
@@ -244,29 +251,61 @@ def _has_bias(p: Problem) -> bool:
     return p.slopes() is not None or p.relative_bias is not None
 
 
+def alibi_divisor(p: Problem) -> float | None:
+    """What ALiBi that the model adds before the scale (--alibi-scaled) is divided by, added after attncli's scale
+    step: 1 / the scale (√d for Falcon's 1/√d; in float32 exactly √d for every d below 2^17); else None."""
+    if not p.options.alibi_scaled:
+        return None
+    return 1.0 / constant_factor(p)  # Problem checked that the scale is constant (_Draft._check_alibi_form)
+
+
 def _bias(b: Block, s: Any) -> tuple[Any, Bias]:
     p = b.p
     P = p.query_offset
-    alibi = rel = None
+    ab = rel = None
     if b.alibi is not None:
         s = s + b.alibi  # (..., H, b, n_c) + (H, b, n_c)
         sl = p.slopes()
         assert sl is not None
-        alibi = Alibi(tuple(float(x) for x in sl), P, p.alibi_slopes is not None)
+        ab = Alibi(tuple(float(x) for x in sl), P, p.alibi_slopes is not None, p.options.alibi_form,
+                   alibi_divisor(p))
     if b.relative is not None:
         s = s + b.relative  # (..., H, b, n_c) + (H, b, n_c)
         rb = p.relative_bias
         assert rb is not None
         rel = RelativeBias(int(np.shape(rb.table)[-1]), rb.num_buckets, rb.max_distance, rb.bidirectional, P)
-    return s, Bias(alibi, rel)
+    return s, Bias(ab, rel)
+
+
+def divisor_text(r: float) -> str:
+    """The divisor of a form added before the scale as the scale's rule writes it: 8, √12, 0.5."""
+    sq = round(r * r)
+    return f"{r:g}" if r == round(r) or abs(r * r - sq) > 1e-9 * sq else f"√{sq}"
+
+
+def alibi_term(a: Alibi) -> str:
+    """What ALiBi adds, in symbols, e.g. 'fl32(fl32(slope_h) · j)', 'fl32(bf16(bf16(slope_h) · bf16(j)) / √8)'."""
+    t = (f"slope_h · (j - {'(' + str(a.q_offset) + ' + i)' if a.q_offset else 'i'})" if a.form == "relative"
+         else alibi.FORMS[a.form].text)
+    if a.r is None:
+        return t
+    return f"{t} / {divisor_text(a.r)}" if a.form == "relative" else f"fl32({t} / {divisor_text(a.r)})"
 
 
 def _bias_formula(a: Bias, prev: str) -> str:
     if a.relative is None and a.alibi is not None:
-        P = a.alibi.q_offset
-        return (f"alibi = {prev} + slope_h · (j - {'(' + str(P) + ' + i)' if P else 'i'}) = {prev} - slope_h · "
-                f"distance (ALiBi{', slopes given' if a.alibi.given else ''})")
-    terms = (" + slope_h · (j - i)" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
+        al = a.alibi
+        given = ", slopes given" if al.given else ""
+        scaled = (f"; the model adds it to q·k before its scale, so it is divided here by {divisor_text(al.r)}"
+                  f"{' after the rounding (a float32 division)' if al.form != 'relative' else ''}"
+                  if al.r is not None else "")
+        if al.form == "relative":
+            over = f" / {divisor_text(al.r)}" if al.r is not None else ""
+            return f"alibi = {prev} + {alibi_term(al)} = {prev} - slope_h · distance{over} (ALiBi{given}){scaled}"
+        return (f"alibi = {prev} + {alibi_term(al)}: ALiBi with key j at its absolute position, as "
+                f"{alibi.FORMS[al.form].source}{scaled}{given}; the same weights as slope_h · (j - i) up to that "
+                "rounding")
+    terms = (f" + {alibi_term(a.alibi)}" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
     return f"bias = {prev}{terms}: T5's relative position bias ({a.relative.num_buckets if a.relative else 0} buckets)"
 
 

@@ -535,7 +535,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
             trace.meta.scaling = Scaling(par.rule, par.factor if isinstance(par.factor, (int, float)) else None,
                                          par.temperature, par.name, problem.d_qk, problem.n)
         if isinstance(par, chain.Bias) and par.alibi is not None:
-            trace.meta.alibi = AlibiFacts(par.alibi.q_offset, par.alibi.slopes)
+            trace.meta.alibi = AlibiFacts(par.alibi.q_offset, par.alibi.slopes, par.alibi.form, par.alibi.r)
         prev = trace.steps[-1].name
         text = st.formula(par, prev) if st.formula is not None else f"{st.name} = {prev} → {st.name}"
         trace.add(st.step(problem), text, s, notes=_notes(par))

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
+from attncli.core.alibi import paper_slopes as alibi_slopes  # noqa: F401  (Press et al.'s, re-exported)
 from attncli.core.options import check_rope_mode
 from attncli.errors import InputError
 
@@ -23,24 +24,6 @@ POSITION_SCORES = {
     "rope": ("dot", "scaled-dot", "cosine", "gaussian"),
     "alibi": ("dot", "scaled-dot", "general", "additive", "cosine", "gaussian"),
 }
-
-
-def alibi_slopes(heads: int) -> np.ndarray:
-    """slope_h = (2^(-8/P))^(h+1) for P = heads a power of two; otherwise P's slopes, then every other
-    slope of 2P. -> (H,) float64
-
-    fairseq ``get_slopes`` (Press et al.), computed in float64. HF Bloom's ``build_alibi_tensor``
-    rounds the base 2^(-8/P) to float32 and raises it to the integer powers in float32: its
-    slopes differ from these by a few float32 units in the last place (relative ~1e-7).
-    """
-    if heads < 1:
-        raise InputError(f"ALiBi needs at least one head, got {heads}", "--alibi")
-    p = 2 ** math.floor(math.log2(heads))
-    slopes = (2.0 ** (-8.0 / p)) ** np.arange(1, p + 1, dtype=np.float64)  # (P,)
-    if p == heads:
-        return slopes
-    extra = (2.0 ** (-8.0 / (2 * p))) ** np.arange(1, 2 * (heads - p), 2, dtype=np.float64)  # odd powers of 2P's base
-    return np.concatenate([slopes, extra])
 
 
 def check_kv_heads(q_heads: int, kv_heads: int, source: str = "--kv-heads") -> int:

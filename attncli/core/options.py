@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
+from attncli.core.alibi import FORMS as ALIBI_FORMS
 from attncli.core.backend import BACKENDS, DEVICES, DTYPES
 from attncli.core.scoring import ACTIVATIONS, ALIASES, SCALINGS, SCORES
 from attncli.errors import InputError
@@ -472,6 +473,15 @@ class Options:
     alibi: bool = option(  # add slope_h·(j - i) (Press et al.; slopes of the paper, or given)
         False, "ALiBi: add slope_h·(j - i) to the scores, slopes of the paper for the head count (heads: axis -3 "
                "of Q for run, --heads for self).", TODAY, label="ALiBi")
+    alibi_form: str = option(  # how the ALiBi bias is computed and rounded: a key of attncli.core.alibi.FORMS
+        "relative", "ALiBi's bias: relative (default, Press et al.: slope_h·(j - i)), absolute-f32 (HF Bloom: "
+                    "fl32(slope_h·j), key j's absolute position in float32) or absolute-bf16 (HF Falcon: "
+                    "bf16(bf16(slope_h)·bf16(j))). The same weights up to rounding; the absolute forms reproduce "
+                    "the models' rounding.", TODAY, label="ALiBi form", choices=_keys(ALIBI_FORMS))
+    alibi_scaled: bool = option(  # ALiBi added to the raw scores before the scale (Falcon): divided by 1/scale
+        False, "ALiBi is added to the raw scores before the scale, so scaled with them (Falcon: (q·k + alibi) / "
+               "sqrt(d)): the bias is divided by sqrt(d) (1 / the scale) after its form's rounding.", TODAY,
+        label="ALiBi before the scale")
     window: int | None = option(  # sliding window: causal, each query sees W keys, itself included
         None, "Sliding window: causal, each query sees the W keys up to itself (HF sliding_window, FlashAttention "
               "window_size=(W-1, 0)).", TODAY, check=lambda v, w: check_window(_integral(v), w))

@@ -160,9 +160,11 @@ class Scaling:
 class AlibiFacts:
     q_offset: int
     slopes: tuple[float, ...]
+    form: str = "relative"  # a key of attncli.core.alibi.FORMS
+    divisor: float | None = None  # ALiBi added before the scale (--alibi-scaled): divided by this after attncli's scale
 
     def as_json(self) -> dict[str, Any]:
-        return {"q_offset": self.q_offset, "slopes": list(self.slopes)}
+        return {"q_offset": self.q_offset, "slopes": list(self.slopes), "form": self.form, "divisor": self.divisor}
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ else:
 
 from attncli.core import heads
 from attncli.core import validate as check
+from attncli.core.alibi import FORMS as ALIBI_FORMS
 from attncli.core.arrays import mask_array, numeric_array, printable
 from attncli.core.backend import half_type
 from attncli.core.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
 from attncli.core.projections import RelativeBias
-from attncli.core.scoring import get_score
+from attncli.core.scoring import CONSTANT_SCALINGS, get_score
 from attncli.core.weights import prepare
 from attncli.errors import InputError
 
@@ -75,12 +76,13 @@ class Shared:
         return base, width
 
     def slopes(self) -> np.ndarray | None:
-        """The ALiBi slopes (H,): as given, or the paper's for the head count; None without ALiBi."""
+        """The ALiBi slopes (H,): as given, or those of the ALiBi form for the head count (the paper's, or
+        transformers' float32 ones for its absolute forms); None without ALiBi."""
         if self.alibi_slopes is not None:
             return self.alibi_slopes
         if not self.options.alibi:
             return None
-        return heads.alibi_slopes(self.head_count)
+        return ALIBI_FORMS[self.options.alibi_form].slopes(self.head_count)
 
     def where(self, name: str) -> str:
         """The file (or stdin / option) an array came from, for error messages."""
@@ -340,6 +342,21 @@ class _Draft(Problem):
         self.kv_heads = G
         return k.shape[:-3] + (H,), v.shape[:-3] + (H,)
 
+    def _check_alibi_form(self) -> None:
+        """ALiBi added before the scale (Falcon's) is divided here by the scale's reciprocal after the soft-cap: it
+        needs a scale known from d and n, and no cap between."""
+        o = self.options
+        if not o.alibi_scaled:
+            return
+        rule = o.scaling or get_score(o.score).scaling
+        if o.scale is None and rule not in CONSTANT_SCALINGS:
+            raise InputError(f"ALiBi added before the scale needs a scale known from d and n; scaling {rule} (of the "
+                             "scores themselves) is not", self.origin("alibi_scaled"))
+        if o.softcap is not None:
+            raise InputError(f"ALiBi added before the scale comes before the soft-cap too, while attncli caps "
+                             f"({self.origin('softcap')}) before its bias step: give one of the two",
+                             self.origin("alibi_scaled"))
+
     def _check_today(self) -> None:
         """The options of today's models against the shapes: RoPE widths, positions that mean something,
         one sink per head, the query offset against the causal alignment, QK-norm weights."""
@@ -370,6 +387,10 @@ class _Draft(Problem):
                              self.origin("rope_scaling"))
         if o.alibi or self.alibi_slopes is not None:
             heads.check_positional(score, "alibi")
+            self._check_alibi_form()
+        elif o.alibi_form != Options().alibi_form or o.alibi_scaled:
+            raise InputError("applies to ALiBi: add --alibi (or --alibi-slopes)",
+                             self.origin("alibi_scaled" if o.alibi_scaled else "alibi_form"))
         if self.alibi_slopes is not None:
             a = heads.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"), "ALiBi slopes")
             if not np.isfinite(a).all():

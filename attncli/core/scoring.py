@@ -304,6 +304,8 @@ class Scaling:
 
 
 SCALINGS: dict[str, Scaling] = {}
+# Scaling rules whose factor depends only on d and n, not on the scores themselves.
+CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
 
 
 ScalingFn = Callable[[Any, Any, int, int], Any]

@@ -7,7 +7,7 @@
     score      the registered score function (attncli.core.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
     scale      S · factor / T
     cap        softcap: c · tanh(s / c)
-    bias       ALiBi (alibi_slopes, alibi_bias, alibi_rows) and additive float masks
+    bias       ALiBi (alibi_slopes, alibi_rows in the forms of attncli.core.alibi) and additive float masks
     mask       keep-mask (valid lengths, causal / window / chunk / local window at positions, boolean masks)
     softmax    stable, rows of -inf give zeros; with sinks (softmax_with_sinks, sink_column); online
                (blocks of keys) for the output-only path
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
+from attncli.core import alibi
 from attncli.core.backend import Backend, to_numpy
 from attncli.core.heads import (  # noqa: F401  (re-exported: the checks and the slopes beside the stages)
     POSITION_SCORES,
@@ -331,15 +332,9 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
 
 
 def alibi_bias(slopes: Any, q_pos: Any, k_pos: Any) -> np.ndarray:
-    """b_hij = slope_h · (k_pos_j - q_pos_i) = -slope_h · distance. (H,), (m,), (n,) -> (H, m, n)
-
-    Bloom adds slope·j (the same per row up to a constant, so the same weights); FlashAttention
-    -slope·|i + n - m - j|, the same on the causal side.
-    """
-    sl = np.asarray(slopes)
-    dt = sl.dtype if sl.dtype.kind == "f" else np.float64
-    rel = np.asarray(k_pos)[None, :].astype(dt) - np.asarray(q_pos)[:, None].astype(dt)  # (1, n) - (m, 1) -> (m, n)
-    return sl.astype(dt)[:, None, None] * rel[None, :, :]  # (H, 1, 1) x (1, m, n) -> (H, m, n)
+    """b_hij = slope_h · (k_pos_j - q_pos_i) = -slope_h · distance. (H,), (m,), (n,) -> (H, m, n): ALiBi's
+    relative form (attncli.core.alibi, with the forms that models round differently)."""
+    return np.asarray(alibi.relative(slopes, q_pos, k_pos, 1.0))
 
 
 # ---- masks from positions ----------------------------------------------------------------
@@ -568,15 +563,16 @@ def keep_mask(problem: Problem, n: int, rows: Rows = None) -> tuple[np.ndarray |
     return keep, bias
 
 
-def alibi_rows(problem: Problem, rows: Rows = None) -> np.ndarray | None:
-    """The ALiBi term slope_h · (j - (P + i)) of the queries ``rows`` on the host, broadcastable to the
-    scores (..., H, rows, n) (or (rows, n) with one head); None without ALiBi."""
+def alibi_rows(problem: Problem, rows: Rows = None, r: float = 1.0) -> np.ndarray | None:
+    """The ALiBi term of the queries ``rows`` on the host, in the form ``--alibi-form`` says (attncli.core.alibi:
+    slope_h · (j - (P + i)) by default), broadcastable to the scores (..., H, rows, n) (or (rows, n) with one
+    head); None without ALiBi. ``r``: what a form added before the scale is divided by (1 / the scale)."""
     sl = problem.slopes()
     if sl is None:
         return None
     m, n = problem.m, problem.n
     index = np.arange(*rows) if isinstance(rows, tuple) else np.arange(m) if rows is None else rows
-    b = alibi_bias(sl, problem.query_offset + index, np.arange(n))  # (H, rows, n)
+    b = alibi.bias(problem.options.alibi_form, sl, problem.query_offset + index, np.arange(n), r)  # (H, rows, n)
     return b if problem.batch_shape else b[0]
 
 

@@ -386,7 +386,8 @@ declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", keys=frozenset
 declare("falcon", layout="bloom", pre_norm="layernorm",
         keys=frozenset({"alibi", "multi_query", "new_decoder_architecture", "num_kv_heads", "num_ln_in_parallel_attn",
                         "parallel_attn", "bias"}),
-        notes="alibi: (q·k + bf16(slope)·j)/sqrt(d); only `dense` after attention")
+        notes="alibi: (q·k + bf16(bf16(slope)·bf16(j)))/sqrt(d) (ALiBi form absolute-bf16, scaled); only `dense` after "
+              "attention")
 # Phi-1/1.5/2 and Persimmon: partial half rotary (partial_rotary_factor, default 0.5), LayerNorm with bias, parallel
 # block; qk_layernorm: q_layernorm / k_layernorm, an nn.LayerNorm over each head's features (one (d,) weight and bias
 # shared by the heads), before the rotary

@@ -75,7 +75,9 @@ class AttentionFacts:
     qk_norm_eps: float | None = None
     pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the layer's pre-attention norm
     norm_eps: float | None = None
-    alibi: bool = False  # Bloom / MPT
+    alibi: bool = False  # Bloom / Falcon
+    alibi_form: str | None = None  # how the model computes it (attncli.core.alibi.FORMS): Bloom, Falcon round slope·j
+    alibi_scaled: bool = False  # ALiBi added to q·k before the scale (Falcon)
     chunk: int | None = None  # chunked attention of THIS layer (Llama 4 attention_chunk_size); None: not chunked
     clip_qkv: float | None = None  # q, k, v clamped to [-C, C] after the projections (OLMo)
     tuning_scale: float | None = None  # Llama 4's temperature tuning of q on THIS layer (attn_scale); None: none
@@ -1041,8 +1043,9 @@ def _bloom(c: Ctx) -> None:
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
     c.facts.kv_heads = c.facts.heads
     c.facts.causal = True
-    c.facts.alibi = True
-    c.facts.extra["alibi"] = "added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py)"
+    c.facts.alibi, c.facts.alibi_form = True, "absolute-f32"
+    c.facts.extra["alibi"] = ("added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py), "
+                              "alibi = fl32(slope_h · j) at key j's absolute position (build_alibi_tensor)")
     _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias",
           ("layer_norm_epsilon",), 1e-5)
 
@@ -1113,32 +1116,17 @@ def _falcon(c: Ctx, a: str) -> None:
     c.name = "falcon"
 
 
-def _falcon_alibi(c: Ctx, H: int, d: int, positions: int = 1 << 16) -> None:
-    """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each slope to bfloat16 and slope·j (key
-    position j) to bfloat16, and FalconAttention scales the sum: (q·k + alibi) / sqrt(d). So the slopes here are
-    bf16(slope_h) / sqrt(d), exact while every bf16(slope_h)·j is a bfloat16 number (the first keys: counted in
-    extra['alibi_exact_keys']; a longer input is refused by attncli.io.model)."""
-    import ml_dtypes
-
-    p2 = 2 ** math.floor(math.log2(H))
-    base = np.float32(2.0 ** (-(2.0 ** -(math.log2(p2) - 3))))
-    sl = base ** np.arange(1, 1 + p2, dtype=np.float32)  # float32, as torch.pow(base, powers)
-    if p2 != H:
-        extra = np.float32(2.0 ** (-(2.0 ** -(math.log2(2 * p2) - 3))))
-        sl = np.concatenate([sl, extra ** np.arange(1, 1 + 2 * min(p2, H - p2), 2, dtype=np.float32)])
-    bf = sl.astype(ml_dtypes.bfloat16).astype(np.float64)  # slopes[..., None].bfloat16()
-    j = np.arange(positions, dtype=np.float64)  # ALiBi has no position limit of its own
-    prod = bf[:, None] * j[None, :]  # exact in float64 (and float32: fewer than 24 bits)
-    bad = np.nonzero((prod.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64) != prod).any(axis=0))[0]
-    c.put("alibi_slopes", bf / math.sqrt(d), f"(computed: bf16(ALiBi slope_h) / sqrt({d}), build_alibi_tensor, "
-                                             "FalconAttention)")
-    c.facts.alibi = True
+def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
+    """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each float32 slope and each key position j to
+    bfloat16 and their product to bfloat16; FalconAttention adds it to q·k before the 1/sqrt(d) (Falcon-RW's own
+    code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16, scaled."""
+    c.facts.alibi, c.facts.alibi_form, c.facts.alibi_scaled = True, "absolute-bf16", True
     c.facts.from_config.append("alibi")
-    c.facts.extra["alibi"] = ("scaled with the scores: ((q·k) + bf16(slope_h)·j) / sqrt(d) (modeling_falcon.py); "
+    c.facts.extra["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
+                              "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
                               "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
                               "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
                               "adds it once")
-    c.facts.extra["alibi_exact_keys"] = int(bad[0]) if bad.size else int(j.size)
 
 
 @layout("t5", r"^(?P<stack>(?:.*\.)?block\.)(?P<n>\d+)\.layer\.0\.SelfAttention\.q\.weight$",

@@ -30,7 +30,8 @@ from attncli.io.layouts import load_layer as read_layer
 
 # AttentionFacts -> Options fields: every fact the pipeline computes with
 FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "local_window",
-                "softcap", "qk_norm", "qk_norm_at", "alibi", "chunk", "clip_qkv", "tuning_scale", "tuning_floor")
+                "softcap", "qk_norm", "qk_norm_at", "alibi", "alibi_form", "alibi_scaled", "chunk", "clip_qkv",
+                "tuning_scale", "tuning_floor")
 PROJECTION_NAMES = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "q_norm_bias",
                     "k_norm_bias", "sinks")
 
@@ -79,17 +80,6 @@ class CheckpointLayer:
             raise InputError(f"has no {missing}, which --from-residual applies first", self.source)
         if inside and missing:
             raise InputError(f"has no {missing}, which its attention module applies to X first", self.source)
-        slopes = self.raw.arrays.get("alibi_slopes")  # Falcon: its ALiBi slopes, scaled with the scores
-        if slopes is not None and kw.get("alibi_slopes") is None:
-            keys = memory if memory is not None else x
-            shape = np.shape(keys)
-            n = int(shape[-2] if len(shape) == 3 and kw.get("batch_first", True) else shape[0])
-            exact = self.facts.extra.get("alibi_exact_keys")
-            if exact is not None and n > exact:
-                raise InputError(f"has ALiBi whose transformers code rounds slope · position to bfloat16 "
-                                 f"(build_alibi_tensor), which attncli reproduces for the first {exact} keys only; "
-                                 f"this input has {n}", self.source)
-            kw["alibi_slopes"] = numbers(slopes)
         return Layer.build(x, memory, values, projections=self.projections, heads=h,
                            options=options if options is not None else self.config_options(),
                            pre_norm=self.norm if from_residual or inside else None, sub_norm=self.sub_norm, gate=self.gate,

@@ -361,16 +361,27 @@ def cap_lines(c: Cell) -> list[str]:
 
 
 def alibi_lines(c: Cell) -> list[str]:
-    """ALiBi: the cell's slope·(j - i) added."""
+    """ALiBi: the bias added to this cell, recomputed from the step's parameters in its form (chain.Alibi)."""
     if "alibi" not in c.trace:
         return []
     p = c.precision
     s, a = c.step(_before(c.trace, "alibi")), c.step("alibi")
     par = c.trace.step("alibi").params
-    pq = (par.alibi.q_offset if isinstance(par, chain.Bias) and par.alibi else 0) + c.i
-    slope = (a - s) / (c.j - pq) if c.j != pq else None
-    term = f"slope {num(slope, 6)} · ({c.j} - {pq})" if slope is not None else f"slope · ({c.j} - {pq}) = 0"
-    return [f"alibi: {num(s, p)} + {term} = {num(a, p)}   (key {c.key} is {pq - c.j} position(s) before query {c.query})"]
+    al = par.alibi if isinstance(par, chain.Bias) else None
+    pq = (al.q_offset if al else 0) + c.i
+    where = f"(key {c.key} is {pq - c.j} position(s) before query {c.query})"
+    if al is None:
+        return [f"alibi: {num(s, p)} + slope · ({c.j} - {pq}) = {num(a, p)}   {where}"]
+    h = c.head()
+    slope, b = al.slopes[h], al.value(h, c.i, c.j)
+    if al.form == "relative":
+        if al.r is None:
+            return [f"alibi: {num(s, p)} + slope {num(slope, 6)} · ({c.j} - {pq}) = {num(a, p)}   {where}"]
+        term = f"{slope:.9g} · ({c.j} - {pq}) / {chain.divisor_text(al.r)}"
+        return [f"alibi: {num(s, p)} + {term} = {num(s, p)} + {b!r} = {num(a, p)}   {where}"]
+    term = chain.alibi_term(al).replace("slope_h", f"{slope:.9g}").replace("j)", f"{c.j})")
+    return [f"alibi: {num(s, p)} + {term} = {num(s, p)} + {b!r} = {num(a, p)}   (ALiBi {al.form}: key {c.key} at "
+            f"absolute position {c.j}, the same for every query; query {c.query} is at {pq})"]
 
 
 def mask_lines(c: Cell) -> list[str]:
