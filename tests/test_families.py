@@ -93,6 +93,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     **{mt: dict(attention_multiplier=0.3, layer_types=["sliding_attention", "full_attention"] * 2,
                 layer_rope_theta=[0, 50000.0, 10000.0, 0]) for mt in ("granite_swa", "granitemoe_swa")},
     "laguna": dict(layer_types=["sliding_attention", "full_attention"] * 2, gating=True),
+    # LFM3: a sliding layer (default rotary: agrees) besides its conv layers and a full one (proportional rotary)
+    "lfm3": dict(layer_types=["sliding_attention", "conv", "full_attention", "sliding_attention"]),
     "gptj": dict(rotary_dim=8),
     "codegen": dict(rotary_dim=8),
     **{mt: dict(MLA) for mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "minicpm3", "glm4_moe_lite", "glm_moe_dsa",

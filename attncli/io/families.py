@@ -90,6 +90,7 @@ class Family:
     rope_keys: frozenset[str] | None = None  # the rotary keys it reads (None: all of ROPE_KEYS)
     full_rotary: bool = False  # rotary over the whole head whatever partial_rotary_factor says; default or linear only
     gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
+    gate_heads: bool = False  # the gate has one output per head, (H, E) (LFM3's g_proj); else one per feature
     heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
     theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
@@ -300,6 +301,12 @@ declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full",
         notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
 declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W,
         notes="as olmo2, with sliding layers (layer_types)")
+# OLMoE, MiniMax-M2: OLMo 2's full-width QK RMSNorm (q_norm (H·d), k_norm (G·d) before the head split) with a pre-norm
+# input_layernorm; OLMoE clamps q, k, v (clip_qkv) after that norm, which attncli's clip (right after the projections,
+# before the norm) is not, so a non-null clip_qkv is refused (not read). FlexOlmo: OLMo 2's attention (post-norm).
+declare("olmoe", "minimax_m2", layout="llama", qk_norm="rms-full",
+        notes="q_norm / k_norm: RMSNorm over the full width before the head split; input_layernorm before attention")
+declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", notes="as olmo2")
 declare("nanochat", layout="llama", rope="half-reversed", pre_norm="rms-weightless", qk_at="after-rope",
         qk_weightless=True, notes="no norm tensors: weightless RMS pre-norm, weightless RMS QK-norm after RoPE")
 declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope", rope_alpha=True,
@@ -329,6 +336,13 @@ declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmo
 # g_proj (H, E)) or one per feature (otherwise, (H·d, E)), computed in float32
 declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_attention_heads_per_layer", layer_types=True,
         keys=W | {"gating"}, notes="g_proj: gated = concat ⊙ softplus(x · W_g), per head or per feature, before o_proj")
+# LFM3: a hybrid; its attention layers (layer_types full_attention / sliding_attention, the others conv) as Qwen 3's
+# (q_norm / k_norm RMS per head before rotary), pre-norm operator_norm (RMS, norm_eps), and (use_attention_gate) an
+# output gate sigmoid(g_proj(x)), one per head, before o_proj (g_proj in memory, saved as gate_proj: transformers'
+# conversion mapping); post_operator_norm (use_sandwich_norm) is outside
+declare("lfm3", layout="llama", norm_name="operator_norm", gate=("gate_proj", "sigmoid"), gate_heads=True,
+        layer_types=True, keys=W | {"norm_eps", "use_attention_gate", "use_sandwich_norm"},
+        notes="gate_proj: gated = each head ⊙ sigmoid(x · W_g)_h before o_proj; conv layers refused")
 declare("eurobert", layout="llama", causal=False)
 # ModernBERT and UltraBERT: rotary over the whole head whatever partial_rotary_factor says (their own
 # compute_default_rope_parameters), theta from rope_parameters per layer type; a top-level rope_theta or

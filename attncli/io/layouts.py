@@ -546,8 +546,8 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
     if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
         c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
         c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
-    if fam.gate is not None:
-        _gate(c, fam, a)
+    if fam.gate is not None and ("use_attention_gate" not in reads or cfg.get("use_attention_gate", True) is not False):
+        _gate(c, fam, a)  # LFM3: use_attention_gate false builds no gate
     if fam.sub_norm is not None:
         name = f"{a}{fam.sub_norm}.weight"
         c.put("sub_norm", c.get(name), name)
@@ -585,7 +585,9 @@ def _gate(c: Ctx, fam: Family, a: str) -> None:
         if n != want:
             raise c.fail(f"{name} has {n} outputs but config.json gating = {cfg['gating']!r} means one gate per "
                          f"{'head' if per_head else 'feature'} ({want})")
-    elif n != width:
+    elif fam.gate_heads and n != f.heads:  # LFM3's g_proj: one gate per head
+        raise c.fail(f"{name} has {n} outputs; expected {f.heads}, one gate per head")
+    elif not fam.gate_heads and n != width:
         raise c.fail(f"{name} has {n} outputs; expected {width}, one gate per feature of the concatenated heads")
     f.gate = act
 
