@@ -343,6 +343,12 @@ declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_at
 declare("lfm3", layout="llama", norm_name="operator_norm", gate=("gate_proj", "sigmoid"), gate_heads=True,
         layer_types=True, keys=W | {"norm_eps", "use_attention_gate", "use_sandwich_norm"},
         notes="gate_proj: gated = each head ⊙ sigmoid(x · W_g)_h before o_proj; conv layers refused")
+# Qwen3-Next, Qwen3.5 (text): hybrids; their full_attention layers are Qwen 3's with (1 + w) RMSNorms (input_layernorm,
+# q_norm / k_norm per head) and an output gate from q_proj itself: per head, d query rows then d gate rows, and the
+# concatenated heads times sigmoid(gate) before o_proj; the linear_attention layers (Gated DeltaNet) are refused
+declare("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", layout="llama", pre_norm="rms1p", qk_norm="rms1p",
+        gate=("q_proj", "sigmoid"), layer_types=True, keys=W,
+        notes="q_proj = [q_h; gate_h] per head: gated = concat ⊙ sigmoid(x · W_g) before o_proj; linear layers refused")
 declare("eurobert", layout="llama", causal=False)
 # ModernBERT and UltraBERT: rotary over the whole head whatever partial_rotary_factor says (their own
 # compute_default_rope_parameters), theta from rope_parameters per layer type; a top-level rope_theta or

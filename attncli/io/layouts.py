@@ -405,9 +405,31 @@ def _llama(c: Ctx) -> None:
     if not c.has(a + "o_proj.weight"):
         raise c.fail(f"has {a}q_proj.weight but no {a}o_proj.weight: not a Llama-style layer (see the layouts "
                      "attncli inspect lists)")
-    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
+    fam = c.family
+    if fam is not None and fam.gate is not None and fam.gate[0] == "q_proj":
+        _q_and_gate(c, a)
+    else:
+        c.linear("W_q", f"{a}q_proj.weight", f"{a}q_proj.bias")
+    for t, n in (("W_k", "k"), ("W_v", "v")):
         c.linear(t, f"{a}{n}_proj.weight", f"{a}{n}_proj.bias")
     _llama_rest(c, a)
+
+
+def _q_and_gate(c: Ctx, a: str) -> None:
+    """Qwen3-Next / Qwen3.5: q_proj (H·2d, E) holds, head by head, the head's query (d rows) then its output gate (d
+    rows) (their forward: view (…, H, 2d), chunk in two): W_q and W_g, each (E, H·d) in the concatenated heads' order."""
+    name = a + "q_proj.weight"
+    w = c.get(name)
+    _heads(c, "num_attention_heads", width=None)
+    H, d = c.facts.heads, c.facts.head_dim
+    if H is None or d is None or w.ndim != 2 or w.shape[0] != 2 * H * d:
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (2·H·d, E) = query and gate per head, with H and d "
+                     "from config.json (num_attention_heads, head_dim)")
+    if c.has(a + "q_proj.bias"):
+        raise c.fail(f"{a}q_proj.bias: a bias of the query and its output gate is not supported")
+    r = w.reshape(H, 2, d, w.shape[1])  # (H, [q; gate], d, E)
+    c.put("W_q", r[:, 0].reshape(H * d, -1).T, f"{name} rows [h·2d, h·2d + d) per head, ᵀ")
+    c.put("W_g", r[:, 1].reshape(H * d, -1).T, f"{name} rows [h·2d + d, (h + 1)·2d) per head, ᵀ")
 
 
 @layout("phi3", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.qkv_proj\.weight$",
@@ -572,6 +594,9 @@ def _gate(c: Ctx, fam: Family, a: str) -> None:
     heads, or (H, E), one per head; Laguna's gating (true / per-head: per head) must agree with its shape."""
     assert fam.gate is not None
     tensor, act = fam.gate
+    if tensor == "q_proj":  # W_g read with W_q (_q_and_gate): one gate per feature
+        c.facts.gate = act
+        return
     name = f"{a}{tensor}.weight"
     c.linear("W_g", name)  # (n, E) -> (E, n)
     if c.has(f"{a}{tensor}.bias"):
