@@ -22,6 +22,10 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     cohere             llama   interleaved             LayerNorm without bias        QK LayerNorm per head, (H, d)
     stablelm           llama   partial half            LayerNorm with bias           QK LayerNorm per head (norms.h)
     olmo2, olmo3       llama   half                    none (post-norm)              QK RMS over the full width H·d
+    flex_olmo          llama   half                    none (post-norm)              as olmo2
+    olmoe, minimax_m2  llama   half (partial)          RMS                           QK RMS over the full width H·d
+    qwen3_next, 3_5    llama   partial half            RMS (1 + w)                   QK RMS (1 + w); sigmoid gate rows in q_proj
+    lfm3               llama   half (sliding layers)   RMS operator_norm             sigmoid(gate_proj(x)) per head
     hunyuan_v1_*       llama   half                    RMS                           QK RMS per head after RoPE
     nanochat           llama   half, rotated by -θ     weightless RMS                weightless QK RMS after RoPE
     starcoder2, jais2  llama   half                    LayerNorm with bias
@@ -458,6 +462,14 @@ REFUSED: dict[str, str] = {
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",
     "mra": "the MRA approximation of softmax attention is not supported",
     "mpt": "its fused Wqkv with clip_qkv / qk_ln is not supported",
+    "ministral3": "its query scaling 1 + beta·log(1 + floor(pos / original_max_position_embeddings)) "
+                  "(rope_parameters llama_4_scaling_beta) is not supported",
+    "mimo_v2_flash": "its value scale (attention_value_scale), v_head_dim and per-layer heads (sliding layers: twice "
+                     "the KV heads, sinks) are not supported",
+    "mobilebert": "its bottleneck attention (q and k from the bottleneck input, v from the layer input: "
+                  "key_query_shared_bottleneck, use_bottleneck_attention) is not supported",
+    "convbert": "its mixed attention (span-based dynamic convolution heads concatenated with the self-attention "
+                "heads, head_ratio) is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
 }

@@ -356,6 +356,8 @@ def _layer_type(c: Ctx) -> str | None:
     return None
 
 
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "global", "local")
+
 # Which layers slide when config.json has no layer_types: the model's own rule (as its modeling file).
 SLIDING_RULES: dict[str, Callable[[int, dict[str, Any]], bool]] = {
     "mistral": lambda i, cfg: True,
@@ -1696,7 +1698,12 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
                              ckpt.source)
         layer = layers[0]
     if layer not in layers:
-        raise InputError(f"has no layer {layer}: its {f.layout.name} layers are {_layer_range(layers)}", "--layer")
+        types = (ckpt.config or {}).get("layer_types")
+        what = (f" (layer_types: a {printable(types[layer], 40)} layer, not attention attncli reads)"
+                if isinstance(types, list) and 0 <= layer < len(types) and isinstance(types[layer], str)
+                and types[layer] not in ATTENTION_TYPES else "")
+        raise InputError(f"has no layer {layer}{what}: its {f.layout.name} layers are {_layer_range(layers)}",
+                         "--layer")
     args = model_args(ckpt.files) if ckpt.config is None else None
     if heads is None and args is not None and args.get("n_head") is not None:  # nanoGPT's ckpt.pt says it
         heads = cfgcheck.value(args, "n_head", f"{ckpt.source} (model_args)")
