@@ -93,6 +93,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     **{mt: dict(attention_multiplier=0.3, layer_types=["sliding_attention", "full_attention"] * 2,
                 layer_rope_theta=[0, 50000.0, 10000.0, 0]) for mt in ("granite_swa", "granitemoe_swa")},
     "laguna": dict(layer_types=["sliding_attention", "full_attention"] * 2, gating=True),
+    # LFM3: a sliding layer (default rotary: agrees) besides its conv layers and a full one (proportional rotary)
+    "lfm3": dict(layer_types=["sliding_attention", "conv", "full_attention", "sliding_attention"]),
     "gptj": dict(rotary_dim=8),
     "codegen": dict(rotary_dim=8),
     **{mt: dict(MLA) for mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "minicpm3", "glm4_moe_lite", "glm_moe_dsa",
@@ -463,7 +465,8 @@ def test_family_agrees_or_refuses(mt: str) -> None:
 
 
 # Families whose every run must agree (not only agree or refuse): each new step, against its own module.
-MUST_AGREE = ["olmo", "bitnet", "llama4_text", "roformer", "esm", "afmoe", "laguna", "granite_swa", "granitemoe_swa"]
+MUST_AGREE = ["olmo", "bitnet", "llama4_text", "roformer", "esm", "afmoe", "laguna", "granite_swa", "granitemoe_swa",
+              "olmoe", "minimax_m2", "qwen3_next", "qwen3_5_text"]
 
 
 @pytest.mark.slow
@@ -478,6 +481,20 @@ def test_family_with_a_new_step_agrees(mt: str, dtype: str | None) -> None:
         assert {k.split(" ")[0].split("/")[1] for k in outcomes} == {"sliding_attention", "full_attention"}
     if mt == "llama4_text":  # a chunked RoPE layer and a NoPE layer with the tuning were both run
         assert {k.split(" ")[0] for k in outcomes} == {"0/chunked_attention/rope", "3/full_attention/nope"}
+
+
+@pytest.mark.slow
+def test_hybrid_layer_refused_naming_its_type(tmp_path: Path) -> None:
+    """Qwen3-Next's linear_attention layers (Gated DeltaNet) have no softmax attention: --layer on one is refused in
+    one line naming its layer type; its full_attention layer (3) agrees with the module (as the sweep checks)."""
+    built = build("qwen3_next", tmp_path / "m")
+    assert sorted(built.layers) == [3]
+    path = tmp_path / "x.npy"
+    np.save(path, built.layers[3]["x"].astype(np.float32))
+    res = runner.invoke(app, ["self", str(path), "--weights", str(built.folder), "--layer", "0"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "--layer" in res.stderr and "linear_attention" in res.stderr
+    assert run_self(built, 3, False, tmp_path).verdict == "agrees"
 
 
 # Variants a family's config switches between (each against its own module, as above).
@@ -509,6 +526,14 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             "laguna-heads-per-layer": ("laguna", dict(layer_types=["sliding_attention", "full_attention"] * 2,
                                                        num_attention_heads_per_layer=[4, 2, 4, 2])),
             "granite_swa-default-theta": ("granite_swa", dict(attention_multiplier=0.3)),
+            # LFM3's sliding layers (default rotary) with and without the per-head gate; OLMoE's clamp after its
+            # QK-norm (refused: attncli clamps before); MiniMax-M2's legacy rotary_dim; Qwen3-Next with biases
+            # (its q_proj's bias holds the gate's: refused)
+            "lfm3-sliding": ("lfm3", dict(layer_types=["sliding_attention", "conv"] * 2)),
+            "lfm3-no-gate": ("lfm3", dict(layer_types=["sliding_attention", "conv"] * 2, use_attention_gate=False)),
+            "olmoe-clip": ("olmoe", dict(clip_qkv=0.5)),
+            "minimax_m2-rotary-dim": ("minimax_m2", dict(rotary_dim=8)),
+            "qwen3_next-bias": ("qwen3_next", dict(attention_bias=True)),
             "esm-rotary": ("esm", dict(position_embedding_type="rotary")),
             "esm-rotary-base": ("esm", dict(position_embedding_type="rotary", rope_theta=100.0)),
             "roformer-rotary-value": ("roformer", dict(rotary_value=True)),
@@ -529,7 +554,7 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
 
 # Variants whose every run must agree (the other rotary, gate and head layouts of the families above)
 MUST_AGREE_VARIANTS = ["esm-rotary", "esm-rotary-base", "laguna-feature-gate", "laguna-heads-per-layer",
-                       "granite_swa-default-theta"]
+                       "granite_swa-default-theta", "lfm3-sliding", "lfm3-no-gate", "minimax_m2-rotary-dim"]
 
 
 @pytest.mark.slow
@@ -563,7 +588,7 @@ BF16 = ["llama", "qwen3", "gemma3_text", "gpt_oss", "gpt2", "gpt_neox", "bert", 
         "albert", "lfm2",
         "cohere", "olmo2", "olmo3", "hunyuan_v1_dense", "hunyuan_v1_moe", "nanochat", "deepseek_v3",
         "modernbert", "modernbert-decoder", "ultrabert", "roformer", "esm", "afmoe", "laguna", "granite_swa",
-        "granitemoe_swa"]
+        "granitemoe_swa", "olmoe", "flex_olmo", "minimax_m2", "lfm3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"]
 BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
 
 
@@ -581,7 +606,8 @@ def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
 
 
 BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm",
-                 "modernbert-local-first", "esm-rotary", "laguna-feature-gate", "laguna-heads-per-layer"]
+                 "modernbert-local-first", "esm-rotary", "laguna-feature-gate", "laguna-heads-per-layer", "lfm3-sliding",
+                 "minimax_m2-rotary-dim"]
 
 
 @pytest.mark.slow

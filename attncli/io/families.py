@@ -22,6 +22,10 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
     cohere             llama   interleaved             LayerNorm without bias        QK LayerNorm per head, (H, d)
     stablelm           llama   partial half            LayerNorm with bias           QK LayerNorm per head (norms.h)
     olmo2, olmo3       llama   half                    none (post-norm)              QK RMS over the full width H·d
+    flex_olmo          llama   half                    none (post-norm)              as olmo2
+    olmoe, minimax_m2  llama   half (partial)          RMS                           QK RMS over the full width H·d
+    qwen3_next, 3_5    llama   partial half            RMS (1 + w)                   QK RMS (1 + w); sigmoid gate rows in q_proj
+    lfm3               llama   half (sliding layers)   RMS operator_norm             sigmoid(gate_proj(x)) per head
     hunyuan_v1_*       llama   half                    RMS                           QK RMS per head after RoPE
     nanochat           llama   half, rotated by -θ     weightless RMS                weightless QK RMS after RoPE
     starcoder2, jais2  llama   half                    LayerNorm with bias
@@ -90,6 +94,7 @@ class Family:
     rope_keys: frozenset[str] | None = None  # the rotary keys it reads (None: all of ROPE_KEYS)
     full_rotary: bool = False  # rotary over the whole head whatever partial_rotary_factor says; default or linear only
     gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
+    gate_heads: bool = False  # the gate has one output per head, (H, E) (LFM3's g_proj); else one per feature
     heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
     theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
@@ -300,6 +305,12 @@ declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full",
         notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
 declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W,
         notes="as olmo2, with sliding layers (layer_types)")
+# OLMoE, MiniMax-M2: OLMo 2's full-width QK RMSNorm (q_norm (H·d), k_norm (G·d) before the head split) with a pre-norm
+# input_layernorm; OLMoE clamps q, k, v (clip_qkv) after that norm, which attncli's clip (right after the projections,
+# before the norm) is not, so a non-null clip_qkv is refused (not read). FlexOlmo: OLMo 2's attention (post-norm).
+declare("olmoe", "minimax_m2", layout="llama", qk_norm="rms-full",
+        notes="q_norm / k_norm: RMSNorm over the full width before the head split; input_layernorm before attention")
+declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", notes="as olmo2")
 declare("nanochat", layout="llama", rope="half-reversed", pre_norm="rms-weightless", qk_at="after-rope",
         qk_weightless=True, notes="no norm tensors: weightless RMS pre-norm, weightless RMS QK-norm after RoPE")
 declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope", rope_alpha=True,
@@ -329,6 +340,19 @@ declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmo
 # g_proj (H, E)) or one per feature (otherwise, (H·d, E)), computed in float32
 declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_attention_heads_per_layer", layer_types=True,
         keys=W | {"gating"}, notes="g_proj: gated = concat ⊙ softplus(x · W_g), per head or per feature, before o_proj")
+# LFM3: a hybrid; its attention layers (layer_types full_attention / sliding_attention, the others conv) as Qwen 3's
+# (q_norm / k_norm RMS per head before rotary), pre-norm operator_norm (RMS, norm_eps), and (use_attention_gate) an
+# output gate sigmoid(g_proj(x)), one per head, before o_proj (g_proj in memory, saved as gate_proj: transformers'
+# conversion mapping); post_operator_norm (use_sandwich_norm) is outside
+declare("lfm3", layout="llama", norm_name="operator_norm", gate=("gate_proj", "sigmoid"), gate_heads=True,
+        layer_types=True, keys=W | {"norm_eps", "use_attention_gate", "use_sandwich_norm"},
+        notes="gate_proj: gated = each head ⊙ sigmoid(x · W_g)_h before o_proj; conv layers refused")
+# Qwen3-Next, Qwen3.5 (text): hybrids; their full_attention layers are Qwen 3's with (1 + w) RMSNorms (input_layernorm,
+# q_norm / k_norm per head) and an output gate from q_proj itself: per head, d query rows then d gate rows, and the
+# concatenated heads times sigmoid(gate) before o_proj; the linear_attention layers (Gated DeltaNet) are refused
+declare("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", layout="llama", pre_norm="rms1p", qk_norm="rms1p",
+        gate=("q_proj", "sigmoid"), layer_types=True, keys=W,
+        notes="q_proj = [q_h; gate_h] per head: gated = concat ⊙ sigmoid(x · W_g) before o_proj; linear layers refused")
 declare("eurobert", layout="llama", causal=False)
 # ModernBERT and UltraBERT: rotary over the whole head whatever partial_rotary_factor says (their own
 # compute_default_rope_parameters), theta from rope_parameters per layer type; a top-level rope_theta or
@@ -438,6 +462,14 @@ REFUSED: dict[str, str] = {
     "yoso": "the YOSO (LSH) approximation of softmax attention is not supported",
     "mra": "the MRA approximation of softmax attention is not supported",
     "mpt": "its fused Wqkv with clip_qkv / qk_ln is not supported",
+    "ministral3": "its query scaling 1 + beta·log(1 + floor(pos / original_max_position_embeddings)) "
+                  "(rope_parameters llama_4_scaling_beta) is not supported",
+    "mimo_v2_flash": "its value scale (attention_value_scale), v_head_dim and per-layer heads (sliding layers: twice "
+                     "the KV heads, sinks) are not supported",
+    "mobilebert": "its bottleneck attention (q and k from the bottleneck input, v from the layer input: "
+                  "key_query_shared_bottleneck, use_bottleneck_attention) is not supported",
+    "convbert": "its mixed attention (span-based dynamic convolution heads concatenated with the self-attention "
+                "heads, head_ratio) is not supported",
     "deberta": "disentangled attention (c2p, p2c) is not supported",
     "deberta-v2": "disentangled attention (c2p, p2c) is not supported",
 }

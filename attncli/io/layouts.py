@@ -356,6 +356,8 @@ def _layer_type(c: Ctx) -> str | None:
     return None
 
 
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "global", "local")
+
 # Which layers slide when config.json has no layer_types: the model's own rule (as its modeling file).
 SLIDING_RULES: dict[str, Callable[[int, dict[str, Any]], bool]] = {
     "mistral": lambda i, cfg: True,
@@ -405,9 +407,31 @@ def _llama(c: Ctx) -> None:
     if not c.has(a + "o_proj.weight"):
         raise c.fail(f"has {a}q_proj.weight but no {a}o_proj.weight: not a Llama-style layer (see the layouts "
                      "attncli inspect lists)")
-    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
+    fam = c.family
+    if fam is not None and fam.gate is not None and fam.gate[0] == "q_proj":
+        _q_and_gate(c, a)
+    else:
+        c.linear("W_q", f"{a}q_proj.weight", f"{a}q_proj.bias")
+    for t, n in (("W_k", "k"), ("W_v", "v")):
         c.linear(t, f"{a}{n}_proj.weight", f"{a}{n}_proj.bias")
     _llama_rest(c, a)
+
+
+def _q_and_gate(c: Ctx, a: str) -> None:
+    """Qwen3-Next / Qwen3.5: q_proj (H·2d, E) holds, head by head, the head's query (d rows) then its output gate (d
+    rows) (their forward: view (…, H, 2d), chunk in two): W_q and W_g, each (E, H·d) in the concatenated heads' order."""
+    name = a + "q_proj.weight"
+    w = c.get(name)
+    _heads(c, "num_attention_heads", width=None)
+    H, d = c.facts.heads, c.facts.head_dim
+    if H is None or d is None or w.ndim != 2 or w.shape[0] != 2 * H * d:
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (2·H·d, E) = query and gate per head, with H and d "
+                     "from config.json (num_attention_heads, head_dim)")
+    if c.has(a + "q_proj.bias"):
+        raise c.fail(f"{a}q_proj.bias: a bias of the query and its output gate is not supported")
+    r = w.reshape(H, 2, d, w.shape[1])  # (H, [q; gate], d, E)
+    c.put("W_q", r[:, 0].reshape(H * d, -1).T, f"{name} rows [h·2d, h·2d + d) per head, ᵀ")
+    c.put("W_g", r[:, 1].reshape(H * d, -1).T, f"{name} rows [h·2d + d, (h + 1)·2d) per head, ᵀ")
 
 
 @layout("phi3", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.qkv_proj\.weight$",
@@ -546,8 +570,8 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
     if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
         c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
         c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
-    if fam.gate is not None:
-        _gate(c, fam, a)
+    if fam.gate is not None and ("use_attention_gate" not in reads or cfg.get("use_attention_gate", True) is not False):
+        _gate(c, fam, a)  # LFM3: use_attention_gate false builds no gate
     if fam.sub_norm is not None:
         name = f"{a}{fam.sub_norm}.weight"
         c.put("sub_norm", c.get(name), name)
@@ -572,6 +596,9 @@ def _gate(c: Ctx, fam: Family, a: str) -> None:
     heads, or (H, E), one per head; Laguna's gating (true / per-head: per head) must agree with its shape."""
     assert fam.gate is not None
     tensor, act = fam.gate
+    if tensor == "q_proj":  # W_g read with W_q (_q_and_gate): one gate per feature
+        c.facts.gate = act
+        return
     name = f"{a}{tensor}.weight"
     c.linear("W_g", name)  # (n, E) -> (E, n)
     if c.has(f"{a}{tensor}.bias"):
@@ -585,7 +612,9 @@ def _gate(c: Ctx, fam: Family, a: str) -> None:
         if n != want:
             raise c.fail(f"{name} has {n} outputs but config.json gating = {cfg['gating']!r} means one gate per "
                          f"{'head' if per_head else 'feature'} ({want})")
-    elif n != width:
+    elif fam.gate_heads and n != f.heads:  # LFM3's g_proj: one gate per head
+        raise c.fail(f"{name} has {n} outputs; expected {f.heads}, one gate per head")
+    elif not fam.gate_heads and n != width:
         raise c.fail(f"{name} has {n} outputs; expected {width}, one gate per feature of the concatenated heads")
     f.gate = act
 
@@ -1669,7 +1698,12 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
                              ckpt.source)
         layer = layers[0]
     if layer not in layers:
-        raise InputError(f"has no layer {layer}: its {f.layout.name} layers are {_layer_range(layers)}", "--layer")
+        types = (ckpt.config or {}).get("layer_types")
+        what = (f" (layer_types: a {printable(types[layer], 40)} layer, not attention attncli reads)"
+                if isinstance(types, list) and 0 <= layer < len(types) and isinstance(types[layer], str)
+                and types[layer] not in ATTENTION_TYPES else "")
+        raise InputError(f"has no layer {layer}{what}: its {f.layout.name} layers are {_layer_range(layers)}",
+                         "--layer")
     args = model_args(ckpt.files) if ckpt.config is None else None
     if heads is None and args is not None and args.get("n_head") is not None:  # nanoGPT's ckpt.pt says it
         heads = cfgcheck.value(args, "n_head", f"{ckpt.source} (model_args)")
