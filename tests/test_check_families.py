@@ -180,6 +180,7 @@ class Row:
     own_z: float  # the largest |α|/σ of any head of the module's own output (a head is named above SCALED_HEAD_Z)
     bad_scale: float  # head BAD_HEAD's fitted scale 1 + α in the perturbed output (1.02 planted)
     bad_z: float  # ...and its |α|/σ
+    ratio: float = math.nan  # the largest, over the checks of the own output, of its largest error / plain's
     detail: str = ""
 
 
@@ -205,7 +206,7 @@ def sweep(mt: str, dtype_name: str) -> Row:
         except Exception as e:  # noqa: BLE001 - a module that cannot run in this dtype on CPU
             raise Skip("dtype", f"{mt} does not run in {dtype_name} on CPU: {type(e).__name__}: {str(e)[:120]}") \
                 from e
-        verdicts, errors, bounds, details, own_z, read, refused = [], [], [], [], [], [], []
+        verdicts, errors, bounds, details, own_z, read, refused, ratios = [], [], [], [], [], [], [], []
         for (i, lay), residual in itertools.product(layers.items(), (False, True)):
             extra = ("--from-residual",) if residual else ()
             code, doc = check(work / "model", i, lay.h if residual else lay.x, lay.y, work, *extra)
@@ -217,6 +218,7 @@ def sweep(mt: str, dtype_name: str) -> Row:
             errors.append(doc["max_abs_error"])
             bounds.append(doc["tolerance"]["atol"])
             own_z.append(_fit(doc)[1])
+            ratios.append((doc.get("precision") or {}).get("ratio") or math.nan)
             if code:
                 p = doc["precision"] or {}
                 details.append(f"layer {i}{' --from-residual' * residual}: {doc['rule']} rule, largest error "
@@ -239,7 +241,7 @@ def sweep(mt: str, dtype_name: str) -> Row:
             details.append(f"perturbed layer {i}: heads over {[h['label'] for h in over]}")
         details += refused
         scale, z = _fit(doc, f"head {BAD_HEAD}")
-        return Row(verdicts, named, max(errors), min(bounds), max(own_z), scale, z, "; ".join(details))
+        return Row(verdicts, named, max(errors), min(bounds), max(own_z), scale, z, max(ratios), "; ".join(details))
 
 
 def _params() -> list[Any]:
@@ -263,18 +265,18 @@ def test_own_output_matches_and_a_2_percent_head_is_named(mt: str, dtype: str) -
 
 
 def main() -> None:  # python tests/test_check_families.py [families...]: the table of docs/false_alarms.md
-    print("| family | dtype | own output | largest error | bound | own: largest head |α|/σ | head 1 ×1.02 "
+    print("| family | dtype | own output | largest error | bound | ÷ plain's | own: largest head |α|/σ | head 1 ×1.02 "
           "| its fitted scale | its |α|/σ | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mt in sys.argv[1:] or families():
         for dt in DTYPES:
             try:
                 r = sweep(mt, dt)
             except Skip as e:
-                print(f"| {mt} | {dt} | skipped | | | | | | | {e.why}: {e.detail} |", flush=True)
+                print(f"| {mt} | {dt} | skipped | | | | | | | | {e.why}: {e.detail} |", flush=True)
                 continue
             own = "MATCH" if all(v == "MATCH" for v in r.verdicts) else "false alarm"
-            print(f"| {mt} | {dt} | {own} ({len(r.verdicts)} checks) | {r.error:.2g} | {r.bound:.2g} | {r.own_z:.2g} "
+            print(f"| {mt} | {dt} | {own} ({len(r.verdicts)} checks) | {r.error:.2g} | {r.bound:.2g} | {r.ratio:.2f} | {r.own_z:.2g} "
                   f"| {r.named} | {r.bad_scale:.4f} | {r.bad_z:.3g} | {r.detail} |", flush=True)
 
 

@@ -147,8 +147,40 @@ class NaiveBackend(Backend):
         return rounded(a, self.precision)
 
 
+class RoundingNamespace:
+    """numpy, except that ``asarray`` of floats gives a :class:`Rounded` array: a table the stages move onto the
+    backend themselves (RoPE's cos and sin, a fill value, sinks, norm weights) is held in the precision, as a plain
+    implementation holds every tensor in its dtype. transformers' rotary embeddings return
+    ``cos.to(x.dtype), sin.to(x.dtype)``: in bfloat16 a rotation by rounded cos and sin, whose error (up to 2⁻⁹ of
+    q and k, the same in every head at a position) the emulation missed before; it was the cause of the false
+    alarms of tests/test_check_families.py (minimax bfloat16, layer 0: the module's row 2 had 2.2× the emulation's
+    RMS error; with float32 cos/sin in the module, 1.0×)."""
+
+    def __init__(self, precision: str) -> None:
+        self.precision = precision
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    def asarray(self, a: Any, dtype: Any = None, device: Any = None, copy: bool | None = None) -> Any:
+        r = np.asarray(a, dtype=dtype) if device is None else np.asarray(a, dtype=dtype, device=device)
+        return ROUNDED[self.precision].of(r) if r.dtype.kind == "f" else r
+
+    def astype(self, a: Any, dtype: Any, copy: bool = True) -> Any:
+        """A cast, as the norms use it (attncli.core.stages.rms_norm, layer_norm: ``x.to(float32)``, computed, then
+        ``.to(input_dtype)``): a :class:`Rounded` array widens to plain float32 (its arithmetic unrounded), anything
+        else narrows to the precision (one rounding). So a norm is computed in float32 and rounded once, as
+        transformers' RMSNorm and torch's LayerNorm compute a half-precision input; before, each of its operations
+        was rounded (the mean of x² too: a scale error shared by a whole row)."""
+        if isinstance(a, Rounded):
+            return np.asarray(a.view(np.ndarray), dtype=dtype)
+        r = np.asarray(a, dtype=dtype)
+        return ROUNDED[self.precision].of(r) if r.dtype.kind == "f" else r
+
+
 def naive_backend(precision: str) -> NaiveBackend:
-    return NaiveBackend("numpy", numpy_namespace(), None, precision)
+    xp = RoundingNamespace(precision) if precision in ROUNDED else numpy_namespace()
+    return NaiveBackend("numpy", xp, None, precision)
 
 
 def naive_run(problem: Subject, precision: str) -> Trace:
