@@ -147,14 +147,43 @@ class NaiveBackend(Backend):
         return rounded(a, self.precision)
 
 
+class _Wide:
+    """:class:`RoundingNamespace`'s ``float32``: the width the norms compute a half-precision input in (unrounded)."""
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return "float32 (unrounded)"
+
+
+WIDE = _Wide()
+
+
 class RoundingNamespace:
-    """numpy, except that ``asarray`` of floats gives a :class:`Rounded` array: a table the stages move onto the
-    backend themselves (RoPE's cos and sin, a fill value, sinks, norm weights) is held in the precision, as a plain
-    implementation holds every tensor in its dtype. transformers' rotary embeddings return
-    ``cos.to(x.dtype), sin.to(x.dtype)``: in bfloat16 a rotation by rounded cos and sin, whose error (up to 2⁻⁹ of
-    q and k, the same in every head at a position) the emulation missed before; it was the cause of the false
-    alarms of tests/test_check_families.py (minimax bfloat16, layer 0: the module's row 2 had 2.2× the emulation's
-    RMS error; with float32 cos/sin in the module, 1.0×)."""
+    """numpy as the emulation's array namespace, where the plain implementation holds every tensor in the precision:
+
+    - ``asarray`` of floats gives a :class:`Rounded` array: a table the stages move onto the backend themselves
+      (RoPE's cos and sin, a fill value, sinks) is held in the precision. transformers' rotary embeddings return
+      ``cos.to(x.dtype), sin.to(x.dtype)``: in bfloat16 a rotation by rounded cos and sin, an error of up to 2⁻⁹
+      of q and k, the same in every head at a position;
+    - ``float32`` is :data:`WIDE`, so the norms (attncli.core.stages.rms_norm, layer_norm) take their half-precision
+      branch: ``astype(x, float32)`` widens to plain float32 (unrounded arithmetic) and the cast back
+      (``astype(y, x.dtype)``) rounds once, as transformers' RMSNorm (float32, then ``.to(input_dtype)``, then
+      ``weight *`` it, rounded) and torch's LayerNorm kernel (float32 throughout, weight and bias included, one
+      rounding) compute.
+
+    Before, both were missed (cos and sin unrounded; every operation of a norm rounded, the mean of x² too: a scale
+    error shared by a whole row, and a LayerNorm's product with w rounded before adding b): the module's error in
+    a row differed from the emulation's by up to 3.5×, the false alarms of tests/test_check_families.py (minimax
+    bfloat16 layer 0: its row 2 had 2.2× the emulation's RMS error; with float32 cos/sin in the module, 1.0×).
+    Measured against transformers' own bfloat16 Llama layer (tests/test_check_today.py): the same normed input
+    and rotated q, bit for bit."""
+
+    float32 = WIDE
 
     def __init__(self, precision: str) -> None:
         self.precision = precision
@@ -162,20 +191,18 @@ class RoundingNamespace:
     def __getattr__(self, name: str) -> Any:
         return getattr(np, name)
 
-    def asarray(self, a: Any, dtype: Any = None, device: Any = None, copy: bool | None = None) -> Any:
-        r = np.asarray(a, dtype=dtype) if device is None else np.asarray(a, dtype=dtype, device=device)
+    def _held(self, r: np.ndarray) -> Any:
         return ROUNDED[self.precision].of(r) if r.dtype.kind == "f" else r
 
+    def asarray(self, a: Any, dtype: Any = None, device: Any = None, copy: bool | None = None) -> Any:
+        if dtype is WIDE:
+            return np.asarray(_unwrap(a), dtype=np.float32)
+        return self._held(np.asarray(_unwrap(a), dtype=dtype))
+
     def astype(self, a: Any, dtype: Any, copy: bool = True) -> Any:
-        """A cast, as the norms use it (attncli.core.stages.rms_norm, layer_norm: ``x.to(float32)``, computed, then
-        ``.to(input_dtype)``): a :class:`Rounded` array widens to plain float32 (its arithmetic unrounded), anything
-        else narrows to the precision (one rounding). So a norm is computed in float32 and rounded once, as
-        transformers' RMSNorm and torch's LayerNorm compute a half-precision input; before, each of its operations
-        was rounded (the mean of x² too: a scale error shared by a whole row)."""
-        if isinstance(a, Rounded):
-            return np.asarray(a.view(np.ndarray), dtype=dtype)
-        r = np.asarray(a, dtype=dtype)
-        return ROUNDED[self.precision].of(r) if r.dtype.kind == "f" else r
+        if dtype is WIDE:  # x.to(float32): computed unrounded from here
+            return np.array(_unwrap(a), dtype=np.float32)
+        return self._held(np.asarray(_unwrap(a), dtype=dtype))  # .to(dtype): rounded once
 
 
 def naive_backend(precision: str) -> NaiveBackend:
