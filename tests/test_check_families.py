@@ -108,6 +108,7 @@ class Layer:
     z: Any  # the output projection's input: the heads concatenated (T, H·d)
     y: Any  # the module's output (T, E), in the dtype
     proj: Any  # the output projection
+    heads: int  # the module's query heads (its head_dim divides z's width; else the config's num_attention_heads)
 
 
 def run_family(mt: str, dtype: Any, folder: Path) -> dict[int, Layer]:
@@ -126,9 +127,11 @@ def run_family(mt: str, dtype: Any, folder: Path) -> dict[int, Layer]:
         def zin(m: Any, args: Any, g: dict[str, Any] = got[i]) -> None:
             g.setdefault("z", args[0].detach()[0])
 
-        def yout(m: Any, args: Any, res: Any, g: dict[str, Any] = got[i], o: Any = out) -> None:
+        def yout(m: Any, args: Any, res: Any, g: dict[str, Any] = got[i], o: Any = out, a: Any = attn) -> None:
             g.setdefault("y", res.detach()[0])
             g["proj"] = o
+            d = getattr(a, "head_dim", None)  # whisper's decoder: 4 heads where num_attention_heads (the encoder's) is 2
+            g["heads"] = g["z"].shape[-1] // d if isinstance(d, int) and d > 0 else cfg.num_attention_heads
 
         handles += [attn.register_forward_pre_hook(pre, with_kwargs=True), out.register_forward_pre_hook(zin),
                     out.register_forward_hook(yout)]
@@ -224,8 +227,7 @@ def sweep(mt: str, dtype_name: str) -> Row:
             raise Skip("refused", refused[0])
         refused = list(dict.fromkeys(refused))  # from the input and from the residual: one line
         i = max(read)
-        heads = _model(mt)[1].num_attention_heads
-        code, doc = check(work / "model", i, layers[i].x, perturbed(layers[i], heads), work, "--no-search")
+        code, doc = check(work / "model", i, layers[i].x, perturbed(layers[i], layers[i].heads), work, "--no-search")
         over = (doc.get("precision") or {}).get("heads_over") or []
         if code == 0:
             named = "missed (MATCH)"
