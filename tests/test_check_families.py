@@ -114,6 +114,10 @@ class Layer:
 def run_family(mt: str, dtype: Any, folder: Path) -> dict[int, Layer]:
     base, cfg, tested = _model(mt)
     model = copy.deepcopy(base).to(dtype)
+    for name, buf in base.named_buffers():  # RoPE's frequencies stay float32, as from_pretrained(dtype=...) leaves them
+        if "inv_freq" in name:  # (.to(dtype) rounds them: θ off by up to 2⁻⁹·position, not the plain implementation)
+            owner, leaf = name.rpartition(".")[::2]
+            setattr(model.get_submodule(owner), leaf, buf.clone())
     model.save_pretrained(folder)
     stack = _layers(model, cfg.num_hidden_layers)
     got: dict[int, dict[str, Any]] = {i: {} for i in tested}
