@@ -377,6 +377,24 @@ def test_plain_bfloat16_rounds_where_transformers_rounds() -> None:
         assert rows.max() < 2.0 and rows.min() > 0.5
 
 
+def test_plain_bfloat16_layer_norm_rounds_once_as_torch() -> None:
+    # torch's LayerNorm on a bfloat16 input computes in float32, w and b included, and rounds once; the emulation's
+    # pre-norm does the same (before: its product with w was rounded before adding b: 67% of the cells equal)
+    from attncli.check.precision import naive_run
+    from attncli.core.projections import Norm
+
+    g = torch.Generator().manual_seed(5)
+    h, w, b = (torch.randn(*shape, generator=g).bfloat16() for shape in ((16, 64), (64,), (64,)))
+    h = h * 3
+    want = F.layer_norm(h, (64,), w, b, 1e-5).double().numpy()
+    eye = np.eye(64)
+    layer = Layer.build(h.double().numpy(), projections=Projections(eye, eye, eye), heads=4,
+                        pre_norm=Norm("layernorm", w.double().numpy(), b.double().numpy(), eps=1e-5))
+    got = naive_run(layer, "bfloat16")["x_norm"]
+    assert np.mean(got == want) > 0.99  # float32 sums in another order may round a cell the other way
+    assert np.allclose(got, want, rtol=2**-7, atol=0)
+
+
 def test_a_bug_in_bfloat16_is_named_against_the_precision() -> None:
     q, k, v = (np.random.default_rng(4).normal(size=(8, 16)) for _ in range(3))
     t = [torch.from_numpy(a).bfloat16() for a in (q, k, v)]
