@@ -15,9 +15,16 @@ inputs are rounded to the dtype, and every operation of the pipeline's stages (e
 product, sum, max, exp, division, projection) is computed in float32 and its result
 rounded back to the dtype, as torch does for ``bfloat16``/``float16`` tensors (float32
 accumulation inside matmuls, one rounding per operation); a sum (the softmax's denominator)
-stays in its float32 accumulator, as inside torch's fused softmax. Measured on random causal
-problems, this gives the same largest error as PyTorch's own eager and SDPA bfloat16 attention
-on the CPU, within a factor of about 1.6 either way. No second
+stays in its float32 accumulator, as inside torch's fused softmax. Where transformers' modules
+round differently, the emulation follows them (:class:`RoundingNamespace`): RoPE's cos and sin
+are held in the dtype (``cos.to(x.dtype)``), and the norms (RMSNorm, LayerNorm, QK-norms) are
+computed in float32 and rounded once. Measured on random causal problems, this gives the same
+largest error as PyTorch's own eager and SDPA bfloat16 attention on the CPU, within a factor of
+about 1.6 either way; on transformers' own bfloat16 Llama layer (RMSNorm, RoPE, grouped heads) the
+same normed input and rotated queries bit for bit, and an output error within 0.7-1.3× of the
+module's row by row (tests/test_check_today.py). One place still rounds more than torch: the
+softmax's s - max and exp are rounded each (torch's fused softmax rounds once), which makes the
+emulation's error a little larger, never smaller. No second
 attention is written: :class:`Rounded` is an ndarray whose ufuncs round their results, and
 the engine runs its stages on it. float32 and float64 run as plain numpy arrays of that type.
 """
@@ -147,8 +154,67 @@ class NaiveBackend(Backend):
         return rounded(a, self.precision)
 
 
+class _Wide:
+    """:class:`RoundingNamespace`'s ``float32``: the width the norms compute a half-precision input in (unrounded)."""
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return "float32 (unrounded)"
+
+
+WIDE = _Wide()
+
+
+class RoundingNamespace:
+    """numpy as the emulation's array namespace, where the plain implementation holds every tensor in the precision:
+
+    - ``asarray`` of floats gives a :class:`Rounded` array: a table the stages move onto the backend themselves
+      (RoPE's cos and sin, a fill value, sinks) is held in the precision. transformers' rotary embeddings return
+      ``cos.to(x.dtype), sin.to(x.dtype)``: in bfloat16 a rotation by rounded cos and sin, an error of up to 2⁻⁹
+      of q and k, the same in every head at a position;
+    - ``float32`` is :data:`WIDE`, so the norms (attncli.core.stages.rms_norm, layer_norm) take their half-precision
+      branch: ``astype(x, float32)`` widens to plain float32 (unrounded arithmetic) and the cast back
+      (``astype(y, x.dtype)``) rounds once, as transformers' RMSNorm (float32, then ``.to(input_dtype)``, then
+      ``weight *`` it, rounded) and torch's LayerNorm kernel (float32 throughout, weight and bias included, one
+      rounding) compute.
+
+    Before, both were missed (cos and sin unrounded; every operation of a norm rounded, the mean of x² too: a scale
+    error shared by a whole row, and a LayerNorm's product with w rounded before adding b): the module's error in
+    a row differed from the emulation's by up to 3.5×, the false alarms of tests/test_check_families.py (minimax
+    bfloat16 layer 0: its row 2 had 2.2× the emulation's RMS error; with float32 cos/sin in the module, 1.0×).
+    Measured against transformers' own bfloat16 Llama layer (tests/test_check_today.py): the same normed input
+    and rotated q, bit for bit."""
+
+    float32 = WIDE
+
+    def __init__(self, precision: str) -> None:
+        self.precision = precision
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    def _held(self, r: np.ndarray) -> Any:
+        return ROUNDED[self.precision].of(r) if r.dtype.kind == "f" else r
+
+    def asarray(self, a: Any, dtype: Any = None, device: Any = None, copy: bool | None = None) -> Any:
+        if dtype is WIDE:
+            return np.asarray(_unwrap(a), dtype=np.float32)
+        return self._held(np.asarray(_unwrap(a), dtype=dtype))
+
+    def astype(self, a: Any, dtype: Any, copy: bool = True) -> Any:
+        if dtype is WIDE:  # x.to(float32): computed unrounded from here
+            return np.array(_unwrap(a), dtype=np.float32)
+        return self._held(np.asarray(_unwrap(a), dtype=dtype))  # .to(dtype): rounded once
+
+
 def naive_backend(precision: str) -> NaiveBackend:
-    return NaiveBackend("numpy", numpy_namespace(), None, precision)
+    xp = RoundingNamespace(precision) if precision in ROUNDED else numpy_namespace()
+    return NaiveBackend("numpy", xp, None, precision)
 
 
 def naive_run(problem: Subject, precision: str) -> Trace:
