@@ -454,3 +454,22 @@ def test_any_header_is_read_or_refused_in_one_line(tmp_path_factory: Any, header
     for name in ck.tensors:
         a = ck.tensor(name)
         assert a.nbytes == ck.tensors[name].nbytes <= size
+
+
+@pytest.mark.parametrize("model_type, words", [("deberta-v2", "disentangled attention"), ("diffllama", "two softmaxes"),
+                                               ("mpt", "Wqkv")])
+def test_a_known_refused_family_is_refused_by_its_config_first(tmp_path: Path, model_type: str, words: str) -> None:
+    """config.json decides first (issue 20): a model_type attncli knows and does not read is refused with its own
+    reason, whatever its tensors look like (here BERT-style names that the bert layout would read)."""
+    rng = np.random.default_rng(0)
+    arrays = {f"encoder.layer.0.attention.self.{n}.weight": rng.normal(size=(8, 8)).astype(np.float32)
+              for n in ("query", "key", "value")}
+    arrays["encoder.layer.0.attention.output.dense.weight"] = rng.normal(size=(8, 8)).astype(np.float32)
+    from safetensors.numpy import save_file
+
+    save_file(arrays, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "num_attention_heads": 2,
+                                                      "hidden_size": 8}))
+    with pytest.raises(InputError) as e:
+        load_layer(tmp_path, 0)
+    assert f"{model_type}:" in str(e.value) and words in str(e.value) and "config.json" in str(e.value)

@@ -1687,7 +1687,12 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     config.json says it. Only the chosen layer's tensors are read (memory-mapped views, stored dtype).
     """
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
-    declared = FAMILIES.get(layout or str((ckpt.config or {}).get("model_type")))
+    mt = str((ckpt.config or {}).get("model_type"))
+    if layout is None and ckpt.config is not None and mt in REFUSED:  # config.json decides first: known, not read
+        src = ckpt.config_path or "config.json"
+        cfgcheck.check_config(ckpt.config, src)
+        raise InputError(f"{mt}: {REFUSED[mt]}", src)
+    declared = FAMILIES.get(layout or mt)
     f = _choose(ckpt, prefix, declared.layout if declared is not None else None)
     fam = resolve_family(ckpt, f.layout, layout)
     layers = SHARED_LAYERS[f.layout.name](ckpt, f) if f.layout.name in SHARED_LAYERS else f.layers
