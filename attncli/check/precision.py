@@ -22,9 +22,12 @@ computed in float32 and rounded once. Measured on random causal problems, this g
 largest error as PyTorch's own eager and SDPA bfloat16 attention on the CPU, within a factor of
 about 1.6 either way; on transformers' own bfloat16 Llama layer (RMSNorm, RoPE, grouped heads) the
 same normed input and rotated queries bit for bit, and an output error within 0.7-1.3× of the
-module's row by row (tests/test_check_today.py). One place still rounds more than torch: the
-softmax's s - max and exp are rounded each (torch's fused softmax rounds once), which makes the
-emulation's error a little larger, never smaller. No second
+module's row by row (tests/test_check_today.py). Three places still round unlike torch (found
+on float16 gpt_oss and helium, docs/false_alarms.md): the softmax's s - max, exp and division are
+rounded each (torch's softmax rounds once), a projection's bias is added after rounding x @ W
+(F.linear adds it in the accumulator), and a pre-norm is read Llama-style (round, then times w)
+where some families apply w in float32 first. Each moves the emulation's error in either
+direction in single cells; together they explain the rare overall-rule false alarms left. No second
 attention is written: :class:`Rounded` is an ndarray whose ufuncs round their results, and
 the engine runs its stages on it. float32 and float64 run as plain numpy arrays of that type.
 """
