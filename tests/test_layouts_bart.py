@@ -25,24 +25,14 @@ from attncli.errors import InputError
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_random import randomise  # noqa: E402
+
 from attncli.io.layouts import inspect_checkpoint, load_layer  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 runner = CliRunner()
 T, E, H, TOL = 7, 32, 4, 1e-5
-
-
-def _randomise(model: Any, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            elif p.ndim == 1:  # LayerNorm weights away from 1
-                p.copy_(1 + 0.5 * (2 * torch.rand(p.shape, generator=g) - 1))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / p.shape[-1] ** 0.5)
 
 
 def _module(model: Any, path: str) -> Any:
@@ -87,7 +77,7 @@ def build(model_type: str, folder: Path, attn: str, out: str, masked: bool = Fal
     auto = transformers.AutoModelForMaskedLM if masked else transformers.AutoModelForCausalLM
     torch.manual_seed(0)
     model = auto.from_config(config, attn_implementation="eager").eval()
-    _randomise(model)
+    randomise(model)
     model.save_pretrained(folder)
     module = _module(model, attn)
     ids = (torch.arange(T) * 7 + 3).remainder(45)[None] + 4
@@ -245,7 +235,7 @@ def test_encoder_decoder_reads_the_decoder_and_refuses_the_rest(tmp_path: Path) 
                                      decoder_ffn_dim=32, max_position_embeddings=32, dropout=0.0)
     torch.manual_seed(0)
     model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
-    _randomise(model)
+    randomise(model)
     model.save_pretrained(tmp_path / "m")
     attn = model.decoder.layers[1].self_attn
     ids = (torch.arange(T) * 7 + 3).remainder(45)[None] + 4
@@ -314,7 +304,7 @@ def test_encoder_self_attention_is_bidirectional(model_type: str, tmp_path: Path
         setattr(config, k, 0.0)
     torch.manual_seed(0)
     model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
-    _randomise(model)
+    randomise(model)
     model.save_pretrained(tmp_path / "m")
     attn = model.encoder.layers[1].self_attn
     ids = (torch.arange(T) * 7 + 3).remainder(45)[None] + 4

@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_random import randomise  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from attncli.cli import app  # noqa: E402
@@ -58,18 +59,6 @@ MODELS = {"FalconConfig": "FalconForCausalLM", "PhiConfig": "PhiForCausalLM", "P
           "GPTNeoConfig": "GPTNeoForCausalLM"}
 
 
-def _randomise(model: Any) -> None:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            elif p.ndim == 1:  # norm weights away from 1
-                p.copy_(1 + 0.5 * (2 * torch.rand(p.shape, generator=g) - 1))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / p.shape[-1] ** 0.5)
-
-
 def _plain_mask(m: Any, args: Any, kw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """Falcon + ALiBi: the module on the plain causal mask (FalconModel folds alibi / sqrt(d) into the mask, and
     the eager module adds alibi again; its SDPA path and Falcon-RW add it once: tests/test_families._plain_mask)."""
@@ -86,7 +75,7 @@ def build(name: str, folder: Path, layer: int = 1, **over: Any) -> tuple[Any, di
     cfg = getattr(transformers, cls)(**keys)
     torch.manual_seed(0)
     model = getattr(transformers, MODELS[cls])._from_config(cfg, attn_implementation="eager").eval()
-    _randomise(model)
+    randomise(model)
     model.save_pretrained(folder)
     attn = model.get_submodule(path.format(n=layer))
     got: dict[str, Any] = {}
