@@ -22,7 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_layouts_fused import _plain_mask, _randomise  # noqa: E402
+from hf_random import randomise  # noqa: E402
+from test_layouts_fused import _plain_mask  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from attncli import attend  # noqa: E402
@@ -148,7 +149,7 @@ def test_long_input_matches_the_module(kind: str, heads: int, d: int, n: int, tm
     output against the model's default path (SDPA for Falcon) and the weights against the eager module."""
     folder = tmp_path / "m"
     model = _save(kind, heads, d, folder, layers=2)
-    _randomise(model)
+    randomise(model)
     model.save_pretrained(folder)
     la = load_layer(folder, 1)
     for impl in ("eager", "sdpa") if kind == "falcon" else ("eager",):
@@ -171,7 +172,7 @@ def test_t2048_32_heads_matches_the_module(kind: str, tol: float, tmp_path: Path
     n, heads, d = 2048, 32, 64
     folder = tmp_path / "m"
     model = _save(kind, heads, d, folder, layers=2)
-    _randomise(model)
+    randomise(model)
     model.save_pretrained(folder)
     la = load_layer(folder, 1)
     rows = tuple(range(0, n, 97)) + tuple(range(n - 16, n))
