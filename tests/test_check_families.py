@@ -50,12 +50,10 @@ from test_families import (  # noqa: E402
     Skip,
     T,
     _attention,
-    _config,
     _layers,
-    _mappings,
-    _randomise,
     _tested_layers,
     model_types,
+    tiny_model,
 )
 
 runner = CliRunner()
@@ -79,22 +77,7 @@ FALSE_ALARMS: dict[tuple[str, str], str] = {}
 @functools.cache
 def _model(mt: str) -> tuple[Any, Any, dict[int, str]]:
     """The family's tiny model with the sweep's random weights (float32), its config and its tested layers."""
-    causal, _ = _mappings()
-    try:
-        cfg = _config(mt, SEED)
-    except Skip:
-        raise
-    except Exception as e:  # noqa: BLE001 - a config transformers itself refuses
-        raise Skip("build", f"config: {type(e).__name__}: {str(e)[:120]}") from e
-    auto = transformers.AutoModelForCausalLM if mt in causal else transformers.AutoModelForMaskedLM
-    torch.manual_seed(SEED)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = auto.from_config(cfg, attn_implementation="eager").eval()
-    except Exception as e:  # noqa: BLE001
-        raise Skip("build", f"model: {type(e).__name__}: {str(e)[:120]}") from e
-    _randomise(model, SEED)
+    model, cfg = tiny_model(mt, SEED)
     stack = _layers(model, cfg.num_hidden_layers)
     found = [i for i, layer in enumerate(stack) if _attention(layer) is not None]
     if not found:

@@ -262,8 +262,10 @@ def _plain_mask(m: Any, args: Any, kw: dict[str, Any]) -> tuple[Any, dict[str, A
     return args, kw
 
 
-def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
-    causal, masked = _mappings()
+def tiny_model(mt: str, seed: int = SEED) -> tuple[Any, Any]:
+    """The family's tiny model (eager attention, eval mode) with the sweep's random weights, and its config; Skip
+    where transformers does not build it."""
+    causal, _ = _mappings()
     try:
         cfg = _config(mt, seed)
     except Skip:
@@ -280,6 +282,11 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         raise Skip("build", f"model: {type(e).__name__}: {str(e)[:120]}") from e
     model.eval()
     _randomise(model, seed)
+    return model, cfg
+
+
+def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
+    model, cfg = tiny_model(mt, seed)
     n = getattr(cfg, "num_hidden_layers", LAYERS)
     if mt in SHARED:  # hooked per call below: call c of the shared modules is layer c (hidden_states[c] its input)
         shared, found, tested = _shared(model), {}, {}
