@@ -361,9 +361,8 @@ def test_llama4_text_with_its_qk_norm_agrees_with_the_model(tmp_path: Path) -> N
         out = json.loads(res.stdout)
         np.testing.assert_allclose(np.asarray(out["weights"]), got[i]["w"][0].numpy(), atol=1e-5)
         np.testing.assert_allclose(np.asarray(out["output"]), got[i]["y"][0].numpy(), atol=1e-5)
-        names = [s["name"] for s in out["steps"]] if "steps" in out else []
-        if names:
-            assert ("q_norm" in names) == (i == 0)
+        names = [s["name"] for s in out["steps"]]
+        assert ("q_norm" in names) == (i == 0)  # the norm on the RoPE layer only
 
 
 @pytest.mark.slow
