@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from attncli.core import stages
 from attncli.core.backend import PRECISIONS, Backend, numpy_namespace, round_bfloat16
 from attncli.core.engine import run
 from attncli.core.layer import Subject
@@ -57,6 +58,9 @@ ROW_FACTOR = 4.0
 # ...and each head's RMS error (a multi-head output's error traced back through W_o) at most this many times the
 # plain implementation's in that head (or its median head): a head computed wrong, a little, in every row
 HEAD_FACTOR = 3.0
+# ...traced back through W_o⁺ without the directions W_o shrinks below this fraction of its largest gain (there the
+# output's own rounding, divided by a tiny gain, outweighs everything: attncli.check.verdict.through_heads)
+HEAD_RCOND = 0.05
 # ...and no head's output off by a factor 1 + α (fitted in output space, attncli.check.verdict._scaled_heads): |α|
 # more than this many times the scale plain rounding gives that head (tests/test_check_families.py, 72 families, seed 0:
 # own bfloat16 and float16 outputs stay within 3.3×; a head 2% off stands 7-70× out in bfloat16, 70-500× in float16),
@@ -213,6 +217,16 @@ class RoundingNamespace:
         if dtype is WIDE:  # x.to(float32): computed unrounded from here
             return np.array(_unwrap(a), dtype=np.float32)
         return self._held(np.asarray(_unwrap(a), dtype=dtype))  # .to(dtype): rounded once
+
+    def fused_linear(self, x: Any, w: Any, b: Any = None) -> Any:
+        """``F.linear``: x @ W + b in float32 (the bias added in the product's accumulator), rounded once."""
+        y = np.asarray(_unwrap(x), dtype=np.float32) @ np.asarray(_unwrap(w), dtype=np.float32)
+        return self._held(y if b is None else y + np.asarray(_unwrap(b), dtype=np.float32))
+
+    def fused_softmax(self, s: Any) -> Any:
+        """torch's softmax of a half tensor: s - max, exp, the sum and the division in float32, rounded once."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._held(stages.softmax(np, np.asarray(_unwrap(s), dtype=np.float32)))
 
 
 def naive_backend(precision: str) -> NaiveBackend:

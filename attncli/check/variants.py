@@ -216,7 +216,7 @@ class Context:
         if sub is not None:  # BitNet: the RMSNorm of the concatenated heads before W_o
             out = stages.rms_norm(np, out, sub.w, sub.eps)
         if "W_o" in self.ref:
-            out = stages.project(out, self.ref["W_o"], self.ref["b_o"][0] if "b_o" in self.ref else None)
+            out = stages.project(np, out, self.ref["W_o"], self.ref["b_o"][0] if "b_o" in self.ref else None)
         return {"head_output": heads, "concat": concat, "output": out}
 
     def requires_scaling(self) -> Any:

@@ -205,7 +205,7 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
     t.add("x", f"X: the {'residual stream entering the layer' if residual else 'input'}, "
           f"{'(B, T, d_model)' if layer.batched else '(T, d_model)'}", X, (QUERIES, FEATURES))
     if layer.pre_norm is not None:  # --from-residual: the layer's own pre-attention norm
-        X = _pre_norm(layer.pre_norm, be, X, dt, t)
+        X = _pre_norm(layer.pre_norm, be, X, dt, t, layer.options.rms_wide)
     Y = X if not memory else be.asarray(layer.memory, dt)
     Z = Y if not values else be.asarray(layer.values, dt)
     if memory:
@@ -219,9 +219,9 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
     else:
         for n in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v"):
             _weight(t, proj, w, n)
-        q = stages.project(X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
-        k = stages.project(Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
-        v = stages.project(Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
+        q = stages.project(xp, X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
+        k = stages.project(xp, Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
+        v = stages.project(xp, Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
         y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
         t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES), config_note, _projection(proj, w, "X", "q"))
         t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
@@ -266,7 +266,7 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
 
     src = "X"
     if L.W_qa is not None and L.q_a_norm is not None:  # q_lora_rank: Q through its own latent
-        ql = stages.project(X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
+        ql = stages.project(xp, X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
         t.add("q_latent", f"q_latent = X · W_qa{_plus(w, 'b_qa')}: the queries' low-rank latent", ql, (QUERIES, FEATURES),
               params=Projection("X", "W_qa", "b_qa" if "b_qa" in w else None, L.origin.get("W_qa")))
         src = "q_latent_norm"
@@ -274,13 +274,13 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
     else:
         X_q = X
     _weight(t, proj, w, "W_q")
-    q = stages.rope_first(xp, stages.project(X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
+    q = stages.rope_first(xp, stages.project(xp, X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
     t.add("q", f"Q = {src} · W_q, each head's features put [q_pe | q_nope] ({r} + {n}; W_q gives [q_nope | q_pe]: K "
           "has the same order, so q·k is unchanged, and RoPE turns the first " + f"{r})", q, (QUERIES, FEATURES),
           notes, Projection(src, "W_q", None, proj.origin.get("W_q")))
     for nm in ("W_kva", "b_kva"):
         _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
-    kv = stages.project(X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
+    kv = stages.project(xp, X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
     r_kv = int(L.kv_a_norm.shape[0])
     t.add("kv_latent", f"kv_latent = X · W_kva{_plus(w, 'b_kva')} = [c | k_pe]: the keys' and values' latent c "
           f"({r_kv} features) and the rotary part of every head's key k_pe ({r})", kv, (KEYS, FEATURES),
@@ -288,13 +288,13 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
     c = norm("kv_latent_norm", kv[..., :r_kv], L.kv_a_norm, "c", L.origin.get("kv_a_norm", "kv_a_norm"))
     for nm in ("W_k", "W_v"):
         _weight(t, proj, w, nm)
-    k_nope = stages.project(c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
+    k_nope = stages.project(xp, c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
     t.add("k_nope", "k_nope = kv_latent_norm · W_k: each head's keys without positions", k_nope, (KEYS, FEATURES),
           params=Projection("kv_latent_norm", "W_k", None, proj.origin.get("W_k")))
     k = stages.shared_rope_keys(xp, k_nope, kv[..., r_kv:], H)  # (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))
     t.add("k", f"K: each head's key [k_pe | k_nope_h], k_pe (kv_latent's last {r} features) the same for every head",
           k, (KEYS, FEATURES))
-    v = stages.project(c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
+    v = stages.project(xp, c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
     t.add("v", "V = kv_latent_norm · W_v", v, (KEYS, FEATURES),
           params=Projection("kv_latent_norm", "W_v", None, proj.origin.get("W_v")))
     return q, k, v
@@ -308,7 +308,7 @@ def _clip(t: Trace, be: Backend, a: Any, name: str, c: float, axes: tuple[str, s
     return y
 
 
-def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace) -> Any:
+def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace, wide: bool = False) -> Any:
     """X through the layer's pre-attention norm (LayerNorm or RMSNorm over the features): the step x_norm."""
     xp = be.xp
     w = be.asarray(norm.w, dt)
@@ -317,7 +317,7 @@ def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace) -> Any:
         y = stages.layer_norm(xp, X, w, b, norm.eps)
         text = f"x_norm = (X - mean) / sqrt(var + {norm.eps:g}) · w + b"
     else:
-        y = stages.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p")
+        y = stages.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p", wide_weight=wide)
         scale = "(1 + w)" if norm.kind == "rms1p" else "w"
         text = f"x_norm = {scale} · X / sqrt(mean(X²) + {norm.eps:g})"
     where = f" (w = {norm.origin})" if norm.origin else ""
@@ -411,7 +411,7 @@ def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_n
         wt = np.full(d, 0.0 if plus else 1.0) if wt is None else wt
         w = _norm_param(be, wt, dt, np.ndim(wt))
         b = None if bias is None else _norm_param(be, bias, dt, np.ndim(bias))
-        y = stages.qk_norm(be.xp, a, kind, w, b, o.norm_eps)
+        y = stages.qk_norm(be.xp, a, kind, w, b, o.norm_eps, o.rms_wide)
         x = f"{name}_rot" if after else name
         wname = f"w_{name}[h]" if per_head and not full else f"w_{name}"
         scale = ("" if not given else f" · (1 + {wname})" if plus else f" · {wname}") + (
@@ -619,12 +619,12 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     if problem.gate is not None:  # AFMoE / Laguna: concat ⊙ act(x_norm · W_g) before W_o
         out = _gate(problem.gate, be, out, problem.dtype, t)
     if problem.sub_norm is not None:  # BitNet: an RMSNorm of the concatenated heads before W_o
-        out = _sub_norm(problem.sub_norm, be, out, problem.dtype, t)
+        out = _sub_norm(problem.sub_norm, be, out, problem.dtype, t, problem.options.rms_wide)
     if has_o:
         _weight(t, proj, w, "W_o")
         _weight(t, proj, w, "b_o")
         into = t.steps[-3 if "b_o" in w else -2].name  # the step before W_o (b_o): concat, gated or sub_norm
-        out = stages.project(out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
+        out = stages.project(xp, out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
         t.add("output", f"output = {into} · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
               params=Projection(into, "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
     if "weights" in t:
@@ -643,10 +643,10 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
 
 
 
-def _sub_norm(norm: Norm, be: Backend, c: Any, dt: str, t: Trace) -> Any:
+def _sub_norm(norm: Norm, be: Backend, c: Any, dt: str, t: Trace, wide: bool = False) -> Any:
     """The concatenated heads through BitNet's attn_sub_norm (an RMSNorm over the width, as HF's BitNetRMSNorm:
     in float32 for half inputs, cast back, then times w): the step sub_norm."""
-    y = stages.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps)
+    y = stages.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps, wide_weight=wide)
     where = f" (w = {norm.origin})" if norm.origin else ""
     t.add("sub_norm", f"sub_norm = w · concat / sqrt(mean(concat²) + {norm.eps:g}): an RMSNorm of the concatenated "
           f"heads before W_o{where}", y, (QUERIES, FEATURES), params=Normalise("rms", norm.eps, True, norm.origin or None))
@@ -664,7 +664,7 @@ def _gate(gate: Gate, be: Backend, c: Any, dt: str, t: Trace) -> Any:
     where = f" (from {gate.origin})" if gate.origin else ""
     t.add("W_g", f"W_g{where}, textbook convention (in, out): the output gate's weight", w, WEIGHT_AXES,
           params=Weight(gate.origin or None))
-    z = stages.project(x, w)  # (B, T, D) x (D, n) -> (B, T, n)
+    z = stages.project(be.xp, x, w)  # (B, T, D) x (D, n) -> (B, T, n)
     g = stages.gate_values(be.xp, z, gate.act)
     act = "1 / (1 + exp(-z))" if gate.act == "sigmoid" else "log(1 + exp(z))"
     par = Gating(gate.act, src, per_head, gate.origin or None)

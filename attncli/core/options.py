@@ -512,6 +512,11 @@ class Options:
     qk_norm_at: QkNormAt = option(  # before RoPE (Qwen3, Gemma 3, OLMo 2, StableLM, Cohere) or after (HunYuan, nanochat)
         "before-rope", "Where the QK-norm sits: before-rope (default: Qwen3, Gemma 3, StableLM, Cohere, OLMo 2) or "
                        "after-rope (HunYuan, nanochat, Llama 4).", TODAY, label="QK-norm placement")
+    rms_wide: bool = option(  # a fact of a checkpoint's family (attncli.io.families): no flag
+        False, "True: the RMSNorms (pre-norm, QK-norm, sub-norm) multiply by w in float32 and round once to a half "
+               "dtype, as OLMo 2, GPT-OSS, Helium and AFMoE compute (w * x.float()).to(dtype); False: w times the "
+               "rounded x (Llama, Qwen3). The same numbers in float32 and float64.", TODAY, commands=NO_FLAG,
+        label="RMSNorm weight in float32")
     norm_eps: float = option(  # the eps of that RMSNorm (config rms_norm_eps)
         1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps, layer_norm_eps).", TODAY, label="norm eps",
         check=lambda v, w: _positive(_number(v, w), w, "a positive number (the QK-norm's eps)"))

@@ -64,8 +64,14 @@ from attncli.errors import InputError
 # ---- 1) project, 2) split, 11) merge ------------------------------------------------------
 
 
-def project(x: Any, w: Any, b: Any = None) -> Any:
-    """A projection in the textbook convention: X W (+ b). (B, T, D) x (D, e) -> (B, T, e)"""
+def project(xp: Any, x: Any, w: Any, b: Any = None) -> Any:
+    """A projection in the textbook convention: X W (+ b). (B, T, D) x (D, e) -> (B, T, e)
+
+    A namespace with ``fused_linear`` computes it in one operation (attncli.check.precision: torch's ``F.linear``
+    adds the bias in the product's accumulator and rounds once in a half type)."""
+    fused = getattr(xp, "fused_linear", None)
+    if fused is not None:
+        return fused(x, w, b)
     y = x @ w  # (B, T, D) x (D, e) -> (B, T, e)
     return y if b is None else y + b
 
@@ -419,9 +425,7 @@ def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
     c = xp.concat([s, col], axis=-1)  # (..., H, m, n) + (..., H, m, 1) -> (..., H, m, n+1)
     mx = xp.max(c, axis=-1, keepdims=True)
     mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
-    e = xp.exp(c - mx)
-    z = xp.sum(e, axis=-1, keepdims=True)
-    return (e / xp.where(z > 0, z, xp.ones_like(z)))[..., :n]
+    return softmax(xp, c - mx)[..., :n]  # HF subtracts the max itself (rounded in a half type), then softmax
 
 
 # ---- norms ----------------------------------------------------------------------------------
@@ -490,15 +494,16 @@ def layer_norm(xp: Any, x: Any, w: Any, b: Any, eps: float) -> Any:
     return y if wide == dt else xp.astype(y, dt)
 
 
-def qk_norm(xp: Any, x: Any, kind: str, w: Any, b: Any, eps: float) -> Any:
+def qk_norm(xp: Any, x: Any, kind: str, w: Any, b: Any, eps: float, wide_weight: bool = False) -> Any:
     """The QK-norm ``kind`` of q or k (..., H, T, d): rms, rms1p, layernorm over each head's d features, or
     rms-full over the H·d features of each token (every head at once, as OLMo 2 before the head split).
-    ``w`` (and ``b``, layernorm only) broadcast: (d,) shared by the heads, (H, 1, d) each head its own."""
+    ``w`` (and ``b``, layernorm only) broadcast: (d,) shared by the heads, (H, 1, d) each head its own.
+    ``wide_weight``: see :func:`rms_norm` (the option rms_wide)."""
     if kind == "layernorm":
         return layer_norm(xp, x, w, b, eps)
     if kind == "rms-full":  # mean over heads and features = over the token's H·d features before the split
-        return rms_norm(xp, x, w, eps, axes=(-3, -1) if x.ndim >= 3 else (-1,), wide_weight=True)
-    return rms_norm(xp, x, w, eps, plus_one=kind == "rms1p")
+        return rms_norm(xp, x, w, eps, axes=(-3, -1) if x.ndim >= 3 else (-1,), wide_weight=wide_weight)
+    return rms_norm(xp, x, w, eps, plus_one=kind == "rms1p", wide_weight=wide_weight)
 
 
 # ---- 3) score, 4) scale ------------------------------------------------------------------------
@@ -623,7 +628,13 @@ def softmax_parts(xp: Any, s: Any) -> tuple[Any, Any, Any]:
 
 
 def softmax(xp: Any, s: Any) -> Any:
-    """Stable softmax over the last axis: exp(s - max) / Σ exp(s - max). Rows of -inf give zeros."""
+    """Stable softmax over the last axis: exp(s - max) / Σ exp(s - max). Rows of -inf give zeros.
+
+    A namespace with ``fused_softmax`` computes it in one operation (attncli.check.precision: torch's softmax of a
+    half tensor computes in float32 and rounds once)."""
+    fused = getattr(xp, "fused_softmax", None)
+    if fused is not None:
+        return fused(s)
     _, e, z = softmax_parts(xp, s)
     return e / xp.where(z > 0, z, xp.ones_like(z))
 

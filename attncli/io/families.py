@@ -97,6 +97,7 @@ class Family:
     gate_heads: bool = False  # the gate has one output per head, (H, E) (LFM3's g_proj); else one per feature
     heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
     theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
+    rms_wide: bool = False  # its RMSNorms compute (w * x.float()).to(dtype): w applied in float32 (the option rms_wide)
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
@@ -276,7 +277,8 @@ for mt in ("phimoe", "starcoder2", "jais2"):  # nn.LayerNorm with bias before at
 declare("gemma", layout="llama", pre_norm="rms1p", qk_norm="rms1p")
 declare("gemma2", "gemma3_text", "vaultgemma", layout="llama", pre_norm="rms1p", qk_norm="rms1p",
         scale="query_pre_attn_scalar", keys=W | {"attn_logit_softcapping"})
-declare("gpt_oss", layout="llama", keys=W, notes="sinks: one logit per head in the softmax denominator")
+declare("gpt_oss", layout="llama", keys=W, rms_wide=True,
+        notes="sinks: one logit per head in the softmax denominator; RMSNorm (w * x.float()).to(dtype)")
 declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="attention_multiplier")
 # Granite SWA: Granite's attention (scale attention_multiplier) with sliding layers, a rotary base per layer
 # (layer_rope_theta; 0: NoPE) and a sink per head applied after the weights: output · sigmoid(logsumexp(scores) -
@@ -287,7 +289,9 @@ declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multip
         notes="sinks: sigmoid(lse - sink) scaling = a sink logit in the denominator; layer_rope_theta per layer")
 declare("hyperclovax", layout="llama", scale="attention_multiplier",
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
-declare("helium", "ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}))
+declare("helium", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}), rms_wide=True,
+        notes="RMSNorm (w.float() * x.float()).to(dtype)")
+declare("ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}))
 declare("glm", "glm4", layout="llama", rope="interleaved")
 declare("smollm3", layout="llama", nope=_no_rope_layers, keys=W | {"no_rope_layers", "no_rope_layer_interval"})
 declare("exaone4", layout="llama", nope=_full_nope, pre_norm=None, keys=W)  # post-norm only
@@ -301,16 +305,16 @@ declare("stablelm", layout="llama", pre_norm="layernorm", qk_norm="layernorm", q
 declare("cohere", layout="llama", rope="interleaved", pre_norm="layernorm", qk_norm="layernorm", qk_key="use_qk_norm",
         keys=frozenset({"layer_norm_eps", "logit_scale"}),
         notes="use_qk_norm: CohereLayerNorm (H, d); parallel block; logit_scale multiplies the LM logits only")
-declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full",
+declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True,
         notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
-declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W,
+declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W, rms_wide=True,
         notes="as olmo2, with sliding layers (layer_types)")
 # OLMoE, MiniMax-M2: OLMo 2's full-width QK RMSNorm (q_norm (H·d), k_norm (G·d) before the head split) with a pre-norm
 # input_layernorm; OLMoE clamps q, k, v (clip_qkv) after that norm, which attncli's clip (right after the projections,
 # before the norm) is not, so a non-null clip_qkv is refused (not read). FlexOlmo: OLMo 2's attention (post-norm).
 declare("olmoe", "minimax_m2", layout="llama", qk_norm="rms-full",
         notes="q_norm / k_norm: RMSNorm over the full width before the head split; input_layernorm before attention")
-declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", notes="as olmo2")
+declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, notes="as olmo2")
 declare("nanochat", layout="llama", rope="half-reversed", pre_norm="rms-weightless", qk_at="after-rope",
         qk_weightless=True, notes="no norm tensors: weightless RMS pre-norm, weightless RMS QK-norm after RoPE")
 declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope", rope_alpha=True,
@@ -332,7 +336,7 @@ declare("apertus", layout="llama", norm_name="attention_layernorm")
 # times sigmoid(gate_proj(x)), feature by feature, before o_proj (AfmoeAttention.forward); post_attention_layernorm is
 # after o_proj, outside the module; mup_enabled scales the embeddings only
 # (global_attn_every_n_layers only derives layer_types in its config class, which the modeling file reads)
-declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), layer_types=True,
+declare("afmoe", layout="llama", nope=_unless_sliding, gate=("gate_proj", "sigmoid"), layer_types=True, rms_wide=True,
         keys=W | {"global_attn_every_n_layers"},
         notes="gate_proj: gated = concat ⊙ sigmoid(x · W_g) before o_proj (the steps gate, gated); NoPE full layers")
 # Laguna: as AFMoE with rotary on every layer (rope_parameters per layer type, partial_rotary_factor), query heads per
