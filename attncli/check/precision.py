@@ -14,21 +14,18 @@ The plain implementation is PyTorch eager on the CPU in that dtype, emulated on 
 inputs are rounded to the dtype, and every operation of the pipeline's stages (each
 product, sum, max, exp, division, projection) is computed in float32 and its result
 rounded back to the dtype, as torch does for ``bfloat16``/``float16`` tensors (float32
-accumulation inside matmuls, one rounding per operation); a sum (the softmax's denominator)
-stays in its float32 accumulator, as inside torch's fused softmax. Where transformers' modules
-round differently, the emulation follows them (:class:`RoundingNamespace`): RoPE's cos and sin
-are held in the dtype (``cos.to(x.dtype)``), and the norms (RMSNorm, LayerNorm, QK-norms) are
-computed in float32 and rounded once. Measured on random causal problems, this gives the same
-largest error as PyTorch's own eager and SDPA bfloat16 attention on the CPU, within a factor of
-about 1.6 either way; on transformers' own bfloat16 Llama layer (RMSNorm, RoPE, grouped heads) the
-same normed input and rotated queries bit for bit, and an output error within 0.7-1.3× of the
-module's row by row (tests/test_check_today.py). Three places still round unlike torch (found
-on float16 gpt_oss and helium, docs/false_alarms.md): the softmax's s - max, exp and division are
-rounded each (torch's softmax rounds once), a projection's bias is added after rounding x @ W
-(F.linear adds it in the accumulator), and a pre-norm is read Llama-style (round, then times w)
-where some families apply w in float32 first. Each moves the emulation's error in either
-direction in single cells; together they explain the rare overall-rule false alarms left. No second
-attention is written: :class:`Rounded` is an ndarray whose ufuncs round their results, and
+accumulation inside matmuls, one rounding per operation). Where torch and transformers' modules
+compute several operations at once, the emulation does too (:class:`RoundingNamespace`): a
+projection with a bias is ``F.linear`` (the bias added in the float32 accumulator, one rounding),
+the softmax is torch's (s - max, exp, the sum and the division in float32, one rounding), RoPE's
+cos and sin are held in the dtype (``cos.to(x.dtype)``), and the norms (RMSNorm, LayerNorm,
+QK-norms) are computed in float32 and rounded once, the RMSNorm's weight applied after that
+rounding (Llama) or before it where the family does (the option ``rms_wide``: GPT-OSS, Helium,
+OLMo 2). On transformers' own Llama layer (RMSNorm, RoPE, grouped heads, biases) in bfloat16
+and float16 the emulated output is the module's, cell for cell (tests/test_check_today.py);
+before the bias, softmax and RMSNorm-weight roundings were followed (the float16 false alarms of
+gpt_oss and helium at seed 3, docs/false_alarms.md) it only had an error of the module's size.
+No second attention is written: :class:`Rounded` is an ndarray whose ufuncs round their results, and
 the engine runs its stages on it. float32 and float64 run as plain numpy arrays of that type.
 """
 

@@ -87,8 +87,9 @@ class Precision:
     - overall: the largest error at most ``FACTOR`` (2) times the plain implementation's largest error;
     - row by row: each row's RMS error at most ``ROW_FACTOR`` (4) times the plain implementation's RMS error in
       that row (or its median row, whichever is larger), so one wrong row cannot hide under the others;
-    - head by head (a layer with W_o): each head's RMS error traced back through W_o at most ``HEAD_FACTOR`` (3)
-      times the plain implementation's in that head (``heads_over``), and no head's output off by a factor 1 + α
+    - head by head (a layer with W_o): each head's RMS error traced back through W_o (without the directions W_o
+      shrinks below ``HEAD_RCOND``, 5% of its largest gain) at most ``HEAD_FACTOR`` (3) times the plain
+      implementation's in that head (``heads_over``), and no head's output off by a factor 1 + α
       beyond rounding: |α| at most ``SCALED_HEAD_Z`` (5) times the scale plain rounding gives that head, nor more
       than ``SCALED_HEAD_MIN`` (0.5%) (:attr:`heads_scaled`; :func:`_scaled_heads`).
     """
