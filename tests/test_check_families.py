@@ -47,10 +47,12 @@ from attncli.io.families import FAMILIES  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from test_families import (  # noqa: E402
     SEED,
+    SHARED,
     Skip,
     T,
     _attention,
     _layers,
+    _shared,
     _tested_layers,
     model_types,
     tiny_model,
@@ -78,6 +80,8 @@ FALSE_ALARMS: dict[tuple[str, str], str] = {}
 def _model(mt: str, seed: int = SEED) -> tuple[Any, Any, dict[int, str]]:
     """The family's tiny model with the sweep's random weights (float32), its config and its tested layers."""
     model, cfg = tiny_model(mt, seed)
+    if mt in SHARED:  # the layers share their attention modules (ALBERT): the tested calls are chosen in run_family
+        return model, cfg, {}
     stack = _layers(model, cfg.num_hidden_layers)
     found = [i for i, layer in enumerate(stack) if _attention(layer) is not None]
     if not found:
@@ -103,11 +107,29 @@ def run_family(mt: str, dtype: Any, folder: Path, seed: int = SEED) -> dict[int,
             owner, leaf = name.rpartition(".")[::2]
             setattr(model.get_submodule(owner), leaf, buf.clone())
     model.save_pretrained(folder)
-    stack = _layers(model, cfg.num_hidden_layers)
+    if mt in SHARED:  # ALBERT: call c of its shared attention modules is layer c (hidden_states[c] its residual)
+        calls: list[dict[str, Any]] = []
+        mods = _shared(model)
+        tested = {}
+    else:
+        stack = _layers(model, cfg.num_hidden_layers)
+        mods = [_attention(stack[i]) for i in tested]
     got: dict[int, dict[str, Any]] = {i: {} for i in tested}
     handles = []
-    for i in tested:
-        attn, out = _attention(stack[i])
+    for attn, out in (mods if mt in SHARED else []):
+        def pre_c(m: Any, args: Any, kw: Any, c: list[dict[str, Any]] = calls) -> None:
+            c.append({"x": (args[0] if args else kw["hidden_states"]).detach()[0]})
+
+        def zin_c(m: Any, args: Any, c: list[dict[str, Any]] = calls) -> None:
+            c[-1].setdefault("z", args[0].detach()[0])
+
+        def yout_c(m: Any, args: Any, res: Any, c: list[dict[str, Any]] = calls, o: Any = out) -> None:
+            c[-1].setdefault("y", res.detach()[0])
+            c[-1] |= {"proj": o, "heads": cfg.num_attention_heads}
+
+        handles += [attn.register_forward_pre_hook(pre_c, with_kwargs=True), out.register_forward_pre_hook(zin_c),
+                    out.register_forward_hook(yout_c)]
+    for i, (attn, out) in zip(tested, mods if mt not in SHARED else []):
 
         def pre(m: Any, args: Any, kw: Any, g: dict[str, Any] = got[i]) -> None:
             g.setdefault("x", (args[0] if args else kw["hidden_states"]).detach()[0])
@@ -131,6 +153,8 @@ def run_family(mt: str, dtype: Any, folder: Path, seed: int = SEED) -> dict[int,
     finally:
         for h in handles:
             h.remove()
+    if mt in SHARED:  # call 2 and the last, as the families sweep (call 0 takes the embeddings' projection)
+        got = {i: calls[i] for i in sorted({min(2, len(calls) - 1), len(calls) - 1})}
     return {i: Layer(h=res.hidden_states[i][0], **g) for i, g in got.items()}
 
 
