@@ -103,8 +103,10 @@ def print_layers(result: LayerVerdicts, precision: int, console: Any) -> None:
         head.append(f": {len(bad)} of {n} layers differ; the first that diverges is layer {first}")
     say(head)
     table = Table(title=f"Attention output by layer ({result.source})", title_justify="left")
-    for col in ("layer", "verdict", "largest error", "bound", "decided by", "worst cell"):
-        table.add_column(col, justify="right" if col in ("layer", "largest error", "bound") else "left", no_wrap=True)
+    for col in ("layer", "verdict", "largest error", "overall bound", "decided by", "worst cell"):  # a per-row or
+        # per-head verdict is within the overall bound: the rule column says which decided
+        table.add_column(col, justify="right" if col in ("layer", "largest error", "overall bound") else "left",
+                         no_wrap=True)
     for i, v in enumerate(result.verdicts):
         c = v.comparison
         table.add_row(str(i), Text("MATCH", style="green") if v.match else Text("MISMATCH", style="bold red"),
