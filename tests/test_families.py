@@ -538,6 +538,9 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
             # (its q_proj's bias holds the gate's: refused)
             "lfm3-sliding": ("lfm3", dict(layer_types=["sliding_attention", "conv"] * 2)),
             "lfm3-no-gate": ("lfm3", dict(layer_types=["sliding_attention", "conv"] * 2, use_attention_gate=False)),
+            # its q_norm/k_norm eps is config.rms_norm_eps, which Lfm3Config maps to norm_eps (attribute_map): its
+            # config.json has no rms_norm_eps (read as the default 1e-6 before: off by 1e-6 to 1e-5 at 1e-5)
+            "lfm3-norm-eps": ("lfm3", dict(layer_types=["sliding_attention", "conv"] * 2, norm_eps=0.05)),
             "olmoe-clip": ("olmoe", dict(clip_qkv=0.5)),
             "minimax_m2-rotary-dim": ("minimax_m2", dict(rotary_dim=8)),
             "qwen3_next-bias": ("qwen3_next", dict(attention_bias=True)),
@@ -561,7 +564,8 @@ VARIANTS = {"gpt_bigcode-multi-query": ("gpt_bigcode", dict(multi_query=True)),
 
 # Variants whose every run must agree (the other rotary, gate and head layouts of the families above)
 MUST_AGREE_VARIANTS = ["esm-rotary", "esm-rotary-base", "laguna-feature-gate", "laguna-heads-per-layer",
-                       "granite_swa-default-theta", "lfm3-sliding", "lfm3-no-gate", "minimax_m2-rotary-dim"]
+                       "granite_swa-default-theta", "lfm3-sliding", "lfm3-no-gate", "lfm3-norm-eps",
+                       "minimax_m2-rotary-dim"]
 
 
 @pytest.mark.slow

@@ -496,7 +496,8 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         if fam.qk_norm == "layernorm":  # nn.LayerNorm / CohereLayerNorm: layer_norm_eps, default 1e-5
             c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
         else:
-            c.conf("qk_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+            # LFM3's config class maps rms_norm_eps to norm_eps (attribute_map): its config.json has only norm_eps
+            c.conf("qk_norm_eps", "rms_norm_eps", "norm_eps", default=1e-6, cast=float)
     c.facts.causal = fam.causal
     c.facts.rms_wide = fam.rms_wide
     if not fam.causal:
