@@ -407,6 +407,40 @@ def test_plain_half_with_biases_and_each_rms_norm_is_the_modules(dtype: str, nor
         assert np.mean(other == a["x_norm_half"]) < 0.9
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("family", "mode", "wide"), [("llama", "half", False), ("olmo2", "half", True),
+                                                       ("ernie4_5", "interleaved", True)])
+def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode: str, wide: bool) -> None:
+    # transformers' own rotary embedding and apply_rotary_pos_emb of the family in float16/bfloat16: Llama casts cos
+    # and sin to the dtype and rounds each operation; OLMo 2 and Ernie 4.5 keep them in float32, rotate in float32
+    # and round once (the family fact rope_wide). The emulation's q_rot is the module's, and the other reading is not
+    import importlib
+
+    from attncli.check.precision import RoundingNamespace, rounded
+    from attncli.core import stages
+
+    pytest.importorskip("transformers")
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    cfg_cls = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
+    name = {"llama": "Llama", "olmo2": "Olmo2", "ernie4_5": "Ernie4_5"}[family]
+    T, H, d = 40, 2, 16
+    cfg = getattr(cfg_cls, f"{name}Config")(hidden_size=H * d, num_attention_heads=H, num_key_value_heads=H,
+                                             head_dim=d, rope_theta=10000.0)
+    rot = getattr(mod, f"{name}RotaryEmbedding")(cfg)
+    g = torch.Generator().manual_seed(3)
+    q = (torch.randn(1, H, T, d, generator=g) * 2).to(getattr(torch, dtype))
+    cos, sin = rot(q, torch.arange(T)[None])
+    want = mod.apply_rotary_pos_emb(q, q, cos, sin)[0][0].double().numpy()  # (H, T, d)
+    c32, s32 = (t[0].float().numpy() for t in rot(q.float(), torch.arange(T)[None]))  # the float32 tables
+    if mode == "interleaved":  # attncli's tables for interleaved pairs: each frequency twice, side by side
+        c32, s32 = (np.repeat(t[:, : d // 2], 2, axis=-1) for t in (c32, s32))
+    xp, x = RoundingNamespace(dtype), rounded(q[0].double().numpy(), dtype)
+    ours = np.asarray(stages.rotate(xp, x, c32, s32, mode, wide=wide), dtype=np.float64)
+    other = np.asarray(stages.rotate(xp, x, c32, s32, mode, wide=not wide), dtype=np.float64)
+    assert np.mean(ours == want) > 0.99
+    assert np.mean(other == want) < 0.9
+
+
 def test_plain_bfloat16_layer_norm_rounds_once_as_torch() -> None:
     # torch's LayerNorm on a bfloat16 input computes in float32, w and b included, and rounds once; the emulation's
     # pre-norm does the same (before: its product with w was rounded before adding b: 67% of the cells equal)

@@ -517,6 +517,11 @@ class Options:
                "dtype, as OLMo 2, GPT-OSS, Helium and AFMoE compute (w * x.float()).to(dtype); False: w times the "
                "rounded x (Llama, Qwen3). The same numbers in float32 and float64.", TODAY, commands=NO_FLAG,
         label="RMSNorm weight in float32")
+    rope_wide: bool = option(  # a fact of a checkpoint's family (attncli.io.families): no flag
+        False, "True: a half-precision q and k are rotated in float32 by float32 cos and sin and rounded once, as "
+               "OLMo 2, Ernie 4.5 and LFM3 compute; False: cos and sin cast to the dtype first, each operation "
+               "rounded (Llama). The same numbers in float32 and float64.", TODAY, commands=NO_FLAG,
+        label="RoPE in float32")
     norm_eps: float = option(  # the eps of that RMSNorm (config rms_norm_eps)
         1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps, layer_norm_eps).", TODAY, label="norm eps",
         check=lambda v, w: _positive(_number(v, w), w, "a positive number (the QK-norm's eps)"))

@@ -307,22 +307,26 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
     return cos, sin
 
 
-def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | None = None) -> Any:
+def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | None = None, wide: bool = False) -> Any:
     """x' = x·cos + rotate(x)·sin on the first rotary_dim features; the rest pass through. (..., T, d) -> (..., T, d)
 
     "half": rotate_half(x) = cat(-x[r/2:], x[:r/2]) (HF Llama, GPT-NeoX); "half-reversed": cat(x[r/2:], -x[:r/2])
     (nanochat: each pair turned by -θ); "interleaved":
     rotate_every_two(x) = (-x1, x0, -x3, x2, ...) (GPT-J, Meta's complex pairs). ``cos`` and
     ``sin``: (T, r) tables from :func:`rope_cos_sin` (numpy or xp arrays), cast to x's dtype
-    as HF does.
+    as HF does (``cos.to(x.dtype)``); ``wide`` (the option rope_wide): a half-precision x is rotated in float32 by
+    float32 tables and rounded once, as OLMo 2, Ernie 4.5 and LFM3 compute (``(q * cos + rotate_half(q) * sin)
+    .to(q.dtype)`` with cos and sin left in float32). float32 and float64 are the same either way.
     """
     check_rope_mode(mode)
     d = int(x.shape[-1])
     r = d if rotary_dim is None else int(rotary_dim)
-    dev = _device(x)
-    c = xp.asarray(cos, dtype=x.dtype, device=dev)  # (T, r), broadcast over the heads
-    s = xp.asarray(sin, dtype=x.dtype, device=dev)
-    xr = x[..., :r]  # (..., T, r)
+    dev, dt = _device(x), x.dtype
+    wide = wide and dt not in (xp.float32, xp.float64)
+    tables = xp.float32 if wide else dt
+    c = xp.asarray(cos, dtype=tables, device=dev)  # (T, r), broadcast over the heads
+    s = xp.asarray(sin, dtype=tables, device=dev)
+    xr = xp.astype(x[..., :r], xp.float32) if wide else x[..., :r]  # (..., T, r)
     if mode == "half":
         rot = xp.concat([-xr[..., r // 2:], xr[..., :r // 2]], axis=-1)  # (..., T, r)
     elif mode == "half-reversed":  # nanochat: cat(x2, -x1), the pair (k, k + r/2) turned by -θ
@@ -331,6 +335,7 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
         pairs = xp.stack([-xr[..., 1::2], xr[..., 0::2]], axis=-1)  # (..., T, r/2, 2)
         rot = xp.reshape(pairs, tuple(int(n) for n in xr.shape))  # (..., T, r/2, 2) -> (..., T, r)
     y = xr * c + rot * s
+    y = xp.astype(y, dt) if wide else y  # one rounding
     return y if r == d else xp.concat([y, x[..., r:]], axis=-1)  # (..., T, r) + (..., T, d - r) -> (..., T, d)
 
 

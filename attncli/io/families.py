@@ -98,6 +98,7 @@ class Family:
     heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
     theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
     rms_wide: bool = False  # its RMSNorms compute (w * x.float()).to(dtype): w applied in float32 (the option rms_wide)
+    rope_wide: bool = False  # its rotary tables stay float32 and q, k are rotated in float32, rounded once (rope_wide)
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
@@ -291,7 +292,7 @@ declare("hyperclovax", layout="llama", scale="attention_multiplier",
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
 declare("helium", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}), rms_wide=True,
         notes="RMSNorm (w.float() * x.float()).to(dtype)")
-declare("ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}))
+declare("ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", rope_wide=True, keys=frozenset({"use_bias"}))
 declare("glm", "glm4", layout="llama", rope="interleaved")
 declare("smollm3", layout="llama", nope=_no_rope_layers, keys=W | {"no_rope_layers", "no_rope_layer_interval"})
 declare("exaone4", layout="llama", nope=_full_nope, pre_norm=None, keys=W)  # post-norm only
@@ -305,21 +306,21 @@ declare("stablelm", layout="llama", pre_norm="layernorm", qk_norm="layernorm", q
 declare("cohere", layout="llama", rope="interleaved", pre_norm="layernorm", qk_norm="layernorm", qk_key="use_qk_norm",
         keys=frozenset({"layer_norm_eps", "logit_scale"}),
         notes="use_qk_norm: CohereLayerNorm (H, d); parallel block; logit_scale multiplies the LM logits only")
-declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True,
+declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, rope_wide=True,
         notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
-declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W, rms_wide=True,
+declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W, rms_wide=True, rope_wide=True,
         notes="as olmo2, with sliding layers (layer_types)")
 # OLMoE, MiniMax-M2: OLMo 2's full-width QK RMSNorm (q_norm (H·d), k_norm (G·d) before the head split) with a pre-norm
 # input_layernorm; OLMoE clamps q, k, v (clip_qkv) after that norm, which attncli's clip (right after the projections,
 # before the norm) is not, so a non-null clip_qkv is refused (not read). FlexOlmo: OLMo 2's attention (post-norm).
 declare("olmoe", "minimax_m2", layout="llama", qk_norm="rms-full",
         notes="q_norm / k_norm: RMSNorm over the full width before the head split; input_layernorm before attention")
-declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, notes="as olmo2")
+declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, rope_wide=True, notes="as olmo2")
 declare("nanochat", layout="llama", rope="half-reversed", pre_norm="rms-weightless", qk_at="after-rope",
         qk_weightless=True, notes="no norm tensors: weightless RMS pre-norm, weightless RMS QK-norm after RoPE")
 declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope", rope_alpha=True,
         qk_names=("query_layernorm", "key_layernorm"), notes="query_layernorm / key_layernorm: RMS per head after RoPE")
-declare("olmo", layout="llama", pre_norm="layernorm-weightless", keys=frozenset({"clip_qkv"}),
+declare("olmo", layout="llama", pre_norm="layernorm-weightless", rope_wide=True, keys=frozenset({"clip_qkv"}),
         notes="clip_qkv: q, k, v clamped right after the projections (the steps q_clip, k_clip, v_clip)")
 declare("bitnet", layout="llama", sub_norm="attn_sub_norm",
         notes="attn_sub_norm: an RMSNorm of the concatenated heads before o_proj (the step sub_norm); nn.Linear "
@@ -348,7 +349,7 @@ declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_at
 # (q_norm / k_norm RMS per head before rotary), pre-norm operator_norm (RMS, norm_eps), and (use_attention_gate) an
 # output gate sigmoid(g_proj(x)), one per head, before o_proj (g_proj in memory, saved as gate_proj: transformers'
 # conversion mapping); post_operator_norm (use_sandwich_norm) is outside
-declare("lfm3", layout="llama", norm_name="operator_norm", gate=("gate_proj", "sigmoid"), gate_heads=True,
+declare("lfm3", layout="llama", norm_name="operator_norm", rope_wide=True, gate=("gate_proj", "sigmoid"), gate_heads=True,
         layer_types=True, keys=W | {"norm_eps", "use_attention_gate", "use_sandwich_norm"},
         notes="gate_proj: gated = each head ⊙ sigmoid(x · W_g)_h before o_proj; conv layers refused")
 # Qwen3-Next, Qwen3.5 (text): hybrids; their full_attention layers are Qwen 3's with (1 + w) RMSNorms (input_layernorm,

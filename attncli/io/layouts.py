@@ -86,6 +86,7 @@ class AttentionFacts:
     gate: str | None = None  # "sigmoid" | "softplus": an output gate act(x · W_g) of the concatenated heads (AFMoE, Laguna)
     sinks: bool = False  # gpt-oss
     rms_wide: bool = False  # its RMSNorms apply w in float32 before rounding to a half dtype (OLMo 2, GPT-OSS, Helium)
+    rope_wide: bool = False  # q and k rotated in float32 by float32 cos and sin, rounded once (OLMo 2, Ernie 4.5, LFM3)
     latent: tuple[int, int, float] | None = None  # MLA: (qk_nope_head_dim, qk_rope_head_dim, the latents' RMS eps)
     relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
     from_config: list[str] = field(default_factory=list)
@@ -499,7 +500,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             # LFM3's config class maps rms_norm_eps to norm_eps (attribute_map): its config.json has only norm_eps
             c.conf("qk_norm_eps", "rms_norm_eps", "norm_eps", default=1e-6, cast=float)
     c.facts.causal = fam.causal
-    c.facts.rms_wide = fam.rms_wide
+    c.facts.rms_wide, c.facts.rope_wide = fam.rms_wide, fam.rope_wide
     if not fam.causal:
         c.facts.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
