@@ -30,7 +30,7 @@ def _row(fam: Family) -> tuple[str, ...]:
                          f"rotary base per layer `{fam.theta_key}`" if fam.theta_key else "",
                          "NTK alpha" if fam.rope_alpha else "",
                          "RMSNorm w in float32" if fam.rms_wide else "",
-                         "RoPE in float32" if fam.rope_wide else "") if x]
+                         f"RoPE rounded {fam.rope_rounding}" if fam.rope_rounding else "") if x]
     keys = ", ".join(f"`{k}`" for k in sorted(fam.reads() - SHAPE_KEYS)) or "—"
     return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, fam.scale or "1/√d",
             "yes" if fam.causal else "no", "; ".join(extra) or "—", keys)

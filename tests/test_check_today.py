@@ -408,12 +408,14 @@ def test_plain_half_with_biases_and_each_rms_norm_is_the_modules(dtype: str, nor
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("family", "mode", "wide"), [("llama", "half", False), ("olmo2", "half", True),
-                                                       ("ernie4_5", "interleaved", True)])
-def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode: str, wide: bool) -> None:
+@pytest.mark.parametrize(("family", "mode", "rounding"), [
+    ("llama", "half", "each"), ("olmo2", "half", "once-float32"), ("ernie4_5", "interleaved", "once-float32"),
+    ("cohere", "interleaved", "once")])
+def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode: str, rounding: str) -> None:
     # transformers' own rotary embedding and apply_rotary_pos_emb of the family in float16/bfloat16: Llama casts cos
-    # and sin to the dtype and rounds each operation; OLMo 2 and Ernie 4.5 keep them in float32, rotate in float32
-    # and round once (the family fact rope_wide). The emulation's q_rot is the module's, and the other reading is not
+    # and sin to the dtype and rounds each operation; Cohere casts them but rotates q.float() and rounds once; OLMo 2
+    # and Ernie 4.5 keep them in float32, rotate in float32 and round once (the family fact rope_rounding). The
+    # emulation's q_rot is the module's, and the other readings are not
     import importlib
 
     from attncli.check.precision import RoundingNamespace, rounded
@@ -422,7 +424,7 @@ def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode:
     pytest.importorskip("transformers")
     mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     cfg_cls = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
-    name = {"llama": "Llama", "olmo2": "Olmo2", "ernie4_5": "Ernie4_5"}[family]
+    name = {"llama": "Llama", "olmo2": "Olmo2", "ernie4_5": "Ernie4_5", "cohere": "Cohere"}[family]
     T, H, d = 40, 2, 16
     cfg = getattr(cfg_cls, f"{name}Config")(hidden_size=H * d, num_attention_heads=H, num_key_value_heads=H,
                                              head_dim=d, rope_theta=10000.0)
@@ -432,13 +434,16 @@ def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode:
     cos, sin = rot(q, torch.arange(T)[None])
     want = mod.apply_rotary_pos_emb(q, q, cos, sin)[0][0].double().numpy()  # (H, T, d)
     c32, s32 = (t[0].float().numpy() for t in rot(q.float(), torch.arange(T)[None]))  # the float32 tables
-    if mode == "interleaved":  # attncli's tables for interleaved pairs: each frequency twice, side by side
+    if family == "ernie4_5":  # attncli's tables for interleaved pairs: each frequency twice, side by side (Ernie's
+        # rotary returns them in halves and its apply_rotary_pos_emb interleaves them; Cohere's returns them so)
         c32, s32 = (np.repeat(t[:, : d // 2], 2, axis=-1) for t in (c32, s32))
     xp, x = RoundingNamespace(dtype), rounded(q[0].double().numpy(), dtype)
-    ours = np.asarray(stages.rotate(xp, x, c32, s32, mode, wide=wide), dtype=np.float64)
-    other = np.asarray(stages.rotate(xp, x, c32, s32, mode, wide=not wide), dtype=np.float64)
-    assert np.mean(ours == want) > 0.99
-    assert np.mean(other == want) < 0.9
+    def rotated(how: str) -> np.ndarray:
+        return np.asarray(stages.rotate(xp, x, c32, s32, mode, rounding=how), dtype=np.float64)
+
+    assert np.mean(rotated(rounding) == want) > 0.99
+    for other in {"each", "once", "once-float32"} - {rounding}:
+        assert np.mean(rotated(other) == want) < 0.95, other
 
 
 def test_plain_bfloat16_layer_norm_rounds_once_as_torch() -> None:

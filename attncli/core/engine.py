@@ -457,7 +457,7 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
     rotation = Rotation(str(o.rope), base, rd, P, factor, sc.get("rope_type", sc.get("type")) if sc else None)
     for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
         c, s_ = stages.rope_cos_sin(pos, inv, factor, str(o.rope), tables)
-        y = stages.rotate(xp, a, c, s_, str(o.rope), rd, o.rope_wide)
+        y = stages.rotate(xp, a, c, s_, str(o.rope), rd, o.rope_rounding)
         formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
                    f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
         t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),

@@ -36,9 +36,11 @@ RopeMode = Literal["half", "interleaved", "half-reversed"]
 # RMSNorm over the token's H·d features, every head at once (OLMo 2/3); weights (d,) shared, (H, d) per head, or none
 QkNorm = Literal["rms", "rms1p", "layernorm", "rms-full"]
 QkNormAt = Literal["before-rope", "after-rope"]  # where the QK-norm sits: Qwen3 before RoPE, HunYuan/nanochat after
+RopeRounding = Literal["each", "once", "once-float32"]  # how a half-precision q, k are rotated (stages.rotate)
 MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 QK_NORMS: tuple[str, ...] = get_args(QkNorm)
+ROPE_ROUNDINGS: tuple[str, ...] = get_args(RopeRounding)
 QK_NORM_PLACES: tuple[str, ...] = get_args(QkNormAt)
 CAUSAL_ALIGNS: tuple[str, ...] = get_args(CausalAlign)
 MAX_HIDDEN = 1 << 16  # a hidden width beyond this is a typo, not a model (its weights alone would be GBs)
@@ -517,11 +519,11 @@ class Options:
                "dtype, as OLMo 2, GPT-OSS, Helium and AFMoE compute (w * x.float()).to(dtype); False: w times the "
                "rounded x (Llama, Qwen3). The same numbers in float32 and float64.", TODAY, commands=NO_FLAG,
         label="RMSNorm weight in float32")
-    rope_wide: bool = option(  # a fact of a checkpoint's family (attncli.io.families): no flag
-        False, "True: a half-precision q and k are rotated in float32 by float32 cos and sin and rounded once, as "
-               "OLMo 2, Ernie 4.5 and LFM3 compute; False: cos and sin cast to the dtype first, each operation "
-               "rounded (Llama). The same numbers in float32 and float64.", TODAY, commands=NO_FLAG,
-        label="RoPE in float32")
+    rope_rounding: RopeRounding = option(  # a fact of a checkpoint's family (attncli.io.families): no flag
+        "each", "How a half-precision q and k are rotated: each (cos and sin cast to the dtype, every operation "
+                "rounded: Llama), once (in float32 by the cast cos and sin, rounded once: Cohere, ESM, ModernBERT) "
+                "or once-float32 (in float32 by float32 cos and sin, rounded once: OLMo 2, Ernie 4.5, LFM3). The "
+                "same numbers in float32 and float64.", TODAY, commands=NO_FLAG, label="RoPE rounding")
     norm_eps: float = option(  # the eps of that RMSNorm (config rms_norm_eps)
         1e-6, "eps of the QK-norm (default 1e-6; config rms_norm_eps, layer_norm_eps).", TODAY, label="norm eps",
         check=lambda v, w: _positive(_number(v, w), w, "a positive number (the QK-norm's eps)"))

@@ -307,25 +307,29 @@ def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
     return cos, sin
 
 
-def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | None = None, wide: bool = False) -> Any:
+def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | None = None,
+           rounding: str = "each") -> Any:
     """x' = x·cos + rotate(x)·sin on the first rotary_dim features; the rest pass through. (..., T, d) -> (..., T, d)
 
     "half": rotate_half(x) = cat(-x[r/2:], x[:r/2]) (HF Llama, GPT-NeoX); "half-reversed": cat(x[r/2:], -x[:r/2])
     (nanochat: each pair turned by -θ); "interleaved":
     rotate_every_two(x) = (-x1, x0, -x3, x2, ...) (GPT-J, Meta's complex pairs). ``cos`` and
     ``sin``: (T, r) tables from :func:`rope_cos_sin` (numpy or xp arrays), cast to x's dtype
-    as HF does (``cos.to(x.dtype)``); ``wide`` (the option rope_wide): a half-precision x is rotated in float32 by
-    float32 tables and rounded once, as OLMo 2, Ernie 4.5 and LFM3 compute (``(q * cos + rotate_half(q) * sin)
-    .to(q.dtype)`` with cos and sin left in float32). float32 and float64 are the same either way.
+    as HF does (``cos.to(x.dtype)``). ``rounding`` (the option rope_rounding) for a half-precision x: "each" (every
+    operation in the dtype: Llama), "once" (x in float32 times the cast tables, rounded once: Cohere, ESM, ModernBERT's
+    ``q.float() * cos``), "once-float32" (x in float32 times float32 tables, rounded once: OLMo 2, Ernie 4.5, LFM3,
+    whose rotary embeddings return cos and sin uncast). float32 and float64 are the same whichever.
     """
     check_rope_mode(mode)
     d = int(x.shape[-1])
     r = d if rotary_dim is None else int(rotary_dim)
     dev, dt = _device(x), x.dtype
-    wide = wide and dt not in (xp.float32, xp.float64)
-    tables = xp.float32 if wide else dt
-    c = xp.asarray(cos, dtype=tables, device=dev)  # (T, r), broadcast over the heads
-    s = xp.asarray(sin, dtype=tables, device=dev)
+    wide = rounding != "each" and dt not in (xp.float32, xp.float64)
+    if wide and rounding == "once-float32":
+        c, s = (xp.asarray(t, dtype=xp.float32, device=dev) for t in (cos, sin))  # (T, r), broadcast over the heads
+    else:
+        c, s = (xp.asarray(t, dtype=dt, device=dev) for t in (cos, sin))  # held in the dtype, as cos.to(x.dtype)
+        c, s = (xp.astype(c, xp.float32), xp.astype(s, xp.float32)) if wide else (c, s)
     xr = xp.astype(x[..., :r], xp.float32) if wide else x[..., :r]  # (..., T, r)
     if mode == "half":
         rot = xp.concat([-xr[..., r // 2:], xr[..., :r // 2]], axis=-1)  # (..., T, r)

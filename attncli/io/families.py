@@ -98,7 +98,7 @@ class Family:
     heads_key: str | None = None  # a config list of query heads per layer (Laguna: num_attention_heads_per_layer)
     theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
     rms_wide: bool = False  # its RMSNorms compute (w * x.float()).to(dtype): w applied in float32 (the option rms_wide)
-    rope_wide: bool = False  # its rotary tables stay float32 and q, k are rotated in float32, rounded once (rope_wide)
+    rope_rounding: str | None = None  # how a half-precision q, k are rotated (the option rope_rounding; None: each)
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
@@ -292,35 +292,37 @@ declare("hyperclovax", layout="llama", scale="attention_multiplier",
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
 declare("helium", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}), rms_wide=True,
         notes="RMSNorm (w.float() * x.float()).to(dtype)")
-declare("ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", rope_wide=True, keys=frozenset({"use_bias"}))
+declare("ernie4_5", "ernie4_5_moe", layout="llama", rope="interleaved", rope_rounding="once-float32",
+        keys=frozenset({"use_bias"}))
 declare("glm", "glm4", layout="llama", rope="interleaved")
 declare("smollm3", layout="llama", nope=_no_rope_layers, keys=W | {"no_rope_layers", "no_rope_layer_interval"})
 declare("exaone4", layout="llama", nope=_full_nope, pre_norm=None, keys=W)  # post-norm only
 declare("exaone_moe", layout="llama", nope=_full_nope, keys=W)  # unlike exaone4, an input_layernorm
 declare("cohere2", "cohere2_moe", layout="llama", rope="interleaved", nope=_full_nope, pre_norm="layernorm",
-        keys=W | {"layer_norm_eps", "logit_scale"})
+        rope_rounding="once", keys=W | {"layer_norm_eps", "logit_scale"})
 declare("nemotron", layout="llama", pre_norm="layernorm1p", keys=frozenset({"norm_eps"}))
 declare("stablelm", layout="llama", pre_norm="layernorm", qk_norm="layernorm", qk_names=("q_layernorm", "k_layernorm"),
         qk_key="qk_layernorm", keys=frozenset({"layer_norm_eps", "use_qkv_bias", "use_parallel_residual"}),
         notes="qk_layernorm: an nn.LayerNorm (no bias) per head, each head its own weight")
 declare("cohere", layout="llama", rope="interleaved", pre_norm="layernorm", qk_norm="layernorm", qk_key="use_qk_norm",
-        keys=frozenset({"layer_norm_eps", "logit_scale"}),
+        rope_rounding="once", keys=frozenset({"layer_norm_eps", "logit_scale"}),
         notes="use_qk_norm: CohereLayerNorm (H, d); parallel block; logit_scale multiplies the LM logits only")
-declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, rope_wide=True,
+declare("olmo2", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, rope_rounding="once-float32",
         notes="q_norm (H·d) / k_norm (G·d): RMSNorm over the full width before the head split; post-norm")
-declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W, rms_wide=True, rope_wide=True,
+declare("olmo3", layout="llama", pre_norm=None, qk_norm="rms-full", keys=W, rms_wide=True, rope_rounding="once-float32",
         notes="as olmo2, with sliding layers (layer_types)")
 # OLMoE, MiniMax-M2: OLMo 2's full-width QK RMSNorm (q_norm (H·d), k_norm (G·d) before the head split) with a pre-norm
 # input_layernorm; OLMoE clamps q, k, v (clip_qkv) after that norm, which attncli's clip (right after the projections,
 # before the norm) is not, so a non-null clip_qkv is refused (not read). FlexOlmo: OLMo 2's attention (post-norm).
 declare("olmoe", "minimax_m2", layout="llama", qk_norm="rms-full",
         notes="q_norm / k_norm: RMSNorm over the full width before the head split; input_layernorm before attention")
-declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, rope_wide=True, notes="as olmo2")
+declare("flex_olmo", layout="llama", pre_norm=None, qk_norm="rms-full", rms_wide=True, rope_rounding="once-float32",
+        notes="as olmo2")
 declare("nanochat", layout="llama", rope="half-reversed", pre_norm="rms-weightless", qk_at="after-rope",
         qk_weightless=True, notes="no norm tensors: weightless RMS pre-norm, weightless RMS QK-norm after RoPE")
 declare("hunyuan_v1_dense", "hunyuan_v1_moe", layout="llama", qk_at="after-rope", rope_alpha=True,
         qk_names=("query_layernorm", "key_layernorm"), notes="query_layernorm / key_layernorm: RMS per head after RoPE")
-declare("olmo", layout="llama", pre_norm="layernorm-weightless", rope_wide=True, keys=frozenset({"clip_qkv"}),
+declare("olmo", layout="llama", pre_norm="layernorm-weightless", rope_rounding="once-float32", keys=frozenset({"clip_qkv"}),
         notes="clip_qkv: q, k, v clamped right after the projections (the steps q_clip, k_clip, v_clip)")
 declare("bitnet", layout="llama", sub_norm="attn_sub_norm",
         notes="attn_sub_norm: an RMSNorm of the concatenated heads before o_proj (the step sub_norm); nn.Linear "
@@ -349,7 +351,8 @@ declare("laguna", layout="llama", gate=("g_proj", "softplus"), heads_key="num_at
 # (q_norm / k_norm RMS per head before rotary), pre-norm operator_norm (RMS, norm_eps), and (use_attention_gate) an
 # output gate sigmoid(g_proj(x)), one per head, before o_proj (g_proj in memory, saved as gate_proj: transformers'
 # conversion mapping); post_operator_norm (use_sandwich_norm) is outside
-declare("lfm3", layout="llama", norm_name="operator_norm", rope_wide=True, gate=("gate_proj", "sigmoid"), gate_heads=True,
+declare("lfm3", layout="llama", norm_name="operator_norm", rope_rounding="once-float32",
+        gate=("gate_proj", "sigmoid"), gate_heads=True,
         layer_types=True, keys=W | {"norm_eps", "use_attention_gate", "use_sandwich_norm"},
         notes="gate_proj: gated = each head ⊙ sigmoid(x · W_g)_h before o_proj; conv layers refused")
 # Qwen3-Next, Qwen3.5 (text): hybrids; their full_attention layers are Qwen 3's with (1 + w) RMSNorms (input_layernorm,
@@ -371,8 +374,10 @@ declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W, r
 # |j - i| <= local_attention // 2 (config.sliding_window); pre-norm attn_norm (LayerNorm, bias if norm_bias), layer 0's
 # an nn.Identity. The decoder: q/k/v_proj and Wo, causal, its local layers the causal window of sliding_window keys.
 declare("modernbert", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None, causal=False,
+        rope_rounding="once",
         window_kind="both", rope_keys=MB_ROPE, full_rotary=True)
 declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None,
+        rope_rounding="once",
         rope_keys=MB_ROPE, full_rotary=True)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
@@ -393,6 +398,7 @@ def _esm_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
 # ESM: q · d^-0.5 before its half rotary (linear: the same scores as scaling them), an nn.LayerNorm inside the
 # attention module (attention.LayerNorm) before the projections
 declare("esm", layout="bert", rope="half", nope=_esm_nope, pre_norm="layernorm", norm_name="attention.LayerNorm",
+        rope_rounding="once",
         norm_inside=True, causal=False,
         notes="position_embedding_type rotary: half RoPE (rope_theta); absolute: none inside attention")
 # BigBird: exact only with attention_type original_full (block_sparse: sparse from 704 tokens on, refused)

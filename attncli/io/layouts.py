@@ -86,7 +86,7 @@ class AttentionFacts:
     gate: str | None = None  # "sigmoid" | "softplus": an output gate act(x · W_g) of the concatenated heads (AFMoE, Laguna)
     sinks: bool = False  # gpt-oss
     rms_wide: bool = False  # its RMSNorms apply w in float32 before rounding to a half dtype (OLMo 2, GPT-OSS, Helium)
-    rope_wide: bool = False  # q and k rotated in float32 by float32 cos and sin, rounded once (OLMo 2, Ernie 4.5, LFM3)
+    rope_rounding: str | None = None  # "once" / "once-float32": q, k rotated in float32, rounded once (the option)
     latent: tuple[int, int, float] | None = None  # MLA: (qk_nope_head_dim, qk_rope_head_dim, the latents' RMS eps)
     relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
     from_config: list[str] = field(default_factory=list)
@@ -500,7 +500,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             # LFM3's config class maps rms_norm_eps to norm_eps (attribute_map): its config.json has only norm_eps
             c.conf("qk_norm_eps", "rms_norm_eps", "norm_eps", default=1e-6, cast=float)
     c.facts.causal = fam.causal
-    c.facts.rms_wide, c.facts.rope_wide = fam.rms_wide, fam.rope_wide
+    c.facts.rms_wide = fam.rms_wide
     if not fam.causal:
         c.facts.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
@@ -1718,6 +1718,8 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
         heads = cfgcheck.value(args, "n_head", f"{ckpt.source} (model_args)")
     c = Ctx(ckpt, f.stack, layer, count, ckpt.config, heads_hint=heads, family=fam)
     f.layout.reader()(c)
+    if fam is not None and c.facts.rope is not None:  # how its half-precision rotation rounds (every layout)
+        c.facts.rope_rounding = fam.rope_rounding
     if c.facts.heads is None:
         c.facts.extra.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
     _check_shapes(c)
