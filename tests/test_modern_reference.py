@@ -342,6 +342,34 @@ def test_sinks_equal_gpt_oss_eager(backend: str, dtype: str) -> None:
     assert float(xp.max(xp.sum(ours, axis=-1))) < 1.0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sink_scaled_weights_equal_granite_swa_eager(backend: str, dtype: str) -> None:
+    # Granite SWA applies its sinks as sigmoid(logsumexp(s) - sink) times softmax(s) · V (sink_form scale): our
+    # weights times V are its output, and they are the sink-logit weights of gpt-oss's form
+    from transformers.models.granite_swa.modeling_granite_swa import eager_attention_forward
+
+    rng = np.random.default_rng(7)
+    h, m, n = 4, 5, 6
+    q, k, v = rng.normal(size=(2, h, m, 8)) * 2, rng.normal(size=(2, 2, n, 8)), rng.normal(size=(2, 2, n, 3))
+    sinks = np.array([0.5, -1.0, 2.0, 0.0])
+    keep = np.broadcast_to(M.causal_keep(np.arange(1, m + 1), np.arange(n)), (2, h, m, n))
+    tdt = getattr(torch, dtype)
+    add = torch.zeros(keep.shape, dtype=tdt).masked_fill(torch.from_numpy(~keep), torch.finfo(tdt).min)
+    stub = Stub(2, 8, sinks=torch.from_numpy(sinks.astype(dtype)))
+    out, _ = eager_attention_forward(stub, *(torch.from_numpy(a.astype(dtype)) for a in (q, k, v)), add,
+                                     scaling=8 ** -0.5)
+    xp = namespace(backend)
+    kk, vv = (M.expand_kv(xp, on(backend, a, dtype), 2) for a in (k, v))
+    s = (on(backend, q, dtype) @ xp.matrix_transpose(kk)) * 8 ** -0.5  # (2,4,5,8) x (2,4,8,6) -> (2,4,5,6)
+    s = xp.where(on(backend, keep, "bool"), s, xp.asarray(-math.inf, dtype=s.dtype))
+    ours = M.softmax_sink_scaled(xp, s, on(backend, sinks, dtype))
+    assert err(ours @ vv, out.transpose(1, 2)) < 1e-6  # HF computes softmax and scale in float32, for float64 too
+    assert err(ours, M.softmax_with_sinks(xp, s, on(backend, sinks, dtype))) < TOL[dtype]
+    dead = M.softmax_sink_scaled(np, np.full((1, 2, 3), -np.inf), np.zeros(1))  # a fully masked row: zeros
+    assert np.array_equal(dead, np.zeros((1, 2, 3)))
+
+
 def test_sinks_of_minus_inf_are_plain_softmax() -> None:
     s = np.random.default_rng(6).normal(size=(2, 3, 4))
     w = M.softmax_with_sinks(np, s, np.full(2, -np.inf))

@@ -560,7 +560,8 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         w = stages.softmax(xp, s)
         formula = f"{name} = softmax({before}, over keys)"
     else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
-        w = stages.softmax_with_sinks(xp, s, be.asarray(problem.sinks, problem.dtype))
+        sinked = stages.softmax_sink_scaled if o.sink_form == "scale" else stages.softmax_with_sinks
+        w = sinked(xp, s, be.asarray(problem.sinks, problem.dtype))
         trace.meta.sinks = [float(x) for x in problem.sinks]
         trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
                   "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),

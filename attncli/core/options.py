@@ -37,6 +37,7 @@ RopeMode = Literal["half", "interleaved", "half-reversed"]
 QkNorm = Literal["rms", "rms1p", "layernorm", "rms-full"]
 QkNormAt = Literal["before-rope", "after-rope"]  # where the QK-norm sits: Qwen3 before RoPE, HunYuan/nanochat after
 RopeRounding = Literal["each", "once", "once-float32"]  # how a half-precision q, k are rotated (stages.rotate)
+SinkForm = Literal["logit", "scale"]  # sinks in the softmax's denominator (gpt-oss) or as a scale after (Granite SWA)
 MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 QK_NORMS: tuple[str, ...] = get_args(QkNorm)
@@ -519,6 +520,10 @@ class Options:
                "dtype, as OLMo 2, GPT-OSS, Helium and AFMoE compute (w * x.float()).to(dtype); False: w times the "
                "rounded x (Llama, Qwen3). The same numbers in float32 and float64.", TODAY, commands=NO_FLAG,
         label="RMSNorm weight in float32")
+    sink_form: SinkForm = option(  # a fact of a checkpoint's family (attncli.io.families): no flag
+        "logit", "How sinks enter: logit (one more logit in the softmax's denominator: gpt-oss) or scale (softmax(s) "
+                  "times sigmoid(logsumexp(s) - sink): Granite SWA). The same weights; in a half precision each "
+                  "rounds as its model does.", TODAY, commands=NO_FLAG, label="sink form")
     rope_rounding: RopeRounding = option(  # a fact of a checkpoint's family (attncli.io.families): no flag
         "each", "How a half-precision q and k are rotated: each (cos and sin cast to the dtype, every operation "
                 "rounded: Llama), once (in float32 by the cast cos and sin, rounded once: Cohere, ESM, ModernBERT) "

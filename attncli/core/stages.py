@@ -437,6 +437,20 @@ def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
     return softmax(xp, c - mx)[..., :n]  # HF subtracts the max itself (rounded in a half type), then softmax
 
 
+def softmax_sink_scaled(xp: Any, s: Any, sinks: Any) -> Any:
+    """The weights of :func:`softmax_with_sinks` in Granite SWA's form: softmax(s) · sigmoid(logsumexp(s) - sink_h),
+    the sink's share taken off each row by a scale (HF ``modeling_granite_swa.eager_attention_forward`` applies it
+    to softmax(s) · V). Equal in exact arithmetic; in a half precision it rounds as that model does (the softmax
+    once, the row's scale once). (..., H, m, n), (H,) -> (..., H, m, n)"""
+    sk = xp.asarray(sinks, dtype=s.dtype, device=_device(s))
+    sk = xp.reshape(sk, (-1, 1, 1) if s.ndim >= 3 else (1, 1))  # one head: (m, n) scores
+    mx, e, z = softmax_parts(xp, s)
+    with np.errstate(divide="ignore"):  # a row of -inf: log(0) = -inf, its scale 0
+        lse = mx + xp.log(z)  # (..., H, m, 1)
+    scale = 1.0 / (1.0 + xp.exp(sk - lse))  # sigmoid(lse - sink)
+    return softmax(xp, s) * scale
+
+
 # ---- norms ----------------------------------------------------------------------------------
 
 

@@ -99,6 +99,7 @@ class Family:
     theta_key: str | None = None  # a config list of rotary bases per layer, 0 = NoPE (Granite SWA: layer_rope_theta)
     rms_wide: bool = False  # its RMSNorms compute (w * x.float()).to(dtype): w applied in float32 (the option rms_wide)
     rope_rounding: str | None = None  # how a half-precision q, k are rotated (the option rope_rounding; None: each)
+    sink_form: str | None = None  # "scale": sinks as Granite SWA's sigmoid(lse - sink) scale (the option sink_form)
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
@@ -286,7 +287,7 @@ declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="atte
 # sink_h) = Σ_j exp(s_j) v_j / (Σ_j exp(s_j) + exp(sink_h)), gpt-oss's sink logit in the softmax's denominator (the
 # weights attncli shows are the ones multiplying V; HF's output_attentions returns them before the sink's share)
 declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", nope=_theta_nope,
-        theta_key="layer_rope_theta", keys=W, layer_types=True,
+        theta_key="layer_rope_theta", keys=W, layer_types=True, sink_form="scale",
         notes="sinks: sigmoid(lse - sink) scaling = a sink logit in the denominator; layer_rope_theta per layer")
 declare("hyperclovax", layout="llama", scale="attention_multiplier",
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module

@@ -87,6 +87,7 @@ class AttentionFacts:
     sinks: bool = False  # gpt-oss
     rms_wide: bool = False  # its RMSNorms apply w in float32 before rounding to a half dtype (OLMo 2, GPT-OSS, Helium)
     rope_rounding: str | None = None  # "once" / "once-float32": q, k rotated in float32, rounded once (the option)
+    sink_form: str | None = None  # "scale": Granite SWA's sinks, a scale after the softmax (the option sink_form)
     latent: tuple[int, int, float] | None = None  # MLA: (qk_nope_head_dim, qk_rope_head_dim, the latents' RMS eps)
     relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
     from_config: list[str] = field(default_factory=list)
@@ -476,6 +477,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     if c.has(a + "sinks"):
         c.put("sinks", c.get(a + "sinks"), a + "sinks")
         c.facts.sinks = True
+        c.facts.sink_form = c.family.sink_form if c.family is not None else None
     f, width, kv_width = c.facts, c.arrays["W_q"].shape[1], c.arrays["W_k"].shape[1]
     if f.heads is None:
         _heads(c, "num_attention_heads", width=None)

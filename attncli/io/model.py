@@ -31,7 +31,7 @@ from attncli.io.layouts import load_layer as read_layer
 # AttentionFacts -> Options fields: every fact the pipeline computes with
 FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "local_window",
                 "softcap", "qk_norm", "qk_norm_at", "alibi", "alibi_form", "alibi_scaled", "chunk", "clip_qkv",
-                "tuning_scale", "tuning_floor", "rms_wide", "rope_rounding")
+                "tuning_scale", "tuning_floor", "rms_wide", "rope_rounding", "sink_form")
 PROJECTION_NAMES = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "q_norm_bias",
                     "k_norm_bias", "sinks")
 
