@@ -18,11 +18,16 @@ accumulation inside matmuls, one rounding per operation). Where torch and transf
 compute several operations at once, the emulation does too (:class:`RoundingNamespace`): a
 projection with a bias is ``F.linear`` (the bias added in the float32 accumulator, one rounding),
 the softmax is torch's (s - max, exp, the sum and the division in float32, one rounding), RoPE's
-cos and sin are held in the dtype (``cos.to(x.dtype)``), and the norms (RMSNorm, LayerNorm,
-QK-norms) are computed in float32 and rounded once, the RMSNorm's weight applied after that
-rounding (Llama) or before it where the family does (the option ``rms_wide``: GPT-OSS, Helium,
-OLMo 2). On transformers' own Llama layer (RMSNorm, RoPE, grouped heads, biases) in bfloat16
-and float16 the emulated output is the module's, cell for cell (tests/test_check_today.py);
+cos and sin are held in the dtype (``cos.to(x.dtype)``) and q, k rotated as the family does (the
+option ``rope_rounding``: every operation rounded, Llama; in float32 and rounded once, Cohere,
+ESM, ModernBERT, or with float32 tables too, OLMo 2, Ernie 4.5, LFM3), a sink enters as the
+family has it (``sink_form``: gpt-oss's logit, Granite SWA's scale), and the norms (RMSNorm,
+LayerNorm, QK-norms) are computed in float32 and rounded once, the RMSNorm's weight applied after
+that rounding (Llama) or before it where the family does (``rms_wide``: GPT-OSS, Helium, OLMo 2).
+Each family fact was read off the family's own modules run in float16
+(tests/test_check_families.py, tests/test_check_today.py). On transformers' own Llama layer
+(RMSNorm, RoPE, grouped heads, biases) in bfloat16 and float16 the emulated output is the
+module's, cell for cell (tests/test_check_today.py);
 before the bias, softmax and RMSNorm-weight roundings were followed (the float16 false alarms of
 gpt_oss and helium at seed 3, docs/false_alarms.md) it only had an error of the module's size.
 No second attention is written: :class:`Rounded` is an ndarray whose ufuncs round their results, and
