@@ -446,6 +446,37 @@ def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode:
         assert np.mean(rotated(other) == want) < 0.95, other
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_plain_half_rotates_and_tunes_as_llama_4(dtype: str) -> None:
+    # Llama 4 rotates q as complex pairs in float32 by float32 freqs_cis and rounds once (rope_rounding
+    # once-float32, as DeepSeek-V2), and multiplies its NoPE layers' q by float32 temperature factors, rounded once
+    from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding, apply_rotary_emb
+
+    from attncli.check.precision import RoundingNamespace, rounded
+    from attncli.core import stages
+
+    T, H, d = 40, 2, 16
+    cfg = Llama4TextConfig(hidden_size=H * d, num_attention_heads=H, num_key_value_heads=H, head_dim=d,
+                           rope_theta=10000.0, rope_scaling=None)
+    g = torch.Generator().manual_seed(4)
+    q = (torch.randn(1, T, H, d, generator=g) * 2).to(getattr(torch, dtype))  # (B, T, H, d), as Llama 4 rotates it
+    freqs = Llama4TextRotaryEmbedding(cfg)(q, torch.arange(T)[None])  # (1, T, d/2) complex64
+    want = apply_rotary_emb(q, q, freqs[:, :, None, :].squeeze(2))[0][0].transpose(0, 1).double().numpy()
+    c32 = np.repeat(freqs[0].real.numpy(), 2, axis=-1)  # each frequency twice, side by side: (T, d)
+    s32 = np.repeat(freqs[0].imag.numpy(), 2, axis=-1)
+    xp, x = RoundingNamespace(dtype), rounded(q[0].transpose(0, 1).double().numpy(), dtype)  # (H, T, d)
+    got = {how: np.asarray(stages.rotate(xp, x, c32, s32, "interleaved", rounding=how), dtype=np.float64)
+           for how in ("each", "once", "once-float32")}
+    assert np.mean(got["once-float32"] == want) > 0.99 and np.mean(got["each"] == want) < 0.95
+    scales = torch.log1p(torch.floor((torch.arange(T).float() + 1.0) / 4.0)) * 0.3 + 1.0  # attn_scale 0.3, floor 4
+    want_t = (q * scales.view(1, T, 1, 1)).to(q.dtype)[0].transpose(0, 1).double().numpy()
+    factors = stages.tuning_factors(np.arange(T), 0.3, 4.0)
+    assert np.array_equal(np.asarray(stages.tuned(xp, x, factors), dtype=np.float64), want_t)
+    twice = np.asarray(x * rounded(factors[:, None], dtype), dtype=np.float64)  # the factors rounded first: not it
+    assert np.mean(twice == want_t) < 0.95
+
+
 def test_plain_bfloat16_layer_norm_rounds_once_as_torch() -> None:
     # torch's LayerNorm on a bfloat16 input computes in float32, w and b included, and rounds once; the emulation's
     # pre-norm does the same (before: its product with w was rounded before adding b: 67% of the cells equal)

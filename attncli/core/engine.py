@@ -376,7 +376,7 @@ def _tune_queries(problem: Problem, be: Backend, q: Any, t: Trace) -> tuple[Prob
         return problem, q
     P = problem.query_offset
     f = stages.tuning_factors(P + np.arange(problem.m), o.tuning_scale, o.tuning_floor)  # (m,)
-    y = q * be.asarray(f[:, None], problem.dtype)  # (..., m, d) * (m, 1) -> (..., m, d)
+    y = stages.tuned(be.xp, q, f)  # (..., m, d) * (m,) -> (..., m, d)
     done = [s for s in ("q_rot", "q_norm") if s in t]  # the later of the two (QK-norm after RoPE: Llama 4)
     before = max(done, key=t.names().index) if done else "q"
     where = f"P + i = {P} + i" if P else "i"

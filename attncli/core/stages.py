@@ -409,6 +409,18 @@ def tuning_factors(positions: Any, scale: float, floor: float) -> np.ndarray:
 # ---- scores and softmax ---------------------------------------------------------------------
 
 
+def tuned(xp: Any, q: Any, factors: np.ndarray) -> Any:
+    """q_i · factor_i (Llama 4's temperature tuning). (..., m, d) * (m,) -> (..., m, d)
+
+    A half-precision q is multiplied in float32 by the float32 factors and rounded once, as Llama 4's
+    ``(query_states * attn_scales).to(query_states.dtype)``; float32 and float64 in their own dtype."""
+    dt = q.dtype
+    if dt in (xp.float32, xp.float64):
+        return q * xp.asarray(factors[:, None], dtype=dt, device=_device(q))  # (..., m, d) * (m, 1)
+    f = xp.asarray(factors[:, None], dtype=xp.float32, device=_device(q))
+    return xp.astype(xp.astype(q, xp.float32) * f, dt)
+
+
 def softcap(xp: Any, s: Any, cap: float) -> Any:
     """s' = c · tanh(s / c): scores squashed into (-c, c), nearly unchanged where |s| << c. (...) -> (...)
 

@@ -333,6 +333,7 @@ declare("bitnet", layout="llama", sub_norm="attn_sub_norm",
 # after RoPE, on the RoPE layers only (Llama4TextAttention: `if config.use_qk_norm and self.use_rope`).
 declare("llama4_text", layout="llama", rope="interleaved", nope=_no_rope_layers, chunked=_llama4_chunked,
         qk_norm="rms", qk_at="after-rope", qk_weightless=True, qk_key="use_qk_norm", qk_layers=_rope_layer,
+        rope_rounding="once-float32",  # view_as_complex(q.float()) · freqs_cis (float32), type_as(q)
         keys=frozenset({"layer_types", "no_rope_layers", "no_rope_layer_interval", "attention_chunk_size",
                         "attn_temperature_tuning", "floor_scale", "attn_scale"}))
 declare("apertus", layout="llama", norm_name="attention_layernorm")
@@ -495,7 +496,8 @@ for mt in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "kimi_k2"):  # sparse
 # GLM-4-MoE-Lite, A.X-K1: rope_interleave (true: interleaved pairs, false: half).
 MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
                       "attention_bias", "rms_norm_eps", "head_dim", "num_key_value_heads"})
-declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS)
+declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS,
+        rope_rounding="once-float32")  # view_as_complex(q.float()) · freqs_cis (float32), type_as(q)
 declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS)
 declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None,
         keys=MLA_KEYS | {"rope_interleave"})
