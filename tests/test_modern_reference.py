@@ -366,8 +366,12 @@ def test_sink_scaled_weights_equal_granite_swa_eager(backend: str, dtype: str) -
     ours = M.softmax_sink_scaled(xp, s, on(backend, sinks, dtype))
     assert err(ours @ vv, out.transpose(1, 2)) < 1e-6  # HF computes softmax and scale in float32, for float64 too
     assert err(ours, M.softmax_with_sinks(xp, s, on(backend, sinks, dtype))) < TOL[dtype]
-    dead = M.softmax_sink_scaled(np, np.full((1, 2, 3), -np.inf), np.zeros(1))  # a fully masked row: zeros
-    assert np.array_equal(dead, np.zeros((1, 2, 3)))
+    for sink in (0.0, -np.inf):  # a fully masked row: zeros, whatever the sink (as softmax_with_sinks)
+        dead = M.softmax_sink_scaled(np, np.full((1, 2, 3), -np.inf), np.full(1, sink))
+        assert np.array_equal(dead, np.zeros((1, 2, 3)))
+    s0 = np.asarray(s[0]) if backend == "numpy" else s[0].numpy()
+    none = M.softmax_sink_scaled(np, s0, np.full(h, -np.inf))  # a sink of -inf is no sink: plain softmax
+    assert err(none, torch.softmax(torch.from_numpy(s0), -1)) < TOL[dtype]
 
 
 def test_sinks_of_minus_inf_are_plain_softmax() -> None:

@@ -457,9 +457,10 @@ def softmax_sink_scaled(xp: Any, s: Any, sinks: Any) -> Any:
     sk = xp.asarray(sinks, dtype=s.dtype, device=_device(s))
     sk = xp.reshape(sk, (-1, 1, 1) if s.ndim >= 3 else (1, 1))  # one head: (m, n) scores
     mx, e, z = softmax_parts(xp, s)
-    with np.errstate(divide="ignore"):  # a row of -inf: log(0) = -inf, its scale 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a row of -inf: log(0) = -inf, scale 0
         lse = mx + xp.log(z)  # (..., H, m, 1)
-    scale = 1.0 / (1.0 + xp.exp(sk - lse))  # sigmoid(lse - sink)
+        scale = 1.0 / (1.0 + xp.exp(sk - lse))  # sigmoid(lse - sink)
+    scale = xp.where(xp.isnan(scale), xp.zeros_like(scale), scale)  # -inf keys and a -inf sink: zero weights
     return softmax(xp, s) * scale
 
 
