@@ -127,3 +127,57 @@ def test_a_nearly_singular_output_projection_still_names_a_wrong_head(tmp_path: 
         assert code == 0 and doc["precision"]["heads_over"] == [], doc["precision"]["heads_over"]
     code, doc = check_layer(tmp_path, getattr(torch, dtype), 0, bad_head=BAD_HEAD, gain=1e-5)
     assert code == 1 and doc["precision"]["heads_over"][0]["label"] == f"head {BAD_HEAD}"
+
+
+def test_a_model_cast_with_to_dtype_is_named_and_settled_by_rope_freqs(tmp_path: Path) -> None:
+    # model.to(torch.float16) rounds transformers' inv_freq buffer (from_pretrained(dtype=...) keeps it float32): at
+    # 192 tokens its angles are off by more than float16 explains, a real difference from the checkpoint's RoPE.
+    # check says so and names it (rope-freqs-float16, "--rope-freqs float16"); with that option it is a MATCH
+    torch.manual_seed(2)
+    cfg = transformers.LlamaConfig(vocab_size=500, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                                   num_attention_heads=8, num_key_value_heads=2, initializer_range=0.25)
+    model = transformers.LlamaForCausalLM(cfg).eval().to(torch.float16)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float16
+    model.save_pretrained(tmp_path / "m")
+    got: dict[str, Any] = {}
+    def hook(m: Any, args: Any, out: Any) -> None:
+        got.setdefault("y", out[0].detach())
+
+    model.model.layers[2].self_attn.register_forward_hook(hook)
+    with torch.no_grad():
+        res = model(input_ids=torch.randint(0, 500, (1, 192)), output_hidden_states=True)
+    np.save(tmp_path / "h.npy", res.hidden_states[2][0].float().numpy())
+    torch.save(got["y"][0].clone(), tmp_path / "y.pt")
+    args = ["check", str(tmp_path / "y.pt"), str(tmp_path / "h.npy"), "--weights", str(tmp_path / "m"), "--layer", "2",
+            "--from-residual", "--format", "json"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1, r.stdout[-500:]
+    assert "rope-freqs-float16" in [e["name"] for e in json.loads(r.stdout)["explanations"]]
+    r = runner.invoke(app, [*args, "--rope-freqs", "float16"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["verdict"] == "match", r.stdout[-500:]
+
+
+def test_rope_freqs_rotate_as_a_cast_rotary_embedding() -> None:
+    # --rope-freqs bfloat16: θ from the inverse frequencies rounded to bfloat16, widened to float32, as transformers'
+    # LlamaRotaryEmbedding computes after model.to(torch.bfloat16) (everything else float32 here)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from attncli.core.engine import run
+    from attncli.core.layer import Layer
+    from attncli.core.problem import Options
+    from attncli.core.projections import Projections
+
+    T, H, d = 64, 2, 32
+    cfg = transformers.LlamaConfig(hidden_size=H * d, num_attention_heads=H, num_key_value_heads=H, head_dim=d)
+    rot = LlamaRotaryEmbedding(cfg)
+    rot.inv_freq = rot.inv_freq.bfloat16()  # as model.to(torch.bfloat16) leaves it
+    x = torch.randn(T, H * d, generator=torch.Generator().manual_seed(1), dtype=torch.float64).float()
+    q = x.view(1, T, H, d).transpose(1, 2)
+    cos, sin = rot(q, torch.arange(T)[None])
+    want = apply_rotary_pos_emb(q, q, cos, sin)[0][0].double().numpy()  # (H, T, d)
+    eye = np.eye(H * d)
+    for freqs, close in (("bfloat16", True), ("float32", False)):
+        layer = Layer.build(x.double().numpy(), projections=Projections(eye, eye, eye), heads=H,
+                            options=Options(causal=True, rope="half", rope_freqs=freqs, dtype="float32"))
+        got = np.asarray(run(layer)["q_rot"], dtype=np.float64)
+        assert (np.abs(got - want).max() < 1e-5) == close, (freqs, np.abs(got - want).max())

@@ -901,6 +901,30 @@ def rope_base_default(c: Context) -> Result:
     return c.rerun(rope_base=10000.0, rope_scaling=sc or None)
 
 
+def _freqs_in(c: Context, precision: str) -> Result:
+    if c.options.rope is None:
+        raise NotApplicable("no rotary position embedding")
+    if c.options.rope_freqs == precision:
+        raise NotApplicable(f"the frequencies are {precision} already")
+    return c.rerun(rope_freqs=precision)
+
+
+@variant("rope-freqs-bfloat16", "RoPE's inverse frequencies were rounded to bfloat16, as model.to(torch.bfloat16) "
+                                "leaves transformers' inv_freq buffer (from_pretrained(dtype=...) keeps it float32): "
+                                "angles off by up to 2^-9 of position · frequency")
+def rope_freqs_bfloat16(c: Context) -> Result:
+    """θ = position · bfloat16(inv_freq)"""
+    return _freqs_in(c, "bfloat16")
+
+
+@variant("rope-freqs-float16", "RoPE's inverse frequencies were rounded to float16, as model.half() leaves "
+                               "transformers' inv_freq buffer (from_pretrained(dtype=...) keeps it float32): angles "
+                               "off by up to 2^-11 of position · frequency")
+def rope_freqs_float16(c: Context) -> Result:
+    """θ = position · float16(inv_freq)"""
+    return _freqs_in(c, "float16")
+
+
 @variant("window-not-causal", "the sliding window was not combined with the causal mask: each query saw the keys "
                               "within {W} positions on both sides, the later ones too")
 def window_not_causal(c: Context) -> Result:
@@ -988,6 +1012,7 @@ OPTION_HINTS: dict[str, str] = {
     "rope-missing": "without --rope", "rope-other-convention": "the other --rope",
     "window-off-by-one": "--window W+1", "window-one-short": "--window W-1", "q-offset-missing": "--q-offset 0",
     "kv-heads-tiled": "K/V heads tiled (no option: fix the code)", "mask-inverted": "the other --mask-convention",
+    "rope-freqs-bfloat16": "--rope-freqs bfloat16", "rope-freqs-float16": "--rope-freqs float16",
 }
 MAX_PAIR_RUNS = 600  # pairs of mistakes tried at most (each one run of the pipeline, or one variant on it)
 PAIR_CELL_BUDGET = 1 << 25  # ...and at most this many score cells computed over all of them

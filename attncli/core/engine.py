@@ -447,6 +447,9 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
     q_pos, k_pos = P + np.arange(m), np.arange(n)
     inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
                                        seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
+    inv = stages.freqs_held_in(inv, str(o.rope_freqs))  # --rope-freqs bfloat16: as model.to(bfloat16) leaves them
+    held = [f"inverse frequencies held in {o.rope_freqs} (as model.to({o.rope_freqs}) leaves transformers' inv_freq; "
+            "from_pretrained(dtype=...) keeps them in float32)"] if o.rope_freqs != "float32" else []
     tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
     rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
     part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
@@ -461,7 +464,8 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
         formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
                    f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
         t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),
-              (QUERIES if name == "q" else KEYS, FEATURES), notes=kv_note if name == "k" else None, params=rotation)
+              (QUERIES if name == "q" else KEYS, FEATURES), notes=(kv_note if name == "k" else []) + held or None,
+              params=rotation)
         if name == "q":
             q = y
         else:

@@ -37,6 +37,7 @@ RopeMode = Literal["half", "interleaved", "half-reversed"]
 QkNorm = Literal["rms", "rms1p", "layernorm", "rms-full"]
 QkNormAt = Literal["before-rope", "after-rope"]  # where the QK-norm sits: Qwen3 before RoPE, HunYuan/nanochat after
 RopeRounding = Literal["each", "once", "once-float32"]  # how a half-precision q, k are rotated (stages.rotate)
+RopeFreqs = Literal["float32", "bfloat16", "float16"]  # the precision RoPE's inverse frequencies are held in
 SinkForm = Literal["logit", "scale"]  # sinks in the softmax's denominator (gpt-oss) or as a scale after (Granite SWA)
 MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
@@ -463,6 +464,11 @@ class Options:
     rope_base: float = option(  # theta (config rope_theta)
         10000.0, "RoPE theta: frequencies base^(-2k/d) (default 10000; config rope_theta).", TODAY,
         label="RoPE base", check=_check_rope_base)
+    rope_freqs: RopeFreqs = option(  # transformers' inv_freq buffer: float32, or cast by model.to(dtype)
+        "float32", "The precision of RoPE's inverse frequencies: float32 (default: transformers' inv_freq as "
+                   "from_pretrained loads it) or bfloat16/float16 (as model.to(dtype) or .half() leaves that buffer: "
+                   "angles off by up to 2^-9 (bfloat16) or 2^-11 (float16) of position · frequency).", TODAY,
+        label="RoPE frequencies")
     rotary_dim: int | None = option(  # rotate the first N features of each head only (GPT-J, GPT-NeoX)
         None, "Rotate only the first N features of each head (even; GPT-J rotary_dim, GPT-NeoX rotary_pct·d).",
         TODAY, label="rotary dim", check=_whole_in(1, MAX_HIDDEN))

@@ -36,7 +36,7 @@ else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.core import alibi
-from attncli.core.backend import Backend, to_numpy
+from attncli.core.backend import Backend, round_bfloat16, to_numpy
 from attncli.core.heads import (  # noqa: F401  (re-exported: the checks and the slopes beside the stages)
     POSITION_SCORES,
     alibi_slopes,
@@ -276,6 +276,17 @@ def _yarn_inv_freq(dim: int, base: float, p: dict[str, Any], max_positions: int 
     extra = f32(1) - ramp
     inv = interpolation * (f32(1) - extra) + extrapolation * extra
     return inv.astype(np.float32), float(attn)
+
+
+def freqs_held_in(inv_freq: np.ndarray, precision: str) -> np.ndarray:
+    """RoPE's inverse frequencies as a buffer of ``precision`` holds them (float32: unchanged; bfloat16, float16:
+    rounded, as ``model.to(dtype)`` leaves transformers' ``inv_freq``, which its rotary embedding then widens to
+    float32). (r/2,) -> (r/2,)"""
+    if precision == "bfloat16":
+        return round_bfloat16(np.asarray(inv_freq, dtype=np.float32)).astype(inv_freq.dtype)
+    if precision == "float16":
+        return np.asarray(inv_freq, dtype=np.float32).astype(np.float16).astype(inv_freq.dtype)
+    return inv_freq
 
 
 def rope_cos_sin(positions: Any, inv_freq: np.ndarray, factor: float, mode: str,
