@@ -218,6 +218,11 @@ class Ctx:
         if bias is not None and self.has(bias):
             self.put("b_" + key[-1], self.get(bias), bias)
 
+    def linears(self, prefix: str, *names: str) -> None:
+        """W_q, W_k, W_v (and W_o), in that order, from the nn.Linear tensors ``prefix + name`` (.weight, .bias)."""
+        for key, n in zip(("W_q", "W_k", "W_v", "W_o"), names):
+            self.linear(key, f"{prefix}{n}.weight", f"{prefix}{n}.bias")
+
     def conf(self, fact: str, *keys: str, default: Any = None, cast: Callable[[Any], Any] | None = None) -> Any:
         """Set ``facts.<fact>`` from the first config key present (listed in from_config), else ``default``."""
         value, key = _cfg(self.config, *keys)
@@ -818,8 +823,7 @@ def _phi(c: Ctx) -> None:
     if not c.has(a + "q_proj.weight"):
         raise c.fail(f"has {a}dense.weight but no {a}q_proj.weight: not a Phi layer (see the layouts attncli "
                      "inspect lists)")
-    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
-        c.linear(t, f"{a}{n}_proj.weight", f"{a}{n}_proj.bias")
+    c.linears(a, "q_proj", "k_proj", "v_proj")
     _llama_rest(c, a, out="dense")  # q_layernorm / k_layernorm under the declaration's qk_names
     if c.facts.rope is not None:
         _partial_default(c, 0.5)
@@ -925,8 +929,7 @@ def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
         "GPT-J: attn.{q,k,v,out}_proj (nn.Linear, no biases), rotary interleaved on the first rotary_dim features")
 def _gptj(c: Ctx) -> None:
     a = c.block + "attn."
-    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=c.arrays["W_q"].shape[1])
     c.facts.causal = True
     _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
@@ -937,8 +940,7 @@ def _gptj(c: Ctx) -> None:
         "GPT-Neo: attn.attention.{q,k,v,out}_proj (nn.Linear, q/k/v without bias); no score scaling; local layers")
 def _gpt_neo(c: Ctx) -> None:
     a = c.block + "attn.attention."
-    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
     _heads(c, "num_heads", "num_attention_heads", kv_keys=("num_heads", "num_attention_heads"),
            width=c.arrays["W_q"].shape[1])
     f, cfg = c.facts, c.config or {}
@@ -974,8 +976,7 @@ def _bert(c: Ctx) -> None:
     rotary = fam is not None and fam.rope is not None  # RoFormer (always), ESM (position_embedding_type rotary)
     if pe not in (None, "absolute", *(("rotary",) if rotary else ())) or c.has(a + "self.distance_embedding.weight"):
         raise c.fail(f"uses BERT's position_embedding_type {pe!r} (relative_key), which is not supported")
-    for t, n in (("W_q", "self.query"), ("W_k", "self.key"), ("W_v", "self.value"), ("W_o", "output.dense")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "self.query", "self.key", "self.value", "output.dense")
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
     c.facts.causal = bool(cfg.get("is_decoder", False))
     if fam is not None and fam.rope is not None:
@@ -1168,8 +1169,7 @@ def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
         "T5: layer.0.SelfAttention.{q,k,v,o}; relative position bias from layer 0; no score scaling")
 def _t5(c: Ctx) -> None:
     a = c.block + "layer.0.SelfAttention."
-    for t, n in (("W_q", "q"), ("W_k", "k"), ("W_v", "v"), ("W_o", "o")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "q", "k", "v", "o")
     own = a + "relative_attention_bias.weight"
     first = f"{c.stack}0.layer.0.SelfAttention.relative_attention_bias.weight"
     bias = own if c.has(own) else first  # UMT5 has one per layer; T5 only in layer 0, shared by all
@@ -1207,8 +1207,7 @@ def _bart(c: Ctx) -> None:
         _lfm2(c, a, fam)
         return
     encoder = re.search(r"(^|\.)encoder\.", c.stack) is not None  # an encoder-decoder's encoder: bidirectional
-    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
     cfg = c.config or {}
     if cfg.get("enable_bias") is False and any(k in c.arrays for k in BIASES):
         raise c.fail(f"{fam.model_type}: config.json says enable_bias false, but {a}q_proj has a bias")
@@ -1237,8 +1236,7 @@ def _bart(c: Ctx) -> None:
 def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     """LFM2's attention layers (between its convolution layers): q/k/v_proj, out_proj (nn.Linear, no biases),
     RMSNorm per head q_layernorm / k_layernorm before rotary (half), GQA, causal; RMS operator_norm before."""
-    for t, n in (("W_q", "q_proj"), ("W_k", "k_proj"), ("W_v", "v_proj"), ("W_o", "out_proj")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
     _heads(c, "num_attention_heads", width=c.arrays["W_q"].shape[1])
     f = c.facts
     if f.head_dim and "kv_heads" not in f.from_config:
@@ -1347,8 +1345,7 @@ def _modernbert(c: Ctx) -> None:
         "DistilBERT: attention.{q,k,v,out}_lin (nn.Linear, biases); bidirectional; post-norm sa_layer_norm")
 def _distilbert(c: Ctx) -> None:
     a = c.block + "attention."
-    for t, n in (("W_q", "q_lin"), ("W_k", "k_lin"), ("W_v", "v_lin"), ("W_o", "out_lin")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "q_lin", "k_lin", "v_lin", "out_lin")
     _heads(c, "n_heads", "num_attention_heads", kv_keys=("n_heads", "num_attention_heads"),
            width=c.arrays["W_q"].shape[1])
     c.facts.causal = False
@@ -1396,8 +1393,7 @@ def _albert_layers(ckpt: Checkpoint, found: Found) -> list[int]:
 def _albert(c: Ctx) -> None:
     g, i, shared = _albert_call(c.config, c.layer, c.ckpt.source)
     a = f"{c.stack}{g}.albert_layers.{i}.attention."
-    for t, n in (("W_q", "query"), ("W_k", "key"), ("W_v", "value"), ("W_o", "dense")):
-        c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+    c.linears(a, "query", "key", "value", "dense")
     runs = f"layers {_layer_range(shared)}" if shared == list(range(shared[0], shared[-1] + 1)) else \
         "layers " + ", ".join(map(str, shared))
     for k in list(c.origin):
