@@ -460,15 +460,21 @@ def _ids() -> Iterator[Any]:
         yield pytest.param(mt, id=mt, marks=marks)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mt", list(_ids()))
-def test_family_agrees_or_refuses(mt: str) -> None:
+def agrees_or_refuses(mt: str, label: str, dtype: Any = None) -> None:
+    """Every run of the family agrees or is refused in one line (partly refused: some layers); a family transformers
+    does not build here is skipped with the reason."""
     try:
-        outcomes = sweep_one(mt)
+        outcomes = sweep_one(mt, dtype)
     except Skip as e:
         pytest.skip(f"{SKIP_REASON.get(e.why, e.why)}: {e.detail}")
     verdict, detail = summary(outcomes)
-    assert verdict in ("agrees", "refused", "partly refused"), f"{mt}: {verdict}: {detail}"
+    assert verdict in ("agrees", "refused", "partly refused"), f"{label}: {verdict}: {detail}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mt", list(_ids()))
+def test_family_agrees_or_refuses(mt: str) -> None:
+    agrees_or_refuses(mt, mt)
 
 
 # Families whose every run must agree (not only agree or refuse): each new step, against its own module.
@@ -582,12 +588,7 @@ def test_variant_with_a_new_step_agrees(name: str, monkeypatch: pytest.MonkeyPat
 def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     mt, over = VARIANTS[name]
     monkeypatch.setitem(OVERRIDES, mt, over)
-    try:
-        outcomes = sweep_one(mt)
-    except Skip as e:
-        pytest.skip(f"{SKIP_REASON.get(e.why, e.why)}: {e.detail}")
-    verdict, detail = summary(outcomes)
-    assert verdict in ("agrees", "refused", "partly refused"), f"{name}: {verdict}: {detail}"
+    agrees_or_refuses(mt, name)
 
 
 # bfloat16 checkpoints, one per supported family (and the silently wrong ones most used in bf16): saved in
@@ -608,12 +609,7 @@ BF16_SILENT = {k: SILENT[k] for k in BF16 if k in SILENT}
                                                                                       strict=True)]
                                              if m in BF16_SILENT else []) for m in BF16])
 def test_bfloat16_checkpoint_agrees_or_refuses(mt: str) -> None:
-    try:
-        outcomes = sweep_one(mt, torch.bfloat16)
-    except Skip as e:
-        pytest.skip(f"{SKIP_REASON.get(e.why, e.why)}: {e.detail}")
-    verdict, detail = summary(outcomes)
-    assert verdict in ("agrees", "refused", "partly refused"), f"{mt} bf16: {verdict}: {detail}"
+    agrees_or_refuses(mt, f"{mt} bf16", torch.bfloat16)
 
 
 BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-no-qk-norm", "persimmon-no-qk-norm",
@@ -626,12 +622,7 @@ BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-n
 def test_bfloat16_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     mt, over = VARIANTS[name]
     monkeypatch.setitem(OVERRIDES, mt, over)
-    try:
-        outcomes = sweep_one(mt, torch.bfloat16)
-    except Skip as e:
-        pytest.skip(f"{SKIP_REASON.get(e.why, e.why)}: {e.detail}")
-    verdict, detail = summary(outcomes)
-    assert verdict in ("agrees", "refused", "partly refused"), f"{name} bf16: {verdict}: {detail}"
+    agrees_or_refuses(mt, f"{name} bf16", torch.bfloat16)
 
 
 def main() -> None:  # python tests/test_families.py [model types or VARIANTS names...]: the table
