@@ -126,6 +126,7 @@ from attncli.cli import view as _view  # noqa: E402,F401  (registers the view co
 # isort: split
 from attncli.cli import check as _check  # noqa: E402,F401  (registers the check command)
 from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
+from attncli.cli import heads as _heads  # noqa: E402,F401  (registers the heads command)
 from attncli.cli import inspect as _inspect  # noqa: E402,F401  (registers the inspect command)
 from attncli.cli.options import use_help_layout  # noqa: E402
 

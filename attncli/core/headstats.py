@@ -417,3 +417,65 @@ class Measured:
     layers: list[int]
     heads: int
     facts: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the inputs: what a capture, HIDDEN or X brings ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A batch of inputs as every source gives them (a capture, HIDDEN, X, the induction probe): the residual stream
+    entering each layer ``hidden`` (L + 1, B, T, E) — or X of one layer (1, B, T, E) — and, where known, the token
+    ids, labels, attention mask (1 = a token, 0 = padding), special tokens mask and the queries scored. (B, T) each."""
+
+    hidden: np.ndarray
+    token_ids: np.ndarray | None = None
+    labels: list[list[str]] | None = None
+    attention_mask: np.ndarray | None = None
+    special_tokens_mask: np.ndarray | None = None
+    scored: np.ndarray | None = None
+
+    @property
+    def batch(self) -> int:
+        return int(self.hidden.shape[1])
+
+    @property
+    def length(self) -> int:
+        return int(self.hidden.shape[2])
+
+    def valid(self) -> np.ndarray:
+        """(B, T) True where a token is."""
+        if self.attention_mask is None:
+            return np.ones((self.batch, self.length), dtype=bool)
+        return np.asarray(self.attention_mask) != 0
+
+    def sequences(self) -> list[Sequence]:
+        v = self.valid()
+        out = []
+        for b in range(self.batch):
+            punct = None
+            if self.labels is not None:
+                punct = np.array([is_punctuation(t) for t in self.labels[b]], dtype=bool)
+            out.append(Sequence(v[b], None if self.token_ids is None else np.asarray(self.token_ids[b]),
+                                None if self.special_tokens_mask is None else np.asarray(self.special_tokens_mask[b]) != 0,
+                                punct, None if self.scored is None else np.asarray(self.scored[b], dtype=bool)))
+        return out
+
+    def layer_input(self, layer: int) -> np.ndarray:
+        """X entering ``layer`` (B, T, E): padding's states set to 0 (they are never attended, and may be NaN)."""
+        x = np.asarray(self.hidden[layer])
+        return np.where(self.valid()[..., None], x, np.zeros((), dtype=x.dtype))
+
+
+def induction_probe(bos: int, vocab: int, n: int, batch: int, seed: int, avoid: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """TransformerLens's induction probe: a BOS token, then N random tokens repeated twice (seeded), (B, 1 + 2N);
+    and the queries scored, the second copy (B, 1 + 2N)."""
+    rng = np.random.default_rng(seed)
+    pool = np.array([t for t in range(vocab) if t not in avoid])
+    if len(pool) < 2:
+        raise InputError(f"the vocabulary ({vocab} tokens) leaves no random tokens to draw", "--induction")
+    r = pool[rng.integers(0, len(pool), size=(batch, n))]
+    ids = np.concatenate([np.full((batch, 1), bos), r, r], axis=1)
+    scored = np.zeros(ids.shape, dtype=bool)
+    scored[:, 1 + n:] = True
+    return ids, scored
