@@ -148,59 +148,53 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
             raise InputError(f"must be a layer number 0 to {count - 1} or all, got {t[:40]!r}", "--layer")
         single = int(t)
     layers = [single] if single is not None else list(range(count))
-    reader = Reader()
-    batches: list[tuple[str, Inputs]] = []
-    if induction is not None:
-        batches.append(("--induction", _probe(weights, first, induction, seed)))
-    for spec in args:
-        batches.append((reader.source(spec), _read_input(reader, spec, single, count)))
-    residual = from_residual or single is None or any(b.hidden.shape[0] > 1 for _, b in batches)
     if rollout is not None and single is not None:
         raise InputError("rolls out every layer from the first: use --layer all", "--rollout")
+    sources: list[tuple[str, Any]] = [("--induction", None)] if induction is not None else []
+    sources += [(spec, None) for spec in args]
     be = get_backend("numpy")
     heads = int(first.heads or 0)
     sums = hs.Sums.zeros(len(layers), heads)
     hashes: list[str] = []
-    for _, inp in batches:
-        for b in range(inp.batch):
-            hashes.append(headsfile.input_hash(inp.hidden[:, b], None if inp.token_ids is None else inp.token_ids[b],
-                                               None if inp.attention_mask is None else inp.attention_mask[b],
-                                               None if inp.scored is None else inp.scored[b]))
-    rolled: list[list[np.ndarray]] = []
+    rolled: list[np.ndarray] = []
+    model_layers = {L: first if L == 0 else load_layer(weights, L) for L in layers}  # the attention weights, once
     with progress_bar(quiet) as progress:
-        total = len(layers) * sum(b.batch for _, b in batches)
-        done = 0
-        for li, L in enumerate(layers):
-            cl = first if L == 0 else load_layer(weights, L)
-            opts = cl.config_options(Options(dtype=dtype))
-            for where, inp in batches:
+        for k, (spec, _) in enumerate(sources):  # one input file at a time: memory flat in the number of files
+            if spec == "--induction":
+                where, inp = spec, _probe(weights, first, induction or 0, seed)
+            else:
+                reader = Reader()  # a fresh reader: no file's contents outlive its turn
+                where, inp = reader.source(spec), _read_input(reader, spec, single, count)
+            residual = from_residual or inp.hidden.shape[0] > 1 or single is None
+            for b in range(inp.batch):
+                hashes.append(headsfile.input_hash(
+                    inp.hidden[:, b], None if inp.token_ids is None else inp.token_ids[b],
+                    None if inp.attention_mask is None else inp.attention_mask[b],
+                    None if inp.scored is None else inp.scored[b]))
+            per_layer = []
+            for li, L in enumerate(layers):
+                cl = model_layers[L]
                 index = L if inp.hidden.shape[0] > 1 else 0
                 if index >= inp.hidden.shape[0]:
                     raise InputError(f"holds the states of {inp.hidden.shape[0]} layers; the model has {count}", where)
-                valid = inp.valid()
-                lay = cl.problem(inp.layer_input(index), from_residual=residual, padding=~valid, options=opts)
+                lay = cl.problem(inp.layer_input(index), from_residual=residual, padding=~inp.valid(),
+                                 options=cl.config_options(Options(dtype=dtype)))
                 prep = engine.prepare(lay, be)
-
-                def tick(d: int, t: int, base: int = done, n: int = inp.batch) -> None:
-                    if progress is not None:
-                        progress(base * 1000 + d * 1000 * n // max(t, 1) // max(n, 1), total * 1000)
-
-                s, c = hs.layer_sums(prep, inp.sequences(), exclude_first=exclude_first, exclude_self=exclude_self,
-                                     progress=tick)
+                s, c = hs.layer_sums(prep, inp.sequences(), exclude_first=exclude_first, exclude_self=exclude_self)
                 sums.add_layer(li, s, c)
                 if rollout is not None:
-                    if li == 0:
-                        rolled.extend([] for _ in range(inp.batch))
-                    for b in range(inp.batch):
-                        rolled[b].append(hs.mean_weights(prep, b))
-                done += inp.batch
+                    per_layer.append([hs.mean_weights(prep, b) for b in range(inp.batch)])
+                if progress is not None:
+                    progress(k * len(layers) + li + 1, len(sources) * len(layers))
+            if rollout is not None:
+                rolled.extend(hs.rollout([per_layer[li][b] for li in range(len(layers))]) for b in range(inp.batch))
     settings = {"exclude_first": exclude_first, "exclude_self": exclude_self, "dtype": dtype,
                 "probe": None if induction is None else {"kind": "induction", "n": induction, "seed": seed,
                                                          "batch": PROBE_BATCH}}
     doc = headsfile.document(sums, layers=layers, heads=heads, model=headsfile.model_identity(weights),
                              thresholds=limits, settings=settings, inputs=hashes, with_sums=True)
     if rollout is not None:
-        _save_rollout(rollout, [hs.rollout(r) for r in rolled], args)
+        _save_rollout(rollout, rolled, args)
         doc["rollout"] = {"file": str(rollout), "caveat": hs.ROLLOUT_CAVEAT}
         if not quiet:
             sys.stderr.write(f"attncli: note: {hs.ROLLOUT_CAVEAT}\n")
