@@ -248,6 +248,7 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
     """Per input × query head × statistic (B, H, S): the sums over the scored queries of one layer and their counts,
     from the prepared layer ``prep`` (attncli.core.engine.prepare: q, k after norms and rotary), block by block."""
     from attncli.core import blocked, chain
+    from attncli.core.backend import threads
 
     p = prep.core
     if p.options.mask_value is not None:
@@ -274,10 +275,19 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
         qs = q[:, t::r] if r > 1 else q
         c = chain.constant_factor(sub)
         step = blocked.block_rows(sub)
-        for i0 in range(0, m, step):
+        found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+        def one(i0: int, sub: Problem = sub, qs: Any = qs, c: Any = c, step: int = step,
+                found: dict[int, tuple[np.ndarray, np.ndarray]] = found) -> int:
             i1 = min(m, i0 + step)
             s, lo = block_scores(sub, be, qs[..., i0:i1, :], k, prep.params, i0, i1, c)
-            bs, bc = _block_sums(sub, np.asarray(s), lo, i0, i1, P, pos, exclude_first, exclude_self)
+            found[i0] = _block_sums(sub, np.asarray(s), lo, i0, i1, P, pos, exclude_first, exclude_self)
+            return i1
+
+        starts = range(0, m, step)
+        for i1 in blocked._run_blocks(one, starts, min(len(starts), threads())):  # the blocked pass's own threads
+            i0 = (i1 - 1) // step * step
+            bs, bc = found.pop(i0)
             sums[:, t::r] += bs
             counts[:, t::r] += bc
             done += i1 - i0
@@ -298,64 +308,99 @@ def _gather(a: np.ndarray, idx: np.ndarray, lo: int) -> tuple[np.ndarray, np.nda
 def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, pos: Positions, exclude_first: bool,
                 exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
     """The sums and counts (B, G, S) of the query rows i0..i1-1 from their scores ``s`` (B, G, b, nc) of the keys
-    lo..lo + nc - 1 (masked at -inf)."""
-    from attncli.core import stages
+    lo..lo + nc - 1 (masked at -inf), by the one softmax's parts: with m_i = max_j s_ij, e_ij = exp(s_ij - m_i) and
+    Z_i = Σ_j e_ij (+ exp(sink - m_i)), a_ij = e_ij / Z_i, so
 
+        entropy_i = (Σ_j e_ij · ln Z_i - Σ_j e_ij (s_ij - m_i)) / Z_i      max_i = 1 / Z_i
+        Σ_j a_ij·[1, r_j, special_j, punct_j] = (e @ F) / Z                 (one product with a (nc, 4) matrix)
+        distance_i = r_i (A_le - A_gt) - (R_le - R_gt)   (sums of a and a·r over keys at or before i, and after)
+
+    and the weights on named positions are gathered. Only the row sums are formed: five passes over the block."""
     B = pos.rank.shape[0]
     b, nc = i1 - i0, s.shape[-1]
-    s = np.broadcast_to(s, (B,) + s.shape[1:]) if s.shape[0] != B else s
-    j = np.arange(lo, lo + nc)
-    qi = np.arange(i0, i1) + P  # query positions (indices into the keys)
-    if exclude_first or exclude_self:  # drop those keys, renormalise (TransformerLens's exclude_bos, _current_token)
-        drop = np.zeros((B, 1, b, nc), dtype=bool)
-        if exclude_first:
-            drop |= (j[None, :] == pos.first[:, None])[:, None, None, :]
-        if exclude_self:
-            drop |= (j[None, :] == qi[:, None])[None, None]
-        s = np.where(drop, -np.inf, s)
+    s = np.array(np.broadcast_to(s, (B,) + s.shape[1:]))  # ours to overwrite (the chain's may be a broadcast view)
+    rows = np.arange(b)
+    qi = rows + i0 + P  # query positions (indices into the keys)
+    if exclude_first:  # drop those keys, renormalise (TransformerLens's exclude_bos, exclude_current_token)
+        for bb in range(B):
+            f = int(pos.first[bb]) - lo
+            if 0 <= f < nc:
+                s[bb, ..., f] = -np.inf
+    if exclude_self:
+        c = qi - lo
+        ok = (c >= 0) & (c < nc)
+        s[:, :, rows[ok], c[ok]] = -np.inf
+    nxt = pos.next[:, i0 + P:i1 + P]
+    vis_next = np.isfinite(np.take_along_axis(s, np.clip(nxt - lo, 0, nc - 1)[:, None, :, None], axis=-1)[..., 0])
+    G = s.shape[1]
+    dt = s.dtype
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        a = stages.softmax(np, s) if p.sinks is None else stages.softmax_with_sinks(np, s, p.sinks)  # (B, G, b, nc)
-        finite = np.isfinite(s)
-        keys = finite.sum(axis=-1)  # (B, G, b): keys each query may attend
-        la = np.log(np.where(a > 0, a, 1.0))
-        ent = -(a * la).sum(axis=-1)
-    G = a.shape[1]
+        mx = s.max(axis=-1, keepdims=True)  # (B, G, b, 1)
+        keys = np.count_nonzero(s > -np.inf, axis=-1)  # (B, G, b): keys each query may attend
+        mx = np.where(np.isfinite(mx), mx, np.zeros((), dt))
+        t = np.subtract(s, mx, out=s)  # s - m, in place
+        e = np.exp(t)
+        np.maximum(t, -1e4, out=t)  # masked keys: e = 0 there, and 0 · -1e4 = 0 (exp(-1e4) is 0 in every float)
+        et = np.einsum("bgij,bgij->bgi", e, t)  # Σ_j e_ij (s_ij - m_i)
+        c0 = pos.rank[:, min(i0 + P, pos.rank.shape[1] - 1)]  # ranks taken relative to the block's first query
+        rk = (pos.rank[:, lo:lo + nc] - c0[:, None]).astype(dt)  # (B, nc)
+        cols = [np.ones((B, nc), dt), rk]
+        for x in (pos.special, pos.punct):
+            cols.append(np.zeros((B, nc), dt) if x is None else x[:, lo:lo + nc].astype(dt))
+        F = np.stack(cols, axis=-1)  # (B, nc, 4)
+        M = (e @ F[:, None]).astype(np.float64)  # (B, G, b, nc) x (B, 1, nc, 4) -> (B, G, b, 4)
+        z = M[..., 0]
+        Z = z
+        sink = None
+        if p.sinks is not None:
+            sk = np.asarray(p.sinks, dtype=np.float64).reshape(1, G, 1)
+            sink = np.exp(sk - mx[..., 0])  # (B, G, b)
+            Z = z + sink
+        Zs = np.where(Z > 0, Z, 1.0)
+        # distance: keys before the block's first query are at or before every query, keys from its last on are after
+        cut = min(max(i0 + P - lo, 0), nc)
+        cut2 = min(max(i1 + P - lo, 0), nc)
+        before = (e[..., :cut] @ F[:, None, :cut, :2]).astype(np.float64) if cut else np.zeros(M.shape[:-1] + (2,))
+        band = e[..., cut:cut2].astype(np.float64)  # (B, G, b, w)
+        jb = np.arange(lo + cut, lo + cut2)
+        tri = (jb[None, :] <= qi[:, None]).astype(np.float64)  # (b, w)
+        le_a = before[..., 0] + np.einsum("bgiw,iw->bgi", band, tri)
+        le_r = before[..., 1] + np.einsum("bgiw,iw,bw->bgi", band, tri, rk[:, cut:cut2].astype(np.float64))
+        rq = (pos.rank[:, i0 + P:i1 + P] - c0[:, None]).astype(np.float64)[:, None]  # (B, 1, b)
+        dist = (rq * (2 * le_a - z) - (2 * le_r - M[..., 1])) / Zs
+        ent = (z * np.log(Zs) - et) / Zs
     vals = np.zeros((B, G, b, S))
     inc = np.zeros((B, G, b, S), dtype=bool)
-    base = (pos.scored[:, i0:i1][:, None] & (keys > 0))  # (B, G, b)
-    row = a.sum(axis=-1)
+    base = pos.scored[:, i0 + P:i1 + P][:, None] & (keys > 0)  # (B, G, b)
 
-    def put(name: str, v: Any, ok: Any) -> None:
+    def put(name: str, v: Any, ok: Any = True) -> None:
         vals[..., _I[name]] = v
         inc[..., _I[name]] = base & ok
 
-    put("entropy", ent, True)
+    def at(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        g, ok = _gather(e, idx, lo)
+        return g / Zs, ok
+
+    put("entropy", ent)
     put("entropy_norm", ent / np.log(np.maximum(keys, 2)), keys >= 2)
-    put("first", _gather(a, np.broadcast_to(pos.first[:, None], (B, b)), lo)[0], True)
-    put("self", _gather(a, np.broadcast_to(qi, (B, b)), lo)[0], True)
-    put("previous", _gather(a, pos.prev[:, i0 + P:i1 + P], lo)[0], pos.prev[:, None, i0 + P:i1 + P] >= 0)
-    nxt = pos.next[:, i0 + P:i1 + P]
-    va, ok = _gather(a, nxt, lo)
-    vis = np.take_along_axis(finite, np.clip(nxt - lo, 0, nc - 1)[:, None, :, None], axis=-1)[..., 0]
-    put("next", va, ok & vis)
-    put("max", a.max(axis=-1), True)
-    rk = pos.rank[:, lo:lo + nc].astype(a.dtype)  # (B, nc)
-    dist = np.abs(pos.rank[:, i0 + P:i1 + P, None].astype(a.dtype) - rk[:, None, :])  # (B, b, nc)
-    put("distance", np.einsum("bgik,bik->bgi", a, dist), True)
-    if p.sinks is not None:
-        put("sink_share", 1.0 - row, True)
-    if pos.special is not None or pos.punct is not None:
-        cols = [x[:, lo:lo + nc] if x is not None else np.zeros((B, nc)) for x in (pos.special, pos.punct)]
-        named = np.einsum("bgik,bkc->bgic", a, np.stack(cols, axis=-1).astype(a.dtype))  # (B, G, b, 2)
-        if pos.special is not None:
-            put("special", named[..., 0], True)
-        if pos.punct is not None:
-            put("punctuation", named[..., 1], True)
+    put("first", at(np.broadcast_to(pos.first[:, None], (B, b)))[0])
+    put("self", at(np.broadcast_to(qi, (B, b)))[0])
+    prev = pos.prev[:, i0 + P:i1 + P]
+    put("previous", at(prev)[0], (prev >= 0)[:, None])
+    va, ok = at(nxt)
+    put("next", va, ok & vis_next)
+    put("max", 1.0 / Zs)
+    put("distance", dist)
+    if sink is not None:
+        put("sink_share", sink / Zs)
+    if pos.special is not None:
+        put("special", M[..., 2] / Zs)
+    if pos.punct is not None:
+        put("punctuation", M[..., 3] / Zs)
     occ, after = pos.occ[:, i0 + P:i1 + P], pos.after[:, i0 + P:i1 + P]
-    put("duplicate", _gather(a, occ, lo)[0], (occ >= 0)[:, None])
-    put("induction", _gather(a, after, lo)[0], (after >= 0)[:, None])
-    inc &= base[..., None]
-    out = np.where(inc, vals.astype(np.float64), 0.0).sum(axis=2)  # (B, G, S)
+    put("duplicate", at(occ)[0], (occ >= 0)[:, None])
+    put("induction", at(after)[0], (after >= 0)[:, None])
+    out = np.where(inc, vals, 0.0).sum(axis=2)  # (B, G, S)
     return out, inc.sum(axis=2)
 
 
