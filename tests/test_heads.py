@@ -260,3 +260,20 @@ def test_merge_of_two_halves_is_the_whole(model_case: Any) -> None:
     means = [h.mean()[0] for h in halves]
     ok = ~np.isnan(means[0]) & ~np.isnan(means[1])
     np.testing.assert_allclose(merged.spread()[0][ok], np.std(np.stack(means), axis=0)[ok], rtol=1e-9, atol=1e-12)
+
+
+def test_streaming_equals_the_explicit_path(model_case: Any) -> None:
+    """The statistics from blocks of rows equal those of attncli's own explicit weights (the whole (B, H, T, T) map,
+    engine.run), to float64 rounding: the same chain and softmax, measured two ways."""
+    kind, folder, ids, valid, hidden, att = model_case
+    seqs = sequences(ids, valid)
+    cl = load_layer(folder, 1)
+    x = np.where(valid[..., None], hidden[1], 0.0)
+    lay = cl.problem(x, from_residual=True, padding=~valid, options=cl.config_options(Options(dtype="float64")))
+    w = np.asarray(engine.run(lay).weights)  # (B, H, T, T)
+    sums, counts = hs.layer_sums(engine.prepare(lay, get_backend("numpy")), seqs)
+    for b in range(len(ids)):
+        rs, rc = reference(np.where(valid[b][:, None] & valid[b][None, :], w[b], 0.0), valid[b], ids[b],
+                           np.isin(ids[b], list(SPECIAL)), np.isin(ids[b], list(PUNCT)), sinks=kind == "gpt_oss")
+        np.testing.assert_array_equal(counts[b], rc)
+        np.testing.assert_allclose(sums[b], rs, rtol=1e-12, atol=1e-12)
