@@ -54,7 +54,7 @@ def train(model: Any, steps: int) -> float:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 @pytest.fixture(scope="session")
