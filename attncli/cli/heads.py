@@ -95,8 +95,14 @@ def heads_command(
         raise InputError("ranks heads on a statistic: give --metric NAME too", "--top")
     if dtype not in ("float32", "float64"):
         raise InputError(f"must be float32 or float64, got {dtype!r}", "--dtype")
+    if plot is not None and plot.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise InputError("--plot writes .png, .pdf or .svg", str(plot))
+    if rollout is not None and rollout.suffix.lower() != ".npy":
+        raise InputError("rollout is saved as .npy (inputs, layers, T, T)", str(rollout))
     limits = hs.thresholds(_parse_thresholds(threshold or []))
     args = list(inputs or [])
+    if rollout is not None and args and args[0] == "merge":
+        raise InputError("rolls out the weights of inputs; merge has none", "--rollout")
     if args and args[0] == "merge":
         doc = _merge(args[1:], limits if threshold else None)
     else:
