@@ -277,3 +277,18 @@ def test_streaming_equals_the_explicit_path(model_case: Any) -> None:
                            np.isin(ids[b], list(SPECIAL)), np.isin(ids[b], list(PUNCT)), sinks=kind == "gpt_oss")
         np.testing.assert_array_equal(counts[b], rc)
         np.testing.assert_allclose(sums[b], rs, rtol=1e-12, atol=1e-12)
+
+
+def test_rollout_refuses_long_inputs() -> None:
+    from attncli.core.problem import Problem
+
+    x = np.random.default_rng(0).standard_normal((1, 1, hs.ROLLOUT_MAX + 1, 4))
+    prep = engine.prepare(Problem.build(x, x, x), get_backend("numpy"))
+    with pytest.raises(Exception, match="rollout holds a T × T product"):
+        hs.mean_weights(prep)
+
+
+def test_rollout_of_identity_weights_is_the_identity() -> None:
+    # Â = 0.5·I + 0.5·I = I, so every R_l = I (Abnar & Zuidema's formula on a trivially known input)
+    out = hs.rollout([np.eye(3), np.eye(3)])
+    np.testing.assert_array_equal(out, np.stack([np.eye(3)] * 2))

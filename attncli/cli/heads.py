@@ -195,8 +195,8 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
             if rollout is not None:
                 rolled.extend(hs.rollout([per_layer[li][b] for li in range(len(layers))]) for b in range(inp.batch))
     settings = {"exclude_first": exclude_first, "exclude_self": exclude_self, "dtype": dtype,
-                "probe": None if induction is None else {"kind": "induction", "n": induction, "seed": seed,
-                                                         "batch": PROBE_BATCH}}
+                "probe": None if induction is None else {"kind": "induction", "n": induction}}  # the seed draws inputs:
+    # runs with other seeds measured other inputs, and merge
     doc = headsfile.document(sums, layers=layers, heads=heads, model=headsfile.model_identity(weights),
                              thresholds=limits, settings=settings, inputs=hashes, with_sums=True)
     if rollout is not None:
