@@ -191,3 +191,22 @@ def test_rollout_against_a_float64_product(model: Any, files: Path, tmp_path: Pa
         R = A @ R
         np.testing.assert_allclose(got[0, layer], R, rtol=1e-5, atol=1e-6)
     assert "approximat" in json.loads(r.stdout)["rollout"]["caveat"]
+
+
+def test_model_view_badges_are_what_heads_says(model: Any, files: Path) -> None:
+    """The model view (attncli view --layer all) badges each head with the patterns and statistics heads reports."""
+    from attncli.io.model import load_layer
+    from attncli.render.viewer import Layer, Viewer
+
+    folder, _ = model
+    hidden = np.load(files / "all.npy")
+    cl = load_layer(folder, 1)
+    viewer = Viewer([Layer(cl.problem(hidden[1], from_residual=True), "layer 1")], "t" * 32, model=True)
+    badges = viewer.meta()["layers"][0]["patterns"]
+    r = cli(str(files / "all.npy"), "-w", str(folder), "--layer", "1", "--format", "json")
+    rows = json.loads(r.stdout)["statistics"]
+    assert len(badges) == 4
+    for h, row in enumerate(rows):
+        assert badges[h]["patterns"] == row["patterns"]
+        assert badges[h]["stats"]["entropy"] == pytest.approx(row["entropy"]["mean"], abs=1e-4)
+        assert badges[h]["stats"]["first"] == pytest.approx(row["first"]["mean"], abs=1e-4)

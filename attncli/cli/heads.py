@@ -171,7 +171,7 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
             else:
                 reader = Reader()  # a fresh reader: no file's contents outlive its turn
                 where, inp = reader.source(spec), _read_input(reader, spec, single, count)
-            residual = from_residual or inp.hidden.shape[0] > 1 or single is None
+            residual = from_residual or inp.residual
             for b in range(inp.batch):
                 hashes.append(headsfile.input_hash(
                     inp.hidden[:, b], None if inp.token_ids is None else inp.token_ids[b],
@@ -271,7 +271,7 @@ def _read_input(reader: Any, spec: str, single: int | None, count: int) -> Input
         a = a[None]
     if a.ndim != 3:
         raise InputError(f"X is (T, E) or (B, T, E); got shape {a.shape}", src)
-    return hs.Inputs(a[None])
+    return hs.Inputs(a[None], residual=False)
 
 
 def _capture(c: dict[str, Any], src: str) -> Inputs:

@@ -479,6 +479,7 @@ class Inputs:
     attention_mask: np.ndarray | None = None
     special_tokens_mask: np.ndarray | None = None
     scored: np.ndarray | None = None
+    residual: bool = True  # hidden is the residual stream (the layer's own pre-norm first); False: X itself
 
     @property
     def batch(self) -> int:

@@ -150,6 +150,39 @@ class Layer:
         self.failed: str | None = None
         self._steps64: list[Step] | None = None
         self._inputs64: dict[str, Any] = {}
+        self._patterns: list[dict[str, Any]] | None = None
+
+    def patterns(self) -> list[dict[str, Any]]:
+        """Per query head: the patterns it passes and its statistics (attncli.core.headstats, over every valid query
+        of the batch, default thresholds), for the model view's badges; [] where they do not apply (cross-attention,
+        a path without the blocked pass)."""
+        if self._patterns is None:
+            from attncli.core import headstats as hs
+            from attncli.errors import AttnError
+
+            core = self.p.core
+            out: list[dict[str, Any]] = []
+            if core.m == core.n and len(core.batch_shape) == 2:
+                pad = core.padding
+                B = int(core.batch_shape[0])
+                valid = np.ones((B, core.n), bool) if pad is None or pad.dtype != bool else \
+                    ~np.broadcast_to(pad, (B, 1, 1, core.n))[:, 0, 0, :]
+                labels = core.key_labels
+                punct = None if labels is None else np.array([hs.is_punctuation(t) for t in labels])
+                try:
+                    sums, counts = hs.layer_sums(self.p, [hs.Sequence(valid[b], punctuation=punct) for b in range(B)])
+                except AttnError:
+                    sums = None
+                if sums is not None:
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        mean = np.where(counts.sum(0) > 0, sums.sum(0) / np.maximum(counts.sum(0), 1), np.nan)
+                    limits = hs.thresholds()
+                    for h in range(mean.shape[0]):
+                        stats = {n: None if np.isnan(mean[h, k]) else round(float(mean[h, k]), 4)
+                                 for k, n in enumerate(hs.STATS)}
+                        out.append({"patterns": hs.patterns(stats, limits), "stats": stats})
+            self._patterns = out
+        return self._patterns
 
     # ---- computing ----
 
@@ -341,6 +374,7 @@ class Viewer:
                 "head_axis": head_axis if isinstance(head_axis, int) else None,
                 "query_labels": _labels(t.query_labels, layer.m, "q"), "key_labels": _labels(t.key_labels, layer.n, "k"),
                 "score": t.meta.score,
+                "patterns": layer.patterns() if self.model else [],  # per query head: the model view's badges
             })
         return {"title": self.title, "model": self.model, "layers": out, "head_view_max": HEAD_VIEW_MAX,
                 "exact_rows": EXACT_ROWS}

@@ -32,6 +32,7 @@ main { padding: 12px 14px; }
 #grid img { width: 160px; height: 160px; image-rendering: pixelated; border: 1px solid var(--line); background: #eee; }
 figcaption { font-size: 12px; color: var(--muted); }
 #model table { border-collapse: collapse; }
+#model .badge { font-size: 10px; color: var(--muted); max-width: 66px; overflow-wrap: anywhere; }
 #model th { font-weight: normal; color: var(--muted); font-size: 12px; padding: 2px 6px; }
 #model img { width: 64px; height: 64px; image-rendering: pixelated; border: 1px solid var(--line); cursor: pointer;
              background: #eee; }
@@ -106,13 +107,18 @@ JS = r"""
     S.meta.layers.forEach((layer, li) => {
       const tr = tab.insertRow(); tr.appendChild(el("th", { textContent: layer.name }));
       layer.entries.forEach((e, k) => {
-        const img = el("img", { alt: `${layer.name} ${e.title}`, title: `${layer.name}, ${e.title}` });
+        const ph = (layer.patterns || [])[e.index.length ? e.index[e.index.length - 1] : 0];
+        const stats = ph ? Object.entries(ph.stats).filter(([, v]) => v !== null).map(([n, v]) => `${n} ${v}`) : [];
+        const img = el("img", { alt: `${layer.name} ${e.title}`,
+                                title: [`${layer.name}, ${e.title}`, ph && ph.patterns.length ? "patterns: " +
+                                         ph.patterns.join(", ") : "", ...stats].filter(Boolean).join("\n") });
         img.dataset.layer = li; img.dataset.entry = k;
         img.src = url("/api/tile", { layer: li, entry: entryKey(e), step: layer.weights_step, r0: 0, r1: layer.m,
                                      c0: 0, c1: layer.n, w: 64, h: 64 });
         img.addEventListener("click", () => { S.layer = li; $("layer").value = li; fillSteps(); S.entry = k;
                                               resetZoom(); setView("focus"); });
-        tr.insertCell().appendChild(img);
+        const cell = tr.insertCell(); cell.appendChild(img);
+        if (ph && ph.patterns.length) cell.appendChild(el("div", { className: "badge", textContent: ph.patterns.join(" ") }));
       });
     });
     root.appendChild(tab);
