@@ -210,3 +210,40 @@ def test_model_view_badges_are_what_heads_says(model: Any, files: Path) -> None:
         assert badges[h]["patterns"] == row["patterns"]
         assert badges[h]["stats"]["entropy"] == pytest.approx(row["entropy"]["mean"], abs=1e-4)
         assert badges[h]["stats"]["first"] == pytest.approx(row["first"]["mean"], abs=1e-4)
+
+
+def test_a_capture_brings_ids_labels_padding_and_special_tokens(model: Any, tmp_path: Path) -> None:
+    """A capture (issue 31's members) through the command line: every statistic of each head over both inputs (one
+    right-padded) against the plain-loop reference on the model's own eager weights."""
+    from test_heads import reference
+
+    from attncli.core import headstats as hs
+
+    folder, m = model
+    ids = np.array([[1, 5, 6, 7, 5, 6, 7, 8, 9, 3, 4, 5], [1, 9, 8, 3, 9, 8, 3, 4, 2, 2, 2, 2]])
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0
+    words = {3: ",", 4: "."}
+    labels = np.array([[words.get(int(t), f" w{t}") for t in row] for row in ids])
+    with torch.no_grad():
+        out = m(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), output_hidden_states=True,
+                output_attentions=True)
+    hidden = np.stack([h.numpy() for h in out.hidden_states])
+    np.savez(tmp_path / "cap.npz", format=np.array("attncli-capture/1"), hidden_states=hidden, input_ids=ids,
+             labels=labels, attention_mask=mask, special_tokens_mask=(ids == 1).astype(np.int64))
+    r = cli(str(tmp_path / "cap.npz"), "-w", str(folder), "--layer", "0", "--format", "json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["statistics"]
+    att = out.attentions[0].double().numpy()  # layer 0: its keys' states are the embeddings, finite at padding too
+    total = np.zeros((4, hs.S))
+    count = np.zeros((4, hs.S))
+    for b in range(2):
+        v = mask[b] == 1
+        s, c = reference(att[b], v, ids[b], ids[b] == 1, np.isin(ids[b], [3, 4]))
+        total += s
+        count += c
+    for h, row in enumerate(rows):
+        for k, name in enumerate(hs.STATS):
+            assert row[name]["n"] == count[h, k], name
+            if count[h, k]:
+                assert row[name]["mean"] == pytest.approx(total[h, k] / count[h, k], rel=1e-5, abs=1e-6), name
