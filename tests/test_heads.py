@@ -292,3 +292,31 @@ def test_rollout_of_identity_weights_is_the_identity() -> None:
     # Â = 0.5·I + 0.5·I = I, so every R_l = I (Abnar & Zuidema's formula on a trivially known input)
     out = hs.rollout([np.eye(3), np.eye(3)])
     np.testing.assert_array_equal(out, np.stack([np.eye(3)] * 2))
+
+
+def test_cross_attention_counts_what_needs_no_shared_positions() -> None:
+    """Queries and keys of different lengths (cross-attention): entropy, first, max, special against attncli's explicit
+    weights of the same problem (engine.run), the positional statistics uncounted (null)."""
+    from attncli.core.problem import Problem
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 7, 4)), rng.standard_normal((2, 3, 7, 4))
+    pad = np.zeros((2, 1, 1, 7), bool)
+    pad[1, ..., 5:] = True
+    p = Problem.build(q, k, v, mask=~pad, options=Options(score="scaled-dot"))  # keep-mask: padding dropped
+    w = np.asarray(engine.run(p).weights)  # (B, H, m, n)
+    special = np.zeros(7, bool)
+    special[[0, 3]] = True
+    keys = [hs.Sequence(~pad[b, 0, 0], special=special) for b in range(2)]
+    sums, counts = hs.layer_sums(engine.prepare(p, get_backend("numpy")), [hs.Sequence.plain(5)] * 2, keys=keys)
+    I = {n: i for i, n in enumerate(hs.STATS)}  # noqa: E741
+    for b in range(2):
+        a = w[b]  # (H, 5, 7)
+        nz = np.where(a > 0, a, 1.0)
+        np.testing.assert_allclose(sums[b, :, I["entropy"]], -(a * np.log(nz)).sum(axis=(-1, -2)), rtol=1e-12)
+        np.testing.assert_allclose(sums[b, :, I["first"]], a[..., 0].sum(-1), rtol=1e-12)
+        np.testing.assert_allclose(sums[b, :, I["max"]], a.max(-1).sum(-1), rtol=1e-12)
+        np.testing.assert_allclose(sums[b, :, I["special"]], a[..., special].sum(axis=(-1, -2)), rtol=1e-12)
+        for name in ("self", "previous", "next", "distance", "induction", "duplicate"):
+            assert (counts[b, :, I[name]] == 0).all(), name
+        assert (counts[b, :, I["entropy"]] == 5).all()

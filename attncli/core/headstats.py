@@ -244,9 +244,14 @@ def block_scores(p: Problem, be: Any, q: Any, k: Any, params: dict[str, Any], i0
 
 
 def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = False, exclude_self: bool = False,
-               progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+               progress: Callable[[int, int], None] | None = None,
+               keys: list[Sequence] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per input × query head × statistic (B, H, S): the sums over the scored queries of one layer and their counts,
-    from the prepared layer ``prep`` (attncli.core.engine.prepare: q, k after norms and rotary), block by block."""
+    from the prepared layer ``prep`` (attncli.core.engine.prepare: q, k after norms and rotary), block by block.
+
+    Cross-attention (``keys``: the memory's positions, special tokens and punctuation; or queries and keys of
+    different lengths): queries and keys share no positions, so self, previous, next, distance, induction and
+    duplicate stay uncounted (null); ``seqs`` then describe the queries."""
     from attncli.core import blocked, chain
     from attncli.core.backend import threads
 
@@ -260,9 +265,15 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
     if len(seqs) != B:
         raise InputError(f"{len(seqs)} inputs described for a batch of {B}", "inputs")
     m, n = p.m, p.n
-    if m != n:
-        raise InputError("heads measures self-attention (queries and keys at the same positions)", "inputs")
-    pos = positions(seqs, n)
+    cross = keys is not None or m != n
+    if cross and exclude_self:
+        raise InputError("cross-attention has no query's own key to drop", "--exclude-self")
+    if cross:
+        pos = positions(keys if keys is not None else [Sequence.plain(n)] * B, n)
+        qs0 = positions(seqs, m).scored
+        pos = Positions(pos.rank, pos.first, pos.prev, pos.next, pos.occ, pos.after, qs0, pos.special, pos.punct)
+    else:
+        pos = positions(seqs, n)
     sums = np.zeros((B, H, S))
     counts = np.zeros((B, H, S), dtype=np.int64)
     r = p.n_rep
@@ -281,7 +292,7 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
                 found: dict[int, tuple[np.ndarray, np.ndarray]] = found) -> int:
             i1 = min(m, i0 + step)
             s, lo = block_scores(sub, be, qs[..., i0:i1, :], k, prep.params, i0, i1, c)
-            found[i0] = _block_sums(sub, np.asarray(s), lo, i0, i1, P, pos, exclude_first, exclude_self)
+            found[i0] = _block_sums(sub, np.asarray(s), lo, i0, i1, P, pos, exclude_first, exclude_self, cross)
             return i1
 
         starts = range(0, m, step)
@@ -306,7 +317,7 @@ def _gather(a: np.ndarray, idx: np.ndarray, lo: int) -> tuple[np.ndarray, np.nda
 
 
 def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, pos: Positions, exclude_first: bool,
-                exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
+                exclude_self: bool, cross: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The sums and counts (B, G, S) of the query rows i0..i1-1 from their scores ``s`` (B, G, b, nc) of the keys
     lo..lo + nc - 1 (masked at -inf), by the one softmax's parts: with m_i = max_j s_ij, e_ij = exp(s_ij - m_i) and
     Z_i = Σ_j e_ij (+ exp(sink - m_i)), a_ij = e_ij / Z_i, so
@@ -330,7 +341,9 @@ def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, po
         c = qi - lo
         ok = (c >= 0) & (c < nc)
         s[:, :, rows[ok], c[ok]] = -np.inf
-    nxt = pos.next[:, i0 + P:i1 + P]
+    if cross:  # no shared positions: the positional statistics are never counted
+        P = 0
+    nxt = np.full((B, b), -1) if cross else pos.next[:, i0 + P:i1 + P]
     vis_next = np.isfinite(np.take_along_axis(s, np.clip(nxt - lo, 0, nc - 1)[:, None, :, None], axis=-1)[..., 0])
     G = s.shape[1]
     dt = s.dtype
@@ -342,7 +355,8 @@ def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, po
         e = np.exp(t)
         np.maximum(t, -1e4, out=t)  # masked keys: e = 0 there, and 0 · -1e4 = 0 (exp(-1e4) is 0 in every float)
         et = np.einsum("bgij,bgij->bgi", e, t)  # Σ_j e_ij (s_ij - m_i)
-        c0 = pos.rank[:, min(i0 + P, pos.rank.shape[1] - 1)]  # ranks taken relative to the block's first query
+        # ranks taken relative to the block's first query
+        c0 = np.zeros(B, dtype=np.int64) if cross else pos.rank[:, min(i0 + P, pos.rank.shape[1] - 1)]
         rk = (pos.rank[:, lo:lo + nc] - c0[:, None]).astype(dt)  # (B, nc)
         cols = [np.ones((B, nc), dt), rk]
         for x in (pos.special, pos.punct):
@@ -366,12 +380,12 @@ def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, po
         tri = (jb[None, :] <= qi[:, None]).astype(np.float64)  # (b, w)
         le_a = before[..., 0] + np.einsum("bgiw,iw->bgi", band, tri)
         le_r = before[..., 1] + np.einsum("bgiw,iw,bw->bgi", band, tri, rk[:, cut:cut2].astype(np.float64))
-        rq = (pos.rank[:, i0 + P:i1 + P] - c0[:, None]).astype(np.float64)[:, None]  # (B, 1, b)
+        rq = np.zeros((B, 1, b)) if cross else (pos.rank[:, i0 + P:i1 + P] - c0[:, None]).astype(np.float64)[:, None]
         dist = (rq * (2 * le_a - z) - (2 * le_r - M[..., 1])) / Zs
         ent = (z * np.log(Zs) - et) / Zs
     vals = np.zeros((B, G, b, S))
     inc = np.zeros((B, G, b, S), dtype=bool)
-    base = pos.scored[:, i0 + P:i1 + P][:, None] & (keys > 0)  # (B, G, b)
+    base = pos.scored[:, i0 + P:i1 + P][:, None] & (keys > 0)  # (B, G, b); cross: P = 0, the queries' own
 
     def put(name: str, v: Any, ok: Any = True) -> None:
         vals[..., _I[name]] = v
@@ -384,20 +398,21 @@ def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, po
     put("entropy", ent)
     put("entropy_norm", ent / np.log(np.maximum(keys, 2)), keys >= 2)
     put("first", at(np.broadcast_to(pos.first[:, None], (B, b)))[0])
-    put("self", at(np.broadcast_to(qi, (B, b)))[0])
-    prev = pos.prev[:, i0 + P:i1 + P]
+    none = np.full((B, b), -1)
+    put("self", at(np.broadcast_to(qi, (B, b)))[0], not cross)
+    prev = none if cross else pos.prev[:, i0 + P:i1 + P]
     put("previous", at(prev)[0], (prev >= 0)[:, None])
     va, ok = at(nxt)
     put("next", va, ok & vis_next)
     put("max", 1.0 / Zs)
-    put("distance", dist)
+    put("distance", dist, not cross)
     if sink is not None:
         put("sink_share", sink / Zs)
     if pos.special is not None:
         put("special", M[..., 2] / Zs)
     if pos.punct is not None:
         put("punctuation", M[..., 3] / Zs)
-    occ, after = pos.occ[:, i0 + P:i1 + P], pos.after[:, i0 + P:i1 + P]
+    occ, after = (none, none) if cross else (pos.occ[:, i0 + P:i1 + P], pos.after[:, i0 + P:i1 + P])
     put("duplicate", at(occ)[0], (occ >= 0)[:, None])
     put("induction", at(after)[0], (after >= 0)[:, None])
     out = np.where(inc, vals, 0.0).sum(axis=2)  # (B, G, S)
