@@ -154,23 +154,28 @@ class Layer:
 
     def patterns(self) -> list[dict[str, Any]]:
         """Per query head: the patterns it passes and its statistics (attncli.core.headstats, over every valid query
-        of the batch, default thresholds), for the model view's badges; [] where they do not apply (cross-attention,
-        a path without the blocked pass)."""
+        of the batch, default thresholds), for the model view's badges (cross-attention: those needing no shared positions);
+        [] for a path without the blocked pass)."""
         if self._patterns is None:
             from attncli.core import headstats as hs
             from attncli.errors import AttnError
 
             core = self.p.core
             out: list[dict[str, Any]] = []
-            if core.m == core.n and len(core.batch_shape) == 2:
+            sums = None
+            if len(core.batch_shape) == 2:
                 pad = core.padding
                 B = int(core.batch_shape[0])
                 valid = np.ones((B, core.n), bool) if pad is None or pad.dtype != bool else \
                     ~np.broadcast_to(pad, (B, 1, 1, core.n))[:, 0, 0, :]
                 labels = core.key_labels
                 punct = None if labels is None else np.array([hs.is_punctuation(t) for t in labels])
+                keyed = [hs.Sequence(valid[b], punctuation=punct) for b in range(B)]
+                cross = core.m != core.n or (getattr(self.problem, "memory", None) is not None
+                                             and not self.problem.self_attention)  # a layer with a memory
                 try:
-                    sums, counts = hs.layer_sums(self.p, [hs.Sequence(valid[b], punctuation=punct) for b in range(B)])
+                    sums, counts = hs.layer_sums(self.p, [hs.Sequence.plain(core.m)] * B if cross else keyed,
+                                                 keys=keyed if cross else None)
                 except AttnError:
                     sums = None
                 if sums is not None:
