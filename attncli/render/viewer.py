@@ -154,8 +154,8 @@ class Layer:
 
     def patterns(self) -> list[dict[str, Any]]:
         """Per query head: the patterns it passes and its statistics (attncli.core.headstats, over every valid query
-        of the batch, default thresholds), for the model view's badges (cross-attention: those needing no shared positions);
-        [] for a path without the blocked pass)."""
+        of the batch, default thresholds), for the model view's badges (cross-attention: those needing no shared
+        positions); [] for a path without the blocked pass."""
         if self._patterns is None:
             from attncli.core import headstats as hs
             from attncli.errors import AttnError
