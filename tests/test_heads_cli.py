@@ -247,3 +247,15 @@ def test_a_capture_brings_ids_labels_padding_and_special_tokens(model: Any, tmp_
             assert row[name]["n"] == count[h, k], name
             if count[h, k]:
                 assert row[name]["mean"] == pytest.approx(total[h, k] / count[h, k], rel=1e-5, abs=1e-6), name
+
+
+def test_the_table_names_each_head_with_its_evidence(model: Any, files: Path) -> None:
+    args = [str(files / "all.npy"), "-w", str(model[0])]
+    rows = json.loads(cli(*args, "--format", "json").stdout)["statistics"]
+    text = runner.invoke(app, ["heads", *args], env={"COLUMNS": "200"}).stdout
+    for r in rows:
+        for p in r["patterns"]:
+            stat = {"sink": "first", "previous-token": "previous", "self": "self", "induction": "induction",
+                    "broad": "entropy_norm", "focused": "max"}[p]
+            assert f"layer {r['layer']} head {r['head']}: " in text and f"{p} — {r[stat]['mean']:.2f}" in text
+    assert "sink: first >= 0.3" in " ".join(text.split())
