@@ -259,3 +259,15 @@ def test_the_table_names_each_head_with_its_evidence(model: Any, files: Path) ->
                     "broad": "entropy_norm", "focused": "max"}[p]
             assert f"layer {r['layer']} head {r['head']}: " in text and f"{p} — {r[stat]['mean']:.2f}" in text
     assert "sink: first >= 0.3" in " ".join(text.split())
+
+
+def test_top_ranks_heads_in_every_format(model: Any, files: Path) -> None:
+    args = [str(files / "all.npy"), "-w", str(model[0]), "--metric", "first", "--top", "3"]
+    every = json.loads(cli(str(files / "all.npy"), "-w", str(model[0]), "--format", "json").stdout)["statistics"]
+    best = sorted(every, key=lambda r: -r["first"]["mean"])[:3]
+    got = json.loads(cli(*args, "--format", "json").stdout)["statistics"]
+    assert [(r["layer"], r["head"]) for r in got] == [(r["layer"], r["head"]) for r in best]
+    rows = cli(*args, "--format", "csv").stdout.strip().splitlines()[1:]
+    assert [tuple(map(int, r.split(",")[:2])) for r in rows] == [(r["layer"], r["head"]) for r in best]
+    text = runner.invoke(app, ["heads", *args], env={"COLUMNS": "200"}).stdout
+    assert "top 3 heads by first" in text and f"{best[0]['first']['mean']:.4f}" in text

@@ -341,6 +341,10 @@ def _emit(doc: dict[str, Any], fmt: str, metric: str | None, top: int | None, pl
         with atomic_write(plot, protect=protect) as f:
             show.plot(doc, f, kind, list(hs.STATS))
     out = {k: v for k, v in doc.items() if k != "sums"}
+    if top is not None and metric is not None and fmt != "table":  # the K heads highest on the metric, in order
+        ranked = sorted((r for r in out["statistics"] if r[metric]["mean"] is not None),
+                        key=lambda r: (-r[metric]["mean"], r["layer"], r["head"]))
+        out["statistics"], out["top"] = ranked[:top], {"metric": metric, "k": top}
     if fmt == "json":
         sys.stdout.write(json.dumps(out, allow_nan=False, indent=1) + "\n")
     elif fmt == "csv":
