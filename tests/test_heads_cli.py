@@ -271,3 +271,14 @@ def test_top_ranks_heads_in_every_format(model: Any, files: Path) -> None:
     assert [tuple(map(int, r.split(",")[:2])) for r in rows] == [(r["layer"], r["head"]) for r in best]
     text = runner.invoke(app, ["heads", *args], env={"COLUMNS": "200"}).stdout
     assert "top 3 heads by first" in text and f"{best[0]['first']['mean']:.4f}" in text
+
+
+def test_plot_is_one_figure_with_a_panel_per_statistic(model: Any, files: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "heads.svg"
+    r = cli(str(files / "all.npy"), "-w", str(model[0]), "--plot", str(out), "--format", "csv")
+    assert r.exit_code == 0, r.output
+    svg = out.read_text()
+    for name in ("entropy", "entropy_norm", "first", "previous", "max", "distance"):  # the statistics measured
+        assert f"<!-- {name} -->" in svg  # matplotlib writes each text as a comment beside its glyphs
+    assert "induction" not in svg  # no token ids: never measured, no panel
