@@ -343,7 +343,8 @@ def test_each_stage_is_defined_once() -> None:
 
 
 LAYERS = ["attncli.errors", "attncli.lazy", "attncli.core", "attncli.io", "attncli.library", "attncli.check",
-          "attncli.render", "attncli.cli", "attncli.__main__"]  # low to high (DESIGN.md, "Layers"): a module imports only from its own layer or below
+          "attncli.render", "attncli.cli", "attncli.__main__"]
+# low to high (DESIGN.md, "Layers"): a module imports only from its own layer or below
 
 
 def _layer(module: str) -> int:
