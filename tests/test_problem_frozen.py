@@ -86,3 +86,34 @@ def test_one_grouped_query_rule(qs: tuple[int, ...], ks: tuple[int, ...], vs: tu
 def test_grouped_query_refuses_what_does_not_divide() -> None:
     with pytest.raises(InputError):
         grouped_heads((1, 6, 3, 4), (1, 4, 3, 4), (1, 4, 3, 4))
+
+
+def test_a_layer_holds_its_heads_problem_once() -> None:
+    """Layer keeps the heads' problem (spec), validated once by Layer.build: its masks, labels, options and the
+    valid lengths' limit are the spec's (no Problem built per access); dataclasses.replace(layer, options=...)
+    replaces the spec's field; problem(q, k, v) is the spec with the computed Q, K, V."""
+    from attncli.core.layer import Layer
+    from attncli.core.projections import Projections
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 8))
+    w = {n: rng.standard_normal((8, 8)) for n in ("W_q", "W_k", "W_v")}
+    lay = Layer.build(x, projections=Projections(**w), heads=2, valid_lens=np.array([3]),
+                      query_labels=list("abcde"), options=Options(causal=True))
+    assert lay.spec.batch_shape == (1, 2) and lay.batch_shape == (1, 2)
+    assert lay.query_limit is lay.spec.query_limit and int(np.asarray(lay.query_limit).max()) == 3
+    assert lay.query_labels == list("abcde") and lay.options.causal
+    wider = replace(lay, options=Options(causal=False))
+    assert not wider.options.causal and wider.spec is not lay.spec and lay.options.causal
+    q = np.zeros((1, 2, 5, 4))
+    core = lay.problem(q, q, q)
+    assert core.q is not None and np.shares_memory(core.q, q) and core.query_labels == list("abcde")
+    # the weights: causal and 3 valid keys, against the float64 hand computation on the projections
+    t = run(lay)
+    qh = (x @ w["W_q"]).reshape(5, 2, 4).transpose(1, 0, 2)
+    kh = (x @ w["W_k"]).reshape(5, 2, 4).transpose(1, 0, 2)
+    s = qh @ kh.transpose(0, 2, 1) / 2.0  # scaled dot: sqrt(4)
+    keep = (np.arange(5)[None, :] <= np.arange(5)[:, None]) & (np.arange(5)[None, :] < 3)
+    s = np.where(keep, s, -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(t.weights, e / e.sum(axis=-1, keepdims=True), atol=1e-12)
