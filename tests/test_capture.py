@@ -1,0 +1,218 @@
+"""`attncli capture` (issue 31): the file's members against transformers' own forward, on tiny random models with
+tokenizers trained here (tests/hf_tiny.py), built once per session."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attncli.cli import app
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+import hf_tiny  # noqa: E402
+
+from attncli.io.capture import FORMAT, read_capture  # noqa: E402
+
+runner = CliRunner()
+TEXTS = ["The cat drank the milk because it was sweet", "the dog ate the bone"]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every tiny model, built once (each with its tokenizer saved beside it)."""
+    root = tmp_path_factory.mktemp("hf")
+    transformers.utils.logging.set_verbosity_error()
+    return {"llama": hf_tiny.llama(root / "llama"), "gpt2": hf_tiny.gpt2(root / "gpt2"), "bert": hf_tiny.bert(root / "bert"),
+            "bart": hf_tiny.bart(root / "bart"), "bf16": hf_tiny.llama(root / "bf16", dtype="bfloat16")}
+
+
+def cli(*args: Any) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line(r: Any) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 300, r.stderr
+    return lines[0]
+
+
+def reference(folder: Path, texts: list[str], padding_side: str = "right", auto: Any = None,
+              **kw: Any) -> tuple[Any, Any]:
+    """transformers' own tokenizer and eager forward on ``texts``: (the encoding, the outputs)."""
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = padding_side
+    enc = tok(texts, padding=True, return_tensors="pt")
+    model = (auto or transformers.AutoModel).from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model(**enc, **kw, output_hidden_states=True, output_attentions=True)
+    return enc, out
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_llama_members_agree_with_transformers(models: dict[str, Path], tmp_path: Path, side: str) -> None:
+    out = tmp_path / "cap.npz"
+    r = cli("capture", models["llama"], *TEXTS, "-o", out, "--padding-side", side)
+    assert r.exit_code == 0, r.stderr
+    enc, ref = reference(models["llama"], TEXTS, side)
+    with np.load(out, allow_pickle=False) as z:  # numpy's own reader, without pickle, reads every member
+        assert str(z["format"]) == FORMAT
+        np.testing.assert_array_equal(z["input_ids"], enc["input_ids"].numpy())
+        np.testing.assert_array_equal(z["attention_mask"], enc["attention_mask"].numpy())
+        want = torch.stack(ref.hidden_states).numpy()
+        np.testing.assert_allclose(z["hidden_states"], want, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(z["attentions"], torch.stack(ref.attentions).numpy(), rtol=0, atol=1e-7)
+        assert z["attention_layers"].tolist() == [0, 1]
+        prov = json.loads(str(z["provenance"]))
+    assert prov["model_type"] == "llama" and prov["dtype"] == "float32"
+    assert prov["config_sha256"] and prov["weights_sha256"] and prov["texts"] == TEXTS
+    cap = read_capture(out)
+    tok = transformers.AutoTokenizer.from_pretrained(models["llama"])
+    assert cap.tokens[0] == tok.convert_ids_to_tokens(enc["input_ids"][0])
+    assert cap.labels[0][:3] == ["<s>", "The", "cat"]
+    pad = cap.stack.padding[1]
+    assert pad.sum() == 4 and (pad[:4].all() if side == "left" else pad[-4:].all())
+
+
+def test_gpt2_byte_level_labels(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "g.npz"
+    text = "The cat drank the milk, ça"
+    assert cli("capture", models["gpt2"], text, "-o", out).exit_code == 0
+    cap = read_capture(out)
+    enc, ref = reference(models["gpt2"], [text])
+    np.testing.assert_allclose(cap.hidden_states, torch.stack(ref.hidden_states).numpy(), rtol=0, atol=1e-6)
+    assert cap.tokens[0][:3] == ["The", "Ġcat", "Ġdrank"]
+    assert cap.labels[0][:3] == ["The", " cat", " drank"]  # the leading space kept
+    # 'ç' is two bytes, each its own token here: each label is its byte, escaped (never U+FFFD)
+    assert "\\xc3" in cap.labels[0] and "\ufffd" not in "".join(cap.labels[0])
+
+
+def test_bert_special_tokens(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "b.npz"
+    assert cli("capture", models["bert"], TEXTS[0], "-o", out).exit_code == 0
+    cap = read_capture(out)
+    enc, ref = reference(models["bert"], [TEXTS[0]])
+    np.testing.assert_allclose(cap.hidden_states, torch.stack(ref.hidden_states).numpy(), rtol=0, atol=1e-6)
+    assert cap.labels[0][0] == "[CLS]" and cap.labels[0][-1] == "[SEP]"
+    assert cap.special_tokens_mask is not None and cap.special_tokens_mask[0, [0, -1]].all()
+    assert not cap.special_tokens_mask[0, 1:-1].any()
+
+
+def test_bart_target(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "t.npz"
+    assert cli("capture", models["bart"], "the cat drank the milk", "--target", "le chat a bu", "-o", out).exit_code == 0
+    cap = read_capture(out)
+    assert cap.decoder is not None and cap.cross_attentions is not None
+    tok = transformers.AutoTokenizer.from_pretrained(models["bart"])
+    dec_ids = cap.decoder.input_ids
+    model = transformers.AutoModel.from_pretrained(models["bart"], attn_implementation="eager").eval()
+    enc = tok(["the cat drank the milk"], return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**enc, decoder_input_ids=torch.tensor(dec_ids), output_hidden_states=True, output_attentions=True)
+    np.testing.assert_allclose(cap.hidden_states, torch.stack(ref.encoder_hidden_states).numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(cap.decoder.hidden_states, torch.stack(ref.decoder_hidden_states).numpy(), rtol=0,
+                               atol=1e-6)
+    np.testing.assert_allclose(cap.cross_attentions, torch.stack(ref.cross_attentions).numpy(), rtol=0, atol=1e-7)
+    # the decoder starts from the model's decoder_start_token_id, then the target's tokens
+    assert dec_ids[0, 0] == model.config.decoder_start_token_id
+    assert cap.decoder.labels[0][1:5] == ["<s>", "le", "chat", "a"]
+
+
+def test_generate_agrees_with_generate(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "gen.npz"
+    assert cli("capture", models["llama"], "The cat drank", "--generate", "3", "-o", out).exit_code == 0
+    cap = read_capture(out)
+    tok = transformers.AutoTokenizer.from_pretrained(models["llama"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(models["llama"], attn_implementation="eager").eval()
+    enc = tok(["The cat drank"], return_tensors="pt")
+    with torch.no_grad():
+        seq = model.generate(**enc, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+        full = model(seq, output_hidden_states=True)
+    np.testing.assert_array_equal(cap.input_ids, seq.numpy())
+    assert cap.generated is not None and cap.generated[0].tolist() == [False] * 4 + [True] * (seq.shape[1] - 4)
+    np.testing.assert_allclose(cap.hidden_states, torch.stack(full.hidden_states).numpy(), rtol=0, atol=1e-6)
+
+
+def test_bfloat16_forward(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "bf.npz"
+    assert cli("capture", models["bf16"], TEXTS[0], "--dtype", "bfloat16", "-o", out).exit_code == 0
+    cap = read_capture(out)
+    assert cap.dtype == "bfloat16" and cap.hidden_states.dtype == np.float32
+    model = transformers.AutoModel.from_pretrained(models["bf16"], attn_implementation="eager",
+                                                   dtype=torch.bfloat16).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(models["bf16"])
+    with torch.no_grad():
+        ref = model(**tok([TEXTS[0]], return_tensors="pt"), output_hidden_states=True)
+    np.testing.assert_array_equal(cap.hidden_states, torch.stack(ref.hidden_states).float().numpy())  # bf16 -> f32 exact
+
+
+def test_keep_layers_and_attention_budget(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "k.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "--keep-layers", "1", "--max-attention-mb", "0",
+               "-o", out).exit_code == 0
+    cap = read_capture(out)
+    assert cap.stack.state_layers == (1,) and cap.attentions is None and cap.hidden_states.shape[0] == 2
+    enc, ref = reference(models["llama"], [TEXTS[0]])
+    np.testing.assert_allclose(cap.stack.state(1), ref.hidden_states[1].numpy(), rtol=0, atol=1e-6)
+    assert cap.provenance["attentions_left_out"] == [1]
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["", "-o", "x.npz"], "text 1 is empty"),
+    (["a", "-o", "x.txt"], "x.txt"),
+    (["a"], "--output"),
+])
+def test_capture_refusals(models: dict[str, Path], tmp_path: Path, monkeypatch: Any, args: list[str],
+                          culprit: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    r = cli("capture", models["llama"], *args)
+    assert r.exit_code == 2 and culprit in one_line(r)
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_too_long_and_no_tokenizer(models: dict[str, Path], tmp_path: Path) -> None:
+    r = cli("capture", models["llama"], " ".join(["cat"] * 80), "-o", tmp_path / "x.npz")
+    assert r.exit_code == 2 and "64 positions" in one_line(r)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (bare / f).write_bytes((models["llama"] / f).read_bytes())
+    r = cli("capture", bare, "cat", "-o", tmp_path / "x.npz")
+    assert r.exit_code == 2 and "tokenizer" in one_line(r) and str(bare) in one_line(r)
+    r = cli("capture", tmp_path / "nowhere", "cat", "-o", tmp_path / "x.npz")
+    assert r.exit_code == 2 and "nowhere" in one_line(r)
+
+
+class _Trap:
+    """Unpickling this creates a file: a capture reader that unpickles would leave it behind."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def test_object_array_refused_without_unpickling(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "cap.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "-o", out).exit_code == 0
+    with np.load(out, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    marker = tmp_path / "unpickled"
+    trap = np.empty(1, dtype=object)
+    trap[0] = _Trap(str(marker))
+    members["labels"] = trap
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **members)
+    assert pickle.dumps(trap)  # the trap is a real pickle
+    r = cli("self", bad, "--weights", models["llama"], "--layer", "0")
+    assert r.exit_code == 2 and "pickle" in one_line(r) and "bad.npz" in one_line(r)
+    assert not marker.exists()
