@@ -23,6 +23,7 @@ from attncli.core.projections import Projections, init_projections
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
 from attncli.errors import InputError, printable
+from attncli.io.capture import is_capture
 from attncli.io.files import LOADERS, SMALL_ARRAY_BYTES, STDIN, Reader
 
 if TYPE_CHECKING:
@@ -119,11 +120,17 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     are Q and K (also V); three are Q, K, V. With projections (``multihead``, ``--heads`` or a file
     with x): X [MEMORY [VALUES]], or a file with x, weights, heads, ...
     """
+    if wants_text(opts):  # --text: the capture is made here, in memory, and is the input
+        if inputs:
+            raise InputError(f"--text is the input; leave out {inputs[0]!r}", "arguments")
+        return from_capture([], opts, reader, text_capture(opts))
     if not 1 <= len(inputs) <= 3:
         what = "X [MEMORY [VALUES]]" if multihead else "Q [K [V]]"
         raise InputError(f"expected 1 to 3 inputs ({what}), got {len(inputs)}", "arguments")
     stdin_once(inputs, opts)
     content = reader.read(inputs[0])
+    if multihead is not False and is_capture(content):
+        return from_capture(inputs, opts, reader)
     file_source = reader.source(inputs[0])
     heads_mode = is_multihead(content, opts) if multihead is None else multihead
     names = ("q", "k", "v")
@@ -358,3 +365,141 @@ def _score_weights(in_file: Any, file_source: str, path: Any, reader: Reader) ->
     if in_file is None:
         return {}, file_source
     return weights_mapping(in_file, file_source), file_source
+
+
+# ---- captures (attncli capture) and --text ---------------------------------------------------------------
+
+@dataclass
+class Captured:
+    """What a problem built from a capture brings besides its arrays: the model's own attention of the layer (to
+    compare with), which queries and keys are real tokens, each entry's labels."""
+
+    capture: Any  # attncli.io.capture.Capture
+    layer: int
+    own: Any  # (B, H, m, n) the model's own weights, or None when the capture did not keep them
+    valid: tuple[Any, Any]  # (B, m), (B, n): real tokens
+    query_labels: list[list[str]]
+    key_labels: list[list[str]]
+    keep_going: bool
+    changed: str | None = None  # what changed in the model since the capture (provenance)
+
+    @property
+    def family(self) -> str:
+        return str(self.capture.family)
+
+    def json_labels(self) -> dict[str, Any] | None:
+        """JSON ``labels`` with one list per entry, when the entries' labels differ (else None: the trace's own)."""
+        if all(q == self.query_labels[0] for q in self.query_labels) and \
+                all(k == self.key_labels[0] for k in self.key_labels):
+            return None
+        return {"queries": self.query_labels, "keys": self.key_labels}
+
+
+CAPTURED: dict[int, Captured] = {}  # by id() of the problem built from a capture, within one command
+
+
+def captured(problem: Any) -> Captured | None:
+    """The capture a problem was built from (None: it was not)."""
+    return CAPTURED.get(id(problem))
+
+
+def text_capture(opts: ProblemArgs) -> Any:
+    """--text / --text-file with --weights MODEL: the capture, run in memory (the model is freed after)."""
+    from attncli.cli.capture import read_texts
+    from attncli.io.hf import capture
+
+    if opts.weights is None:
+        flag = "--text" if opts.text is not None else "--text-file"
+        raise InputError("needs the model to run: --weights MODEL_FOLDER", flag)
+    texts = ([opts.text] if opts.text is not None else []) + (read_texts(opts.text_file) if opts.text_file else [])
+    return capture(str(opts.weights), texts, dtype=opts.model_dtype, device=opts.model_device)
+
+
+def wants_text(opts: ProblemArgs) -> bool:
+    return opts.text is not None or opts.text_file is not None
+
+
+def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any = None) -> Layer:
+    """The layer ``--layer N`` of ``--weights MODEL`` on a capture's residual stream entering it (``--from-residual``
+    implied): tokens as labels, padding as the key padding mask; remembered in CAPTURED with the model's own
+    attention of that layer, to compare with once computed."""
+    from attncli.io.capture import capture_from, provenance_mismatch
+
+    if cap is None:
+        if len(inputs) != 1:
+            raise InputError(f"a capture is the only input (X: the residual stream it holds); got {len(inputs)} inputs",
+                             "arguments")
+        cap = capture_from(reader.read(inputs[0]), reader.source(inputs[0]))
+    source = cap.source
+    if opts.weights is None:
+        raise InputError("holds a model's residual stream; give that model: --weights MODEL_FOLDER --layer N", source)
+    for flag, given in (("--memory", opts.memory), ("--values", opts.values), ("--key-padding-mask", opts.key_padding_mask),
+                        ("--labels", opts.labels), ("--query-labels", opts.query_labels),
+                        ("--key-labels", opts.key_labels), ("--valid-lens", opts.valid_lens)):
+        if given is not None:
+            raise InputError(f"comes from the capture {source} (its tokens, its padding); leave it out", flag)
+    number = layer_number(opts.layer)
+    if number is None:
+        raise InputError("a capture holds every layer's input; choose one with --layer N (or --layer all with view "
+                         "and check)", "--layer")
+    if opts.cross:
+        raise InputError("recomputing cross-attention from a capture is not offered yet (the decoder's query input "
+                         "to encoder_attn / EncDecAttention is not in the capture)", "--cross")
+    decoder = opts.prefix is not None and "decoder" in opts.prefix
+    stack = cap.decoder if decoder else cap.stack
+    if stack is None:
+        raise InputError(f"--prefix {opts.prefix} names a decoder, but the capture holds none (capture with --target)",
+                         source)
+    spec = str(opts.weights)
+    changed = provenance_mismatch(cap, spec)
+    if changed and not opts.keep_going:
+        raise InputError(f"does not match the capture {source} any more: {changed}; capture again, or --keep-going",
+                         spec)
+    model = checkpoint_layer(spec, number, opts.prefix, opts.heads, opts.layout).model
+    assert model is not None
+    if number >= model.layers:
+        raise InputError(f"has layers 0 to {model.layers - 1}", "--layer")
+    x = stack.state(number, source)
+    flags = dict(opts.options)
+    if flags.get("rope_scaling") is not None:
+        flags["rope_scaling"] = _rope_scaling(flags["rope_scaling"], reader)
+    sources = {"q": f"{source} hidden_states[{number}]", "key_padding_mask": f"{source} attention_mask",
+               "query_labels": f"{source} labels", "key_labels": f"{source} labels", "pre_norm": model.config_source}
+    _option_origins(sources, model.options, lambda n: f"{model.config_source}: {n}")
+    _option_origins(sources, flags, _flag)
+    options = model.config_options(Options()).merged(flags, "command line", flags=True)
+    labels = [list(row) for row in stack.labels]
+    same = all(row == labels[0] for row in labels)
+    shown = labels[0] if same else [" | ".join(dict.fromkeys(col)) for col in zip(*labels)]
+    pad = stack.padding if stack.padded else None
+    problem = model.problem(x, options=options, heads=opts.heads, from_residual=True, batch_first=True,
+                            query_labels=shown, key_labels=shown, sources=sources, padding=pad)
+    valid = ~stack.padding
+    CAPTURED[id(problem)] = Captured(cap, number, stack.model_attention(number), (valid, valid), labels, labels,
+                                     bool(opts.keep_going), changed)
+    return problem
+
+
+def agreement(problem: Any, trace: Any) -> Any:
+    """The comparison of a problem built from a capture with the model's own attention of its layer (None: not
+    built from a capture, or the capture has no attention for it); beyond the bound, a one-line refusal unless
+    --keep-going. Sets the trace's JSON ``model_attention`` (and per-entry ``labels``)."""
+    c = captured(problem)
+    if c is None:
+        return None
+    per_entry = c.json_labels()
+    if per_entry is not None:
+        trace.extra["labels"] = per_entry
+    if c.own is None or "weights" not in trace:
+        return None
+    from attncli.check.model import model_attention
+
+    a = model_attention(problem, trace, c.own, c.valid, layer=c.layer, dtype=c.capture.dtype, family=c.family,
+                        source=c.capture.source)
+    trace.extra["model_attention"] = a.to_dict()
+    if not a.agrees and not c.keep_going:
+        why = f"; {c.changed}" if c.changed else ""
+        raise InputError(f"layer {c.layer}: the recomputation differs from the model's own attention by "
+                         f"{a.max_abs_diff:.1e} (bound {a.bound:.1e}, family {c.family}){why}; "
+                         "--keep-going shows it anyway", c.capture.source)
+    return a

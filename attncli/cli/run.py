@@ -52,6 +52,7 @@ def run_command(
 def execute(problem: Any, opts: View, protect: list[str]) -> None:
     """Plan what the options need, run the pipeline, and show or save the trace (``--head``: one head
     in the terminal view, every head in the files)."""
+    from attncli.cli.inputs import agreement
     from attncli.core.engine import run, select_head
     from attncli.core.plan import Needs, plan
     if opts.html is not None:
@@ -64,6 +65,12 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
     how = plan(problem, needs)
     with progress_bar(opts.quiet) as progress:
         trace = run(problem, how, progress=progress)
+    said = agreement(problem, trace)  # a capture's layer: compared with the model's own attention (or refused)
+    if said is not None and not opts.quiet:
+        if not said.agrees:
+            warn(said.line() + " (shown with --keep-going)")
+        elif opts.format == "rich":
+            sys.stdout.write(said.line() + "\n")
     if how.skipped:
         weights_skipped_note(how.skipped, opts)
     head = opts.head

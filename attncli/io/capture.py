@@ -339,7 +339,8 @@ def provenance_mismatch(capture: Capture, model: str | Path) -> str | None:
         digest, now = config_digest(cfg)
         if digest != prov["config_sha256"]:
             said_before = prov.get("config")
-            before: dict[str, Any] = said_before if isinstance(said_before, dict) else {}
+            before = _flat(said_before if isinstance(said_before, dict) else {})
+            now = _flat(now)
             keys = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             if keys:
                 shown = "; ".join(f"{k}: {_short(before.get(k))} -> {_short(now.get(k))}" for k in keys[:3])
@@ -353,6 +354,17 @@ def provenance_mismatch(capture: Capture, model: str | Path) -> str | None:
         except InputError:
             pass
     return "; ".join(said) or None
+
+
+def _flat(d: dict[str, Any], pre: str = "") -> dict[str, Any]:
+    """A config's keys with nested mappings spelled out: rope_parameters.rope_theta."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{pre}{k}."))
+        else:
+            out[f"{pre}{k}"] = v
+    return out
 
 
 def _short(v: Any) -> str:
