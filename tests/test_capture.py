@@ -216,3 +216,162 @@ def test_object_array_refused_without_unpickling(models: dict[str, Path], tmp_pa
     r = cli("self", bad, "--weights", models["llama"], "--layer", "0")
     assert r.exit_code == 2 and "pickle" in one_line(r) and "bad.npz" in one_line(r)
     assert not marker.exists()
+
+
+# ---- every command takes a capture; verified on the spot ---------------------------------------------------
+
+def self_json(*args: Any) -> dict[str, Any]:
+    r = cli("self", *args, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("name, layer, extra", [
+    ("llama", 1, []), ("gpt2", 0, []), ("bert", 1, []), ("bf16", 1, ["--dtype", "bfloat16"]),
+    ("bart", 1, ["--prefix", "model.encoder.layers."]),
+])
+def test_self_on_a_capture_equals_the_models_own_attention(models: dict[str, Path], tmp_path: Path, name: str,
+                                                           layer: int, extra: list[str]) -> None:
+    out = tmp_path / "c.npz"
+    cap_args = [a for a in extra if a != "--prefix" and not a.startswith("model.")]
+    assert cli("capture", models[name], TEXTS[0], *cap_args, "-o", out).exit_code == 0
+    prefix = [a for a in extra if a == "--prefix" or a.startswith("model.")]
+    d = self_json(out, "--weights", models[name], "--layer", layer, *prefix)
+    ma = d["model_attention"]
+    assert ma["layer"] == layer and ma["agrees"] is True and ma["max_abs_diff"] <= ma["bound"]
+    # against transformers' own eager attention, independently of the capture's copy
+    dtype = torch.bfloat16 if name == "bf16" else torch.float32
+    model = transformers.AutoModel.from_pretrained(models[name], attn_implementation="eager", dtype=dtype).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(models[name])
+    enc = tok([TEXTS[0]], return_tensors="pt")
+    with torch.no_grad():
+        ref = (model.get_encoder() if name == "bart" else model)(**enc, output_attentions=True)
+    want = ref.attentions[layer].float().numpy()
+    tol = 2e-2 if name == "bf16" else 1e-5  # bfloat16: the model's own rounding (the bound above judges it)
+    np.testing.assert_allclose(np.asarray(d["weights"]), want, rtol=0, atol=tol)
+    assert d["labels"]["queries"][:2] == (["The", " cat"] if name == "gpt2" else
+                                          ["[CLS]", "The"] if name == "bert" else ["<s>", "The"])
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batch_agrees_per_entry(models: dict[str, Path], tmp_path: Path, side: str) -> None:
+    out = tmp_path / "p.npz"
+    assert cli("capture", models["llama"], *TEXTS, "--padding-side", side, "-o", out).exit_code == 0
+    d = self_json(out, "--weights", models["llama"], "--layer", "1")
+    assert d["model_attention"]["agrees"] is True
+    enc, ref = reference(models["llama"], TEXTS, side)
+    got, want = np.asarray(d["weights"]), ref.attentions[1].numpy()
+    for b in range(2):
+        real = enc["attention_mask"][b].numpy().astype(bool)
+        np.testing.assert_allclose(got[b][:, real][:, :, real], want[b][:, real][:, :, real], rtol=0, atol=1e-5)
+        assert np.all(got[b][:, real][:, :, ~real] == 0)  # padding is masked: zero weight
+    labels = d["labels"]
+    assert labels["queries"][0][:3] == ["<s>", "The", "cat"] and "[PAD]" in labels["queries"][1]  # one list per entry
+
+
+def test_text_view_says_it_agrees(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "c.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "-o", out).exit_code == 0
+    r = cli("self", out, "--weights", models["llama"], "--layer", "0")
+    assert r.exit_code == 0
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("layer 0: agrees with the model's own attention, max |Δ| ") and "4 heads × 10 × 10" in first
+
+
+def test_changed_config_is_refused_naming_the_change(models: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "llama"
+    shutil.copytree(models["llama"], folder)
+    out = tmp_path / "c.npz"
+    assert cli("capture", folder, TEXTS[0], "-o", out).exit_code == 0
+    cfg = json.loads((folder / "config.json").read_text())
+    rope = cfg.get("rope_parameters") or cfg
+    rope["rope_theta"] = 500000.0
+    (folder / "config.json").write_text(json.dumps(cfg))
+    r = cli("self", out, "--weights", folder, "--layer", "1")
+    line = one_line(r)
+    assert r.exit_code == 2 and "rope_theta" in line and "10000.0 -> 500000.0" in line and str(folder) in line
+    r = cli("self", out, "--weights", folder, "--layer", "1", "--keep-going", "--format", "json")
+    assert r.exit_code == 0 and "DIFFERS from the model's own attention" in r.stderr
+    assert json.loads(r.stdout)["model_attention"]["agrees"] is False
+
+
+def test_a_difference_beyond_the_bound_is_refused(models: dict[str, Path], tmp_path: Path) -> None:
+    """The capture's own attention altered by 1e-3 in one cell: the recomputation no longer agrees."""
+    out = tmp_path / "c.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "-o", out).exit_code == 0
+    with np.load(out, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    members["attentions"][1, 0, 2, 5, 3] += 1e-3
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **members)
+    r = cli("self", bad, "--weights", models["llama"], "--layer", "1")
+    line = one_line(r)
+    assert r.exit_code == 2 and "layer 1" in line and "1.0e-03" in line and "llama" in line
+    assert cli("self", bad, "--weights", models["llama"], "--layer", "0").exit_code == 0  # layer 0 untouched
+
+
+def test_check_a_capture_every_layer(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "c.npz"
+    assert cli("capture", models["llama"], *TEXTS, "-o", out).exit_code == 0
+    r = cli("check", out, "--weights", models["llama"], "--layer", "all", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["match"] is True and [x["layer"] for x in d["layers"]] == [0, 1]
+    r = cli("check", out, "--weights", models["llama"], "--layer", "1", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["what"] == "weights"
+
+
+def test_view_layers_from_a_capture_are_verified(models: dict[str, Path], tmp_path: Path) -> None:
+    from attncli.cli.options import ProblemArgs
+    from attncli.cli.view import model_layers, verified
+    from attncli.io.files import Reader
+
+    out = tmp_path / "c.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "-o", out).exit_code == 0
+    layers = model_layers([str(out)], ProblemArgs(weights=models["llama"]), Reader())
+    assert [name for name, _ in layers] == ["layer 0", "layer 1"]
+    said = verified(layers)
+    assert said.startswith("2 layers agree with the model's own attention, max |Δ| ")
+
+
+def test_text_into_self_html_holds_the_words(models: dict[str, Path], tmp_path: Path) -> None:
+    page = tmp_path / "p.html"
+    r = cli("self", "--weights", models["llama"], "--layer", "1", "--text", TEXTS[0], "--html", page)
+    assert r.exit_code == 0, r.stderr
+    html = page.read_text()
+    for word in ("drank", "milk", "sweet", "because"):
+        assert word in html
+    assert r.stdout.startswith("layer 1: agrees with the model's own attention")
+
+
+# ---- readable tokens everywhere ---------------------------------------------------------------------------
+
+def test_labels_keep_their_spaces_visibly(models: dict[str, Path], tmp_path: Path) -> None:
+    out, page = tmp_path / "g.npz", tmp_path / "g.html"
+    assert cli("capture", models["gpt2"], "The cat drank the milk", "-o", out).exit_code == 0
+    r = cli("self", out, "--weights", models["gpt2"], "--layer", "1", "--html", page)
+    assert r.exit_code == 0, r.stderr
+    assert "␣cat" in r.stdout and "␣cat" in page.read_text()  # where a table or a page would lose the space
+    d = self_json(out, "--weights", models["gpt2"], "--layer", "1")
+    assert d["labels"]["queries"][:2] == ["The", " cat"]  # JSON: the tokenizer's own text
+
+
+@pytest.mark.parametrize("spec, query, key", [("drank,The", 2, 0), ("␣milk,1", 4, 1), ("2,0", 2, 0),
+                                               ("the,The", None, None), ("␣cat,0", None, None)])
+def test_explain_by_label_or_position_and_ambiguity(models: dict[str, Path], tmp_path: Path, spec: str,
+                                                    query: int | None, key: int | None) -> None:
+    out = tmp_path / "d.npz"
+    text = "The cat drank the milk because the cat"  # ' the' and ' cat' twice each
+    assert cli("capture", models["gpt2"], text, "-o", out).exit_code == 0
+    labels = read_capture(out).labels[0]
+    assert labels == ["The", " cat", " drank", " the", " milk", " because", " the", " cat"]
+    r = cli("self", out, "--weights", models["gpt2"], "--layer", "0", "-x", spec, "--format", "json")
+    if query is not None:
+        assert r.exit_code == 0, r.stderr
+        cell = json.loads(r.stdout)["explanations"][0]
+        assert (cell["query"], cell["key"]) == (query, key)
+    else:  # named with its positions, never silently the first
+        line = one_line(r)
+        assert r.exit_code == 2 and "ambiguous" in line and ("3, 6" in line or "1, 7" in line)

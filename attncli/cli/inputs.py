@@ -387,11 +387,12 @@ class Captured:
     def family(self) -> str:
         return str(self.capture.family)
 
-    def json_labels(self) -> dict[str, Any] | None:
-        """JSON ``labels`` with one list per entry, when the entries' labels differ (else None: the trace's own)."""
+    def json_labels(self) -> dict[str, Any]:
+        """JSON ``labels`` as the tokenizer decoded them (spaces as they are, where the views show ␣): one list per
+        entry when the entries' labels differ."""
         if all(q == self.query_labels[0] for q in self.query_labels) and \
                 all(k == self.key_labels[0] for k in self.key_labels):
-            return None
+            return {"queries": self.query_labels[0], "keys": self.key_labels[0]}
         return {"queries": self.query_labels, "keys": self.key_labels}
 
 
@@ -423,7 +424,7 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
     """The layer ``--layer N`` of ``--weights MODEL`` on a capture's residual stream entering it (``--from-residual``
     implied): tokens as labels, padding as the key padding mask; remembered in CAPTURED with the model's own
     attention of that layer, to compare with once computed."""
-    from attncli.io.capture import capture_from, provenance_mismatch
+    from attncli.io.capture import capture_from, provenance_mismatch, visible
 
     if cap is None:
         if len(inputs) != 1:
@@ -470,7 +471,10 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
     options = model.config_options(Options()).merged(flags, "command line", flags=True)
     labels = [list(row) for row in stack.labels]
     same = all(row == labels[0] for row in labels)
-    shown = labels[0] if same else [" | ".join(dict.fromkeys(col)) for col in zip(*labels)]
+    # the views' labels: a token's own spaces made visible (␣ cat), which a table, a page or a plot would lose;
+    # entries that differ share one label per position ("cat | dog"); JSON keeps each entry's (agreement())
+    shown = [visible(t) for t in labels[0]] if same else \
+        [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*labels)]
     pad = stack.padding if stack.padded else None
     problem = model.problem(x, options=options, heads=opts.heads, from_residual=True, batch_first=True,
                             query_labels=shown, key_labels=shown, sources=sources, padding=pad)
@@ -487,9 +491,8 @@ def agreement(problem: Any, trace: Any) -> Any:
     c = captured(problem)
     if c is None:
         return None
-    per_entry = c.json_labels()
-    if per_entry is not None:
-        trace.extra["labels"] = per_entry
+    trace.extra["labels"] = c.json_labels()
+    _padded_rows_unsaid(trace, c.valid[0])
     if c.own is None or "weights" not in trace:
         return None
     from attncli.check.model import model_attention
@@ -503,3 +506,18 @@ def agreement(problem: Any, trace: Any) -> Any:
                          f"{a.max_abs_diff:.1e} (bound {a.bound:.1e}, family {c.family}){why}; "
                          "--keep-going shows it anyway", c.capture.source)
     return a
+
+
+def _padded_rows_unsaid(trace: Any, valid: Any) -> None:
+    """Padded queries (left padding in a causal model) see no key: not worth a warning each when every row with
+    every key masked is one (they are left out of the comparison, and their weights are zero)."""
+    dead = trace.dead
+    if dead is None:
+        return
+    d = np.asarray(dead, dtype=bool)
+    pad = ~np.asarray(valid, dtype=bool)  # (B, m)
+    while d.ndim > pad.ndim:  # (B, H, m) -> (B, m): dead in any head
+        d = np.asarray(d.any(axis=1))
+    if d.shape != pad.shape or not d.any() or (d & ~pad).any():
+        return
+    trace.warnings[:] = [w for w in trace.warnings if "masked" not in w]

@@ -547,10 +547,24 @@ PLURAL = {"query": "queries", "key": "keys"}
 
 
 def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> int:
-    token = token.strip()
+    """A label (as given, then without its surrounding spaces; ␣ stands for a token's own space) or a position. A
+    label that occurs more than once is ambiguous: named with its positions, never silently the first."""
     whats = PLURAL.get(what, f"{what}s")
-    if token in labels:
-        return labels.index(token)
+    for name in dict.fromkeys((token, token.strip())):
+        hits = [k for k, label in enumerate(labels) if name in (label, label.replace("␣", " "))]
+        if len(hits) > 1:
+            raise InputError(f"{spec!r}: {what} {name!r} is ambiguous: it is at positions "
+                             f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position",
+                             "--explain")
+        if hits:
+            return hits[0]
+    hits = [k for k, label in enumerate(labels) if label.replace("␣", " ").strip() == token.strip()]  # cat: ␣cat
+    if len(hits) > 1:
+        raise InputError(f"{spec!r}: {what} {token.strip()!r} is ambiguous: it is at positions "
+                         f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position", "--explain")
+    if hits:
+        return hits[0]
+    token = token.strip()
     try:
         i = int(token)
     except ValueError:
