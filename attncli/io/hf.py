@@ -116,6 +116,34 @@ def _capture(transformers: Any, model: str | Path, texts: list[str], *, target: 
     try:
         if device is not None and device_map is None:
             net.to(device)
+        return capture_loaded(net, tok, texts, name, target=targets, generate=generate, keep_layers=keep_layers,
+                              max_attention_mb=max_attention_mb, chat=chat, config=config,
+                              flags={"device": device, "device_map": device_map,
+                                     "trust_remote_code": trust_remote_code})
+    finally:
+        del net
+        gc.collect()
+
+
+def capture_loaded(net: Any, tok: Any, texts: Sequence[str], name: str | Path = "model", *,
+                   target: str | Sequence[str] | None = None, generate: int = 0,
+                   keep_layers: Sequence[int] | None = None, max_attention_mb: float = 256, chat: bool = False,
+                   padding_side: str | None = None, config: Any = None, flags: dict[str, Any] | None = None) -> Capture:
+    """:func:`capture` with a model and tokenizer already loaded (``net`` with attn_implementation="eager", on its
+    device; ``name``: the folder it came from, for the provenance): many captures without loading it again."""
+    texts = list(texts)
+    import torch
+
+    transformers = _hf()
+    name = str(name)
+    where = printable(name, 80)
+    config = config if config is not None else net.config
+    enc_dec = bool(getattr(config, "is_encoder_decoder", False))
+    targets = _targets(target, len(texts), enc_dec, where)
+    side = tok.padding_side
+    if padding_side is not None:
+        tok.padding_side = padding_side
+    try:
         net.eval()
         run_device = next(net.parameters()).device
         prompts = [_chat(tok, t, where) for t in texts] if chat else texts
@@ -171,14 +199,13 @@ def _capture(transformers: Any, model: str | Path, texts: list[str], *, target: 
             cross = _attentions(out.cross_attentions, kept_att)
         del out
         provenance = _provenance(transformers, name, config, torch_dtype_name, texts, targets, {
-            "generate": generate, "chat": chat, "device": str(run_device), "device_map": device_map,
+            **(flags or {}), "generate": generate, "chat": chat, "device": str(run_device),
             "keep_layers": list(keep) if keep_layers is not None else None, "max_attention_mb": max_attention_mb,
-            "trust_remote_code": trust_remote_code, "padding_side": tok.padding_side}, layers, left_out)
+            "padding_side": tok.padding_side}, layers, left_out)
         positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), tuple(ids.shape)).copy()
         return Capture(stack, provenance, name, positions, special.numpy(), generated.numpy(), decoder, cross)
     finally:
-        del net
-        gc.collect()
+        tok.padding_side = side
 
 
 def _config(transformers: Any, name: str, trust: bool) -> Any:
