@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,40 @@ STATE_MEMBERS = ("hidden_states", "tokens", "labels", "input_ids", "attention_ma
 DECODER = ("decoder_hidden_states", "decoder_tokens", "decoder_labels", "decoder_input_ids", "decoder_attention_mask")
 
 
+class Layers(Sequence[np.ndarray]):
+    """Per-layer arrays seen as one (layers, ...) array without copying them: a capture made in memory keeps the
+    model's own tensors' memory (numpy views); ``np.asarray`` stacks them (when a file is written)."""
+
+    def __init__(self, arrays: Sequence[np.ndarray]) -> None:
+        self._arrays = tuple(arrays)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self._arrays), *self._arrays[0].shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._arrays[0].dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._arrays[i] if isinstance(i, int) else np.asarray(self)[i]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = np.stack(self._arrays)
+        return a if dtype is None else a.astype(dtype)
+
+
 @dataclass(frozen=True)
 class Stack:
     """One stack of a model as captured (the model itself, or an encoder-decoder's encoder or decoder)."""
@@ -47,7 +82,7 @@ class Stack:
     labels: list[list[str]]  # per entry, each token decoded on its own
     input_ids: np.ndarray  # (batch, T)
     attention_mask: np.ndarray  # (batch, T) 1 = a token, 0 = padding
-    attentions: np.ndarray | None = None  # (kept, batch, heads, T, T)
+    attentions: np.ndarray | Layers | None = None  # (kept, batch, heads, T, T)
     attention_layers: tuple[int, ...] = ()
     state_layers: tuple[int, ...] | None = None  # --keep-layers: the layers hidden_states[:-1] enter (None: all)
 
@@ -94,7 +129,7 @@ class Capture:
     special_tokens_mask: np.ndarray | None = None
     generated: np.ndarray | None = None
     decoder: Stack | None = None  # with --target: the decoder
-    cross_attentions: np.ndarray | None = None  # (kept, batch, heads, T_dec, T_enc), the decoder's attention_layers
+    cross_attentions: np.ndarray | Layers | None = None  # (kept, batch, heads, T_dec, T_enc), the decoder's attention_layers
     extra: dict[str, Any] = field(default_factory=dict)
 
     # the model's stack, under the names of the file
@@ -119,7 +154,7 @@ class Capture:
         return self.stack.attention_mask
 
     @property
-    def attentions(self) -> np.ndarray | None:
+    def attentions(self) -> np.ndarray | Layers | None:
         return self.stack.attentions
 
     @property
@@ -135,10 +170,10 @@ class Capture:
     def family(self) -> str:
         return str(self.provenance.get("model_type") or "unknown")
 
-    def arrays(self) -> dict[str, np.ndarray]:
+    def arrays(self) -> dict[str, Any]:
         """The file's members, by name (what :func:`write_capture` saves)."""
         s = self.stack
-        out: dict[str, np.ndarray] = {
+        out: dict[str, Any] = {
             "format": np.array(FORMAT), "hidden_states": s.hidden_states, "tokens": _strings(s.tokens),
             "labels": _strings(s.labels), "input_ids": s.input_ids, "attention_mask": s.attention_mask,
             "provenance": np.array(json.dumps(self.provenance, sort_keys=True))}

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from attncli.errors import InputError, printable
-from attncli.io.capture import Capture, Stack, config_digest, headers_digest, readable
+from attncli.io.capture import Capture, Layers, Stack, config_digest, headers_digest, readable
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MB = 1 << 20
@@ -295,14 +295,12 @@ def _states(hidden: Sequence[Any], keep: list[int]) -> np.ndarray:
     return out
 
 
-def _attentions(att: Sequence[Any] | None, kept: list[int]) -> np.ndarray | None:
+def _attentions(att: Sequence[Any] | None, kept: list[int]) -> Layers | None:
+    """The kept layers' weights as float32 numpy, each without a copy where the model computed float32 on the CPU
+    (a view of its tensor; bfloat16 and float16 widen exactly)."""
     if not kept or att is None:
         return None
-    first = att[kept[0]]
-    out = np.empty((len(kept), *first.shape), dtype=np.float32)
-    for i, layer in enumerate(kept):
-        out[i] = att[layer].detach().float().cpu().numpy()
-    return out
+    return Layers([att[layer].detach().float().cpu().numpy() for layer in kept])
 
 
 def _decoder_inputs(tok: Any, config: Any, targets: list[str]) -> dict[str, Any]:
@@ -334,7 +332,8 @@ def _words(tok: Any, ids: Any) -> tuple[list[list[str]], list[list[str]]]:
     """(tokens as the tokenizer spells them, labels: each decoded on its own, with its spaces)."""
     special = set(getattr(tok, "all_special_tokens", []) or [])
     tokens = [[str(t) for t in tok.convert_ids_to_tokens(row)] for row in ids.tolist()]
-    labels = [[_label(tok, t, special) for t in row] for row in tokens]
+    known = {t: _label(tok, t, special) for t in {t for row in tokens for t in row}}  # each distinct token once
+    labels = [[known[t] for t in row] for row in tokens]
     return tokens, labels
 
 
