@@ -104,3 +104,13 @@ def bart(folder: Path) -> Path:
                      decoder_start_token_id=tok.token_to_id("</s>"), forced_eos_token_id=None)
     return save(BartForConditionalGeneration(cfg), tok, folder, pad_token="<pad>", unk_token="[UNK]",
                 bos_token="<s>", eos_token="</s>")
+
+
+def t5(folder: Path) -> Path:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    tok = word_level(["<pad>", "</s>", "[UNK]"], "$A </s>")
+    cfg = T5Config(vocab_size=tok.get_vocab_size(), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1,
+                   decoder_start_token_id=0)
+    return save(T5ForConditionalGeneration(cfg), tok, folder, pad_token="<pad>", eos_token="</s>", unk_token="[UNK]")

@@ -32,7 +32,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
     transformers.utils.logging.set_verbosity_error()
     return {"llama": hf_tiny.llama(root / "llama"), "gpt2": hf_tiny.gpt2(root / "gpt2"), "bert": hf_tiny.bert(root / "bert"),
-            "bart": hf_tiny.bart(root / "bart"), "bf16": hf_tiny.llama(root / "bf16", dtype="bfloat16")}
+            "bart": hf_tiny.bart(root / "bart"), "bf16": hf_tiny.llama(root / "bf16", dtype="bfloat16"),
+            "t5": hf_tiny.t5(root / "t5")}
 
 
 def cli(*args: Any) -> Any:
@@ -375,3 +376,37 @@ def test_explain_by_label_or_position_and_ambiguity(models: dict[str, Path], tmp
     else:  # named with its positions, never silently the first
         line = one_line(r)
         assert r.exit_code == 2 and "ambiguous" in line and ("3, 6" in line or "1, 7" in line)
+
+
+# ---- encoder-decoder: --target, --cross --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, prefix", [("bart", "model.decoder.layers."), ("t5", "decoder.block.")])
+def test_cross_attention_agrees_with_the_model(models: dict[str, Path], tmp_path: Path, name: str, prefix: str) -> None:
+    out = tmp_path / "x.npz"
+    texts, target = ["the cat drank the milk", "the dog"], "le chat a bu"
+    assert cli("capture", models[name], *texts, "--target", target, "-o", out).exit_code == 0
+    cap = read_capture(out)
+    model = transformers.AutoModel.from_pretrained(models[name], attn_implementation="eager").eval()
+    tok = transformers.AutoTokenizer.from_pretrained(models[name])
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**enc, decoder_input_ids=torch.tensor(cap.decoder.input_ids), output_attentions=True)
+    for layer in (0, 1):
+        d = self_json(out, "--weights", models[name], "--layer", layer, "--prefix", prefix, "--cross")
+        assert d["model_attention"]["agrees"] is True
+        got, want = np.asarray(d["weights"]), ref.cross_attentions[layer].numpy()
+        real = enc["attention_mask"].numpy().astype(bool)
+        for b in range(2):  # every decoder query over the encoder's real tokens
+            np.testing.assert_allclose(got[b][:, :, real[b]], want[b][:, :, real[b]], rtol=0, atol=1e-5)
+        assert d["labels"]["keys"][1][:3] == ["the", "dog", "</s>"] if name == "t5" else True
+    # the decoder's own self-attention, from the same capture
+    d = self_json(out, "--weights", models[name], "--layer", "1", "--prefix", prefix)
+    assert d["model_attention"]["agrees"] is True
+    np.testing.assert_allclose(np.asarray(d["weights"]), ref.decoder_attentions[1].numpy(), rtol=0, atol=1e-5)
+
+
+def test_cross_needs_a_target_capture(models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "x.npz"
+    assert cli("capture", models["bart"], "the cat", "-o", out).exit_code == 0
+    r = cli("self", out, "--weights", models["bart"], "--layer", "0", "--prefix", "model.decoder.layers.", "--cross")
+    assert r.exit_code == 2 and "--target" in one_line(r)

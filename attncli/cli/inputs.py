@@ -444,8 +444,7 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
         raise InputError("a capture holds every layer's input; choose one with --layer N (or --layer all with view "
                          "and check)", "--layer")
     if opts.cross:
-        raise InputError("recomputing cross-attention from a capture is not offered yet (the decoder's query input "
-                         "to encoder_attn / EncDecAttention is not in the capture)", "--cross")
+        return _cross(cap, number, opts, reader)
     decoder = opts.prefix is not None and "decoder" in opts.prefix
     stack = cap.decoder if decoder else cap.stack
     if stack is None:
@@ -480,6 +479,51 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
                             query_labels=shown, key_labels=shown, sources=sources, padding=pad)
     valid = ~stack.padding
     CAPTURED[id(problem)] = Captured(cap, number, stack.model_attention(number), (valid, valid), labels, labels,
+                                     bool(opts.keep_going), changed)
+    return problem
+
+
+def _cross(cap: Any, number: int, opts: ProblemArgs, reader: Reader) -> Layer:
+    """``--cross``: decoder layer ``number``'s cross-attention, its queries from the input the capture kept of it,
+    its keys and values from the encoder's last hidden state (attncli.io.cross reads the projections)."""
+    from attncli.io.capture import provenance_mismatch, visible
+    from attncli.io.cross import load_cross_layer
+
+    source, dec = cap.source, cap.decoder
+    if dec is None or cap.cross_inputs is None:
+        raise InputError("holds no decoder: --cross needs a capture of an encoder-decoder model taken with --target",
+                         source)
+    spec = str(opts.weights)
+    changed = provenance_mismatch(cap, spec)
+    if changed and not opts.keep_going:
+        raise InputError(f"does not match the capture {source} any more: {changed}; capture again, or --keep-going",
+                         spec)
+    model = load_cross_layer(spec, number, opts.prefix, heads=opts.heads)
+    kept = list(dec.state_layers) if dec.state_layers is not None else list(range(dec.hidden_states.shape[0] - 1))
+    if number not in kept:
+        raise InputError(f"holds the cross-attention inputs of decoder layers {kept}, not layer {number}", source)
+    x = np.asarray(cap.cross_inputs[kept.index(number)])
+    memory = np.asarray(cap.hidden_states[-1])  # the encoder's output, which every cross-attention reads
+    flags = dict(opts.options)
+    sources = {"q": f"{source} cross_inputs[{number}]", "k": f"{source} hidden_states[-1] (the encoder's output)",
+               "key_padding_mask": f"{source} attention_mask", "query_labels": f"{source} decoder_labels",
+               "key_labels": f"{source} labels"}
+    _option_origins(sources, flags, _flag)
+    options = model.config_options(Options()).merged(flags, "command line", flags=True)
+    qlab, klab = [list(r) for r in dec.labels], [list(r) for r in cap.labels]
+
+    def shown(rows: list[list[str]]) -> list[str]:
+        if all(r == rows[0] for r in rows):
+            return [visible(t) for t in rows[0]]
+        return [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*rows)]
+
+    pad = cap.stack.padding if cap.stack.padded else None
+    problem = model.problem(x, memory, options=options, heads=opts.heads, batch_first=True,
+                            query_labels=shown(qlab), key_labels=shown(klab), sources=sources, padding=pad)
+    own = None
+    if cap.cross_attentions is not None and number in dec.attention_layers:
+        own = np.asarray(cap.cross_attentions[dec.attention_layers.index(number)])
+    CAPTURED[id(problem)] = Captured(cap, number, own, (~dec.padding, ~cap.stack.padding), qlab, klab,
                                      bool(opts.keep_going), changed)
     return problem
 

@@ -197,7 +197,15 @@ class Capture:
                 out["decoder_attention_layers"] = np.asarray(d.attention_layers, dtype=np.int64)
             if self.cross_attentions is not None:
                 out["cross_attentions"] = self.cross_attentions
+            if self.cross_inputs is not None:
+                out["cross_inputs"] = self.cross_inputs
         return out
+
+    @property
+    def cross_inputs(self) -> np.ndarray | None:
+        """(decoder layers kept, batch, T_dec, E): each decoder layer's cross-attention input (what its query
+        projection reads: after the self-attention block and its norm)."""
+        return self.extra.get("cross_inputs")
 
 
 def _ranges(layers: list[int]) -> str:
@@ -279,8 +287,18 @@ def capture_from(content: Any, source: str) -> Capture:
             raise InputError(f"member 'cross_attentions' has shape {cross.shape}; expected (kept layers, batch, heads, "
                              f"decoder T, encoder T) = ({want[0]}, {want[1]}, heads, {want[2]}, {want[3]})", source)
     del layers_given
+    extra: dict[str, Any] = {}
+    cross_in = content.get("cross_inputs")
+    if cross_in is not None:
+        if decoder is None:
+            raise InputError("member 'cross_inputs' comes without the decoder's members", source)
+        cross_in = _floats(cross_in, "cross_inputs", source, 4)
+        if cross_in.shape[:3] != (decoder.hidden_states.shape[0] - 1, decoder.batch, decoder.input_ids.shape[1]):
+            raise InputError(f"member 'cross_inputs' has shape {cross_in.shape}; expected (decoder layers, batch, "
+                             f"decoder T, E) as 'decoder_hidden_states' without its last", source)
+        extra["cross_inputs"] = cross_in
     return Capture(stack, provenance, source, per_position("position_ids", "iu"),
-                   per_position("special_tokens_mask", "biu"), per_position("generated", "b"), decoder, cross)
+                   per_position("special_tokens_mask", "biu"), per_position("generated", "b"), decoder, cross, extra)
 
 
 def _floats(a: Any, name: str, source: str, ndim: int) -> np.ndarray:

@@ -178,34 +178,65 @@ def capture_loaded(net: Any, tok: Any, texts: Sequence[str], name: str | Path = 
         budget = int(max_attention_mb * MB)
         kept_att = [layer for n, layer in enumerate(keep) if (n + 1) * per_layer <= budget]
         left_out = [layer for layer in keep if layer not in kept_att]
-        with torch.no_grad():
-            if enc_dec and dec is None:
-                out = net.get_encoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                                        output_hidden_states=True, output_attentions=bool(kept_att))
-                enc_h, enc_a = out.hidden_states, out.attentions
-            else:
-                out = net(**inputs, output_hidden_states=True, output_attentions=bool(kept_att))
-                enc_h = out.encoder_hidden_states if dec is not None else out.hidden_states
-                enc_a = out.encoder_attentions if dec is not None else out.attentions
+        cross_in: dict[int, Any] = {}  # decoder layer -> its cross-attention's input (the query side)
+        hooks = _cross_hooks(net, cross_in) if dec is not None else []
+        try:
+            with torch.no_grad():
+                out = _forward(net, inputs, enc_dec and dec is None, bool(kept_att))
+        finally:
+            for h in hooks:
+                h.remove()
+        if enc_dec and dec is None:
+            enc_h, enc_a = out.hidden_states, out.attentions
+        else:
+            enc_h = out.encoder_hidden_states if dec is not None else out.hidden_states
+            enc_a = out.encoder_attentions if dec is not None else out.attentions
         torch_dtype_name = str(next(net.parameters()).dtype).removeprefix("torch.")
         states = tuple(keep) if keep_layers is not None else None
         stack = Stack(_states(enc_h, keep), *_words(tok, ids), ids.numpy(), mask.numpy().astype(np.int64),
                       _attentions(enc_a, kept_att), tuple(kept_att) if kept_att else (), states)
         decoder, cross = None, None
+        extra: dict[str, Any] = {}
         if dec is not None:
             decoder = Stack(_states(out.decoder_hidden_states, keep), *_words(tok, dec["input_ids"]),
                             dec["input_ids"].numpy(), dec["attention_mask"].numpy().astype(np.int64),
                             _attentions(out.decoder_attentions, kept_att), tuple(kept_att) if kept_att else (), states)
             cross = _attentions(out.cross_attentions, kept_att)
+            if cross_in:
+                extra["cross_inputs"] = _states([cross_in[i] for i in sorted(cross_in)], keep)[:-1]
         del out
         provenance = _provenance(transformers, name, config, torch_dtype_name, texts, targets, {
             **(flags or {}), "generate": generate, "chat": chat, "device": str(run_device),
             "keep_layers": list(keep) if keep_layers is not None else None, "max_attention_mb": max_attention_mb,
             "padding_side": tok.padding_side}, layers, left_out)
         positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), tuple(ids.shape)).copy()
-        return Capture(stack, provenance, name, positions, special.numpy(), generated.numpy(), decoder, cross)
+        return Capture(stack, provenance, name, positions, special.numpy(), generated.numpy(), decoder, cross, extra)
     finally:
         tok.padding_side = side
+
+
+def _forward(net: Any, inputs: dict[str, Any], encoder_only: bool, attentions: bool) -> Any:
+    """One forward with every hidden state (and the attention weights); an encoder-decoder without a target: its
+    encoder alone."""
+    if encoder_only:
+        return net.get_encoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                 output_hidden_states=True, output_attentions=attentions)
+    return net(**inputs, output_hidden_states=True, output_attentions=attentions)
+
+
+CROSS_MODULES = ("encoder_attn", "EncDecAttention")  # BART's and T5's cross-attention modules (attncli.io.cross)
+
+
+def _cross_hooks(net: Any, into: dict[int, Any]) -> list[Any]:
+    """Forward pre-hooks that keep each decoder layer's cross-attention input (what its query projection reads)."""
+    hooks = []
+    found = [m for name, m in net.named_modules() if name.rsplit(".", 1)[-1] in CROSS_MODULES]
+    for i, module in enumerate(found):
+        def keep(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any], i: int = i) -> None:
+            into[i] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+        hooks.append(module.register_forward_pre_hook(keep, with_kwargs=True))
+    return hooks
 
 
 def _config(transformers: Any, name: str, trust: bool) -> Any:
