@@ -107,9 +107,8 @@ def check_command(
     problem: ProblemArgs,
     opts: Verify,
     args: Annotated[list[str] | None, typer.Argument(
-        metavar="[EXPECTED] Q [K [V]] | CAPTURE", show_default=False,
-        help="Expected numbers (unless --expected), then the input files; or a capture alone (attncli capture), "
-             "checked against the model's own attention it holds (none with --text).")] = None,
+        metavar="[EXPECTED] Q [K [V]]", show_default=False,
+        help="Expected numbers (unless --expected), then the input files (or a capture).")] = None,
 ) -> None:
     args = list(args or [])
     fmt = opts.format

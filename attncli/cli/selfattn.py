@@ -45,8 +45,7 @@ def self_command(
     view: View,
     x: Annotated[str | None, typer.Argument(metavar="X", show_default=False,
                                             help="Input (T, D) or (B, T, D): a file, - for stdin, a file with x, "
-                                                 "weights, heads, labels, ... entries, or a capture (attncli capture; "
-                                                 "or --text).")] = None,
+                                                 "weights, ... entries, or a capture.")] = None,
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.cli.run import execute
