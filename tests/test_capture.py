@@ -410,3 +410,57 @@ def test_cross_needs_a_target_capture(models: dict[str, Path], tmp_path: Path) -
     assert cli("capture", models["bart"], "the cat", "-o", out).exit_code == 0
     r = cli("self", out, "--weights", models["bart"], "--layer", "0", "--prefix", "model.decoder.layers.", "--cross")
     assert r.exit_code == 2 and "--target" in one_line(r)
+
+
+# ---- the forward's options and the library -----------------------------------------------------------------
+
+def test_device_map_auto_on_the_cpu(models: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    plain, mapped = tmp_path / "a.npz", tmp_path / "b.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "-o", plain).exit_code == 0
+    r = cli("capture", models["llama"], TEXTS[0], "--device-map", "auto", "-o", mapped)
+    assert r.exit_code == 0, r.stderr
+    a, b = read_capture(plain), read_capture(mapped)
+    np.testing.assert_allclose(b.hidden_states, a.hidden_states, rtol=0, atol=1e-6)
+    assert b.provenance["flags"]["device_map"] == "auto"
+
+
+def test_chat_template_and_text_file(models: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "chat"
+    shutil.copytree(models["llama"], folder)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = "{% for m in messages %}<s> the {{ m['content'] }}{% endfor %}"
+    tok.save_pretrained(folder)
+    out = tmp_path / "c.npz"
+    assert cli("capture", folder, "cat drank", "--chat", "-o", out).exit_code == 0
+    want = tok(tok.apply_chat_template([{"role": "user", "content": "cat drank"}], tokenize=False,
+                                       add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    assert read_capture(out).input_ids[0].tolist() == want
+    assert cli("capture", models["bert"], "cat", "--chat", "-o", out).exit_code == 2  # no template: one line
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The cat drank the milk\n\nthe dog ate\n")
+    assert cli("capture", models["llama"], "--text-file", texts, "-o", out).exit_code == 0
+    assert read_capture(out).provenance["texts"] == ["The cat drank the milk", "the dog ate"]
+
+
+def test_library_capture_then_layer(models: dict[str, Path]) -> None:
+    """capture() in memory, as `attncli heads` and --text use it: the same states as the file."""
+    from attncli.io.hf import capture
+
+    cap = capture(models["llama"], TEXTS, padding_side="right")
+    enc, ref = reference(models["llama"], TEXTS)
+    np.testing.assert_allclose(cap.hidden_states, torch.stack(ref.hidden_states).numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(cap.attentions), torch.stack(ref.attentions).numpy(), rtol=0, atol=1e-7)
+    assert cap.stack.model_attention(1) is not None and cap.stack.state(1).shape == (2, enc["input_ids"].shape[1], 32)
+
+
+def test_view_text_every_layer(models: dict[str, Path]) -> None:
+    from attncli.cli.options import ProblemArgs
+    from attncli.cli.view import model_layers, verified
+    from attncli.io.files import Reader
+
+    layers = model_layers([], ProblemArgs(weights=models["llama"], text=TEXTS[0]), Reader())
+    assert len(layers) == 2 and "drank" in layers[0][1].query_labels
+    assert verified(layers).startswith("2 layers agree")
