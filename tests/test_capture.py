@@ -464,3 +464,25 @@ def test_view_text_every_layer(models: dict[str, Path]) -> None:
     layers = model_layers([], ProblemArgs(weights=models["llama"], text=TEXTS[0]), Reader())
     assert len(layers) == 2 and "drank" in layers[0][1].query_labels
     assert verified(layers).startswith("2 layers agree")
+
+
+@pytest.mark.parametrize("change, culprit", [
+    (lambda m: m.update(format=np.array("attncli-capture/9")), "format"),
+    (lambda m: m.pop("hidden_states"), "'hidden_states'"),
+    (lambda m: m.update(attention_mask=m["attention_mask"] * 2), "'attention_mask'"),
+    (lambda m: m.update(labels=m["labels"][:, :-1]), "'labels'"),
+    (lambda m: m.update(attention_layers=np.array([0, 0])), "'attention_layers'"),
+    (lambda m: m.update(provenance=np.array("{not json")), "'provenance'"),
+    (lambda m: m.update(hidden_states=m["hidden_states"].astype(np.int64)), "'hidden_states'"),
+])
+def test_a_broken_capture_is_one_line(models: dict[str, Path], tmp_path: Path, change: Any, culprit: str) -> None:
+    out = tmp_path / "c.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "-o", out).exit_code == 0
+    with np.load(out, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    change(members)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **members)
+    r = cli("self", bad, "--weights", models["llama"], "--layer", "0")
+    line = one_line(r)
+    assert r.exit_code == 2 and "bad.npz" in line and culprit in line, line
