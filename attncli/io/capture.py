@@ -221,8 +221,18 @@ def write_capture(capture: Capture, path: str | Path, protect: tuple[str, ...] =
     """Write ``capture`` to ``path`` (.npz, uncompressed) atomically: a failure leaves no partial file."""
     from attncli.io.files import atomic_write
 
-    with atomic_write(path, protect=protect) as f:
-        np.savez(f, **capture.arrays())  # type: ignore[arg-type]
+    import zipfile
+
+    with atomic_write(path, protect=protect) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, a in capture.arrays().items():  # as np.savez writes them, each layer of a Layers in turn (no copy)
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                if isinstance(a, Layers):
+                    header = {"descr": np.lib.format.dtype_to_descr(a.dtype), "fortran_order": False, "shape": a.shape}
+                    np.lib.format.write_array_header_2_0(member, header)
+                    for part in a:
+                        member.write(np.ascontiguousarray(part, dtype=a.dtype).data.cast("B"))
+                else:
+                    np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
 
 
 def is_capture(content: Any) -> bool:
