@@ -266,6 +266,9 @@ def test_padded_batch_agrees_per_entry(models: dict[str, Path], tmp_path: Path, 
         real = enc["attention_mask"][b].numpy().astype(bool)
         np.testing.assert_allclose(got[b][:, real][:, :, real], want[b][:, real][:, :, real], rtol=0, atol=1e-5)
         assert np.all(got[b][:, real][:, :, ~real] == 0)  # padding is masked: zero weight
+        assert np.all(got[b][:, ~real] == 0)  # padded queries are left out (fully masked rows)
+    r = cli("self", out, "--weights", models["llama"], "--layer", "1", "--format", "json")
+    assert r.stderr.strip() == ""  # no warning for each padded query's masked row
     labels = d["labels"]
     assert labels["queries"][0][:3] == ["<s>", "The", "cat"] and "[PAD]" in labels["queries"][1]  # one list per entry
 

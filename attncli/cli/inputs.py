@@ -476,7 +476,8 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
         [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*labels)]
     pad = stack.padding if stack.padded else None
     problem = model.problem(x, options=options, heads=opts.heads, from_residual=True, batch_first=True,
-                            query_labels=shown, key_labels=shown, sources=sources, padding=pad)
+                            query_labels=shown, key_labels=shown, sources=sources, padding=pad,
+                            mask=_padded_queries(stack.padding, options, sources, source))
     valid = ~stack.padding
     CAPTURED[id(problem)] = Captured(cap, number, stack.model_attention(number), (valid, valid), labels, labels,
                                      bool(opts.keep_going), changed)
@@ -519,13 +520,25 @@ def _cross(cap: Any, number: int, opts: ProblemArgs, reader: Reader) -> Layer:
 
     pad = cap.stack.padding if cap.stack.padded else None
     problem = model.problem(x, memory, options=options, heads=opts.heads, batch_first=True,
-                            query_labels=shown(qlab), key_labels=shown(klab), sources=sources, padding=pad)
+                            query_labels=shown(qlab), key_labels=shown(klab), sources=sources, padding=pad,
+                            mask=_padded_queries(dec.padding, options, sources, source))
     own = None
     if cap.cross_attentions is not None and number in dec.attention_layers:
         own = np.asarray(cap.cross_attentions[dec.attention_layers.index(number)])
     CAPTURED[id(problem)] = Captured(cap, number, own, (~dec.padding, ~cap.stack.padding), qlab, klab,
                                      bool(opts.keep_going), changed)
     return problem
+
+
+def _padded_queries(padding: Any, options: Options, sources: dict[str, str], source: str) -> Any:
+    """A mask (B, 1, T, 1) that leaves padded queries out (their rows fully masked: zero weights, never shown as
+    the model's), in the convention the options read masks in; None without padding."""
+    pad = np.asarray(padding, dtype=bool)
+    if not pad.any():
+        return None
+    sources["mask"] = f"{source} attention_mask (padded queries left out)"
+    keep = ~pad[:, None, :, None]
+    return keep if options.mask_convention == "keep" else ~keep
 
 
 def agreement(problem: Any, trace: Any) -> Any:
