@@ -219,9 +219,9 @@ def _strings(rows: list[list[str]]) -> np.ndarray:
 
 def write_capture(capture: Capture, path: str | Path, protect: tuple[str, ...] = ()) -> None:
     """Write ``capture`` to ``path`` (.npz, uncompressed) atomically: a failure leaves no partial file."""
-    from attncli.io.files import atomic_write
-
     import zipfile
+
+    from attncli.io.files import atomic_write
 
     with atomic_write(path, protect=protect) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, a in capture.arrays().items():  # as np.savez writes them, each layer of a Layers in turn (no copy)
