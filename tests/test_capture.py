@@ -489,3 +489,28 @@ def test_a_broken_capture_is_one_line(models: dict[str, Path], tmp_path: Path, c
     r = cli("self", bad, "--weights", models["llama"], "--layer", "0")
     line = one_line(r)
     assert r.exit_code == 2 and "bad.npz" in line and culprit in line, line
+
+
+def test_library_attend_a_capture(models: dict[str, Path], tmp_path: Path) -> None:
+    import attncli
+    from attncli.errors import InputError
+
+    out = tmp_path / "c.npz"
+    assert cli("capture", models["llama"], *TEXTS, "--padding-side", "left", "-o", out).exit_code == 0
+    cap = read_capture(out)
+    trace = attncli.load_layer(models["llama"], layer=1).attend(cap)
+    assert trace.extra["model_attention"]["agrees"] is True
+    enc, ref = reference(models["llama"], TEXTS, "left")
+    real = enc["attention_mask"].numpy().astype(bool)
+    for b in range(2):
+        np.testing.assert_allclose(trace.weights[b][:, real[b]][:, :, real[b]],
+                                   ref.attentions[1][b].numpy()[:, real[b]][:, :, real[b]], rtol=0, atol=1e-5)
+    with np.load(out, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    members["attentions"][1] = members["attentions"][0]  # layer 1's weights replaced by layer 0's
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **members)
+    with pytest.raises(InputError, match="layer 1: the recomputation differs"):
+        attncli.load_layer(models["llama"], layer=1).attend(read_capture(bad))
+    kept = attncli.load_layer(models["llama"], layer=1).attend(read_capture(bad), keep_going=True)
+    assert kept.extra["model_attention"]["agrees"] is False
