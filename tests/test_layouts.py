@@ -129,7 +129,7 @@ def rope_frequencies(facts: AttentionFacts) -> tuple[np.ndarray, float]:
     rope_scaling of config.json: none, linear, llama3 or yarn, as transformers' ``modeling_rope_utils``
     computes them (``ROPE_INIT_FUNCTIONS``). inv_freq_i = 1 / base^(2i / rotary_dim) before scaling.
     The test's reference (checked against ROPE_INIT_FUNCTIONS below); the package computes these in
-    attncli.core.stages."""
+    attncli.core.ops."""
     base, dim = facts.rope_base or 10000.0, facts.rotary_dim or facts.head_dim
     if not dim:
         raise InputError("RoPE needs the rotary dimension (head_dim); give --heads or config.json")

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from attncli.core import stages
+from attncli.core import ops
 from attncli.core.backend import PRECISIONS, Backend, numpy_namespace, round_bfloat16
 from attncli.core.engine import run
 from attncli.core.layer import Subject
@@ -186,7 +186,7 @@ class RoundingNamespace:
       (RoPE's cos and sin, a fill value, sinks) is held in the precision. transformers' rotary embeddings return
       ``cos.to(x.dtype), sin.to(x.dtype)``: in bfloat16 a rotation by rounded cos and sin, an error of up to 2⁻⁹
       of q and k, the same in every head at a position;
-    - ``float32`` is :data:`WIDE`, so the norms (attncli.core.stages.rms_norm, layer_norm) take their half-precision
+    - ``float32`` is :data:`WIDE`, so the norms (attncli.core.ops.rms_norm, layer_norm) take their half-precision
       branch: ``astype(x, float32)`` widens to plain float32 (unrounded arithmetic) and the cast back
       (``astype(y, x.dtype)``) rounds once, as transformers' RMSNorm (float32, then ``.to(input_dtype)``, then
       ``weight *`` it, rounded) and torch's LayerNorm kernel (float32 throughout, weight and bias included, one
@@ -228,7 +228,7 @@ class RoundingNamespace:
     def fused_softmax(self, s: Any) -> Any:
         """torch's softmax of a half tensor: s - max, exp, the sum and the division in float32, rounded once."""
         with np.errstate(over="ignore", invalid="ignore"):
-            return self._held(stages.softmax(np, np.asarray(_unwrap(s), dtype=np.float32)))
+            return self._held(ops.softmax(np, np.asarray(_unwrap(s), dtype=np.float32)))
 
 
 def naive_backend(precision: str) -> NaiveBackend:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from attncli.core import chain, stages
+from attncli.core import chain, ops
 from attncli.core.backend import Backend, blas_threads, set_blas_threads, threads, to_numpy
 from attncli.core.problem import Problem
 from attncli.core.scoring import get_score
@@ -81,7 +81,7 @@ def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: d
         if progress is not None:
             progress((t + 1) * problem.m // r, problem.m)
         dead.append(part.dead)
-        told = set(stages.dead_row_messages(sub, part.dead)) if part.dead is not None else set()
+        told = set(ops.dead_row_messages(sub, part.dead)) if part.dead is not None else set()
         trace.warnings.extend(w for w in part.warnings if w not in told and w not in trace.warnings)
     if any(d is not None for d in dead):
         full = np.zeros(problem.batch_shape + (problem.m,), dtype=bool)
@@ -89,7 +89,7 @@ def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: d
             if d is not None:
                 full[..., t::r, :] = d
         trace.dead = full
-        trace.warnings.extend(stages.dead_row_messages(problem, full))
+        trace.warnings.extend(ops.dead_row_messages(problem, full))
     if trace.meta.softmax is None:
         trace.meta.softmax = part.meta.softmax
     return out
@@ -145,7 +145,7 @@ def key_chunk(problem: Problem, rows: int) -> int:
 def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
              progress: Progress | None) -> Any:
     """Blocks of queries (and, for very many keys, chunks of keys with an online softmax:
-    stages.OnlineSoftmax), each through the same stages as the explicit path."""
+    ops.OnlineSoftmax), each through the same stages as the explicit path."""
     xp = be.xp
     m, n, dv = problem.m, problem.n, int(v.shape[-1])
     c: Any = chain.constant_factor(problem) if chain.constant_scale(problem) else \
@@ -178,7 +178,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
         i1 = min(m, i0 + step)
         qb = q[..., i0:i1, :]  # (..., b, d)
         rows = chain.block(problem, be, (i0, i1), c)  # this block's masks and biases, (..., b, n)
-        acc = stages.OnlineSoftmax(xp, shift)
+        acc = ops.OnlineSoftmax(xp, shift)
         kept = None  # any key kept (..., b)
         lo, hi = visible_keys(problem, i0, i1)
         for j0 in range(lo, hi, kstep):
@@ -190,11 +190,11 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             if lg.keep is not None:
                 kept = xp.any(lg.keep, axis=-1) if kept is None else kept | xp.any(lg.keep, axis=-1)
             if check or finite_fill:  # the scores may overflow: the same one-line error as the explicit path
-                stages.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
+                ops.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
             # 6) softmax, folded into the product with V, normalised at the end
             acc.add(lg.s, v1[..., cols, :], reuse=lg.s is lg.raw and lg.folded)
         if problem.sinks is not None:  # 6) with sinks: exp(sink_h) joins each row's sum
-            acc.add(stages.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device), sink_v1)
+            acc.add(ops.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device), sink_v1)
         out[..., i0:i1, :] = acc.finish()
         if rows.keep is not None or rows.bias is not None:
             if shift:
@@ -317,7 +317,7 @@ def _check_overflow(s: Any, c: Any, limit: float, at0: tuple[int, int],
 def _report(problem: Problem, trace: Trace, dead: np.ndarray, overflow: list[tuple[tuple[int, ...], float, int]]) -> None:
     if dead.any():
         trace.dead = dead
-        trace.warnings.extend(stages.dead_row_messages(problem, dead))
+        trace.warnings.extend(ops.dead_row_messages(problem, dead))
     if overflow:
         trace.warnings.append(overflow_message(problem, overflow))
 
@@ -365,7 +365,7 @@ def _frobenius(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, 
     step = block_rows(problem)
     for i0 in range(0, problem.m, step):
         with np.errstate(over="ignore", invalid="ignore"):
-            s = stages.score(problem, xp, q[..., i0:i0 + step, :], k, params)  # (..., b, n)
+            s = ops.score(problem, xp, q[..., i0:i0 + step, :], k, params)  # (..., b, n)
             finite = xp.where(xp.isfinite(s), s, xp.zeros_like(s))
             total = total + xp.sum(finite * finite, axis=(-2, -1), keepdims=True)  # (..., 1, 1)
     f = xp.sqrt(total)
@@ -419,9 +419,9 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
     step = block_rows(problem)
     for i0 in range(0, m, step):
         i1 = min(m, i0 + step)
-        keep, bias = stages.masks(problem, be, rows=(i0, i1))
+        keep, bias = ops.masks(problem, be, rows=(i0, i1))
         if bias is not None:  # a float mask: masked keys at -inf, the others shifted by the mask
-            attn = stages.apply_mask(be.xp, bias, keep, None, -math.inf)  # masked keys at -inf, the others shifted
+            attn = ops.apply_mask(be.xp, bias, keep, None, -math.inf)  # masked keys at -inf, the others shifted
             rows_dead = ~(attn > -math.inf).any(dim=-1)
         else:
             attn, rows_dead = keep, ~keep.any(dim=-1)

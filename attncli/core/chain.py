@@ -28,10 +28,10 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np
 
-from attncli.core import alibi, heads, stages
+from attncli.core import alibi, heads, ops
 from attncli.core.backend import Backend
+from attncli.core.ops import Rows
 from attncli.core.scoring import CONSTANT_SCALINGS, SCALINGS, get_score
-from attncli.core.stages import Rows
 from attncli.core.trace import StepName as N
 from attncli.core.trace import Trace
 
@@ -145,8 +145,8 @@ class Block:
 def block(p: Problem, be: Backend, rows: Rows = None, c: Any = None) -> Block:
     """The :class:`Block` of the queries ``rows`` (all, i0..i1-1, or an index array) against every key."""
     i = np.arange(*rows) if isinstance(rows, tuple) else np.arange(p.m) if rows is None else np.asarray(rows)
-    keep, bias = stages.masks(p, be, rows=rows)
-    ab = stages.alibi_rows(p, rows, alibi_divisor(p) or 1.0)
+    keep, bias = ops.masks(p, be, rows=rows)
+    ab = ops.alibi_rows(p, rows, alibi_divisor(p) or 1.0)
     rb = relative_rows(p, i)
     return Block(p, be, i, np.arange(p.n), keep, bias, None if ab is None else be.asarray(ab, p.dtype),
                  None if rb is None else be.asarray(rb, p.dtype), c)
@@ -220,7 +220,7 @@ def _scale(b: Block, s: Any) -> tuple[Any, Scale]:
     t = b.p.options.temperature
     if b.c is not None:  # known before the scores (the blocked path): factor / T
         return s * b.c, Scale(None, t, "")
-    factor, rule = stages.scale_factor(b.p, b.be.xp, s)
+    factor, rule = ops.scale_factor(b.p, b.be.xp, s)
     c = factor if t is None else (1.0 / t if factor is None else factor / t)
     return s * c, Scale(factor, t, rule, "scale" if b.p.options.scale is not None else scaling_name(b.p))
 
@@ -237,7 +237,7 @@ def _scale_formula(a: Scale, prev: str) -> str:
 
 def _cap(b: Block, s: Any) -> tuple[Any, Cap]:
     c = float(b.p.options.softcap)  # type: ignore[arg-type]
-    return stages.softcap(b.be.xp, s, c), Cap(c)
+    return ops.softcap(b.be.xp, s, c), Cap(c)
 
 
 def _cap_formula(a: Cap, prev: str) -> str:
@@ -320,8 +320,8 @@ def _has_mask(p: Problem) -> bool:
 
 def _mask(b: Block, s: Any) -> tuple[Any, Mask]:
     o = b.p.options
-    fill = stages.fill_value(b.p)
-    return stages.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal,
+    fill = ops.fill_value(b.p)
+    return ops.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal,
                                                                       o.chunk, o.local_window)
 
 
@@ -428,7 +428,7 @@ def logits(p: Problem, q: Any, k: Any, params: dict[str, Any], b: Block, record:
     fold = record is None and b.c is not None and _dot(p)  # (c·q)·k = c·(q·k): one multiply on (b, d), not (b, n)
     if fold:
         q = q * b.c
-    s = stages.score(p, b.be.xp, q, k, params, trace)  # 1) score: (..., b, d) x (..., n_c, d) -> (..., b, n_c)
+    s = ops.score(p, b.be.xp, q, k, params, trace)  # 1) score: (..., b, d) x (..., n_c, d) -> (..., b, n_c)
     raw, unmasked = s, s
     if record is not None:
         record(next(st for st in STAGES if st.name == N.SCORES), s, None)

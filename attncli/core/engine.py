@@ -1,4 +1,4 @@
-"""The one pipeline: the stages of attncli.core.stages composed, returning a Trace.
+"""The one pipeline: the stages of attncli.core.ops composed, returning a Trace.
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...;
                  DeepSeek MLA: q_latent, q_latent_norm, kv_latent, kv_latent_norm, k_nope, then q, k, v per head
@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from attncli.core import blocked, chain, stages
+from attncli.core import blocked, chain, ops
 from attncli.core.backend import Backend, get_backend, to_numpy
+from attncli.core.heads import check_rope
 from attncli.core.layer import Layer
 from attncli.core.options import Options
 from attncli.core.params import (
@@ -219,9 +220,9 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
     else:
         for n in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v"):
             _weight(t, proj, w, n)
-        q = stages.project(xp, X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
-        k = stages.project(xp, Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
-        v = stages.project(xp, Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
+        q = ops.project(xp, X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
+        k = ops.project(xp, Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
+        v = ops.project(xp, Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
         y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
         t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES), config_note, _projection(proj, w, "X", "q"))
         t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
@@ -231,8 +232,8 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
         q, k, v = (_clip(t, be, a, name, clip, axes) for a, name, axes in
                    ((q, "q", (QUERIES, FEATURES)), (k, "k", (KEYS, FEATURES)), (v, "v", (KEYS, FEATURES))))
     G = layer.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
-    qh = stages.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
-    kh, vh = stages.split_heads(xp, k, G), stages.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
+    qh = ops.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
+    kh, vh = ops.split_heads(xp, k, G), ops.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
     m = t.meta
     m.heads, m.head_width = H, {"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H}
     m.self_attention, m.batched, m.weights_format, m.weights_source = (layer.self_attention, layer.batched,
@@ -259,14 +260,14 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
         _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
 
     def norm(name: str, a: Any, wt: Any, of: str, where: str) -> Any:
-        y = stages.rms_norm(xp, a, be.asarray(wt, dt), L.eps)
+        y = ops.rms_norm(xp, a, be.asarray(wt, dt), L.eps)
         t.add(name, f"{name} = w · {of} / sqrt(mean({of}²) + {L.eps:g}): the latent's RMSNorm (w = {where})", y,
               (QUERIES if name.startswith("q") else KEYS, FEATURES), params=Normalise("rms", L.eps, True, where))
         return y
 
     src = "X"
     if L.W_qa is not None and L.q_a_norm is not None:  # q_lora_rank: Q through its own latent
-        ql = stages.project(xp, X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
+        ql = ops.project(xp, X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
         t.add("q_latent", f"q_latent = X · W_qa{_plus(w, 'b_qa')}: the queries' low-rank latent", ql, (QUERIES, FEATURES),
               params=Projection("X", "W_qa", "b_qa" if "b_qa" in w else None, L.origin.get("W_qa")))
         src = "q_latent_norm"
@@ -274,13 +275,13 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
     else:
         X_q = X
     _weight(t, proj, w, "W_q")
-    q = stages.rope_first(xp, stages.project(xp, X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
+    q = ops.rope_first(xp, ops.project(xp, X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
     t.add("q", f"Q = {src} · W_q, each head's features put [q_pe | q_nope] ({r} + {n}; W_q gives [q_nope | q_pe]: K "
           "has the same order, so q·k is unchanged, and RoPE turns the first " + f"{r})", q, (QUERIES, FEATURES),
           notes, Projection(src, "W_q", None, proj.origin.get("W_q")))
     for nm in ("W_kva", "b_kva"):
         _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
-    kv = stages.project(xp, X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
+    kv = ops.project(xp, X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
     r_kv = int(L.kv_a_norm.shape[0])
     t.add("kv_latent", f"kv_latent = X · W_kva{_plus(w, 'b_kva')} = [c | k_pe]: the keys' and values' latent c "
           f"({r_kv} features) and the rotary part of every head's key k_pe ({r})", kv, (KEYS, FEATURES),
@@ -288,13 +289,13 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
     c = norm("kv_latent_norm", kv[..., :r_kv], L.kv_a_norm, "c", L.origin.get("kv_a_norm", "kv_a_norm"))
     for nm in ("W_k", "W_v"):
         _weight(t, proj, w, nm)
-    k_nope = stages.project(xp, c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
+    k_nope = ops.project(xp, c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
     t.add("k_nope", "k_nope = kv_latent_norm · W_k: each head's keys without positions", k_nope, (KEYS, FEATURES),
           params=Projection("kv_latent_norm", "W_k", None, proj.origin.get("W_k")))
-    k = stages.shared_rope_keys(xp, k_nope, kv[..., r_kv:], H)  # (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))
+    k = ops.shared_rope_keys(xp, k_nope, kv[..., r_kv:], H)  # (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))
     t.add("k", f"K: each head's key [k_pe | k_nope_h], k_pe (kv_latent's last {r} features) the same for every head",
           k, (KEYS, FEATURES))
-    v = stages.project(xp, c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
+    v = ops.project(xp, c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
     t.add("v", "V = kv_latent_norm · W_v", v, (KEYS, FEATURES),
           params=Projection("kv_latent_norm", "W_v", None, proj.origin.get("W_v")))
     return q, k, v
@@ -314,10 +315,10 @@ def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace, wide: bool = F
     w = be.asarray(norm.w, dt)
     if norm.kind == "layernorm":
         b = None if norm.b is None else be.asarray(norm.b, dt)
-        y = stages.layer_norm(xp, X, w, b, norm.eps)
+        y = ops.layer_norm(xp, X, w, b, norm.eps)
         text = f"x_norm = (X - mean) / sqrt(var + {norm.eps:g}) · w + b"
     else:
-        y = stages.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p", wide_weight=wide)
+        y = ops.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p", wide_weight=wide)
         scale = "(1 + w)" if norm.kind == "rms1p" else "w"
         text = f"x_norm = {scale} · X / sqrt(mean(X²) + {norm.eps:g})"
     where = f" (w = {norm.origin})" if norm.origin else ""
@@ -375,8 +376,8 @@ def _tune_queries(problem: Problem, be: Backend, q: Any, t: Trace) -> tuple[Prob
     if o.tuning_scale is None:
         return problem, q
     P = problem.query_offset
-    f = stages.tuning_factors(P + np.arange(problem.m), o.tuning_scale, o.tuning_floor)  # (m,)
-    y = stages.tuned(be.xp, q, f)  # (..., m, d) * (m,) -> (..., m, d)
+    f = ops.tuning_factors(P + np.arange(problem.m), o.tuning_scale, o.tuning_floor)  # (m,)
+    y = ops.tuned(be.xp, q, f)  # (..., m, d) * (m,) -> (..., m, d)
     done = [s for s in ("q_rot", "q_norm") if s in t]  # the later of the two (QK-norm after RoPE: Llama 4)
     before = max(done, key=t.names().index) if done else "q"
     where = f"P + i = {P} + i" if P else "i"
@@ -389,7 +390,7 @@ def _tune_queries(problem: Problem, be: Backend, q: Any, t: Trace) -> tuple[Prob
 def _shown(problem: Problem, be: Backend, a: Any) -> Any:
     """K's steps with one entry per query head, as the scores have them."""
     r = problem.n_rep
-    return stages.expand_kv(be.xp, a, r) if r > 1 else a
+    return ops.expand_kv(be.xp, a, r) if r > 1 else a
 
 
 def _norm_param(be: Backend, a: Any, dt: str, ndim: int) -> Any:
@@ -399,7 +400,7 @@ def _norm_param(be: Backend, a: Any, dt: str, ndim: int) -> Any:
 
 
 def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
-    """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.stages.qk_norm)."""
+    """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.ops.qk_norm)."""
     o, dt, d = problem.options, problem.dtype, problem.d_qk
     kind = str(o.qk_norm)
     plus, full, ln = kind == "rms1p", kind == "rms-full", kind == "layernorm"
@@ -411,7 +412,7 @@ def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_n
         wt = np.full(d, 0.0 if plus else 1.0) if wt is None else wt
         w = _norm_param(be, wt, dt, np.ndim(wt))
         b = None if bias is None else _norm_param(be, bias, dt, np.ndim(bias))
-        y = stages.qk_norm(be.xp, a, kind, w, b, o.norm_eps, o.rms_wide)
+        y = ops.qk_norm(be.xp, a, kind, w, b, o.norm_eps, o.rms_wide)
         x = f"{name}_rot" if after else name
         wname = f"w_{name}[h]" if per_head and not full else f"w_{name}"
         scale = ("" if not given else f" · (1 + {wname})" if plus else f" · {wname}") + (
@@ -441,13 +442,13 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
     """The steps q_rot and k_rot: RoPE at positions P + i (queries) and j (keys)."""
     o, xp, dt, d = problem.options, be.xp, problem.dtype, problem.d_qk
     base, width = problem.rope_settings()
-    rd = stages.check_rope(d, width, str(o.rope))
+    rd = check_rope(d, width, str(o.rope))
     sc = dict(o.rope_scaling) if o.rope_scaling else None
     P, m, n = problem.query_offset, problem.m, problem.n
     q_pos, k_pos = P + np.arange(m), np.arange(n)
-    inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
+    inv, factor = ops.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
                                        seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
-    inv = stages.freqs_held_in(inv, str(o.rope_freqs))  # --rope-freqs bfloat16: as model.to(bfloat16) leaves them
+    inv = ops.freqs_held_in(inv, str(o.rope_freqs))  # --rope-freqs bfloat16: as model.to(bfloat16) leaves them
     held = [f"inverse frequencies held in {o.rope_freqs} (as model.to({o.rope_freqs}) leaves transformers' inv_freq; "
             "from_pretrained(dtype=...) keeps them in float32)"] if o.rope_freqs != "float32" else []
     tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
@@ -459,8 +460,8 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
     before = {"q": "q_norm" if normed else "q", "k": "k_norm" if normed else "k"}
     rotation = Rotation(str(o.rope), base, rd, P, factor, sc.get("rope_type", sc.get("type")) if sc else None)
     for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
-        c, s_ = stages.rope_cos_sin(pos, inv, factor, str(o.rope), tables)
-        y = stages.rotate(xp, a, c, s_, str(o.rope), rd, o.rope_rounding)
+        c, s_ = ops.rope_cos_sin(pos, inv, factor, str(o.rope), tables)
+        y = ops.rotate(xp, a, c, s_, str(o.rope), rd, o.rope_rounding)
         formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
                    f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
         t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),
@@ -486,7 +487,7 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
             index = np.asarray(how.rows)
             q = be.xp.take(q, be.asarray(index, "int64") if be.name == "torch" else index, axis=-2)  # (..., rows, d)
         w = attention_weights(problem, be, q, k, params, trace, rows=None if how.rows is None else np.asarray(how.rows))
-        out = stages.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+        out = ops.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         if problem.result_dtype:
             trace.warnings.extend(m for m in [blocked.score_overflow(problem, trace.step("scores").values)] if m)
         trace.meta.path = "explicit"
@@ -501,7 +502,7 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
 
 def _expanded(problem: Problem, be: Backend, a: Any) -> Any:
     """K or V with one head per query head (grouped-query: query head h reads K/V head h // r)."""
-    return stages.expand_kv(be.xp, a, problem.n_rep) if problem.n_rep > 1 else a
+    return ops.expand_kv(be.xp, a, problem.n_rep) if problem.n_rep > 1 else a
 
 
 def _corner_rows(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any], trace: Trace,
@@ -551,20 +552,20 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
                               "scores, not used to keep or drop keys (save it as booleans or integers for that)")
     if N.SCALED not in [st.name for st in chain.needed(problem)]:  # no scaled step: the rule is still told
-        trace.meta.scaling = Scaling(stages.scale_factor(problem, xp, None)[1], None, o.temperature)
+        trace.meta.scaling = Scaling(ops.scale_factor(problem, xp, None)[1], None, o.temperature)
     lg = chain.logits(problem, q, k, params, chain.block(problem, be, rows), record, trace)
     raw, s, keep = lg.unmasked, lg.s, lg.keep
 
     # 6) softmax over keys (stable); a row with every key masked gets zero weights
-    stages.check_scores(problem, xp, raw, s, keep)
+    ops.check_scores(problem, xp, raw, s, keep)
     before = trace.steps[-1].name
     follows = o.hard or o.dropout > 0
     name = "softmax" if follows else "weights"
     if problem.sinks is None:
-        w = stages.softmax(xp, s)
+        w = ops.softmax(xp, s)
         formula = f"{name} = softmax({before}, over keys)"
     else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
-        sinked = stages.softmax_sink_scaled if o.sink_form == "scale" else stages.softmax_with_sinks
+        sinked = ops.softmax_sink_scaled if o.sink_form == "scale" else ops.softmax_with_sinks
         w = sinked(xp, s, be.asarray(problem.sinks, problem.dtype))
         trace.meta.sinks = [float(x) for x in problem.sinks]
         trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
@@ -573,20 +574,20 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
                          + (", …" if len(problem.sinks) > 8 else "")], params=Sink(tuple(trace.meta.sinks)))
         formula = f"{name} = exp({before}_ij) / (exp(sink_h) + Σ_j exp({before}_ij)): softmax over [{before} | sink_h], " \
                   "the sink's column dropped"
-    dead = stages.dead_rows(xp, s, keep)
+    dead = ops.dead_rows(xp, s, keep)
     trace.dead = dead if rows is None else None
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
-        trace.warnings.extend(stages.dead_row_messages(problem, dead))
+        trace.warnings.extend(ops.dead_row_messages(problem, dead))
     trace.add(name, formula, w, params=Softmax(before, problem.sinks is not None))
 
     # 7) softmax variants, each its own step: the last one is what the output uses
     if o.hard:
-        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", stages.hard(xp, w),
+        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", ops.hard(xp, w),
                       params=Hard(trace.steps[-1].name))
     if o.dropout > 0:
         seed = o.seed if o.seed is not None else DEFAULT_SEED
         w = trace.add("dropout", f"dropout = {trace.steps[-1].name} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
-                                 f"keep from default_rng({seed})", stages.dropout(be, w, o.dropout, o.seed),
+                                 f"keep from default_rng({seed})", ops.dropout(be, w, o.dropout, o.seed),
                       params=Dropout(o.dropout, seed))
     trace.meta.weights_step = trace.steps[-1].name
     return w
@@ -600,7 +601,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     marked as such; an unbatched input's batch axis dropped from every step."""
     xp, H = be.xp, problem.heads
     proj = problem.projections
-    concat = stages.merge_heads(xp, heads_out)  # (B, H, T, d_v/H) -> (B, T, d_v)
+    concat = ops.merge_heads(xp, heads_out)  # (B, H, T, d_v/H) -> (B, T, d_v)
     start = _index(t, "v_clip" if "v_clip" in t else "v") + 1
     split = _split_note(H, proj.d_k // H, proj.d_v // H)
     per_head = []
@@ -629,7 +630,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
         _weight(t, proj, w, "W_o")
         _weight(t, proj, w, "b_o")
         into = t.steps[-3 if "b_o" in w else -2].name  # the step before W_o (b_o): concat, gated or sub_norm
-        out = stages.project(xp, out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
+        out = ops.project(xp, out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
         t.add("output", f"output = {into} · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
               params=Projection(into, "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
     if "weights" in t:
@@ -651,7 +652,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
 def _sub_norm(norm: Norm, be: Backend, c: Any, dt: str, t: Trace, wide: bool = False) -> Any:
     """The concatenated heads through BitNet's attn_sub_norm (an RMSNorm over the width, as HF's BitNetRMSNorm:
     in float32 for half inputs, cast back, then times w): the step sub_norm."""
-    y = stages.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps, wide_weight=wide)
+    y = ops.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps, wide_weight=wide)
     where = f" (w = {norm.origin})" if norm.origin else ""
     t.add("sub_norm", f"sub_norm = w · concat / sqrt(mean(concat²) + {norm.eps:g}): an RMSNorm of the concatenated "
           f"heads before W_o{where}", y, (QUERIES, FEATURES), params=Normalise("rms", norm.eps, True, norm.origin or None))
@@ -669,13 +670,13 @@ def _gate(gate: Gate, be: Backend, c: Any, dt: str, t: Trace) -> Any:
     where = f" (from {gate.origin})" if gate.origin else ""
     t.add("W_g", f"W_g{where}, textbook convention (in, out): the output gate's weight", w, WEIGHT_AXES,
           params=Weight(gate.origin or None))
-    z = stages.project(be.xp, x, w)  # (B, T, D) x (D, n) -> (B, T, n)
-    g = stages.gate_values(be.xp, z, gate.act)
+    z = ops.project(be.xp, x, w)  # (B, T, D) x (D, n) -> (B, T, n)
+    g = ops.gate_values(be.xp, z, gate.act)
     act = "1 / (1 + exp(-z))" if gate.act == "sigmoid" else "log(1 + exp(z))"
     par = Gating(gate.act, src, per_head, gate.origin or None)
     t.add("gate", f"gate = {gate.act}({src} · W_g) = {act}: one gate per "
           f"{'head' if per_head else 'feature of the concatenated heads'}", g, (QUERIES, FEATURES), params=par)
-    y = stages.gated(be.xp, c, g)
+    y = ops.gated(be.xp, c, g)
     t.add("gated", "gated = concat ⊙ gate" + (": each head's features times its gate" if per_head else
                                                ", feature by feature") + ", before W_o", y, (QUERIES, FEATURES), params=par)
     return y

@@ -37,25 +37,8 @@ else:
 
 from attncli.core import alibi
 from attncli.core.backend import Backend, round_bfloat16, to_numpy
-from attncli.core.heads import (  # noqa: F401  (re-exported: the checks and the slopes beside the stages)
-    POSITION_SCORES,
-    alibi_slopes,
-    check_kv_heads,
-    check_positional,
-    check_rope,
-    check_rope_dim,
-    check_sinks,
-)
-from attncli.core.options import (  # noqa: F401
-    ROPE_MODES,
-    ROPE_TYPES,
-    check_chunk,
-    check_local_window,
-    check_q_offset,
-    check_rope_mode,
-    check_softcap,
-    check_window,
-)
+from attncli.core.heads import check_rope_dim
+from attncli.core.options import ROPE_TYPES, check_chunk, check_local_window, check_rope_mode, check_window
 from attncli.core.scoring import SCALINGS, ScoreInput, get_score
 from attncli.core.trace import Trace
 from attncli.core.weights import seeded_rng
