@@ -28,7 +28,6 @@ import numpy as np
 from attncli.check.compare import Explanation, Tolerance, errors, within
 from attncli.core import chain, ops
 from attncli.core.engine import run
-from attncli.core.heads import check_rope
 from attncli.core.layer import Layer, Subject
 from attncli.core.options import Options
 from attncli.core.plan import Plan
@@ -851,18 +850,6 @@ def bias_missing(c: Context) -> Result:
     return c.rerun(replace(c.problem, relative_bias=None))
 
 
-def _rope_tables(p: Problem, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """cos, sin (T, r) at ``positions`` as the engine's rotate stage makes them (float64), and r."""
-    o = p.options
-    base, width = p.rope_settings()
-    rd = check_rope(p.d_qk, width, str(o.rope))
-    sc = dict(o.rope_scaling) if o.rope_scaling else None
-    seq = int(max(p.query_offset + p.m - 1, p.n - 1)) + 1
-    inv, factor = ops.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
-    cos, sin = ops.rope_cos_sin(positions, inv, factor, str(o.rope), "float64")
-    return cos, sin, rd
-
-
 def _plain_rope(c: Context) -> Problem:
     p = c.single()
     if c.options.rope is None:
@@ -885,8 +872,7 @@ def rope_on_v(c: Context) -> Result:
     p = _plain_rope(c)
     if int(p.v.shape[-1]) != p.d_qk:
         raise NotApplicable("V's width differs from the rotated width")
-    cos, sin, rd = _rope_tables(p, np.arange(p.n))
-    return c.rerun(replace(p, v=ops.rotate(np, p.v, cos, sin, str(c.options.rope), rd)))
+    return c.rerun(replace(p, v=ops.rope_of(p).rotate(np, p.v, np.arange(p.n))))  # the engine's rotation of K
 
 
 @variant("rope-base-default", "RoPE used the default base 10000 instead of the model's {base} (config rope_theta "

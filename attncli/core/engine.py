@@ -26,7 +26,6 @@ import numpy as np
 
 from attncli.core import blocked, chain, ops
 from attncli.core.backend import Backend, get_backend, to_numpy
-from attncli.core.heads import check_rope
 from attncli.core.layer import Layer
 from attncli.core.options import Options
 from attncli.core.params import (
@@ -440,28 +439,21 @@ def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_n
 
 def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
     """The steps q_rot and k_rot: RoPE at positions P + i (queries) and j (keys)."""
-    o, xp, dt, d = problem.options, be.xp, problem.dtype, problem.d_qk
-    base, width = problem.rope_settings()
-    rd = check_rope(d, width, str(o.rope))
-    sc = dict(o.rope_scaling) if o.rope_scaling else None
-    P, m, n = problem.query_offset, problem.m, problem.n
+    o, d = problem.options, problem.d_qk
+    rope = ops.rope_of(problem)  # the tables' every input, settled once (check's RoPE uses the same)
+    base, rd, factor, P, m, n = rope.base, rope.dim, rope.factor, problem.query_offset, problem.m, problem.n
     q_pos, k_pos = P + np.arange(m), np.arange(n)
-    inv, factor = ops.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
-                                       seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
-    inv = ops.freqs_held_in(inv, str(o.rope_freqs))  # --rope-freqs bfloat16: as model.to(bfloat16) leaves them
     held = [f"inverse frequencies held in {o.rope_freqs} (as model.to({o.rope_freqs}) leaves transformers' inv_freq; "
             "from_pretrained(dtype=...) keeps them in float32)"] if o.rope_freqs != "float32" else []
-    tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
     rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
     part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
-    scaled = f", {sc.get('rope_type', sc.get('type'))} scaling" if sc else ""
+    scaled = f", {rope.scaling} scaling" if rope.scaling else ""
     fac = f" · {factor:g}" if factor != 1.0 else ""
     normed = o.qk_norm is not None and o.qk_norm_at == "before-rope"
     before = {"q": "q_norm" if normed else "q", "k": "k_norm" if normed else "k"}
-    rotation = Rotation(str(o.rope), base, rd, P, factor, sc.get("rope_type", sc.get("type")) if sc else None)
+    rotation = Rotation(rope.mode, base, rd, P, factor, rope.scaling)
     for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
-        c, s_ = ops.rope_cos_sin(pos, inv, factor, str(o.rope), tables)
-        y = ops.rotate(xp, a, c, s_, str(o.rope), rd, o.rope_rounding)
+        y = rope.rotate(be.xp, a, pos)
         formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
                    f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
         t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),

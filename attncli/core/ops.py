@@ -26,6 +26,7 @@ cos/sin, slopes, keep-masks) are plain numpy that the caller moves onto its back
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ else:
 
 from attncli.core import alibi
 from attncli.core.backend import Backend, round_bfloat16, to_numpy
-from attncli.core.heads import check_rope_dim
+from attncli.core.heads import check_rope, check_rope_dim
 from attncli.core.options import ROPE_TYPES, check_chunk, check_local_window, check_rope_mode, check_window
 from attncli.core.scoring import SCALINGS, ScoreInput, get_score
 from attncli.core.trace import Trace
@@ -335,6 +336,48 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
     y = xr * c + rot * s
     y = xp.astype(y, dt) if wide else y  # one rounding
     return y if r == d else xp.concat([y, x[..., r:]], axis=-1)  # (..., T, r) + (..., T, d - r) -> (..., T, d)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """A problem's rotary position embedding with its tables' every input settled once (:func:`rope_of`): the
+    mode, the base (per layer), the rotary width ``dim`` (partial: the rest pass through), the inverse
+    frequencies after the scaling and ``--rope-freqs``, the cos/sin ``factor``, the tables' dtype (the run's:
+    float64 for float64, else float32 as HF) and the family's ``rounding`` of a half-precision rotation."""
+
+    mode: str
+    base: float
+    dim: int
+    inv_freq: np.ndarray  # (dim/2,) float32
+    factor: float
+    tables: str
+    rounding: str
+    scaling: str | None  # the rope_type of --rope-scaling, or None
+
+    def cos_sin(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+        """cos θ · factor and sin θ · factor at ``positions``. (T,) -> (T, dim), (T, dim)"""
+        return rope_cos_sin(positions, self.inv_freq, self.factor, self.mode, self.tables)
+
+    def rotate(self, xp: Any, a: Any, positions: Any) -> Any:
+        """``a`` (..., T, d) rotated at ``positions`` (T,): the engine's q_rot and k_rot, and every RoPE of ``check``."""
+        c, s = self.cos_sin(positions)
+        return rotate(xp, a, c, s, self.mode, self.dim, self.rounding)
+
+
+def rope_of(problem: Problem) -> Rope:
+    """The one place RoPE's tables are settled for ``problem`` (its options: --rope, --rope-base / the layer's base,
+    --rotary-dim / partial_rotary_factor, --rope-scaling, --rope-freqs, rope_rounding; its dtype and sequence
+    length): the engine's rotate stage, check's variants and the port mistakes all rotate with it."""
+    o = problem.options
+    mode = str(o.rope)
+    base, width = problem.rope_settings()
+    rd = check_rope(problem.d_qk, width, mode)
+    sc = dict(o.rope_scaling) if o.rope_scaling else None
+    seq = max(problem.query_offset + problem.m - 1, problem.n - 1, 0) + 1  # the largest position + 1 (dynamic NTK)
+    inv, factor = rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
+    inv = freqs_held_in(inv, str(o.rope_freqs))  # --rope-freqs bfloat16: as model.to(bfloat16) leaves them
+    return Rope(mode, base, rd, inv, factor, "float64" if problem.dtype == "float64" else "float32",
+                str(o.rope_rounding), sc.get("rope_type", sc.get("type")) if sc else None)
 
 
 # ---- ALiBi ----------------------------------------------------------------------------------
