@@ -169,9 +169,6 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     trace.meta.softmax = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
-    if problem.sinks is not None:  # the sink: one more key per head, its value 0 (it adds to the row sums only)
-        sink_v1 = xp.concat([xp.zeros((1, dv), dtype=v.dtype, device=be.device),
-                             xp.ones((1, 1), dtype=v.dtype, device=be.device)], axis=-1)  # (1, d_v + 1)
 
     @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
     def block(i0: int) -> int:
@@ -194,15 +191,10 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             # 6) softmax, folded into the product with V, normalised at the end
             acc.add(lg.s, v1[..., cols, :], reuse=lg.s is lg.raw and lg.folded)
         if problem.sinks is not None:  # 6) with sinks: exp(sink_h) joins each row's sum
-            acc.add(ops.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device), sink_v1)
+            acc.add_sinks(ops.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device))
         out[..., i0:i1, :] = acc.finish()
-        if rows.keep is not None or rows.bias is not None:
-            if shift:
-                rows_dead = acc.dead() if kept is None else acc.dead() | ~kept
-            else:  # boolean masks only: a row is dead when it kept no key
-                assert kept is not None
-                rows_dead = ~kept
-            dead[..., i0:i1] |= to_numpy(rows_dead)
+        if rows.keep is not None or rows.bias is not None:  # without a running max (boolean masks only): no key kept
+            dead[..., i0:i1] |= to_numpy(ops.row_dead(xp, acc.top(), kept))
         return i1
 
     starts = range(0, m, step)
@@ -422,9 +414,9 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
         keep, bias = ops.masks(problem, be, rows=(i0, i1))
         if bias is not None:  # a float mask: masked keys at -inf, the others shifted by the mask
             attn = ops.apply_mask(be.xp, bias, keep, None, -math.inf)  # masked keys at -inf, the others shifted
-            rows_dead = ~(attn > -math.inf).any(dim=-1)
+            rows_dead = ops.row_dead(be.xp, be.xp.max(attn, axis=-1, keepdims=True), None)
         else:
-            attn, rows_dead = keep, ~keep.any(dim=-1)
+            attn, rows_dead = keep, ops.row_dead(be.xp, None, be.xp.any(keep, axis=-1))
         attn = _as_4d(torch, attn, batch + (i1 - i0, n))  # (B, 1, b, n)
         ob = sdpa(q[..., i0:i1, :], k, v, attn_mask=attn, scale=c)  # (B, 1, b, d) (B, 1, n, d) (B, 1, n, d_v) -> (B, 1, b, d_v)
         ob = ob.reshape(batch + tuple(ob.shape[-2:]))

@@ -167,6 +167,8 @@ def relative_rows(p: Problem, i: np.ndarray) -> np.ndarray | None:
 
 Support = bool | Callable[["Problem"], bool]
 StageFn = Callable[[Block, Any], tuple[Any, Any]]  # (block, s) -> (s, the step's parameters)
+QKFn = Callable[["Problem", Backend, Any, Any], tuple[Any, Any]]  # (problem, backend, q, k) -> (q, k)
+WeightsFn = Callable[["Problem", Backend, Any], Any]  # (problem, backend, weights) -> weights
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,9 @@ class Stage:
     blocked: Support = True
     sdpa: Support = True
     bounded: bool = False
+    qk: QKFn | None = None  # a stage on each head's q and k, before the scores (every path: computed once)
+    weights: WeightsFn | None = None  # a stage on the softmax's weights (the explicit path only)
+    after: Callable[[Problem], N | None] | None = None  # the stage it follows for this problem (else its place here)
 
     def step(self, p: Problem) -> N:
         """The name of its step for ``p`` (the bias step is 'alibi' when ALiBi is the only bias)."""
@@ -194,6 +199,63 @@ class Stage:
 
 def _ok(support: Support, p: Problem) -> bool:
     return support if isinstance(support, bool) else support(p)
+
+
+# 0) on q and k: QK-norm, RoPE, Llama 4's tuning of q (the problem's options say which and in what order)
+
+
+def norm_param(be: Backend, a: Any, dt: str) -> Any:
+    """A QK-norm weight or bias as it broadcasts over (..., H, T, d): (d,) as is, (H, d) as (H, 1, d)."""
+    x = be.asarray(a, dt)
+    return be.xp.reshape(x, (int(x.shape[0]), 1, int(x.shape[1]))) if np.ndim(a) == 2 else x
+
+
+def qk_norm_weights(p: Problem, name: str) -> tuple[Any, Any]:
+    """The QK-norm weight of ``name`` (q or k) on the host (ones, zeros for rms1p, where none is given) and its bias."""
+    wt = getattr(p, f"{name}_norm")
+    return (np.full(p.d_qk, 0.0 if p.options.qk_norm == "rms1p" else 1.0) if wt is None else wt,
+            getattr(p, f"{name}_norm_bias"))
+
+
+def _normalise(p: Problem, be: Backend, q: Any, k: Any) -> tuple[Any, Any]:
+    o = p.options
+
+    def norm(name: str, a: Any) -> Any:  # (..., H, T, d) -> (..., H, T, d)
+        wt, bias = qk_norm_weights(p, name)
+        b = None if bias is None else norm_param(be, bias, p.dtype)
+        return ops.qk_norm(be.xp, a, str(o.qk_norm), norm_param(be, wt, p.dtype), b, o.norm_eps, o.rms_wide)
+
+    return norm("q", q), norm("k", k)
+
+
+def _rotary(p: Problem, be: Backend, q: Any, k: Any) -> tuple[Any, Any]:
+    rope = ops.rope_of(p)  # q at positions P + i, k at j
+    return rope.rotate(be.xp, q, p.query_offset + np.arange(p.m)), rope.rotate(be.xp, k, np.arange(p.n))
+
+
+def query_factors(p: Problem) -> np.ndarray:
+    o = p.options
+    assert o.tuning_scale is not None
+    return ops.tuning_factors(p.query_offset + np.arange(p.m), o.tuning_scale, o.tuning_floor)  # (m,)
+
+
+def _tune(p: Problem, be: Backend, q: Any, k: Any) -> tuple[Any, Any]:
+    return ops.tuned(be.xp, q, query_factors(p)), k  # (..., m, d) * (m,) -> (..., m, d)
+
+
+def _norm_after(p: Problem) -> N | None:
+    return N.Q_ROT if p.options.qk_norm_at == "after-rope" else None
+
+
+# 7) on the weights: hard attention, dropout
+
+
+def _one_hot(p: Problem, be: Backend, w: Any) -> Any:
+    return ops.hard(be.xp, w)
+
+
+def _drop(p: Problem, be: Backend, w: Any) -> Any:
+    return ops.dropout(be, w, p.options.dropout, p.options.seed)
 
 
 # 2) scale
@@ -361,18 +423,20 @@ def _scale_applies(p: Problem) -> bool:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage(N.Q_NORM, lambda p: p.options.qk_norm is not None, bounded=True),  # on q and k, before either path
-    Stage(N.Q_ROT, lambda p: p.options.rope is not None, bounded=True),
-    Stage(N.Q_TEMP, lambda p: p.options.tuning_scale is not None, bounded=True),  # a factor per query, on q
+    # on q and k, before either path; QK-norm after RoPE where the options say so (HunYuan, nanochat, Llama 4)
+    Stage(N.Q_NORM, lambda p: p.options.qk_norm is not None, bounded=True, qk=_normalise, after=_norm_after),
+    Stage(N.Q_ROT, lambda p: p.options.rope is not None, bounded=True, qk=_rotary),
+    Stage(N.Q_TEMP, lambda p: p.options.tuning_scale is not None, bounded=True, qk=_tune),  # a factor per query, on q
     Stage(N.SCORES, lambda p: True, blocked=_row_separable, sdpa=_dot, bounded=True),  # 1) score: logits' first line
     Stage(N.SCALED, _scale_applies, _scale, _scale_formula, blocked=_blocked_scale, sdpa=constant_scale,
           bounded=True),
     Stage(N.CAPPED, lambda p: p.options.softcap is not None, _cap, _cap_formula, sdpa=False, bounded=True),
     Stage(N.BIAS, _has_bias, _bias, _bias_formula, sdpa=False),
     Stage(N.MASKED, _has_mask, _mask, _mask_formula, sdpa=_sdpa_mask, bounded=True),
-    Stage(N.SINK, lambda p: p.sinks is not None, sdpa=False),  # the softmax's extra logit: OnlineSoftmax has it
-    Stage(N.HARD, lambda p: p.options.hard, blocked=False, sdpa=False),
-    Stage(N.DROPOUT, lambda p: p.options.dropout > 0, blocked=False, sdpa=False),
+    # the softmax's extra logit: computed by the softmax of each path (ops.softmax_of, OnlineSoftmax.add_sinks)
+    Stage(N.SINK, lambda p: p.sinks is not None, sdpa=False),
+    Stage(N.HARD, lambda p: p.options.hard, blocked=False, sdpa=False, weights=_one_hot),
+    Stage(N.DROPOUT, lambda p: p.options.dropout > 0, blocked=False, sdpa=False, weights=_drop),
 )
 
 
@@ -388,8 +452,15 @@ def softmax_input(names: Any) -> N:
 
 
 def needed(p: Problem) -> list[Stage]:
-    """The stages ``p`` needs, in order."""
-    return [st for st in STAGES if st.applies(p)]
+    """The stages ``p`` needs, in the order its options decide (a stage whose ``after`` names another needed stage
+    comes right after it: QK-norm after RoPE)."""
+    out = [st for st in STAGES if st.applies(p)]
+    for st in list(out):
+        follows = None if st.after is None else st.after(p)
+        if follows is not None and any(t.name == follows for t in out):
+            out.remove(st)
+            out.insert(next(i for i, t in enumerate(out) if t.name == follows) + 1, st)
+    return out
 
 
 def supports(p: Problem, path: str) -> bool:

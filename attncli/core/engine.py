@@ -166,8 +166,7 @@ def prepare(problem: Problem | Layer, backend: Backend | None = None) -> Prepare
             m.batch_axes, m.head_axis = list(problem.axis_names), len(problem.axis_names) - 1
         trace.inputs.update(q=q, k=k, v=v)
     m.self_attention = problem.self_attention
-    core, q, k = _normalise_rotate(core, be, q, k, trace)
-    core, q = _tune_queries(core, be, q, trace)
+    core, q, k = _before_scores(core, be, q, k, trace)
     if core.n_rep > 1:
         m.kv_heads, m.n_rep = core.kv_heads, core.n_rep
     params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
@@ -348,42 +347,35 @@ def _plus(w: dict[str, Any], b: str) -> str:
 # ---- normalise, rotate: each head's q and k on their own (once, for every path) ---------------------
 
 
-def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -> tuple[Problem, Any, Any]:
-    """QK-norm (of each head's q and k over its d features, or over a token's every head for rms-full) and
-    RoPE (q rotated at its positions P + i, k at j), in the order ``qk_norm_at`` says: the steps q_norm,
-    k_norm, q_rot, k_rot; the problem with the transformed q and k. K keeps its own K/V heads; its steps
-    show them per query head (head h: K/V head h // r)."""
-    o = problem.options
-    if o.qk_norm is None and o.rope is None:
+def _before_scores(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -> tuple[Problem, Any, Any]:
+    """The chain's stages on q and k (QK-norm of each head's q and k, RoPE at positions P + i and j, Llama 4's tuning
+    of q), in the order attncli.core.chain.needed decides for the problem, each recorded as its steps; the problem
+    with the transformed q and k. K keeps its own K/V heads; its steps show them per query head (head h: K/V head
+    h // r)."""
+    stages = [st for st in chain.needed(problem) if st.qk is not None]
+    if not stages:
         return problem, q, k
     r = problem.n_rep
     kv_note = [f"grouped-query: query head h reads K/V head h // {r} (the {problem.kv_heads} K/V heads shown per "
                "query head)"] if r > 1 else []
-    if o.qk_norm is not None and o.qk_norm_at == "before-rope":
-        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
-    if o.rope is not None:
-        q, k = _rope_steps(problem, be, q, k, t, kv_note)
-    if o.qk_norm is not None and o.qk_norm_at == "after-rope":
-        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
+    for st in stages:
+        assert st.qk is not None
+        q, k = st.qk(problem, be, q, k)
+        _RECORD_QK[st.name](problem, be, q, k, t, kv_note)
     return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
 
 
-def _tune_queries(problem: Problem, be: Backend, q: Any, t: Trace) -> tuple[Problem, Any]:
+def _tuning_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> None:
     """Llama 4's temperature tuning (its NoPE layers): q_i multiplied by log(floor((P + i + 1) / F) + 1) · a + 1,
-    the factor in float32 as HF computes it: the step q_temp; the problem with the tuned q."""
-    o = problem.options
-    if o.tuning_scale is None:
-        return problem, q
-    P = problem.query_offset
-    f = ops.tuning_factors(P + np.arange(problem.m), o.tuning_scale, o.tuning_floor)  # (m,)
-    y = ops.tuned(be.xp, q, f)  # (..., m, d) * (m,) -> (..., m, d)
+    the factor in float32 as HF computes it: the step q_temp."""
+    o, P = problem.options, problem.query_offset
+    f = chain.query_factors(problem)
     done = [s for s in ("q_rot", "q_norm") if s in t]  # the later of the two (QK-norm after RoPE: Llama 4)
     before = max(done, key=t.names().index) if done else "q"
     where = f"P + i = {P} + i" if P else "i"
     t.add("q_temp", f"q_temp = {before} · (log(floor((position + 1) / {o.tuning_floor:g}) + 1) · {o.tuning_scale:g} + 1), "
-          f"position {where}: Llama 4's temperature tuning (factors {f[0]:.6g} … {f[-1]:.6g})", y, (QUERIES, FEATURES),
-          params=Tuning(o.tuning_scale, o.tuning_floor, P))
-    return replace(problem, q=to_numpy(y)), y
+          f"position {where}: Llama 4's temperature tuning (factors {f[0]:.6g} … {f[-1]:.6g})", q, (QUERIES, FEATURES),
+          params=Tuning(o.tuning_scale or 0.0, o.tuning_floor, P))
 
 
 def _shown(problem: Problem, be: Backend, a: Any) -> Any:
@@ -392,31 +384,21 @@ def _shown(problem: Problem, be: Backend, a: Any) -> Any:
     return ops.expand_kv(be.xp, a, r) if r > 1 else a
 
 
-def _norm_param(be: Backend, a: Any, dt: str, ndim: int) -> Any:
-    """A QK-norm weight or bias as it broadcasts over (..., H, T, d): (d,) as is, (H, d) as (H, 1, d)."""
-    x = be.asarray(a, dt)
-    return be.xp.reshape(x, (int(x.shape[0]), 1, int(x.shape[1]))) if ndim == 2 else x
-
-
-def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
+def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> None:
     """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.ops.qk_norm)."""
     o, dt, d = problem.options, problem.dtype, problem.d_qk
     kind = str(o.qk_norm)
     plus, full, ln = kind == "rms1p", kind == "rms-full", kind == "layernorm"
     after = o.qk_norm_at == "after-rope"
-    out = []
-    for name, a in (("q", q), ("k", k)):
-        wt, bias = getattr(problem, f"{name}_norm"), getattr(problem, f"{name}_norm_bias")
-        given, per_head = wt is not None, wt is not None and np.ndim(wt) == 2
-        wt = np.full(d, 0.0 if plus else 1.0) if wt is None else wt
-        w = _norm_param(be, wt, dt, np.ndim(wt))
-        b = None if bias is None else _norm_param(be, bias, dt, np.ndim(bias))
-        y = ops.qk_norm(be.xp, a, kind, w, b, o.norm_eps, o.rms_wide)
+    for name, y in (("q", q), ("k", k)):
+        given = getattr(problem, f"{name}_norm") is not None
+        wt, bias = chain.qk_norm_weights(problem, name)
+        per_head = given and np.ndim(wt) == 2
         x = f"{name}_rot" if after else name
         wname = f"w_{name}[h]" if per_head and not full else f"w_{name}"
         scale = ("" if not given else f" · (1 + {wname})" if plus else f" · {wname}") + (
             f" + b_{name}{'[h]' if np.ndim(bias) == 2 else ''}" if bias is not None else "")
-        heads = int(a.shape[-3]) if a.ndim >= 3 else 1
+        heads = int(y.shape[-3]) if y.ndim >= 3 else 1
         if ln:
             body = f"({x} - mean({x})) / sqrt(var({x}) + {o.norm_eps:g}){scale}, over each head's {d} features"
         elif full:
@@ -433,16 +415,13 @@ def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_n
         t.inputs[f"{name}_norm_weight"] = be.asarray(wt, dt)
         if bias is not None:
             t.inputs[f"{name}_norm_bias"] = be.asarray(bias, dt)
-        out.append(y)
-    return out[0], out[1]
 
 
-def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
+def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> None:
     """The steps q_rot and k_rot: RoPE at positions P + i (queries) and j (keys)."""
     o, d = problem.options, problem.d_qk
-    rope = ops.rope_of(problem)  # the tables' every input, settled once (check's RoPE uses the same)
-    base, rd, factor, P, m, n = rope.base, rope.dim, rope.factor, problem.query_offset, problem.m, problem.n
-    q_pos, k_pos = P + np.arange(m), np.arange(n)
+    rope = ops.rope_of(problem)  # what chain's rotate stage rotated with (check's RoPE uses the same)
+    base, rd, factor, P = rope.base, rope.dim, rope.factor, problem.query_offset
     held = [f"inverse frequencies held in {o.rope_freqs} (as model.to({o.rope_freqs}) leaves transformers' inv_freq; "
             "from_pretrained(dtype=...) keeps them in float32)"] if o.rope_freqs != "float32" else []
     rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
@@ -452,19 +431,17 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
     normed = o.qk_norm is not None and o.qk_norm_at == "before-rope"
     before = {"q": "q_norm" if normed else "q", "k": "k_norm" if normed else "k"}
     rotation = Rotation(rope.mode, base, rd, P, factor, rope.scaling)
-    for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
-        y = rope.rotate(be.xp, a, pos)
+    for name, y, where in (("q", q, f"P + i = {P} + i" if P else "i"), ("k", k, "j")):
         formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
                    f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
         t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),
               (QUERIES if name == "q" else KEYS, FEATURES), notes=(kv_note if name == "k" else []) + held or None,
               params=rotation)
-        if name == "q":
-            q = y
-        else:
-            k = y
     t.meta.rope = rotation
-    return q, k
+
+
+_RECORD_QK: dict[N, Callable[[Problem, Backend, Any, Any, Trace, list[str]], None]] = {
+    N.Q_NORM: _qk_norm_steps, N.Q_ROT: _rope_steps, N.Q_TEMP: _tuning_steps}
 
 
 # ---- 3) - 8) the attention of each (batch, head) --------------------------------------------------
@@ -553,12 +530,10 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     before = trace.steps[-1].name
     follows = o.hard or o.dropout > 0
     name = "softmax" if follows else "weights"
+    w = ops.softmax_of(problem, xp, s, None if problem.sinks is None else be.asarray(problem.sinks, problem.dtype))
     if problem.sinks is None:
-        w = ops.softmax(xp, s)
         formula = f"{name} = softmax({before}, over keys)"
     else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
-        sinked = ops.softmax_sink_scaled if o.sink_form == "scale" else ops.softmax_with_sinks
-        w = sinked(xp, s, be.asarray(problem.sinks, problem.dtype))
         trace.meta.sinks = [float(x) for x in problem.sinks]
         trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
                   "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
@@ -572,15 +547,19 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.warnings.extend(ops.dead_row_messages(problem, dead))
     trace.add(name, formula, w, params=Softmax(before, problem.sinks is not None))
 
-    # 7) softmax variants, each its own step: the last one is what the output uses
-    if o.hard:
-        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", ops.hard(xp, w),
-                      params=Hard(trace.steps[-1].name))
-    if o.dropout > 0:
-        seed = o.seed if o.seed is not None else DEFAULT_SEED
-        w = trace.add("dropout", f"dropout = {trace.steps[-1].name} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
-                                 f"keep from default_rng({seed})", ops.dropout(be, w, o.dropout, o.seed),
-                      params=Dropout(o.dropout, seed))
+    # 7) the chain's stages on the weights (hard attention, dropout), each its own step: the last one is what the
+    # output uses
+    seed = o.seed if o.seed is not None else DEFAULT_SEED
+    for st in chain.needed(problem):
+        if st.weights is None:
+            continue
+        prev = trace.steps[-1].name
+        w = st.weights(problem, be, w)
+        if st.name == N.HARD:
+            trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", w, params=Hard(prev))
+        else:
+            trace.add("dropout", f"dropout = {prev} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
+                                 f"keep from default_rng({seed})", w, params=Dropout(o.dropout, seed))
     trace.meta.weights_step = trace.steps[-1].name
     return w
 

@@ -481,8 +481,7 @@ def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
     sk = xp.reshape(sk, (-1, 1, 1) if s.ndim >= 3 else (1, 1))  # one head: (m, n) scores
     col = xp.broadcast_to(sk, (*(int(x) for x in s.shape[:-1]), 1))  # (H,) -> (..., H, m, 1)
     c = xp.concat([s, col], axis=-1)  # (..., H, m, n) + (..., H, m, 1) -> (..., H, m, n+1)
-    mx = xp.max(c, axis=-1, keepdims=True)
-    mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+    mx = row_shift(xp, xp.max(c, axis=-1, keepdims=True))
     return softmax(xp, c - mx)[..., :n]  # HF subtracts the max itself (rounded in a half type), then softmax
 
 
@@ -692,10 +691,15 @@ def apply_mask(xp: Any, s: Any, keep: Any, bias: Any, fill: float) -> Any:
 # ---- 6) softmax ---------------------------------------------------------------------------------
 
 
+def row_shift(xp: Any, mx: Any) -> Any:
+    """What a row's softmax subtracts before exp: its max, or 0 where the max is not finite (a row of -inf, every
+    key masked: its exps are then 0, never NaN). The one overflow rule of every softmax here, exact and online."""
+    return xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+
+
 def softmax_parts(xp: Any, s: Any) -> tuple[Any, Any, Any]:
     """(row max, e = exp(s - max), z = Σ e) over the last axis; a row of -inf has max 0, e 0, z 0."""
-    mx = xp.max(s, axis=-1, keepdims=True)
-    mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+    mx = row_shift(xp, xp.max(s, axis=-1, keepdims=True))
     e = xp.exp(s - mx)
     return mx, e, xp.sum(e, axis=-1, keepdims=True)
 
@@ -710,6 +714,17 @@ def softmax(xp: Any, s: Any) -> Any:
         return fused(s)
     _, e, z = softmax_parts(xp, s)
     return e / xp.where(z > 0, z, xp.ones_like(z))
+
+
+def softmax_of(problem: Problem, xp: Any, s: Any, sinks: Any = None) -> Any:
+    """The exact softmax ``problem`` asks for over the scores ``s`` (..., m, n): plain, or with its ``sinks`` (H,)
+    on the backend in gpt-oss's form or Granite SWA's (--sink-form scale). The explicit path's; the blocked path
+    folds the same sinks into :class:`OnlineSoftmax` (:meth:`OnlineSoftmax.add_sinks`)."""
+    if sinks is None:
+        return softmax(xp, s)
+    if problem.options.sink_form == "scale":
+        return softmax_sink_scaled(xp, s, sinks)
+    return softmax_with_sinks(xp, s, sinks)
 
 
 class OnlineSoftmax:
@@ -730,7 +745,7 @@ class OnlineSoftmax:
         if self.shift:
             mx = xp.max(s, axis=-1, keepdims=True)  # (..., b, 1)
             r_new = mx if self.r is None else xp.maximum(self.r, mx)
-            ref = xp.where(xp.isfinite(r_new), r_new, xp.zeros_like(r_new))  # a row all -inf so far: zeros
+            ref = row_shift(xp, r_new)  # a row all -inf so far: zeros
             if self.r is not None:  # rescale what earlier chunks added: exp(r_old - r_new) <= 1 (0 where r_old is -inf)
                 alpha = xp.where(xp.isfinite(self.r), xp.exp(self.r - ref), xp.zeros_like(self.r))
             self.r = r_new
@@ -742,15 +757,23 @@ class OnlineSoftmax:
         ev = e @ v1  # (..., b, n_c) x (..., n_c, d_v + 1) -> (..., b, d_v + 1): outputs, sums
         self.a = ev if self.a is None else (self.a + ev if alpha is None else self.a * alpha + ev)
 
+    def add_sinks(self, col: Any) -> None:
+        """Fold in the sinks (:func:`sink_column`, (..., b, 1)): one more key per head whose value is 0, so it adds
+        exp(sink_h) to each row's sum only (softmax over [s | sink_h], its column dropped)."""
+        xp, d1 = self.xp, int(self.a.shape[-1])
+        zero_one = xp.concat([xp.zeros((1, d1 - 1), dtype=col.dtype, device=_device(col)),
+                              xp.ones((1, 1), dtype=col.dtype, device=_device(col))], axis=-1)  # (1, d_v + 1)
+        self.add(col, zero_one)
+
     def finish(self) -> Any:
         """The output rows (..., b, d_v): Σ e·v / Σ e (0 where the sum is 0)."""
         xp, a = self.xp, self.a
         total = a[..., -1:]  # (..., b, 1)
         return a[..., :-1] / xp.where(total > 0, total, xp.ones_like(total))
 
-    def dead(self) -> Any:
-        """Rows (..., b) whose every score was -inf (needs shift=True)."""
-        return ~self.xp.isfinite(self.r[..., 0])
+    def top(self) -> Any:
+        """The running row max (..., b, 1) (None with shift=False: not kept)."""
+        return self.r
 
 
 def _exp(xp: Any, s: Any, inplace: bool) -> Any:
@@ -761,12 +784,20 @@ def _exp(xp: Any, s: Any, inplace: bool) -> Any:
     return xp.exp(s)
 
 
+def row_dead(xp: Any, top: Any, kept: Any) -> Any:
+    """The one rule of a fully masked row, for every path: its largest score is -inf (``top``, the row max
+    (..., m, 1), or None where not known) or it keeps no key (``kept``: any key kept, (..., m), or None: no keep-mask).
+    (..., m) on the backend. Its weights and output are zero (:func:`row_shift`, :class:`OnlineSoftmax`)."""
+    dead = None if top is None else xp.isinf(top[..., 0]) & (top[..., 0] < 0)
+    if kept is not None:
+        dead = ~kept if dead is None else dead | ~kept
+    return dead
+
+
 def dead_rows(xp: Any, s: Any, keep: Any) -> np.ndarray | None:
-    """Rows (..., m) with every key masked (all scores -inf, or no key kept), on the host; None if none.
-    The one definition of a fully masked row: the warnings, diagnostics and views read it."""
-    dead = xp.all(xp.isinf(s) & (s < 0), axis=-1)
-    if keep is not None:
-        dead = dead | ~xp.any(keep, axis=-1)
+    """Rows (..., m) with every key masked (:func:`row_dead` of the whole scores ``s`` and ``keep``), on the host; None
+    if none. The warnings, diagnostics and views read it."""
+    dead = row_dead(xp, xp.max(s, axis=-1, keepdims=True), None if keep is None else xp.any(keep, axis=-1))
     dead_np = to_numpy(dead)
     return dead_np if dead_np.any() else None
 
