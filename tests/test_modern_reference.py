@@ -87,24 +87,6 @@ def test_expand_kv_equals_repeat_kv_and_sdpa_enable_gqa(backend: str, dtype: str
         assert err(ours, tiled) > 0.1
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_group_queries_equals_sdpa_enable_gqa_with_a_window(backend: str) -> None:
-    rng = np.random.default_rng(15)
-    H, G, T, S, d, W = 6, 2, 4, 9, 5, 3
-    q, k, v = rng.normal(size=(2, H, T, d)), rng.normal(size=(2, G, S, d)), rng.normal(size=(2, G, S, 3))
-    keep = M.window_keep(S - T + np.arange(T), np.arange(S), W)  # (T, S), bottom-right
-    t = {n: torch.from_numpy(a) for n, a in dict(q=q, k=k, v=v).items()}
-    ref = F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=torch.from_numpy(keep), enable_gqa=True)
-    xp = namespace(backend)
-    r = H // G
-    g = M.group_queries(xp, on(backend, q, "float64"), r)  # (2, G, r·T, d)
-    s = g @ xp.matrix_transpose(on(backend, k, "float64")) / math.sqrt(d)  # (2,G,r·T,d) x (2,G,d,S) -> (2,G,r·T,S)
-    s = xp.where(on(backend, np.tile(keep, (r, 1)), "bool"), s, xp.asarray(-math.inf, dtype=s.dtype))
-    e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
-    out = M.ungroup_heads(xp, (e / xp.sum(e, axis=-1, keepdims=True)) @ on(backend, v, "float64"), r)  # (2, H, T, 3)
-    assert err(out, ref) < 1e-12
-
-
 # ---- RoPE tables: LlamaRotaryEmbedding for each rope_type ------------------------------------------
 
 SCALINGS: dict[str, dict[str, Any] | None] = {

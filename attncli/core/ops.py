@@ -1,7 +1,7 @@
 """The stages of attention, each written once over the array API (``xp``: numpy or torch).
 
     project    Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v        (B, T, D) x (D, e) -> (B, T, e)
-    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv, group_queries)
+    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv)
     normalise  QK-norm: rms_norm of each head's q and k                 (..., T, d) -> (..., T, d)
     rotate     RoPE: rope_inv_freq, rope_cos_sin, rotate at positions P + i (queries) and j (keys)
     score      the registered score function (attncli.core.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
@@ -108,27 +108,6 @@ def expand_kv(xp: Any, a: Any, n_rep: int) -> Any:
 # (location) sees rotated features at absolute positions, which no reference does.
 # ALiBi: a bias on any score, except location, whose weights are by definition the same for every query.
 
-
-
-# ---- grouped-query heads without copies ------------------------------------------------
-
-
-def group_queries(xp: Any, q: Any, n_rep: int) -> Any:
-    """Grouped-query heads without copying K/V: row t·T + i of group g is head g·r + t. (..., G·r, T, d) -> (..., G, r·T, d)
-
-    Then (..., G, r·T, d) x (..., G, d, S) -> (..., G, r·T, S) scores each group against its own
-    K/V (the same numbers as :func:`expand_kv`, without the r copies: for the output-only path).
-    A (T, S) mask or bias repeats r times down the rows (``np.tile(a, (r, 1))``); a per-head
-    (H, T, S) one reshapes to (G, r·T, S). :func:`ungroup_heads` undoes it.
-    """
-    *lead, h, t, d = (int(x) for x in q.shape)
-    return xp.reshape(q, (*lead, h // n_rep, n_rep * t, d))  # (..., G·r, T, d) -> (..., G, r·T, d): heads are contiguous
-
-
-def ungroup_heads(xp: Any, a: Any, n_rep: int) -> Any:
-    """The inverse of :func:`group_queries`. (..., G, r·T, X) -> (..., G·r, T, X)"""
-    *lead, g, rt, x = (int(n) for n in a.shape)
-    return xp.reshape(a, (*lead, g * n_rep, rt // n_rep, x))  # (..., G, r·T, X) -> (..., G·r, T, X)
 
 
 # ---- rotary position embedding --------------------------------------------------------------
