@@ -36,8 +36,9 @@ the engine runs its stages on it. float32 and float64 run as plain numpy arrays 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -151,18 +152,6 @@ def rounded(a: Any, dtype: str) -> Any:
     return np.asarray(a, dtype=dtype)
 
 
-@dataclass(frozen=True)
-class NaiveBackend(Backend):
-    """numpy whose float arrays are held in ``precision`` (see the module docstring)."""
-
-    precision: str = "float64"
-
-    def asarray(self, a: Any, dtype: str) -> Any:
-        if np.dtype(dtype).kind != "f":
-            return np.asarray(a, dtype=dtype)
-        return rounded(a, self.precision)
-
-
 class _Wide:
     """:class:`RoundingNamespace`'s ``float32``: the width the norms compute a half-precision input in (unrounded)."""
 
@@ -231,9 +220,10 @@ class RoundingNamespace:
             return self._held(ops.softmax(np, np.asarray(_unwrap(s), dtype=np.float32)))
 
 
-def naive_backend(precision: str) -> NaiveBackend:
+def naive_backend(precision: str) -> Backend:
+    """numpy whose float arrays are held in ``precision`` (see the module docstring)."""
     xp = RoundingNamespace(precision) if precision in ROUNDED else numpy_namespace()
-    return NaiveBackend("numpy", xp, None, precision)
+    return Backend("numpy", xp, None, functools.partial(rounded, dtype=precision))
 
 
 def naive_run(problem: Subject, precision: str) -> Trace:
