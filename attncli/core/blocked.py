@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -68,56 +67,9 @@ def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: d
     and records which path ran in ``trace.meta.path``.
     """
     trace.meta.path = "sdpa" if sdpa else "blocked"
-    r = problem.n_rep
-    if r == 1:
-        return _output(problem, be, q, k, v, params, trace, progress, sdpa)
-    # grouped-query heads without copies of K/V: query heads t, t + r, t + 2r, ... read K/V heads 0, 1, 2, ...
-    out = be.xp.empty(problem.batch_shape + (problem.m, int(v.shape[-1])), dtype=q.dtype, device=be.device)
-    dead = []
-    for t in range(r):
-        sub = query_heads(problem, t)
-        part = Trace()
-        out[..., t::r, :, :] = _output(sub, be, q[..., t::r, :, :], k, v, params, part, None, sdpa)
-        if progress is not None:
-            progress((t + 1) * problem.m // r, problem.m)
-        dead.append(part.dead)
-        told = set(ops.dead_row_messages(sub, part.dead)) if part.dead is not None else set()
-        trace.warnings.extend(w for w in part.warnings if w not in told and w not in trace.warnings)
-    if any(d is not None for d in dead):
-        full = np.zeros(problem.batch_shape + (problem.m,), dtype=bool)
-        for t, d in enumerate(dead):
-            if d is not None:
-                full[..., t::r, :] = d
-        trace.dead = full
-        trace.warnings.extend(ops.dead_row_messages(problem, full))
-    if trace.meta.softmax is None:
-        trace.meta.softmax = part.meta.softmax
-    return out
-
-
-def query_heads(problem: Problem, t: int) -> Problem:
-    """The problem of the query heads t, t + r, t + 2r, ... (r = n_rep): each reads K/V head h // r, so
-    with those heads alone K and V pair with them head for head. Per-head masks, lengths, sinks and
-    slopes are sliced the same way."""
-    r, H = problem.n_rep, problem.head_count
-
-    def heads(a: Any, axis: int) -> Any:  # the head axis of an array broadcast over (..., H, <axis> more)
-        if a is None or a.ndim < -axis or a.shape[axis] != H:
-            return a
-        return a[(Ellipsis, slice(t, None, r)) + (slice(None),) * (-axis - 1)]
-
-    slopes = problem.slopes()
-    limit = None if problem.query_limit is None else \
-        np.broadcast_to(problem.query_limit, problem.batch_shape + (problem.m,))[..., t::r, :]  # (..., H / r, m)
-    return replace(problem, q=problem.q[..., t::r, :, :], mask=heads(problem.mask, -3), valid_lens=limit,
-                   padding=heads(problem.padding, -3), sinks=None if problem.sinks is None else problem.sinks[t::r],
-                   alibi_slopes=None if slopes is None else slopes[t::r],
-                   relative_bias=None if problem.relative_bias is None else
-                   replace(problem.relative_bias, table=np.asarray(problem.relative_bias.table)[:, t::r]))
-
-
-def _output(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
-            progress: Progress | None, sdpa: bool) -> Any:
+    if problem.n_rep > 1:  # grouped-query heads: query head h reads K/V head h // r, as the explicit path (a copy of
+        # K and V per query head: H·S·d numbers, small beside the scores of a block)
+        k, v = ops.expand_kv(be.xp, k, problem.n_rep), ops.expand_kv(be.xp, v, problem.n_rep)  # (..., G, S, d) -> (..., H, S, d)
     if sdpa:
         return _sdpa(problem, be, q, k, v, trace, progress)
     return _blocked(problem, be, q, k, v, params, trace, progress)
