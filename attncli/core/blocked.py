@@ -108,16 +108,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     overflow: list[tuple[tuple[int, ...], float, int]] = []
     step = block_rows(problem)
     kstep = key_chunk(problem, step)
-    bound = score_bound(problem, c) if get_score(problem.options.score).name in chain.DOT_SCORES else math.inf
-    check = not bound < float(np.finfo(problem.dtype).max) / 4
-    finite_fill = problem.options.mask_value is not None and math.isfinite(problem.options.mask_value)
-    # exp(s) itself cannot overflow, underflow to zero or make the products with V overflow: the
-    # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6), a
-    # float mask or a stage beyond the bound (a bias, sinks) could leave a row with only tiny scores,
-    # which the max would rescale: those keep it.
-    shift = not (problem.options.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
-                 and (problem.padding is None or problem.padding.dtype == bool) and chain.bounded(problem)
-                 and shift_free(problem, bound))
+    check, shift = _softmax_rules(problem, c)
     trace.meta.softmax = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
@@ -138,7 +129,7 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
                 _check_overflow(lg.raw, to_numpy(c) if lg.folded else 1.0, half_limit, (i0, j0), overflow)
             if lg.keep is not None:
                 kept = xp.any(lg.keep, axis=-1) if kept is None else kept | xp.any(lg.keep, axis=-1)
-            if check or finite_fill:  # the scores may overflow: the same one-line error as the explicit path
+            if check:  # the scores may overflow (or a fill value may not be below them): the explicit path's error
                 ops.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
             # 6) softmax, folded into the product with V, normalised at the end
             acc.add(lg.s, v1[..., cols, :], reuse=lg.s is lg.raw and lg.folded)
@@ -156,6 +147,22 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+def _softmax_rules(problem: Problem, c: Any) -> tuple[bool, bool]:
+    """(check, shift): whether a block's scores may overflow (then checked as the explicit path checks them), and
+    whether the online softmax needs its running max. Without it, exp(s) itself cannot overflow, underflow to zero or
+    make the products with V overflow (two passes over each block less). A fill value (d2l's -1e6), a float mask or
+    a stage beyond the bound (a bias, sinks) could leave a row with only tiny scores, which the max would rescale:
+    those keep it."""
+    o = problem.options
+    bound = score_bound(problem, c) if get_score(o.score).name in chain.DOT_SCORES else math.inf
+    check = not bound < float(np.finfo(problem.dtype).max) / 4
+    finite_fill = o.mask_value is not None and math.isfinite(o.mask_value)
+    shift = not (o.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
+                 and (problem.padding is None or problem.padding.dtype == bool) and chain.bounded(problem)
+                 and shift_free(problem, bound))
+    return check or finite_fill, shift
 
 
 def visible_keys(problem: Problem, i0: int, i1: int) -> tuple[int, int]:

@@ -525,15 +525,23 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     lg = chain.logits(problem, q, k, params, chain.block(problem, be, rows), record, trace)
     raw, s, keep = lg.unmasked, lg.s, lg.keep
 
-    # 6) softmax over keys (stable); a row with every key masked gets zero weights
-    ops.check_scores(problem, xp, raw, s, keep)
+    ops.check_scores(problem, xp, raw, s, keep)  # the overflow rule of every path
+    w = _softmax_step(problem, be, s, keep, trace, rows)
+    w = _weights_steps(problem, be, w, trace)
+    trace.meta.weights_step = trace.steps[-1].name
+    return w
+
+
+def _softmax_step(problem: Problem, be: Backend, s: Any, keep: Any, trace: Trace, rows: np.ndarray | None) -> Any:
+    """6) the softmax over keys the problem asks for (ops.softmax_of: stable, with its sinks; a row with every key
+    masked gets zero weights): the steps sink and softmax (weights), the dead rows and their warnings."""
+    o, xp = problem.options, be.xp
     before = trace.steps[-1].name
-    follows = o.hard or o.dropout > 0
-    name = "softmax" if follows else "weights"
+    name = "softmax" if o.hard or o.dropout > 0 else "weights"
     w = ops.softmax_of(problem, xp, s, None if problem.sinks is None else be.asarray(problem.sinks, problem.dtype))
     if problem.sinks is None:
         formula = f"{name} = softmax({before}, over keys)"
-    else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
+    else:  # one more logit per head in the denominator, its column dropped
         trace.meta.sinks = [float(x) for x in problem.sinks]
         trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
                   "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
@@ -546,9 +554,13 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
         trace.warnings.extend(ops.dead_row_messages(problem, dead))
     trace.add(name, formula, w, params=Softmax(before, problem.sinks is not None))
+    return w
 
-    # 7) the chain's stages on the weights (hard attention, dropout), each its own step: the last one is what the
-    # output uses
+
+def _weights_steps(problem: Problem, be: Backend, w: Any, trace: Trace) -> Any:
+    """7) the chain's stages on the weights (hard attention, dropout), each its own step: the last one is what the
+    output uses."""
+    o = problem.options
     seed = o.seed if o.seed is not None else DEFAULT_SEED
     for st in chain.needed(problem):
         if st.weights is None:
@@ -560,7 +572,6 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         else:
             trace.add("dropout", f"dropout = {prev} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
                                  f"keep from default_rng({seed})", w, params=Dropout(o.dropout, seed))
-    trace.meta.weights_step = trace.steps[-1].name
     return w
 
 
