@@ -1,18 +1,23 @@
-"""The chain before the softmax, written once: :func:`logits`.
+"""The chain of attention's stages, written once: :data:`STAGES` in order, :func:`needed` per problem, :func:`logits`.
 
 Beside nanoGPT's ``CausalSelfAttention``::
 
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))     # 1) score  2) scale
     att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))  # 5) mask
-    att = F.softmax(att, dim=-1)                                         # the softmax (not here)
+    att = F.softmax(att, dim=-1)                                         # 6) softmax
 
-this module is steps 1-5 for a block of query rows against a block of key columns, with the
-stages of today's models between them (3: soft-capping, 4: ALiBi and T5's relative position
-bias). The explicit path (attncli.core.engine) calls it once for every query and records a step
-after each stage; the blocked path (attncli.core.blocked) calls it per block and folds the result
-into an online softmax. :data:`STAGES` is the whole pipeline in order, each entry saying whether
-the blocked path and PyTorch's fused kernel can compute it: :func:`supports` derives from it
-which paths may run a problem, so a stage added here is computed by every path or refuses it.
+:data:`STAGES` is the whole pipeline between the projections and the weighted sum, each entry a typed stage that
+computes its part: on each head's q and k before the scores (``qk``: QK-norm, RoPE, Llama 4's tuning of q), on the
+scores of a block of queries against a block of keys (``fn``: 2) scale, 3) soft-capping, 4) ALiBi and T5's relative
+position bias, 5) the mask), the sinks (the softmax's extra logit: ops.softmax_of, ops.OnlineSoftmax.add_sinks), and
+on the weights (``weights``: hard attention, dropout). :func:`needed` puts the stages a problem needs in the order its
+options decide (QK-norm after RoPE is a parameter of the QK-norm stage, ``after``, not a branch of the engine).
+
+The explicit path (attncli.core.engine) is "one block, every step recorded"; the blocked path (attncli.core.blocked)
+is "many blocks, online softmax"; PyTorch's fused kernel runs where every needed stage says ``sdpa``. Each stage says
+whether the blocked path and the fused kernel compute it: :func:`supports` derives from it which paths may run a
+problem, so a stage added here is computed by every path or refuses it. The softmax (exact and online), its sinks and
+the dead-row and overflow rules are attncli.core.ops's, shared by every path.
 """
 
 from __future__ import annotations

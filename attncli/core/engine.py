@@ -1,4 +1,4 @@
-"""The one pipeline: the stages of attncli.core.ops composed, returning a Trace.
+"""The one pipeline: the operations of attncli.core.ops composed as attncli.core.chain orders them, returning a Trace.
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...;
                  DeepSeek MLA: q_latent, q_latent_norm, kv_latent, kv_latent_norm, k_nope, then q, k, v per head

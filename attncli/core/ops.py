@@ -1,16 +1,17 @@
-"""The stages of attention, each written once over the array API (``xp``: numpy or torch).
+"""The operations of attention, each written once over the array API (``xp``: numpy or torch); their order is
+attncli.core.chain's.
 
     project    Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v        (B, T, D) x (D, e) -> (B, T, e)
     split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv)
     normalise  QK-norm: rms_norm of each head's q and k                 (..., T, d) -> (..., T, d)
-    rotate     RoPE: rope_inv_freq, rope_cos_sin, rotate at positions P + i (queries) and j (keys)
+    rotate     RoPE: rope_of (its tables, built once for the engine and check), rotate at positions P + i and j
     score      the registered score function (attncli.core.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
     scale      S · factor / T
     cap        softcap: c · tanh(s / c)
     bias       ALiBi (alibi_slopes, alibi_rows in the forms of attncli.core.alibi) and additive float masks
     mask       keep-mask (valid lengths, causal / window / chunk / local window at positions, boolean masks)
-    softmax    stable, rows of -inf give zeros; with sinks (softmax_with_sinks, sink_column); online
-               (blocks of keys) for the output-only path
+    softmax    stable (row_shift: rows of -inf give zeros); softmax_of: plain or with sinks; OnlineSoftmax
+               (blocks of keys) for the output-only path; row_dead: the one fully-masked-row rule
     select     hard attention, dropout
     sum        weights · V                                              (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     merge      (B, H, T, d) -> (B, T, H·d), then W_o + b_o
