@@ -423,7 +423,9 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
     rope = ops.rope_of(problem)  # what chain's rotate stage rotated with (check's RoPE uses the same)
     base, rd, factor, P = rope.base, rope.dim, rope.factor, problem.query_offset
     held = [f"inverse frequencies held in {o.rope_freqs} (as model.to({o.rope_freqs}) leaves transformers' inv_freq; "
-            "from_pretrained(dtype=...) keeps them in float32)"] if o.rope_freqs != "float32" else []
+            "from_pretrained(dtype=...) keeps them in float32)"] if rope.freqs != "float32" else [
+        f"inverse frequencies in float32 despite --rope-freqs {o.rope_freqs}: dynamic scaling beyond "
+        "max_position_embeddings has transformers recompute them in float32"] if o.rope_freqs != "float32" else []
     rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
     part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
     scaled = f", {rope.scaling} scaling" if rope.scaling else ""

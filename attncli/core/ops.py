@@ -333,6 +333,7 @@ class Rope:
     tables: str
     rounding: str
     scaling: str | None  # the rope_type of --rope-scaling, or None
+    freqs: str = "float32"  # the precision the inverse frequencies are held in (--rope-freqs, where it applies)
 
     def cos_sin(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
         """cos θ · factor and sin θ · factor at ``positions``. (T,) -> (T, dim), (T, dim)"""
@@ -355,9 +356,13 @@ def rope_of(problem: Problem) -> Rope:
     sc = dict(o.rope_scaling) if o.rope_scaling else None
     seq = max(problem.query_offset + problem.m - 1, problem.n - 1, 0) + 1  # the largest position + 1 (dynamic NTK)
     inv, factor = rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
-    inv = freqs_held_in(inv, str(o.rope_freqs))  # --rope-freqs bfloat16: as model.to(bfloat16) leaves them
-    return Rope(mode, base, rd, inv, factor, "float64" if problem.dtype == "float64" else "float32",
-                str(o.rope_rounding), sc.get("rope_type", sc.get("type")) if sc else None)
+    kind = sc.get("rope_type", sc.get("type")) if sc else None
+    # --rope-freqs bfloat16: as model.to(bfloat16) leaves them; but dynamic scaling beyond max_position_embeddings has
+    # transformers recompute inv_freq, in float32 (its cast is gone: measured on LlamaRotaryEmbedding)
+    grown = kind == "dynamic" and seq > int((sc or {}).get("max_position_embeddings") or 0)
+    freqs = "float32" if grown else str(o.rope_freqs)
+    return Rope(mode, base, rd, freqs_held_in(inv, freqs), factor, "float64" if problem.dtype == "float64" else "float32",
+                str(o.rope_rounding), kind, freqs)
 
 
 # ---- ALiBi ----------------------------------------------------------------------------------
