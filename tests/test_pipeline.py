@@ -332,7 +332,8 @@ def test_each_stage_is_defined_once() -> None:
     for f in (ROOT / "attncli").rglob("*.py"):
         if f.name in ("ops.py", "modern.py"):
             continue
-        offenders += [f"{f.name}: def {name}" for name in _functions(f) & stages]
+        if f.name != "latex.py":  # render/latex.py names its TeX writers after the steps (_softmax, _hard): text only
+            offenders += [f"{f.name}: def {name}" for name in _functions(f) & stages]
         code = " ".join(tok.string for tok in tokenize.generate_tokens(io.StringIO(f.read_text()).readline)
                         if tok.type not in (tokenize.STRING, tokenize.COMMENT))
         offenders += [f"{f.name}: {m.group(0)}" for m in shifted.finditer(code)]
