@@ -189,7 +189,7 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
                 s, c = hs.layer_sums(prep, inp.sequences(), exclude_first=exclude_first, exclude_self=exclude_self)
                 sums.add_layer(li, s, c)
                 if rollout is not None:
-                    per_layer.append([hs.mean_weights(prep, b) for b in range(inp.batch)])
+                    per_layer.append(list(hs.mean_weights(prep)))  # (B, T, T): one per input
                 if progress is not None:
                     progress(k * len(layers) + li + 1, len(sources) * len(layers))
             if rollout is not None:

@@ -252,7 +252,7 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
     Cross-attention (``keys``: the memory's positions, special tokens and punctuation; or queries and keys of
     different lengths): queries and keys share no positions, so self, previous, next, distance, induction and
     duplicate stay uncounted (null); ``seqs`` then describe the queries."""
-    from attncli.core import blocked, chain
+    from attncli.core import blocked, chain, ops
     from attncli.core.backend import threads
 
     p = prep.core
@@ -276,34 +276,29 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
         pos = positions(seqs, n)
     sums = np.zeros((B, H, S))
     counts = np.zeros((B, H, S), dtype=np.int64)
-    r = p.n_rep
-    q, k = np.asarray(prep.q), np.asarray(prep.k)
+    q = np.asarray(prep.q)
+    # grouped-query heads: query head h reads K/V head h // r, K expanded as the blocked path does (ops.expand_kv)
+    k = ops.expand_kv(np, np.asarray(prep.k), p.n_rep)
     be = prep.backend
     P = p.query_offset
-    done, total = 0, r * m
-    for t in range(r):
-        sub = blocked.query_heads(p, t) if r > 1 else p
-        qs = q[:, t::r] if r > 1 else q
-        c = chain.constant_factor(sub)
-        step = blocked.block_rows(sub)
-        found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    c = chain.constant_factor(p)
+    step = blocked.block_rows(p)
+    found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-        def one(i0: int, sub: Problem = sub, qs: Any = qs, c: Any = c, step: int = step,
-                found: dict[int, tuple[np.ndarray, np.ndarray]] = found) -> int:
-            i1 = min(m, i0 + step)
-            s, lo = block_scores(sub, be, qs[..., i0:i1, :], k, prep.params, i0, i1, c)
-            found[i0] = _block_sums(sub, np.asarray(s), lo, i0, i1, P, pos, exclude_first, exclude_self, cross)
-            return i1
+    def one(i0: int) -> int:
+        i1 = min(m, i0 + step)
+        s, lo = block_scores(p, be, q[..., i0:i1, :], k, prep.params, i0, i1, c)
+        found[i0] = _block_sums(p, np.asarray(s), lo, i0, i1, P, pos, exclude_first, exclude_self, cross)
+        return i1
 
-        starts = range(0, m, step)
-        for i1 in blocked._run_blocks(one, starts, min(len(starts), threads())):  # the blocked pass's own threads
-            i0 = (i1 - 1) // step * step
-            bs, bc = found.pop(i0)
-            sums[:, t::r] += bs
-            counts[:, t::r] += bc
-            done += i1 - i0
-            if progress is not None:
-                progress(done, total)
+    starts = range(0, m, step)
+    for i1 in blocked._run_blocks(one, starts, min(len(starts), threads())):  # the blocked pass's own threads
+        i0 = (i1 - 1) // step * step
+        bs, bc = found.pop(i0)
+        sums += bs
+        counts += bc
+        if progress is not None:
+            progress(i1, m)
     return sums, counts
 
 
@@ -442,31 +437,26 @@ def rollout(means: list[np.ndarray]) -> np.ndarray:
     return np.stack(out)
 
 
-def mean_weights(prep: Prepared, batch: int = 0) -> np.ndarray:
-    """Ā (T, T): the mean over query heads of one input's weights (T <= ROLLOUT_MAX), row block by row block."""
-    from attncli.core import blocked, chain, stages
+def mean_weights(prep: Prepared) -> np.ndarray:
+    """Ā (B, T, T): each input's mean over query heads of its weights (T <= ROLLOUT_MAX), row block by row block,
+    by the one softmax (ops.softmax_of, sinks included)."""
+    from attncli.core import blocked, chain, ops
 
     p = prep.core
     m, n = p.m, p.n
     if n > ROLLOUT_MAX:
         raise InputError(f"rollout holds a T × T product per layer; T = {n} > {ROLLOUT_MAX}", "--rollout")
-    r = p.n_rep
-    q, k = np.asarray(prep.q)[batch:batch + 1], np.asarray(prep.k)[batch:batch + 1]
-    H = p.head_count
-    out = np.zeros((m, n))
-    for t in range(r):
-        sub = blocked.query_heads(p, t) if r > 1 else p
-        qs = q[:, t::r] if r > 1 else q
-        c = chain.constant_factor(sub)
-        step = blocked.block_rows(sub)
-        for i0 in range(0, m, step):
-            i1 = min(m, i0 + step)
-            s, lo = block_scores(sub, prep.backend, qs[..., i0:i1, :], k, prep.params, i0, i1, c)
-            s = np.asarray(s)[:1]
-            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                a = stages.softmax(np, s) if sub.sinks is None else stages.softmax_with_sinks(np, s, sub.sinks)
-            out[i0:i1, lo:lo + a.shape[-1]] += a[0].sum(axis=0)
-    return out / H
+    q, k = np.asarray(prep.q), ops.expand_kv(np, np.asarray(prep.k), p.n_rep)
+    out = np.zeros((q.shape[0], m, n))
+    c = chain.constant_factor(p)
+    step = blocked.block_rows(p)
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        s, lo = block_scores(p, prep.backend, q[..., i0:i1, :], k, prep.params, i0, i1, c)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            a = ops.softmax_of(p, np, np.asarray(s), p.sinks)  # (B, H, b, nc)
+        out[:, i0:i1, lo:lo + a.shape[-1]] += a.sum(axis=1)
+    return out / p.head_count
 
 
 @dataclass
