@@ -94,7 +94,8 @@ def corpus(counts: list[int]) -> dict[str, float]:
             h = m(torch.as_tensor(ids), output_hidden_states=True).hidden_states
         p = d / f"in{i}.npz"
         np.savez(p, format=np.array("attncli-capture/1"), hidden_states=np.stack([x.numpy() for x in h]),
-                 input_ids=ids, attention_mask=np.ones_like(ids))
+                 input_ids=ids, attention_mask=np.ones_like(ids), tokens=np.array([[f"t{t}" for t in ids[0]]]),
+                 labels=np.array([[f" t{t}" for t in ids[0]]]), provenance=np.array("{}"))
         paths.append(str(p))
     out = {}
     for n in counts:

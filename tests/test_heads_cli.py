@@ -230,7 +230,8 @@ def test_a_capture_brings_ids_labels_padding_and_special_tokens(model: Any, tmp_
                 output_attentions=True)
     hidden = np.stack([h.numpy() for h in out.hidden_states])
     np.savez(tmp_path / "cap.npz", format=np.array("attncli-capture/1"), hidden_states=hidden, input_ids=ids,
-             labels=labels, attention_mask=mask, special_tokens_mask=(ids == 1).astype(np.int64))
+             labels=labels, tokens=labels, attention_mask=mask, special_tokens_mask=(ids == 1).astype(np.int64),
+             provenance=np.array(json.dumps({"model_type": "llama"})))  # issue 31's members (attncli.io.capture)
     r = cli(str(tmp_path / "cap.npz"), "-w", str(folder), "--layer", "0", "--format", "json")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["statistics"]
@@ -282,3 +283,29 @@ def test_plot_is_one_figure_with_a_panel_per_statistic(model: Any, files: Path, 
     for name in ("entropy", "entropy_norm", "first", "previous", "max", "distance"):  # the statistics measured
         assert f"<!-- {name} -->" in svg  # matplotlib writes each text as a comment beside its glyphs
     assert "induction" not in svg  # no token ids: never measured, no panel
+
+
+def test_text_and_text_file_capture_in_memory(tmp_path: Path) -> None:
+    """--text (the capture of issue 31 in memory) measures what `attncli capture` then heads CAPTURE measures;
+    --text-file in batches of one gives the same statistics of the corpus (sums over valid queries)."""
+    from hf_tiny import CORPUS, llama
+
+    folder = str(llama(tmp_path / "llama"))
+    texts = CORPUS[:3]
+    r = runner.invoke(app, ["capture", folder, *texts, "-o", str(tmp_path / "cap.npz")])
+    assert r.exit_code == 0, r.output
+    by_file = json.loads(cli(str(tmp_path / "cap.npz"), "-w", folder, "--format", "json").stdout)
+    args = [a for t in texts for a in ("--text", t)]
+    r = cli(*args, "-w", folder, "--format", "json")
+    assert r.exit_code == 0, r.output
+    by_text = json.loads(r.stdout)
+    assert by_text["statistics"] == by_file["statistics"] and by_text["inputs"] == by_file["inputs"]
+    assert by_text["statistics"][0]["special"]["n"] > 0  # '<s>' is a special token of the capture
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    r = cli("--text-file", str(tmp_path / "texts.txt"), "--batch-size", "1", "-w", folder, "--format", "json")
+    assert r.exit_code == 0, r.output
+    for a, b in zip(json.loads(r.stdout)["statistics"], by_file["statistics"]):
+        for name in ("entropy", "first", "previous", "special", "induction"):
+            assert a[name]["n"] == b[name]["n"]
+            if b[name]["mean"] is not None:
+                assert a[name]["mean"] == pytest.approx(b[name]["mean"], rel=1e-5, abs=1e-6)

@@ -63,6 +63,12 @@ def heads_command(
                                                   "tokens repeated twice (batch 4), the second copy scored.",
                                                   min=2, show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Seed of the induction probe's tokens.")] = 0,
+    text: Annotated[list[str] | None, typer.Option(help="Capture this text with the model's own tokenizer and "
+                                                   "forward (transformers), then measure it (repeatable).",
+                                                   show_default=False)] = None,
+    text_file: Annotated[str | None, typer.Option(help="As --text, one text per line: a corpus, captured and "
+                                                  "measured --batch-size texts at a time.", show_default=False)] = None,
+    batch_size: Annotated[int, typer.Option(help="Texts captured at once (--text-file).", min=1)] = 8,
     exclude_first: Annotated[bool, typer.Option("--exclude-first", help="Drop the first position's key and "
                                                 "renormalise (TransformerLens's exclude_bos).")] = False,
     exclude_self: Annotated[bool, typer.Option("--exclude-self", help="Drop each query's own key and renormalise "
@@ -106,8 +112,13 @@ def heads_command(
     if args and args[0] == "merge":
         doc = _merge(args[1:], limits if threshold else None)
     else:
+        texts = list(text or [])
+        if text_file is not None:
+            from attncli.cli.capture import read_texts
+
+            texts += read_texts(text_file)
         doc = _measure(args, weights, layer, from_residual, induction, seed, exclude_first, exclude_self, limits,
-                       dtype, rollout, quiet)
+                       dtype, rollout, quiet, texts, batch_size)
     _emit(doc, fmt, metric, top, plot, save, protect=args)
 
 
@@ -129,7 +140,7 @@ def _parse_thresholds(items: list[str]) -> dict[str, float]:
 
 def _measure(args: list[str], weights: str | None, layer: str | None, from_residual: bool, induction: int | None,
              seed: int, exclude_first: bool, exclude_self: bool, limits: dict[str, float], dtype: str,
-             rollout: Path | None, quiet: bool) -> dict[str, Any]:
+             rollout: Path | None, quiet: bool, texts: list[str] | None = None, batch_size: int = 8) -> dict[str, Any]:
     from attncli.cli.run import progress_bar
     from attncli.core import engine
     from attncli.core import headstats as hs
@@ -141,9 +152,10 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
 
     if weights is None:
         raise InputError("needs the model: --weights MODEL_FOLDER (its config.json and weights)", "--weights")
-    if not args and induction is None:
-        raise InputError("give inputs (HIDDEN, X or a capture) or --induction N", "arguments")
-    if args and induction is not None:
+    texts = texts or []
+    if not args and induction is None and not texts:
+        raise InputError("give inputs (HIDDEN, X or a capture), --text, --text-file or --induction N", "arguments")
+    if (args or texts) and induction is not None:
         raise InputError("feeds the model its own probe: give no inputs with it", "--induction")
     first = load_layer(weights, 0)
     count = first.layers
@@ -158,6 +170,7 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
         raise InputError("rolls out every layer from the first: use --layer all", "--rollout")
     sources: list[tuple[str, Any]] = [("--induction", None)] if induction is not None else []
     sources += [(spec, None) for spec in args]
+    sources += [("--text", texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]  # captured in turn
     be = get_backend("numpy")
     heads = int(first.heads or 0)
     sums = hs.Sums.zeros(len(layers), heads)
@@ -165,9 +178,13 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
     rolled: list[np.ndarray] = []
     model_layers = {L: first if L == 0 else load_layer(weights, L) for L in layers}  # the attention weights, once
     with progress_bar(quiet) as progress:
-        for k, (spec, _) in enumerate(sources):  # one input file at a time: memory flat in the number of files
+        for k, (spec, chunk) in enumerate(sources):  # one input file at a time: memory flat in the number of files
             if spec == "--induction":
                 where, inp = spec, _probe(weights, first, induction or 0, seed)
+            elif spec == "--text":
+                from attncli.io.hf import capture
+
+                where, inp = spec, _from_capture(capture(weights, chunk, max_attention_mb=0))
             else:
                 reader = Reader()  # a fresh reader: no file's contents outlive its turn
                 where, inp = reader.source(spec), _read_input(reader, spec, single, count)
@@ -243,11 +260,12 @@ def _ids(v: Any) -> list[int]:
 def _read_input(reader: Any, spec: str, single: int | None, count: int) -> Inputs:
     """HIDDEN, X or a capture as Inputs (hidden (L + 1, B, T, E), or (1, B, T, E) for X of one layer)."""
     from attncli.core import headstats as hs
+    from attncli.io.capture import capture_from, is_capture
 
     content = reader.read(spec)
     src = reader.source(spec)
-    if isinstance(content, dict) and str(np.asarray(content.get("format", "")).tolist()) == CAPTURE_FORMAT:
-        return _capture(content, src)
+    if is_capture(content):
+        return _from_capture(capture_from(content, src))
     if isinstance(content, dict):
         raise InputError("is a mapping; heads takes an array (HIDDEN or X) or a capture (format "
                          f"{CAPTURE_FORMAT!r})", src)
@@ -274,30 +292,13 @@ def _read_input(reader: Any, spec: str, single: int | None, count: int) -> Input
     return hs.Inputs(a[None], residual=False)
 
 
-def _capture(c: dict[str, Any], src: str) -> Inputs:
-    """A capture (issue 31's .npz): hidden_states (layers + 1, B, T, E), input_ids, labels, attention_mask,
-    special_tokens_mask."""
+def _from_capture(cap: Any) -> Inputs:
+    """A capture (attncli.io.capture.Capture, issue 31) as Inputs: its residual stream, ids, labels, padding and
+    special tokens."""
     from attncli.core import headstats as hs
 
-    if "hidden_states" not in c:
-        raise InputError("a capture without hidden_states", src)
-    h = np.asarray(c["hidden_states"])
-    if h.ndim != 4:
-        raise InputError(f"hidden_states is (layers + 1, batch, T, E); got shape {h.shape}", src)
-    B, T = h.shape[1], h.shape[2]
-
-    def member(name: str) -> Any:
-        if name not in c:
-            return None
-        a = np.asarray(c[name])
-        if a.shape != (B, T):
-            raise InputError(f"{name} has shape {a.shape}; expected ({B}, {T}) as hidden_states", src)
-        return a
-
-    labels = member("labels")
-    return hs.Inputs(h, token_ids=member("input_ids"), labels=None if labels is None else [list(map(str, r)) for r in
-                                                                                              labels.tolist()],
-                     attention_mask=member("attention_mask"), special_tokens_mask=member("special_tokens_mask"))
+    return hs.Inputs(np.asarray(cap.hidden_states), token_ids=cap.input_ids, labels=cap.labels,
+                     attention_mask=cap.attention_mask, special_tokens_mask=cap.special_tokens_mask)
 
 
 # ---- merging -----------------------------------------------------------------------------------------------------

@@ -14,9 +14,7 @@ shape), so files made on different machines merge when, and only when, they meas
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,16 +28,15 @@ MATCH = ("definitions_version", "model", "layers", "heads", "thresholds", "setti
 
 
 def model_identity(spec: str) -> dict[str, Any]:
-    """The SHA-256 of a model's config.json and of its weights' headers (names, dtypes, shapes), and its model_type."""
+    """The SHA-256 of a model's config.json and of its weights' headers (names, shapes, dtypes), and its model_type:
+    the digests a capture's provenance holds (attncli.io.capture), so a capture and a statistics file name a model
+    alike."""
+    from attncli.io.capture import config_digest, headers_digest
     from attncli.io.checkpoint import open_checkpoint
 
     ck = open_checkpoint(spec)
-    headers = sorted((n, t.dtype, list(t.shape)) for n, t in ck.tensors.items())
-    cfg = None
-    if ck.config_path is not None:
-        cfg = hashlib.sha256(Path(ck.config_path).read_bytes()).hexdigest()
-    return {"config_sha256": cfg,
-            "weights_sha256": hashlib.sha256(json.dumps(headers, separators=(",", ":")).encode()).hexdigest(),
+    cfg = None if ck.config_path is None else config_digest(ck.config_path)[0]
+    return {"config_sha256": cfg, "weights_sha256": headers_digest(spec),
             "model_type": (ck.config or {}).get("model_type")}
 
 
