@@ -31,7 +31,8 @@ unnamed.
 
 Inputs, with --weights MODEL: HIDDEN (layers + 1, [B,] T, E), the residual stream entering every layer (--layer all,
 the default); X (T, E) or (B, T, E) of one layer (--layer N; --from-residual when X is the residual stream); a
-capture (.npz of attncli capture: hidden states, token ids, labels, padding, special tokens); or --induction N
+capture (.npz of attncli capture: hidden states, token ids, labels, padding, special tokens); --text or
+--text-file (captured in memory with the model's own tokenizer, --batch-size texts at a time); or --induction N
 (TransformerLens's probe: BOS + N random tokens repeated twice, the second copy scored).
 
 Examples:
@@ -39,6 +40,8 @@ Examples:
   attncli heads hidden.npy --weights ./tiny-llama
 
   attncli heads --induction 50 --weights ./tiny-llama --metric induction --top 5
+
+  attncli heads --text-file corpus.txt --weights ./tiny-llama --format csv
 
   attncli heads shard1.npy --weights M --save a.json; attncli heads merge a.json b.json --save all.json
 """
