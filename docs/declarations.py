@@ -19,8 +19,7 @@ def _rule(f: Callable[..., Any] | None) -> str:
 
 
 def _row(fam: Family) -> tuple[str, ...]:
-    norm = "none" if fam.pre_norm is None else f"{fam.pre_norm} `{fam.norm_name}`" + (
-        " (inside the module)" if fam.norm_inside else "")
+    norm = "none (post-norm)" if fam.pre_norm is None else f"{fam.pre_norm} `{fam.norm_name}`, {fam.norm_at} the module"
     qk = "—" if fam.qk_norm is None else f"{fam.qk_norm}{' weightless' if fam.qk_weightless else ''}, {fam.qk_at}" + (
         f", switch `{fam.qk_key}`" if fam.qk_key else "") + (f", layers: {_rule(fam.qk_layers)}" if fam.qk_layers else "")
     extra = [x for x in (f"chunked: {_rule(fam.chunked)}" if fam.chunked else "",

@@ -88,8 +88,7 @@ def reference(la: LayerAttention, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
     out = np.zeros((n, H * d))
     bias = None
     if f.relative_bias == "t5":
-        e = f.extra
-        bias = t5_position_bias(a["rel_bias"], n, n, e["bidirectional"], e["num_buckets"], e["max_distance"])
+        bias = t5_position_bias(a["rel_bias"], n, n, f.rel_bidirectional, f.rel_buckets, f.rel_max_distance)
     for h in range(H):
         g = h // (H // G)  # query head h reads K/V head h // (H / G), as repeat_kv
         qh, kh, vh = q[:, h * d:(h + 1) * d], k[:, g * d:(g + 1) * d], v[:, g * d:(g + 1) * d]

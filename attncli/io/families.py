@@ -78,7 +78,8 @@ class Family:
     pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | rms-weightless
     # | None (nothing before attention)
     norm_name: str = "input_layernorm"  # the pre-norm's tensor after the layer's prefix (llama layout)
-    norm_inside: bool = False  # the norm is inside the attention module (pre-LN BERTs): applied in plain runs too
+    norm_at: str = "before"  # where pre_norm sits: "before" the attention module | "inside" it, first (pre-LN BERTs,
+    # ESM); either way X is the query projection's input, and --from-residual applies the norm
     qk_norm: str | None = "rms"  # the QK-norm kind (attncli.core.options.QkNorm) when its tensors are there
     qk_at: str = "before-rope"  # where it sits: before-rope | after-rope (HunYuan, nanochat)
     qk_names: tuple[str, str] = ("q_norm", "k_norm")  # its tensors after self_attn. (.weight, or .norms.N.weight)
@@ -401,15 +402,15 @@ def _esm_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
 # attention module (attention.LayerNorm) before the projections
 declare("esm", layout="bert", rope="half", nope=_esm_nope, pre_norm="layernorm", norm_name="attention.LayerNorm",
         rope_rounding="once",
-        norm_inside=True, causal=False,
+        norm_at="inside", causal=False,
         notes="position_embedding_type rotary: half RoPE (rope_theta); absolute: none inside attention")
 # BigBird: exact only with attention_type original_full (block_sparse: sparse from 704 tokens on, refused)
 declare("big_bird", layout="bert", rope=None, pre_norm=None, causal=False)
 declare("roberta-prelayernorm", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.LayerNorm",
-        norm_inside=True, causal=False)
+        norm_at="inside", causal=False)
 declare("xlm-roberta-xl", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.self_attn_layer_norm",
-        norm_inside=True, causal=False)
-declare("megatron-bert", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.ln", norm_inside=True,
+        norm_at="inside", causal=False)
+declare("megatron-bert", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.ln", norm_at="inside",
         causal=False)
 declare("gpt2", "gpt-sw3", layout="gpt2", rope=None, pre_norm="layernorm")
 declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", keys=frozenset({"multi_query"}),

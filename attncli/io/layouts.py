@@ -73,8 +73,11 @@ class AttentionFacts:
     qk_norm: str | None = None  # "rms" | "rms1p" (Gemma's 1 + w) | "layernorm" | "rms-full" | None
     qk_norm_at: str | None = None  # "after-rope" (HunYuan, nanochat); None: before RoPE
     qk_norm_eps: float | None = None
-    pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the layer's pre-attention norm
+    pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the norm --from-residual applies first
     norm_eps: float | None = None
+    norm_at: str | None = None  # where the layer's norm sits: "before" the attention module (pre-norm) | "inside"
+    # it, first (pre-LN BERTs, ESM) | "after" the residual (post-norm; X is hidden_states[N] itself) | None: none
+    norm_missing: str | None = None  # the norm tensor the layer lacks (--from-residual is then refused)
     alibi: bool = False  # Bloom / Falcon
     alibi_form: str | None = None  # how the model computes it (attncli.core.alibi.FORMS): Bloom, Falcon round slope·j
     alibi_scaled: bool = False  # ALiBi added to q·k before the scale (Falcon)
@@ -89,9 +92,12 @@ class AttentionFacts:
     rope_rounding: str | None = None  # "once" / "once-float32": q, k rotated in float32, rounded once (the option)
     sink_form: str | None = None  # "scale": Granite SWA's sinks, a scale after the softmax (the option sink_form)
     latent: tuple[int, int, float] | None = None  # MLA: (qk_nope_head_dim, qk_rope_head_dim, the latents' RMS eps)
-    relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
+    relative_bias: str | None = None  # "t5": T5's bucketed relative position bias (rel_* below)
+    rel_buckets: int | None = None  # its relative_attention_num_buckets
+    rel_max_distance: int | None = None  # its relative_attention_max_distance
+    rel_bidirectional: bool | None = None  # an encoder's (both directions) or a decoder's (past only) buckets
     from_config: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # display only (inspect, --explain): never decides anything
 
 
 @dataclass
@@ -316,8 +322,14 @@ def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, 
     c.put("norm_w", c.get(w), w)
     if b is not None and c.has(b):
         c.put("norm_b", c.get(b), b)
-    c.facts.pre_norm = kind
+    c.facts.pre_norm, c.facts.norm_at = kind, c.facts.norm_at or "before"
     c.conf("norm_eps", *eps_keys, default=eps, cast=float)
+
+
+def _post_norm(c: Ctx, name: str) -> None:
+    """A post-norm layer: its norm ``name`` comes after the residual, so nothing comes before attention."""
+    c.facts.norm_at = "after"
+    c.facts.notes["post_norm"] = f"{name} (after the residual; X is hidden_states[{c.layer}] itself)"
 
 
 def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | None = None) -> None:
@@ -509,7 +521,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     c.facts.causal = fam.causal
     c.facts.rms_wide = fam.rms_wide
     if not fam.causal:
-        c.facts.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
+        c.facts.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
     lt = _layer_type(c)
     cfg = c.config or {}
@@ -530,7 +542,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             if "rope_base" not in c.facts.from_config:
                 c.facts.from_config.append("rope_base")
     elif fam.rope is not None:
-        c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
+        c.facts.notes["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
     _window(c)
     if fam.scale == "query_pre_attn_scalar":
@@ -642,7 +654,7 @@ def _ntk_alpha(c: Ctx) -> None:
     f.rope_base = float(f.rope_base or 10000.0) * float(sc["alpha"]) ** (d / (d - 2))
     f.rope_scaling = None
     f.from_config = [k for k in f.from_config if k != "rope_scaling"]
-    f.extra["rope"] = f"rope_parameters alpha {sc['alpha']:g}: base theta · alpha^(d/(d-2)) = {f.rope_base:g}"
+    f.notes["rope"] = f"rope_parameters alpha {sc['alpha']:g}: base theta · alpha^(d/(d-2)) = {f.rope_base:g}"
 
 
 def _qk_tensors(c: Ctx, a: str, fam: Family) -> None:
@@ -692,25 +704,28 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
     (Nemotron: LayerNorm with 1 + w, read as a LayerNorm of weight 1 + w). None: nothing before attention."""
     kind = fam.pre_norm
     if kind is None:
-        c.facts.extra["pre_norm"] = f"none: {fam.model_type} applies no norm before attention"
+        c.facts.notes["pre_norm"] = f"none: {fam.model_type} applies no norm before attention"
+        c.facts.norm_at = "after"
         return
     if kind == "layernorm-weightless":  # OLMo: nn.LayerNorm without parameters (w = 1, b = 0), eps 1e-5
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s LayerNorm has no weight; w = 1)")
         c.put("norm_b", np.zeros(E), f"(none: {fam.model_type}'s LayerNorm has no bias; b = 0)")
-        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+        c.facts.pre_norm, c.facts.norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
         return
     if kind == "rms-weightless":  # nanochat: an RMSNorm without a weight (w = 1), eps rms_norm_eps
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s RMSNorm has no weight; w = 1)")
-        c.facts.pre_norm = "rms"
+        c.facts.pre_norm, c.facts.norm_at = "rms", "before"
         c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
         return
-    if fam.norm_inside:  # a missing norm is then refused in plain runs too (model.py)
-        c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
+    c.facts.norm_at = fam.norm_at
+    if fam.norm_at == "inside":
+        c.facts.notes["norm_at"] = f"{w}: inside the attention module; X is the query projection's input, and " \
+                                   "--from-residual applies it"
     wn, bn = (".gamma", ".beta") if not c.has(w + ".weight") and c.has(w + ".gamma") else (".weight", ".bias")
     if not c.has(w + wn):  # plain runs need no norm; --from-residual is refused (model.py)
-        c.facts.extra["pre_norm_missing"] = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
+        c.facts.norm_missing = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
         return
     bias = w + bn if kind.startswith("layernorm") else None  # ESM saves its LayerNorms as gamma / beta
     _norm(c, "layernorm" if kind == "layernorm1p" else kind, w + wn, bias, eps_keys=eps_keys,
@@ -724,7 +739,7 @@ def _partial_default(c: Ctx, default: float) -> None:
     Persimmon: 0.5, set by their config classes), rotary on the first head_dim · default features."""
     if "rotary_dim" not in c.facts.from_config and c.facts.head_dim:
         c.facts.rotary_dim = int(c.facts.head_dim * default)
-        c.facts.extra["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
+        c.facts.notes["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
 
 
 def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
@@ -804,7 +819,7 @@ def _mla(c: Ctx) -> None:
         kind = "half" if cfg.get("rope_interleave") is False else "interleaved"  # the config classes' default: true
     _rope(c, kind or "interleaved")
     f.rotary_dim = r
-    f.extra["latent"] = (f"q {'q_a_proj, q_a_layernorm, q_b_proj' if 'W_qa' in c.arrays else 'q_proj'}; "
+    f.notes["latent"] = (f"q {'q_a_proj, q_a_layernorm, q_b_proj' if 'W_qa' in c.arrays else 'q_proj'}; "
                          f"kv_lora_rank {r_kv}; per head q/k {n} + {r} rotary (placed first), v {dv}")
     sc = f.rope_scaling or {}
     mad = sc.get("mscale_all_dim")
@@ -881,7 +896,7 @@ def _gpt2(c: Ctx) -> None:
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head", "num_attention_heads"), width=E)
     c.facts.causal = True
     if c.family is not None and c.family.pre_norm is None:  # OpenAI GPT: post-LN, ln_1 comes after attention
-        c.facts.extra["post_norm"] = f"{c.block}ln_1 (after the residual; X is hidden_states[{c.layer}] itself)"
+        _post_norm(c, f"{c.block}ln_1")
     else:
         _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
     cfg = c.config or {}
@@ -946,7 +961,7 @@ def _gpt_neo(c: Ctx) -> None:
     f, cfg = c.facts, c.config or {}
     f.causal = True
     f.scale = 1.0  # GPTNeoSelfAttention._attn: q·k, never divided by sqrt(d)
-    f.extra["scale"] = "1: GPT-Neo does not scale the scores (computed in float32)"
+    f.notes["scale"] = "1: GPT-Neo does not scale the scores (computed in float32)"
     _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
     kinds = cfg.get("attention_layers")
     if kinds is None and cfg.get("attention_types") is not None:  # [[["global", "local"], 12]] -> per layer
@@ -957,14 +972,14 @@ def _gpt_neo(c: Ctx) -> None:
                          'expected [[["global", "local"], N], ...]') from None
     if c.config is None:  # --layout gpt_neo on bare weights: GPTNeoConfig's defaults
         kinds = ["global", "local"] * (c.layer // 2 + 1)
-        f.extra["attention_layers"] = "GPTNeoConfig's default [[['global', 'local'], N]], window_size 256 (no config.json)"
+        f.notes["attention_layers"] = "GPTNeoConfig's default [[['global', 'local'], N]], window_size 256 (no config.json)"
     if not isinstance(kinds, list) or c.layer >= len(kinds) or kinds[c.layer] not in ("global", "local"):
         raise c.fail(f"config.json's attention_layers does not say whether layer {c.layer} is global or local")
     if kinds[c.layer] == "local":
         w = cfgcheck.value(cfg, "window_size", "config.json") if cfg.get("window_size") is not None else 256
         f.window = int(w)  # GPT-Neo's local mask keeps i - j < window_size: the W keys up to the query
         f.from_config.append("window")
-    f.extra["attention_layer"] = f"{kinds[c.layer]} (config.json attention_layers)"
+    f.notes["attention_layer"] = f"{kinds[c.layer]} (config.json attention_layers)"
 
 
 @layout("bert", r"^(?P<stack>(?:.*\.)?encoder\.layer\.)(?P<n>\d+)\.attention\.self\.query\.weight$",
@@ -981,13 +996,13 @@ def _bert(c: Ctx) -> None:
     c.facts.causal = bool(cfg.get("is_decoder", False))
     if fam is not None and fam.rope is not None:
         if fam.nope is not None and fam.nope(c.layer, cfg, None):
-            c.facts.extra["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
+            c.facts.notes["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
         else:
             _bert_rope(c, fam)
     if fam is not None and fam.pre_norm is not None:  # pre-LN BERTs: the LayerNorm inside the attention module
         _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
     else:
-        c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+        _post_norm(c, f"{a}output.LayerNorm")
 
 
 def _bert_rope(c: Ctx, fam: Family) -> None:
@@ -1022,7 +1037,7 @@ def _sinusoidal_table(c: Ctx) -> None:
     if not err <= tol:
         raise c.fail(f"{name} is not the sinusoidal rotary table sin/cos(pos · 10000^(-2i/{d})) (off by {err:.3g}), "
                      "which attncli computes; it is not supported")
-    c.facts.extra["rope_table"] = f"{name}: the sinusoidal table, interleaved RoPE base 10000 (checked)"
+    c.facts.notes["rope_table"] = f"{name}: the sinusoidal table, interleaved RoPE base 10000 (checked)"
 
 
 def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
@@ -1058,7 +1073,7 @@ def _neox(c: Ctx) -> None:
     _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias", ("layer_norm_eps",), 1e-5)
     _rope(c, "half")
     if not (c.config or {}).get("use_parallel_residual", True):
-        c.facts.extra["parallel_residual"] = False
+        c.facts.notes["parallel_residual"] = "false: attention and MLP in sequence (outside attention)"
 
 
 @layout("bloom", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.self_attention\.query_key_value\.weight$",
@@ -1080,7 +1095,7 @@ def _bloom(c: Ctx) -> None:
     c.facts.kv_heads = c.facts.heads
     c.facts.causal = True
     c.facts.alibi, c.facts.alibi_form = True, "absolute-f32"
-    c.facts.extra["alibi"] = ("added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py), "
+    c.facts.notes["alibi"] = ("added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py), "
                               "alibi = fl32(slope_h · j) at key j's absolute position (build_alibi_tensor)")
     _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias",
           ("layer_norm_epsilon",), 1e-5)
@@ -1158,7 +1173,7 @@ def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
     code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16, scaled."""
     c.facts.alibi, c.facts.alibi_form, c.facts.alibi_scaled = True, "absolute-bf16", True
     c.facts.from_config.append("alibi")
-    c.facts.extra["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
+    c.facts.notes["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
                               "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
                               "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
                               "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
@@ -1182,12 +1197,11 @@ def _t5(c: Ctx) -> None:
     c.facts.scale = 1.0  # T5 folds the 1/sqrt(d) into its initialisation
     c.facts.relative_bias = "t5"
     cfg = c.config or {}
-    c.facts.extra.update(
-        num_buckets=int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0]),
-        max_distance=int(cfg.get("relative_attention_max_distance") or 128),
-        bidirectional=not decoder)
+    c.facts.rel_buckets = int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0])
+    c.facts.rel_max_distance = int(cfg.get("relative_attention_max_distance") or 128)
+    c.facts.rel_bidirectional = not decoder
     _norm(c, "rms", c.block + "layer.0.layer_norm.weight", eps_keys=("layer_norm_epsilon",), eps=1e-6)
-    c.facts.extra["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
+    c.facts.notes["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
 
 
 @layout("bart", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.out_proj\.weight$",
@@ -1217,18 +1231,18 @@ def _bart(c: Ctx) -> None:
     c.facts.kv_heads = c.facts.heads
     c.facts.causal = not encoder  # a decoder's self-attention: is_causal=True in every one of these families
     if encoder:
-        c.facts.extra["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
-    c.facts.extra["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
+        c.facts.notes["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
+    c.facts.notes["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
     if c.has(c.block + "encoder_attn.q_proj.weight"):
-        c.facts.extra["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
+        c.facts.notes["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
     ln = c.block + fam.norm_name
     if fam.pre_norm is None or cfg.get("do_layer_norm_before", True) is False:  # OPT-350m, BART, Marian, ...
-        c.facts.extra["post_norm"] = f"{ln} (after the residual; X is hidden_states[{c.layer}] itself)"
+        _post_norm(c, ln)
     elif cfg.get("layer_norm_elementwise_affine") is False:  # OPT: nn.LayerNorm without weight and bias
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, layer_norm_elementwise_affine false; w = 1)")
         c.put("norm_b", np.zeros(E), f"(none: {ln} has no bias; b = 0)")
-        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+        c.facts.pre_norm, c.facts.norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
     else:  # nn.LayerNorm(embed_dim): eps 1e-5 whatever layer_norm_eps says (BioGPT's 1e-12 is not used there)
         _family_norm(c, fam, ln, ())
 
@@ -1298,11 +1312,11 @@ def _modernbert(c: Ctx) -> None:
     cfg = c.config or {}
     f.causal = fam.causal
     if not fam.causal:
-        f.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
+        f.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     if c.layer == 0:  # ModernBertEncoderLayer / ModernBertDecoderLayer: attn_norm = nn.Identity() on layer 0
-        f.extra["pre_norm"] = f"none: layer 0's attn_norm is nn.Identity ({fam.model_type})"
+        f.notes["pre_norm"] = f"none: layer 0's attn_norm is nn.Identity ({fam.model_type})"
         if c.has(c.block + "attn_norm.weight"):
-            f.extra["pre_norm_ignored"] = f"{c.block}attn_norm.weight (layer 0 has no attn_norm; transformers ignores it)"
+            f.notes["pre_norm_ignored"] = f"{c.block}attn_norm.weight (layer 0 has no attn_norm; transformers ignores it)"
     else:
         _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
     lt = _layer_type(c)
@@ -1330,7 +1344,7 @@ def _modernbert(c: Ctx) -> None:
         if fam.window_kind == "both":  # sliding_window_bidirectional_overlay: |q - kv| <= local_attention // 2
             f.local_window = r
             f.from_config.append("local_window")
-            f.extra["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
+            f.notes["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
                                         f"within {r} positions on either side")
         else:  # the decoder: sliding_window_overlay (kv > q - sliding_window), causal: the W keys up to each query
             if r < 1:
@@ -1338,7 +1352,7 @@ def _modernbert(c: Ctx) -> None:
                              f"{cfg.get('local_attention')}): every query would see no key")
             f.window = r
             f.from_config.append("window")
-    f.extra["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
+    f.notes["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
 
 
 @layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
@@ -1349,8 +1363,8 @@ def _distilbert(c: Ctx) -> None:
     _heads(c, "n_heads", "num_attention_heads", kv_keys=("n_heads", "num_attention_heads"),
            width=c.arrays["W_q"].shape[1])
     c.facts.causal = False
-    c.facts.extra["bidirectional"] = "distilbert: an encoder, every token sees every token"
-    c.facts.extra["post_norm"] = f"{c.block}sa_layer_norm (after the residual; X is hidden_states[{c.layer}] itself)"
+    c.facts.notes["bidirectional"] = "distilbert: an encoder, every token sees every token"
+    _post_norm(c, f"{c.block}sa_layer_norm")
 
 
 def _albert_call(cfg: dict[str, Any] | None, layer: int, source: str) -> tuple[int, int, list[int]]:
@@ -1398,12 +1412,12 @@ def _albert(c: Ctx) -> None:
         "layers " + ", ".join(map(str, shared))
     for k in list(c.origin):
         c.origin[k] += f" (shared by {runs})"
-    c.facts.extra["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
+    c.facts.notes["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
                                f"which {runs} share")
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
     c.facts.causal = False
-    c.facts.extra["bidirectional"] = "albert: an encoder, every token sees every token"
-    c.facts.extra["post_norm"] = f"{a}LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+    c.facts.notes["bidirectional"] = "albert: an encoder, every token sees every token"
+    _post_norm(c, f"{a}LayerNorm")
 
 
 # Layouts whose layer numbers are not the indices in their tensor names (ALBERT: groups shared by the layers)
@@ -1445,7 +1459,7 @@ def _tl(c: Ctx) -> None:
     f = c.facts
     f.heads, f.kv_heads, f.head_dim = H, c.arrays["W_k"].shape[1] // d, d
     f.causal = True
-    f.extra["assumed"] = "causal (attention_dir='causal') and scale 1/sqrt(d_head): the state dict does not say"
+    f.notes["assumed"] = "causal (attention_dir='causal') and scale 1/sqrt(d_head): the state dict does not say"
     ln = c.block + "ln1."
     if c.has(ln + "w"):
         _norm(c, "layernorm" if c.has(ln + "b") else "rms", ln + "w", ln + "b", eps=1e-5)
@@ -1469,7 +1483,7 @@ def _tl_rope(c: Ctx, sin: np.ndarray, cos: np.ndarray, a: str) -> None:
     if f1 > 0:
         base = float(f1 ** (-rd / 2))
         f.rope_base = float(round(base)) if abs(base - round(base)) < 1e-3 * base else base
-    f.extra["rope_from"] = f"{a}rotary_sin, {a}rotary_cos (the tables TransformerLens stores)"
+    f.notes["rope_from"] = f"{a}rotary_sin, {a}rotary_cos (the tables TransformerLens stores)"
 
 
 @layout("mha", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.(?:[^.]+\.)*?self_attn\.in_proj_weight$",
@@ -1493,7 +1507,7 @@ def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
         if v is not None:
             c.put(k, v, origin.get(k, a + k))
     _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=w.shape[1])
-    c.facts.extra["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
+    c.facts.notes["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
 
 
 @layout("mha-module", r"^(?P<stack>(?:.*\.)?)in_proj_weight$",
@@ -1719,7 +1733,7 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     if fam is not None and c.facts.rope is not None:  # how its half-precision rotation rounds (every layout)
         c.facts.rope_rounding = fam.rope_rounding
     if c.facts.heads is None:
-        c.facts.extra.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
+        c.facts.notes.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
     _check_shapes(c)
     return LayerAttention(c.arrays, c.origin, c.name or f.layout.name, layer, count, c.facts, ckpt.source)
 
