@@ -39,19 +39,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
+from attncli.core.options import Options
 from attncli.core.projections import BIASES, Projections
 from attncli.errors import InputError, printable
 from attncli.io import config as cfgcheck
 from attncli.io import weights
 from attncli.io.checkpoint import Checkpoint, model_args, open_checkpoint
-from attncli.io.families import FAMILIES, REFUSED, Family, attention_keys, unsupported_key
+from attncli.io.families import CONFIG_DECIDES, FAMILIES, REFUSED, Family, attention_keys, unsupported_key
 from attncli.io.weights import Converter, entries_of
 
 
@@ -72,9 +73,9 @@ class AttentionFacts:
     softcap: float | None = None  # attn_logit_softcapping
     qk_norm: str | None = None  # "rms" | "rms1p" (Gemma's 1 + w) | "layernorm" | "rms-full" | None
     qk_norm_at: str | None = None  # "after-rope" (HunYuan, nanochat); None: before RoPE
-    qk_norm_eps: float | None = None
-    pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the norm --from-residual applies first
     norm_eps: float | None = None
+    pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the norm --from-residual applies first
+    pre_norm_eps: float | None = None  # the eps of pre_norm (and of sub_norm)
     norm_at: str | None = None  # where the layer's norm sits: "before" the attention module (pre-norm) | "inside"
     # it, first (pre-LN BERTs, ESM) | "after" the residual (post-norm; X is hidden_states[N] itself) | None: none
     norm_missing: str | None = None  # the norm tensor the layer lacks (--from-residual is then refused)
@@ -98,6 +99,15 @@ class AttentionFacts:
     rel_bidirectional: bool | None = None  # an encoder's (both directions) or a decoder's (past only) buckets
     from_config: list[str] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)  # display only (inspect, --explain): never decides anything
+
+    def options(self) -> dict[str, Any]:
+        """The facts that are :class:`~attncli.core.options.Options` fields, by the same names (a partial Options):
+        those set (not None, not False)."""
+        return {n: v for n in OPTION_FACTS if (v := getattr(self, n)) is not None and v is not False}
+
+
+# The facts that are options: the fields AttentionFacts and Options share (the rest is structure: heads, norms, ...)
+OPTION_FACTS = tuple(f.name for f in fields(AttentionFacts) if f.name in {o.name for o in fields(Options)})
 
 
 @dataclass
@@ -323,7 +333,7 @@ def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, 
     if b is not None and c.has(b):
         c.put("norm_b", c.get(b), b)
     c.facts.pre_norm, c.facts.norm_at = kind, c.facts.norm_at or "before"
-    c.conf("norm_eps", *eps_keys, default=eps, cast=float)
+    c.conf("pre_norm_eps", *eps_keys, default=eps, cast=float)
 
 
 def _post_norm(c: Ctx, name: str) -> None:
@@ -378,20 +388,6 @@ def _layer_type(c: Ctx) -> str | None:
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "global", "local")
 
-# Which layers slide when config.json has no layer_types: the model's own rule (as its modeling file).
-SLIDING_RULES: dict[str, Callable[[int, dict[str, Any]], bool]] = {
-    "mistral": lambda i, cfg: True,
-    "mixtral": lambda i, cfg: True,
-    "gemma2": lambda i, cfg: i % 2 == 0,
-    "gpt_oss": lambda i, cfg: i % 2 == 0,
-    "gemma3_text": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0,
-    "gemma3": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0,
-    "qwen2": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
-    "qwen3": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
-    "minimax": lambda i, cfg: True,  # its mask slides on every attention layer whatever layer_types says
-    "ultrabert": lambda i, cfg: (i + 1) % 3 != 0,  # UltrabertConfig's default layer_types
-}
-ALWAYS_SLIDES = ("minimax",)
 
 
 def _window(c: Ctx) -> None:
@@ -402,14 +398,13 @@ def _window(c: Ctx) -> None:
     kind = _layer_type(c)
     if kind == "chunked_attention" and c.facts.chunk is None:
         raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
-    mt = str(cfg.get("model_type"))
-    if mt in ALWAYS_SLIDES:
+    fam = c.family
+    if fam is not None and fam.always_slides:
         slides = True
     elif kind is not None:
         slides = kind == "sliding_attention"
-    else:
-        rule = SLIDING_RULES.get(str(cfg.get("model_type")))
-        slides = rule(c.layer, cfg) if rule is not None else True
+    else:  # the family's own rule (as its modeling file), else every layer
+        slides = fam is None or fam.slides is None or fam.slides(c.layer, cfg, None)
     if slides and c.family is not None and c.family.window_kind == "both":  # UltraBERT: |j - i| <= sliding_window
         c.facts.local_window = int(w)
         c.facts.from_config.append("local_window")
@@ -488,8 +483,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     dense), QK-norm, sinks, heads, the family's rope, pre-norm, window and scale (its declaration in
     attncli.io.families; Llama's without a config)."""
     c.linear("W_o", f"{a}{out}.weight", f"{a}{out}.bias")
-    mt = str((c.config or {}).get("model_type", ""))
-    fam = c.family or FAMILIES["gemma" if mt.startswith("gemma") else "llama"]
+    fam = c.family or FAMILIES["llama"]  # a config.json or --layout names the family; bare weights are refused
     _qk_tensors(c, a, fam)
     if c.has(a + "sinks"):
         c.put("sinks", c.get(a + "sinks"), a + "sinks")
@@ -514,10 +508,10 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         if fam.qk_at != "before-rope":
             c.facts.qk_norm_at = fam.qk_at
         if fam.qk_norm == "layernorm":  # nn.LayerNorm / CohereLayerNorm: layer_norm_eps, default 1e-5
-            c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+            c.conf("norm_eps", "layer_norm_eps", default=1e-5, cast=float)
         else:
             # LFM3's config class maps rms_norm_eps to norm_eps (attribute_map): its config.json has only norm_eps
-            c.conf("qk_norm_eps", "rms_norm_eps", "norm_eps", default=1e-6, cast=float)
+            c.conf("norm_eps", "rms_norm_eps", "norm_eps", default=1e-6, cast=float)
     c.facts.causal = fam.causal
     c.facts.rms_wide = fam.rms_wide
     if not fam.causal:
@@ -599,7 +593,7 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
         name = f"{a}{fam.sub_norm}.weight"
         c.put("sub_norm", c.get(name), name)
         c.facts.sub_norm = "rms"
-        c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+        c.conf("pre_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
 
 
 def _layer_heads(c: Ctx, key: str) -> None:
@@ -711,13 +705,13 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s LayerNorm has no weight; w = 1)")
         c.put("norm_b", np.zeros(E), f"(none: {fam.model_type}'s LayerNorm has no bias; b = 0)")
-        c.facts.pre_norm, c.facts.norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
+        c.facts.pre_norm, c.facts.pre_norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
         return
     if kind == "rms-weightless":  # nanochat: an RMSNorm without a weight (w = 1), eps rms_norm_eps
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s RMSNorm has no weight; w = 1)")
         c.facts.pre_norm, c.facts.norm_at = "rms", "before"
-        c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+        c.conf("pre_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
         return
     c.facts.norm_at = fam.norm_at
     if fam.norm_at == "inside":
@@ -748,7 +742,7 @@ def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
     _qk_tensors(c, a, fam)
     if "q_norm" in c.arrays:
         c.facts.qk_norm = "layernorm"
-        c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+        c.conf("norm_eps", "layer_norm_eps", default=1e-5, cast=float)
 
 
 @layout("mla", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.kv_a_proj_with_mqa\.weight$",
@@ -868,7 +862,7 @@ def _gpt2(c: Ctx) -> None:
     if w.ndim != 2:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E)")
     mt = (c.config or {}).get("model_type")
-    if c.family is not None and c.family.model_type == "gpt_bigcode":
+    if c.family is not None and c.family.fused == "linear":
         _bigcode(c, a, w, name)
         return
     if w.shape[1] == 3 * w.shape[0]:  # Conv1D (in, out): HF GPT-2
@@ -946,9 +940,11 @@ def _gptj(c: Ctx) -> None:
     a = c.block + "attn."
     c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=c.arrays["W_q"].shape[1])
-    c.facts.causal = True
-    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
-    _rope(c, "interleaved")
+    fam = c.family or FAMILIES["gptj"]  # without config.json the read is refused (CONFIG_DECIDES)
+    c.facts.causal = fam.causal
+    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_epsilon",))
+    if fam.rope is not None:
+        _rope(c, fam.rope)
 
 
 @layout("gpt_neo", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.attention\.q_proj\.weight$",
@@ -1011,7 +1007,7 @@ def _bert_rope(c: Ctx, fam: Family) -> None:
     is rope_theta (default 10000)."""
     f = c.facts
     f.rope, f.rotary_dim = fam.rope, f.head_dim
-    if fam.model_type == "roformer":
+    if fam.rope_table:
         f.rope_base = 10000.0
         _sinusoidal_table(c)
     else:
@@ -1081,7 +1077,7 @@ def _neox(c: Ctx) -> None:
         "Falcon (model_type falcon): the same names, rows (G, H/G + 2, d)")
 def _bloom(c: Ctx) -> None:
     a = c.block + "self_attention."
-    if c.family is not None and c.family.model_type == "falcon":
+    if c.family is not None and c.family.fused == "groups":
         _falcon(c, a)
         return
     mt = (c.config or {}).get("model_type")
@@ -1242,7 +1238,7 @@ def _bart(c: Ctx) -> None:
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, layer_norm_elementwise_affine false; w = 1)")
         c.put("norm_b", np.zeros(E), f"(none: {ln} has no bias; b = 0)")
-        c.facts.pre_norm, c.facts.norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
+        c.facts.pre_norm, c.facts.pre_norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
     else:  # nn.LayerNorm(embed_dim): eps 1e-5 whatever layer_norm_eps says (BioGPT's 1e-12 is not used there)
         _family_norm(c, fam, ln, ())
 
@@ -1258,11 +1254,11 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     for ours, theirs in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
         c.put(ours, c.get(f"{a}{theirs}.weight"), f"{a}{theirs}.weight")
     f.qk_norm = fam.qk_norm
-    c.conf("qk_norm_eps", "norm_eps", default=1e-5, cast=float)
+    c.conf("norm_eps", "norm_eps", default=1e-5, cast=float)
     f.causal = True
     _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
-    if "norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
-        f.norm_eps = 1e-5  # Lfm2Config's default
+    if "pre_norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
+        f.pre_norm_eps = 1e-5  # Lfm2Config's default
     _rope(c, "half", layer_type=_layer_type(c))
 
 
@@ -1631,22 +1627,6 @@ def projections_from(content: Any, source: str, prefix: str | None = None) -> Pr
         if b is not None and b.ndim == 2 and b.shape[0] == 1:
             arrays[n] = b[0]
     return Projections(**arrays, source=source, origin=origin, kind=f.file_name or f.name)  # type: ignore[arg-type]
-
-
-# Layouts whose tensor names alone leave the attention open: without config.json (and without --layout) a read
-# would guess these, so it is refused (mha, bert, gpt2, bloom, t5 and TransformerLens carry no such guess).
-CONFIG_DECIDES = {
-    "llama": "RoPE style and base, NoPE layers, window, scale",
-    "phi3": "RoPE base and partial rotary, window",
-    "gptj": "rotary_dim, RoPE base",
-    "neox": "rotary_pct, RoPE base",
-    "phi": "partial rotary, RoPE base, heads",
-    "persimmon": "partial rotary, RoPE base, heads",
-    "gpt_neo": "which layers are local, window_size, heads",
-    "bart": "causal or not, pre- or post-norm, heads",
-    "mla": "the latent widths, RoPE style and base, heads",
-    "modernbert": "causal or not, local layers, window, RoPE bases, heads",
-}
 
 
 def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -> Family | None:

@@ -28,10 +28,6 @@ from attncli.io.checkpoint import ML_DTYPES, Checkpoint
 from attncli.io.layouts import AttentionFacts, LayerAttention
 from attncli.io.layouts import load_layer as read_layer
 
-# AttentionFacts -> Options fields: every fact the pipeline computes with
-FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "local_window",
-                "softcap", "qk_norm", "qk_norm_at", "alibi", "alibi_form", "alibi_scaled", "chunk", "clip_qkv",
-                "tuning_scale", "tuning_floor", "rms_wide", "rope_rounding", "sink_form")
 PROJECTION_NAMES = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "q_norm_bias",
                     "k_norm_bias", "sinks")
 
@@ -112,9 +108,7 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: 
     proj = Projections(**{n: numbers(a[n]) for n in PROJECTION_NAMES if n in a},  # type: ignore[arg-type]
                        latent=latent, source=f"{la.source} layer {la.layer}",
                        origin={n: la.origin[n] for n in PROJECTION_NAMES if n in la.origin}, kind=la.layout)
-    options: dict[str, Any] = {n: v for n in FACT_OPTIONS if (v := getattr(f, n)) is not None and v is not False}
-    if f.qk_norm and f.qk_norm_eps is not None:
-        options["norm_eps"] = f.qk_norm_eps
+    options = f.options()  # the facts that are Options fields, by their names
     proj.config = {n: getattr(f, n) for n in f.from_config}
     bias = None
     if f.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
@@ -124,10 +118,10 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: 
     norm = None
     if f.pre_norm is not None and "norm_w" in a:
         norm = Norm(f.pre_norm, numbers(a["norm_w"]), None if "norm_b" not in a else numbers(a["norm_b"]),
-                    f.norm_eps if f.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
+                    f.pre_norm_eps if f.pre_norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
     sub = None
     if f.sub_norm is not None and "sub_norm" in a:
-        sub = Norm(f.sub_norm, numbers(a["sub_norm"]), None, f.norm_eps if f.norm_eps is not None else 1e-6,
+        sub = Norm(f.sub_norm, numbers(a["sub_norm"]), None, f.pre_norm_eps if f.pre_norm_eps is not None else 1e-6,
                    la.origin.get("sub_norm", ""))
     gate = Gate(f.gate, numbers(a["W_g"]), la.origin.get("W_g", "")) if f.gate is not None else None
     return CheckpointLayer(proj, options, f.heads, norm, sub, gate, bias, f, la.layout, la.layer, la.layers, la.source, la)

@@ -11,8 +11,8 @@ from attncli.errors import printable
 from attncli.render import escape
 
 FACT_ORDER = ("heads", "kv_heads", "head_dim", "scale", "causal", "rope", "rope_base", "rotary_dim", "rope_scaling",
-              "window", "local_window", "chunk", "softcap", "qk_norm", "qk_norm_at", "qk_norm_eps", "clip_qkv",
-              "tuning_scale", "tuning_floor", "pre_norm", "norm_at", "norm_eps", "sub_norm", "gate", "alibi", "alibi_form",
+              "window", "local_window", "chunk", "softcap", "qk_norm", "qk_norm_at", "norm_eps", "clip_qkv",
+              "tuning_scale", "tuning_floor", "pre_norm", "norm_at", "pre_norm_eps", "sub_norm", "gate", "alibi", "alibi_form",
               "alibi_scaled", "sinks", "relative_bias")
 
 
