@@ -100,6 +100,13 @@ class AttentionFacts:
     from_config: list[str] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)  # display only (inspect, --explain): never decides anything
 
+    def given(self, **facts: Any) -> None:
+        """Set facts that config.json gave (listed in from_config, which the views mark)."""
+        for n, v in facts.items():
+            setattr(self, n, v)
+            if n not in self.from_config:
+                self.from_config.append(n)
+
     def options(self) -> dict[str, Any]:
         """The facts that are :class:`~attncli.core.options.Options` fields, by the same names (a partial Options):
         those set (not None, not False)."""
@@ -351,8 +358,7 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
     if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
         params = params[layer_type]
     if isinstance(params, dict) and params.get("rope_theta") is not None:
-        f.rope_base = float(params["rope_theta"])
-        f.from_config.append("rope_base")
+        f.given(rope_base=float(params["rope_theta"]))
     else:
         c.conf("rope_base", "rope_theta", "rotary_emb_base", "rope_base", default=default_base, cast=float)
     if layer_type == "sliding_attention" and cfg.get("rope_local_base_freq") is not None:  # Gemma 3, transformers 4
@@ -361,8 +367,7 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
     if isinstance(scaling, dict):
         kind_ = scaling.get("rope_type", scaling.get("type", "default"))
         if kind_ not in (None, "default"):
-            f.rope_scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
-            f.from_config.append("rope_scaling")
+            f.given(rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"})
     if f.rope_scaling is not None:
         f.rope_scaling.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
     d = f.head_dim
@@ -370,11 +375,9 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
     if factor is None:
         factor = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
     if cfg.get("rotary_dim") is not None:
-        f.rotary_dim = int(cfg["rotary_dim"])
-        f.from_config.append("rotary_dim")
+        f.given(rotary_dim=int(cfg["rotary_dim"]))
     elif factor is not None and d:
-        f.rotary_dim = int(d * float(factor))
-        f.from_config.append("rotary_dim")
+        f.given(rotary_dim=int(d * float(factor)))
     else:
         f.rotary_dim = d
 
@@ -406,11 +409,9 @@ def _window(c: Ctx) -> None:
     else:  # the family's own rule (as its modeling file), else every layer
         slides = fam is None or fam.slides is None or fam.slides(c.layer, cfg, None)
     if slides and c.family is not None and c.family.window_kind == "both":  # UltraBERT: |j - i| <= sliding_window
-        c.facts.local_window = int(w)
-        c.facts.from_config.append("local_window")
+        c.facts.given(local_window=int(w))
     elif slides:
-        c.facts.window = int(w)
-        c.facts.from_config.append("window")
+        c.facts.given(window=int(w))
 
 
 # ---- the layouts -------------------------------------------------------------------------------
@@ -468,13 +469,7 @@ def _phi3(c: Ctx) -> None:
     if w.shape[0] != sum(sizes):
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({sum(sizes)}, E): [Q ({f.heads}·{d}); "
                      f"K ({kv}·{d}); V ({kv}·{d})] by rows")
-    b = c.get(a + "qkv_proj.bias") if c.has(a + "qkv_proj.bias") else None
-    lo = 0
-    for t, n in zip(("W_q", "W_k", "W_v"), sizes):
-        c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> columns (in, out)
-        if b is not None:
-            c.put("b_" + t[-1], b[lo:lo + n], f"{a}qkv_proj.bias[{lo}:{lo + n}]")
-        lo += n
+    _split_blocks(c, name, a + "qkv_proj.bias", sizes)
     _llama_rest(c, a)
 
 
@@ -532,9 +527,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             thetas = cfg[fam.theta_key]
             if c.layer >= len(thetas) or not isinstance(thetas[c.layer], (int, float)):
                 raise c.fail(f"config.json {fam.theta_key} has no rotary base for layer {c.layer}")
-            c.facts.rope_base = float(thetas[c.layer])
-            if "rope_base" not in c.facts.from_config:
-                c.facts.from_config.append("rope_base")
+            c.facts.given(rope_base=float(thetas[c.layer]))
     elif fam.rope is not None:
         c.facts.notes["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
@@ -542,14 +535,12 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     if fam.scale == "query_pre_attn_scalar":
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
         if key is not None:
-            c.facts.scale = float(scalar) ** -0.5
-            c.facts.from_config.append("scale")
+            c.facts.given(scale=float(scalar) ** -0.5)
     elif fam.scale == "attention_multiplier":
         mult, key = _cfg(c.config, "attention_multiplier")
         if key is None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
-        c.facts.scale = float(mult)
-        c.facts.from_config.append("scale")
+        c.facts.given(scale=float(mult))
     c.conf("softcap", "attn_logit_softcapping", cast=float)
 
 
@@ -582,8 +573,7 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
         if key is None:
             raise c.fail(f"{fam.model_type}: layer {c.layer} is a chunked-attention layer but config.json has no "
                          "attention_chunk_size")
-        c.facts.chunk = int(size)
-        c.facts.from_config.append("chunk")
+        c.facts.given(chunk=int(size))
     if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
         c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
         c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
@@ -603,9 +593,7 @@ def _layer_heads(c: Ctx, key: str) -> None:
         return
     if not isinstance(per, list) or c.layer >= len(per) or not isinstance(per[c.layer], int) or per[c.layer] < 1:
         raise c.fail(f"config.json {key} has no head count for layer {c.layer}")
-    c.facts.heads = int(per[c.layer])
-    if "heads" not in c.facts.from_config:
-        c.facts.from_config.append("heads")
+    c.facts.given(heads=int(per[c.layer]))
 
 
 def _gate(c: Ctx, fam: Family, a: str) -> None:
@@ -820,8 +808,7 @@ def _mla(c: Ctx) -> None:
     if sc and mad:  # yarn_apply_mscale: any rope scaling with mscale_all_dim multiplies the scale by mscale²
         factor = float(sc.get("factor", 1.0))
         m = 0.1 * float(mad) * math.log(factor) + 1.0 if factor > 1 else 1.0
-        f.scale = (n + r) ** -0.5 * m * m
-        f.from_config.append("scale")
+        f.given(scale=(n + r) ** -0.5 * m * m)
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps",))
 
 
@@ -874,15 +861,7 @@ def _gpt2(c: Ctx) -> None:
                          "whose Conv1D stores (E, 3E)")
     else:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E) (GPT-2 Conv1D) or (3E, E) (nanoGPT Linear)")
-    b = c.get(a + "c_attn.bias") if c.has(a + "c_attn.bias") else None
-    for i, t in enumerate(("W_q", "W_k", "W_v")):
-        s = slice(i * E, (i + 1) * E)
-        if conv:
-            c.put(t, w[:, s], f"{name}[:, {i * E}:{(i + 1) * E}]")
-        else:
-            c.put(t, w[s].T, f"{name}[{i * E}:{(i + 1) * E}]ᵀ")
-        if b is not None:
-            c.put("b_" + t[-1], b[s], f"{a}c_attn.bias[{i * E}:{(i + 1) * E}]")
+    _split_blocks(c, name, a + "c_attn.bias", (E, E, E), conv1d=conv)
     o = c.get(a + "c_proj.weight")
     c.put("W_o", o if conv else o.T, f"{a}c_proj.weight" + ("" if conv else "ᵀ"))
     if c.has(a + "c_proj.bias"):
@@ -897,8 +876,7 @@ def _gpt2(c: Ctx) -> None:
     by_d = cfg.get("scale_attn_weights", True)
     by_layer = cfg.get("scale_attn_by_inverse_layer_idx", False)
     if (not by_d or by_layer) and c.facts.head_dim:
-        c.facts.scale = (c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1)
-        c.facts.from_config.append("scale")
+        c.facts.given(scale=(c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1))
     c.name = "gpt2" if conv else "nanogpt"
 
 
@@ -915,13 +893,8 @@ def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
     if cfg.get("multi_query", True):
         if w.shape[0] != E + 2 * d:
             raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({E + 2 * d}, {E}): [Q; k; v] (multi_query)")
-        b = c.get(a + "c_attn.bias") if c.has(a + "c_attn.bias") else None
-        for t, lo, n in (("W_q", 0, E), ("W_k", E, d), ("W_v", E + d, d)):
-            c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> (in, out)
-            if b is not None:
-                c.put("b_" + t[-1], b[lo:lo + n], f"{a}c_attn.bias[{lo}:{lo + n}]")
-        f.kv_heads = 1
-        f.from_config.append("kv_heads")
+        _split_blocks(c, name, a + "c_attn.bias", (E, d, d))  # [Q; k; v] by rows
+        f.given(kv_heads=1)
     else:
         _fused_per_head(c, name, a + "c_attn.bias")
         f.kv_heads = H
@@ -929,8 +902,7 @@ def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
     f.causal = True
     _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
     if not cfg.get("scale_attn_weights", True):
-        f.scale = 1.0
-        f.from_config.append("scale")
+        f.given(scale=1.0)
     c.name = "gpt_bigcode"
 
 
@@ -973,8 +945,7 @@ def _gpt_neo(c: Ctx) -> None:
         raise c.fail(f"config.json's attention_layers does not say whether layer {c.layer} is global or local")
     if kinds[c.layer] == "local":
         w = cfgcheck.value(cfg, "window_size", "config.json") if cfg.get("window_size") is not None else 256
-        f.window = int(w)  # GPT-Neo's local mask keeps i - j < window_size: the W keys up to the query
-        f.from_config.append("window")
+        f.given(window=int(w))  # GPT-Neo's local mask keeps i - j < window_size: the W keys up to the query
     f.notes["attention_layer"] = f"{kinds[c.layer]} (config.json attention_layers)"
 
 
@@ -1036,6 +1007,43 @@ def _sinusoidal_table(c: Ctx) -> None:
     c.facts.notes["rope_table"] = f"{name}: the sinusoidal table, interleaved RoPE base 10000 (checked)"
 
 
+QKV = ("W_q", "W_k", "W_v")
+
+
+def _split_blocks(c: Ctx, name: str, bias: str | None, sizes: tuple[int, int, int], conv1d: bool = False) -> None:
+    """A fused [Q; K; V]: blocks of ``sizes`` one after another, by rows of an nn.Linear (out, in) (Phi-3 qkv_proj,
+    ModernBERT Wqkv, nanoGPT and GPT-BigCode c_attn) or by columns of a Conv1D (in, out) (GPT-2 c_attn)."""
+    w = c.get(name)
+    b = c.get(bias) if bias is not None and c.has(bias) else None
+    lo = 0
+    for t, n in zip(QKV, sizes):
+        if conv1d:
+            c.put(t, w[:, lo:lo + n], f"{name}[:, {lo}:{lo + n}]")  # Conv1D (in, out): already textbook
+        else:
+            c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> columns (in, out)
+        if b is not None:
+            c.put("b_" + t[-1], b[lo:lo + n], f"{bias}[{lo}:{lo + n}]")
+        lo += n
+
+
+def _split_groups(c: Ctx, name: str, bias: str, H: int, G: int, d: int) -> None:
+    """A fused q/k/v whose rows are (G, H/G + 2, d): per K/V group its H/G query heads, then its k, then its v
+    (Falcon); G = H is (H, 3, d), each head's q, k, v (GPT-NeoX, Bloom, Persimmon, GPT-BigCode per head)."""
+    w = c.get(name)
+    E, r = w.shape[1], H // G + 2
+    w4 = w.reshape(G, r, d, E)  # rows ((H + 2G)·d) -> (G, H/G + 2, d)
+    b3 = c.get(bias).reshape(G, r, d) if c.has(bias) else None
+    for t, s, n in zip(QKV, (slice(0, r - 2), slice(r - 2, r - 1), slice(r - 1, r)), (H, G, G)):
+        if G == H:
+            where, bwhere = f"{name} rows (H={H}, 3, d={d})[:, {s.start}]ᵀ", f"{bias} (H, 3, d)[:, {s.start}]"
+        else:
+            where = f"{name} rows (G={G}, H/G+2={r}, d={d})[:, {s.start}:{s.stop}]ᵀ"
+            bwhere = f"{bias} (G, H/G+2, d)[:, {s.start}:{s.stop}]"
+        c.put(t, w4[:, s].reshape(n * d, E).T, where)  # (G, ., d, E) -> (E, n·d)
+        if b3 is not None:
+            c.put("b_" + t[-1], b3[:, s].reshape(n * d), bwhere)
+
+
 def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
     """query_key_value (H·3·d, E) with rows (H, 3, d): GPT-NeoX and Bloom."""
     w = c.get(name)
@@ -1045,16 +1053,11 @@ def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
                      "beside the weights or give --heads")
     if w.ndim != 2 or w.shape[0] % (3 * H):
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({H}·3·d, E) for {H} heads")
-    d, E = w.shape[0] // (3 * H), w.shape[1]
+    d = w.shape[0] // (3 * H)
     if c.facts.head_dim not in (None, d):
         raise c.fail(f"tensor {name!r} has shape {w.shape}: head_dim {d}, but the config says {c.facts.head_dim}")
     c.facts.head_dim = d
-    w4 = w.reshape(H, 3, d, E)  # rows (H·3·d) -> (H, 3, d)
-    b3 = c.get(bias).reshape(H, 3, d) if c.has(bias) else None
-    for i, t in enumerate(("W_q", "W_k", "W_v")):
-        c.put(t, w4[:, i].reshape(H * d, E).T, f"{name} rows (H={H}, 3, d={d})[:, {i}]ᵀ")  # (H, d, E) -> (E, H·d)
-        if b3 is not None:
-            c.put("b_" + t[-1], b3[:, i].reshape(H * d), f"{bias} (H, 3, d)[:, {i}]")
+    _split_groups(c, name, bias, H, H, d)
 
 
 @layout("neox", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attention\.query_key_value\.weight$",
@@ -1136,16 +1139,7 @@ def _falcon(c: Ctx, a: str) -> None:
     if G < 1 or H % G or rows != (H + 2 * G) * d:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({(H + 2 * max(G, 1)) * d}, {E}) = "
                      f"(G, H/G + 2, d) rows for {H} heads of {d} ({what})")
-    r = H // G + 2
-    w4 = w.reshape(G, r, d, E)  # rows ((H + 2G)·d) -> (G, H/G + 2, d)
-    b = a + "query_key_value.bias"
-    b3 = c.get(b).reshape(G, r, d) if c.has(b) else None
-    where = f"{name} rows (G={G}, H/G+2={r}, d={d})"
-    parts = (("W_q", slice(0, r - 2), H), ("W_k", slice(r - 2, r - 1), G), ("W_v", slice(r - 1, r), G))
-    for t, s, n in parts:
-        c.put(t, w4[:, s].reshape(n * d, E).T, f"{where}[:, {s.start}:{s.stop}]ᵀ")  # (G, ., d, E) -> (E, n·d)
-        if b3 is not None:
-            c.put("b_" + t[-1], b3[:, s].reshape(n * d), f"{b} (G, H/G+2, d)[:, {s.start}:{s.stop}]")
+    _split_groups(c, name, a + "query_key_value.bias", H, G, d)
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
     f.head_dim, f.kv_heads, f.causal = d, G, True
     cfg = cfg or {}
@@ -1167,8 +1161,8 @@ def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
     """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each float32 slope and each key position j to
     bfloat16 and their product to bfloat16; FalconAttention adds it to q·k before the 1/sqrt(d) (Falcon-RW's own
     code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16, scaled."""
-    c.facts.alibi, c.facts.alibi_form, c.facts.alibi_scaled = True, "absolute-bf16", True
-    c.facts.from_config.append("alibi")
+    c.facts.given(alibi=True)
+    c.facts.alibi_form, c.facts.alibi_scaled = "absolute-bf16", True
     c.facts.notes["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
                               "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
                               "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
@@ -1290,11 +1284,7 @@ def _modernbert(c: Ctx) -> None:
         if w.ndim != 2 or w.shape[0] % 3 or (w.shape[0] // 3) % f.heads:
             raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (3·{f.heads}·head_dim, E): [Q; K; V] by rows")
         n = w.shape[0] // 3
-        b = c.get(a + "Wqkv.bias") if c.has(a + "Wqkv.bias") else None
-        for i, t in enumerate(("W_q", "W_k", "W_v")):  # qkv.view(..., 3, H, d): Q rows first, then K, then V
-            c.put(t, w[i * n:(i + 1) * n].T, f"{name}[{i * n}:{(i + 1) * n}]ᵀ")  # rows (out) -> columns (in, out)
-            if b is not None:
-                c.put("b_" + t[-1], b[i * n:(i + 1) * n], f"{a}Wqkv.bias[{i * n}:{(i + 1) * n}]")
+        _split_blocks(c, name, a + "Wqkv.bias", (n, n, n))  # qkv.view(..., 3, H, d): Q rows first, then K, then V
     else:
         for t, n_ in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
             c.linear(t, f"{a}{n_}_proj.weight", f"{a}{n_}_proj.bias")
@@ -1330,24 +1320,22 @@ def _modernbert(c: Ctx) -> None:
             raise c.fail(f"{fam.model_type}: config.json has global_rope_theta but no local_rope_theta, whose default "
                          "differs between transformers 4 (global_rope_theta) and 5 (10000)")
         f.rope_base = float(cfgcheck.value(cfg, key, "config.json", 10000.0 if lt == "sliding_attention" else 160000.0))
-        if key in cfg and "rope_base" not in f.from_config:
-            f.from_config.append("rope_base")
+        if key in cfg:
+            f.given(rope_base=f.rope_base)
     if lt == "sliding_attention":
         if cfg.get("sliding_window") is not None:  # config.sliding_window (a setter of local_attention in ModernBERT)
             r = int(cfgcheck.value(cfg, "sliding_window", "config.json"))
         else:
             r = int(cfgcheck.value(cfg, "local_attention", "config.json", 128)) // 2
         if fam.window_kind == "both":  # sliding_window_bidirectional_overlay: |q - kv| <= local_attention // 2
-            f.local_window = r
-            f.from_config.append("local_window")
+            f.given(local_window=r)
             f.notes["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
                                         f"within {r} positions on either side")
         else:  # the decoder: sliding_window_overlay (kv > q - sliding_window), causal: the W keys up to each query
             if r < 1:
                 raise c.fail(f"{fam.model_type}: layer {c.layer} is local with a window of {r} keys (local_attention "
                              f"{cfg.get('local_attention')}): every query would see no key")
-            f.window = r
-            f.from_config.append("window")
+            f.given(window=r)
     f.notes["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
 
 
