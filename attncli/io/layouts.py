@@ -837,8 +837,9 @@ def _persimmon(c: Ctx) -> None:
     fam = c.family or FAMILIES["persimmon"]
     _layernorm_qk(c, a, fam)
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
-    _rope(c, "half")
-    _partial_default(c, 0.5)
+    if fam.rope is not None:
+        _rope(c, fam.rope)
+        _partial_default(c, 0.5)
 
 
 @layout("gpt2", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.c_attn\.weight$",
@@ -1068,9 +1069,11 @@ def _neox(c: Ctx) -> None:
     _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
     c.facts.kv_heads = c.facts.heads
-    c.facts.causal = True
-    _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias", ("layer_norm_eps",), 1e-5)
-    _rope(c, "half")
+    fam = c.family or FAMILIES["gpt_neox"]  # without config.json the read is refused (CONFIG_DECIDES)
+    c.facts.causal = fam.causal
+    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
+    if fam.rope is not None:
+        _rope(c, fam.rope)
     if not (c.config or {}).get("use_parallel_residual", True):
         c.facts.notes["parallel_residual"] = "false: attention and MLP in sequence (outside attention)"
 
