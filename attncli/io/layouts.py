@@ -246,16 +246,18 @@ class Ctx:
         for key, n in zip(("W_q", "W_k", "W_v", "W_o"), names):
             self.linear(key, f"{prefix}{n}.weight", f"{prefix}{n}.bias")
 
-    def conf(self, fact: str, *keys: str, default: Any = None, cast: Callable[[Any], Any] | None = None) -> Any:
-        """Set ``facts.<fact>`` from the first config key present (listed in from_config), else ``default``."""
+    def conf(self, default: Any = None, cast: Callable[[Any], Any] | None = None, **fact: tuple[str, ...]) -> Any:
+        """Set one fact, ``conf(rope_base=("rope_theta", ...))``, from the first of its config keys present (listed in
+        from_config), else ``default``."""
+        (name, keys), = fact.items()
         value, key = _cfg(self.config, *keys)
         if key is None:
             value = default
-        elif fact not in self.facts.from_config:
-            self.facts.from_config.append(fact)
+        elif name not in self.facts.from_config:
+            self.facts.from_config.append(name)
         if value is not None and cast is not None:
             value = cast(value)
-        setattr(self.facts, fact, value)
+        setattr(self.facts, name, value)
         return value
 
     def fail(self, message: str) -> InputError:
@@ -264,13 +266,13 @@ class Ctx:
 
 def _heads(c: Ctx, *keys: str, kv_keys: tuple[str, ...] = ("num_key_value_heads",), width: int | None = None) -> None:
     """heads, kv_heads, head_dim from the config (heads_hint when it has none); head_dim = width / heads by default."""
-    heads = c.conf("heads", *keys, cast=int)
+    heads = c.conf(heads=keys, cast=int)
     if c.heads_hint is not None:
         c.facts.heads = heads = c.heads_hint
         if "heads" in c.facts.from_config:
             c.facts.from_config.remove("heads")
-    c.conf("kv_heads", *kv_keys, default=heads, cast=int)
-    d = c.conf("head_dim", "head_dim", "d_kv", cast=int)
+    c.conf(kv_heads=kv_keys, default=heads, cast=int)
+    d = c.conf(head_dim=("head_dim", "d_kv"), cast=int)
     if d is None and heads and width is not None:
         c.facts.head_dim = width // heads if width % heads == 0 else None
 
@@ -340,7 +342,7 @@ def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, 
     if b is not None and c.has(b):
         c.put("norm_b", c.get(b), b)
     c.facts.pre_norm, c.facts.norm_at = kind, c.facts.norm_at or "before"
-    c.conf("pre_norm_eps", *eps_keys, default=eps, cast=float)
+    c.conf(pre_norm_eps=eps_keys, default=eps, cast=float)
 
 
 def _post_norm(c: Ctx, name: str) -> None:
@@ -360,7 +362,7 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         f.given(rope_base=float(params["rope_theta"]))
     else:
-        c.conf("rope_base", "rope_theta", "rotary_emb_base", "rope_base", default=default_base, cast=float)
+        c.conf(rope_base=("rope_theta", "rotary_emb_base", "rope_base"), default=default_base, cast=float)
     if layer_type == "sliding_attention" and cfg.get("rope_local_base_freq") is not None:  # Gemma 3, transformers 4
         f.rope_base = float(cfg["rope_local_base_freq"])
     scaling = cfg.get("rope_scaling") or (params if isinstance(params, dict) else None)
@@ -503,10 +505,10 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         if fam.qk_at != "before-rope":
             c.facts.qk_norm_at = fam.qk_at
         if fam.qk_norm == "layernorm":  # nn.LayerNorm / CohereLayerNorm: layer_norm_eps, default 1e-5
-            c.conf("norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+            c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
         else:
             # LFM3's config class maps rms_norm_eps to norm_eps (attribute_map): its config.json has only norm_eps
-            c.conf("norm_eps", "rms_norm_eps", "norm_eps", default=1e-6, cast=float)
+            c.conf(norm_eps=("rms_norm_eps", "norm_eps"), default=1e-6, cast=float)
     c.facts.causal = fam.causal
     c.facts.rms_wide = fam.rms_wide
     if not fam.causal:
@@ -541,7 +543,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         if key is None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
         c.facts.given(scale=float(mult))
-    c.conf("softcap", "attn_logit_softcapping", cast=float)
+    c.conf(softcap=("attn_logit_softcapping",), cast=float)
 
 
 def _full_rotary(c: Ctx, fam: Family) -> None:
@@ -567,7 +569,7 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
     chunked layers and temperature tuning (NoPE layers), BitNet's attn_sub_norm (a tensor after ``a``)."""
     cfg, reads = c.config or {}, fam.reads()
     if "clip_qkv" in reads:
-        c.conf("clip_qkv", "clip_qkv", cast=float)
+        c.conf(clip_qkv=("clip_qkv",), cast=float)
     if fam.chunked is not None and fam.chunked(c.layer, cfg, lt):
         size, key = _cfg(c.config, "attention_chunk_size")
         if key is None:
@@ -575,15 +577,15 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
                          "attention_chunk_size")
         c.facts.given(chunk=int(size))
     if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
-        c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
-        c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
+        c.conf(tuning_scale=("attn_scale",), default=0.1, cast=float)  # Llama4TextConfig's defaults
+        c.conf(tuning_floor=("floor_scale",), default=8192.0, cast=float)
     if fam.gate is not None and ("use_attention_gate" not in reads or cfg.get("use_attention_gate", True) is not False):
         _gate(c, fam, a)  # LFM3: use_attention_gate false builds no gate
     if fam.sub_norm is not None:
         name = f"{a}{fam.sub_norm}.weight"
         c.put("sub_norm", c.get(name), name)
         c.facts.sub_norm = "rms"
-        c.conf("pre_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
 
 
 def _layer_heads(c: Ctx, key: str) -> None:
@@ -699,7 +701,7 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s RMSNorm has no weight; w = 1)")
         c.facts.pre_norm, c.facts.norm_at = "rms", "before"
-        c.conf("pre_norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
         return
     c.facts.norm_at = fam.norm_at
     if fam.norm_at == "inside":
@@ -730,7 +732,7 @@ def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
     _qk_tensors(c, a, fam)
     if "q_norm" in c.arrays:
         c.facts.qk_norm = "layernorm"
-        c.conf("norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+        c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
 
 
 @layout("mla", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.kv_a_proj_with_mqa\.weight$",
@@ -983,7 +985,7 @@ def _bert_rope(c: Ctx, fam: Family) -> None:
         f.rope_base = 10000.0
         _sinusoidal_table(c)
     else:
-        c.conf("rope_base", "rope_theta", default=10000.0, cast=float)
+        c.conf(rope_base=("rope_theta",), default=10000.0, cast=float)
 
 
 def _sinusoidal_table(c: Ctx) -> None:
@@ -1251,7 +1253,7 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     for ours, theirs in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
         c.put(ours, c.get(f"{a}{theirs}.weight"), f"{a}{theirs}.weight")
     f.qk_norm = fam.qk_norm
-    c.conf("norm_eps", "norm_eps", default=1e-5, cast=float)
+    c.conf(norm_eps=("norm_eps",), default=1e-5, cast=float)
     f.causal = True
     _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
     if "pre_norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
