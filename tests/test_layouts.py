@@ -23,12 +23,12 @@ from attncli.errors import InputError
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from attncli.core.heads import t5_position_bias  # noqa: E402
 from attncli.io.layouts import (  # noqa: E402
     AttentionFacts,
     LayerAttention,
     inspect_checkpoint,
     load_layer,
-    t5_position_bias,
 )
 
 T = 9  # tokens: longer than the sliding windows below, so windows matter

@@ -45,7 +45,6 @@ from typing import Any
 
 import numpy as np
 
-from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
 from attncli.core.options import Options
 from attncli.core.projections import BIASES, Projections
 from attncli.errors import InputError, printable
