@@ -31,7 +31,8 @@ def _row(fam: Family) -> tuple[str, ...]:
                          "RMSNorm w in float32" if fam.rms_wide else "",
                          f"RoPE rounded {fam.rope_rounding}" if fam.rope_rounding else "",
                          f"fused q/k/v: {fam.fused}" if fam.fused else "",
-                         "stored sinusoidal rotary table checked" if fam.rope_table else "") if x]
+                         "stored sinusoidal rotary table checked" if fam.rope_table else "",
+                         "requires " + ", ".join(f"`{k}`" for k, _ in fam.requires) if fam.requires else "") if x]
     keys = ", ".join(f"`{k}`" for k in sorted(fam.reads() - SHAPE_KEYS)) or "—"
     slides = "every layer" if fam.always_slides else _rule(fam.slides) if fam.slides else "—"
     return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, fam.scale or "1/√d",

@@ -106,9 +106,17 @@ class Family:
     fused: str | None = None  # its fused q/k/v where the layout has two splits: "groups" (rows (G, H/G + 2, d), G from
     # the config: Falcon) | "linear" (an nn.Linear c_attn: [Q; k; v] by rows under multi_query, else (H, 3, d): GPT-BigCode)
     rope_table: bool = False  # its sinusoidal rotary table may be stored (embed_positions.weight): checked, base 10000
+    requires: tuple[tuple[str, str], ...] = ()  # config keys that must be set: (key, what it is), refused without
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
+
+    def missing(self, cfg: dict[str, Any]) -> str | None:
+        """The refusal for the first required key config.json does not set (None: all set)."""
+        for key, what in self.requires:
+            if cfg.get(key) is None:
+                return f"{self.model_type}: config.json has no {key}, {what}"
+        return None
 
     def reads(self) -> frozenset[str]:
         """Every attention key of config.json this declaration reads (the rest must be neutral)."""
@@ -323,15 +331,16 @@ declare("gemma3_text", slides=_gemma3_pattern, **GEMMA2)
 declare("vaultgemma", **GEMMA2)
 declare("gpt_oss", layout="llama", keys=W, rms_wide=True, slides=_even_layers,
         notes="sinks: one logit per head in the softmax denominator; RMSNorm (w * x.float()).to(dtype)")
-declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="attention_multiplier")
+MULTIPLIER = (("attention_multiplier", "the score scale"),)
+declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="attention_multiplier", requires=MULTIPLIER)
 # Granite SWA: Granite's attention (scale attention_multiplier) with sliding layers, a rotary base per layer
 # (layer_rope_theta; 0: NoPE) and a sink per head applied after the weights: output · sigmoid(logsumexp(scores) -
 # sink_h) = Σ_j exp(s_j) v_j / (Σ_j exp(s_j) + exp(sink_h)), gpt-oss's sink logit in the softmax's denominator (the
 # weights attncli shows are the ones multiplying V; HF's output_attentions returns them before the sink's share)
-declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", nope=_theta_nope,
+declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", requires=MULTIPLIER, nope=_theta_nope,
         theta_key="layer_rope_theta", keys=W, layer_types=True, sink_form="scale",
         notes="sinks: sigmoid(lse - sink) scaling = a sink logit in the denominator; layer_rope_theta per layer")
-declare("hyperclovax", layout="llama", scale="attention_multiplier",
+declare("hyperclovax", layout="llama", scale="attention_multiplier", requires=MULTIPLIER,
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
 declare("helium", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}), rms_wide=True,
         notes="RMSNorm (w.float() * x.float()).to(dtype)")
@@ -537,12 +546,14 @@ for mt in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "kimi_k2"):  # sparse
 # [k_nope | v]; RoPE on qk_rope_head_dim features (k_pe shared by every head); scale qk_head_dim^-0.5 (· mscale² of
 # mscale_all_dim under a rope scaling). DeepSeek-V2: complex pairs (interleaved); MiniCPM3: half; DeepSeek-V3, Youtu,
 # GLM-4-MoE-Lite, A.X-K1: rope_interleave (true: interleaved pairs, false: half).
+MLA_NEEDS = tuple((k, "which multi-head latent attention needs") for k in (
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "num_attention_heads"))
 MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
                       "attention_bias", "rms_norm_eps", "head_dim", "num_key_value_heads"})
-declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS,
+declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS,
         rope_rounding="once-float32")  # view_as_complex(q.float()) · freqs_cis (float32), type_as(q)
-declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS)
-declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None,
+declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS)
+declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None, requires=MLA_NEEDS,
         keys=MLA_KEYS | {"rope_interleave"})
 
 

@@ -538,7 +538,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         if key is not None:
             c.facts.given(scale=float(scalar) ** -0.5)
     elif fam.scale == "attention_multiplier":
-        mult, key = _cfg(c.config, "attention_multiplier")
+        mult, key = _cfg(c.config, "attention_multiplier")  # required (Family.requires): set when there is a config
         if key is None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
         c.facts.given(scale=float(mult))
@@ -747,10 +747,8 @@ def _mla(c: Ctx) -> None:
         raise c.fail("holds multi-head latent attention (kv_a_proj_with_mqa), whose widths only config.json says: put "
                      "config.json beside the weights")
     dims = {}
-    for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "num_attention_heads"):
-        v, key = _cfg(cfg, k)
-        if key is None:
-            raise c.fail(f"{fam.model_type}: config.json has no {k}, which multi-head latent attention needs")
+    for k, _ in fam.requires:  # every one set: checked by resolve_family (Family.missing)
+        v, _ = _cfg(cfg, k)
         dims[k] = int(v)
     n, r, dv, r_kv, H = (dims[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
                                             "num_attention_heads"))
@@ -1659,6 +1657,9 @@ def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -
         bad = unsupported_key(fam, cfg)
         if bad is not None:
             raise InputError(f"{fam.model_type}: {bad} is not supported", src)
+        lack = fam.missing(cfg)
+        if lack is not None:
+            raise InputError(lack, ckpt.source)
     return fam
 
 
