@@ -55,6 +55,7 @@ from test_families import (  # noqa: E402
     _layers,
     _shared,
     _tested_layers,
+    _x_module,
     model_types,
     tiny_model,
 )
@@ -144,7 +145,7 @@ def run_family(mt: str, dtype: Any, folder: Path, seed: int = SEED) -> dict[int,
             d = getattr(a, "head_dim", None)  # whisper's decoder: 4 heads where num_attention_heads (the encoder's) is 2
             g["heads"] = g["z"].shape[-1] // d if isinstance(d, int) and d > 0 else cfg.num_attention_heads
 
-        handles += [attn.register_forward_pre_hook(pre, with_kwargs=True), out.register_forward_pre_hook(zin),
+        handles += [_x_module(attn).register_forward_pre_hook(pre, with_kwargs=True), out.register_forward_pre_hook(zin),
                     out.register_forward_hook(yout)]
     ids = (torch.arange(T) * 7 + 3).remainder(60)[None] + 3
     try:

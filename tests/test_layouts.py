@@ -87,14 +87,13 @@ def reference(la: LayerAttention, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
     out = np.zeros((n, H * d))
     bias = None
     if f.relative_bias == "t5":
-        e = f.extra
-        bias = hf_t5_bias(a["rel_bias"], n, n, e["bidirectional"], e["num_buckets"], e["max_distance"])
+        bias = hf_t5_bias(a["rel_bias"], n, n, f.rel_bidirectional, f.rel_buckets, f.rel_max_distance)
     for h in range(H):
         g = h // (H // G)  # query head h reads K/V head h // (H / G), as repeat_kv
         qh, kh, vh = q[:, h * d:(h + 1) * d], k[:, g * d:(g + 1) * d], v[:, g * d:(g + 1) * d]
         if f.qk_norm:
-            qh = rms(qh, a["q_norm"], f.qk_norm_eps, f.qk_norm == "rms1p")
-            kh = rms(kh, a["k_norm"], f.qk_norm_eps, f.qk_norm == "rms1p")
+            qh = rms(qh, a["q_norm"], f.norm_eps, f.qk_norm == "rms1p")
+            kh = rms(kh, a["k_norm"], f.norm_eps, f.qk_norm == "rms1p")
         if f.rope:
             inv, factor = rope_frequencies(f)  # checked against transformers' ROPE_INIT_FUNCTIONS below
             qh = rope(qh, pos, inv, factor, f.rope)
@@ -178,9 +177,9 @@ def pre_norm(la: LayerAttention, h: np.ndarray) -> np.ndarray:
     a = {k: np.asarray(v, dtype=np.float64) for k, v in la.arrays.items()}
     f = la.facts
     if f.pre_norm == "layernorm":
-        return layernorm(h, a["norm_w"], a.get("norm_b", 0.0), f.norm_eps)
+        return layernorm(h, a["norm_w"], a.get("norm_b", 0.0), f.pre_norm_eps)
     if f.pre_norm in ("rms", "rms1p"):
-        return rms(h, a["norm_w"], f.norm_eps, f.pre_norm == "rms1p")
+        return rms(h, a["norm_w"], f.pre_norm_eps, f.pre_norm == "rms1p")
     return h
 
 

@@ -67,4 +67,4 @@ def load_cross_layer(path: str, layer: int | None, prefix: str | None = None, *,
     if reader.scale is not None:
         options["scale"] = reader.scale
     return replace(own, projections=proj, options=options, norm=None, sub_norm=None, gate=None, relative_bias=None,
-                   facts=replace(own.facts, pre_norm=None, extra={"cross_attention": module.rstrip(".")}))
+                   facts=replace(own.facts, pre_norm=None, notes={"cross_attention": module.rstrip(".")}))
