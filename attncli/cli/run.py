@@ -60,6 +60,8 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
         if write_for_problem(problem, opts.html, list(opts.explain or []), list(opts.explain_row or []),
                              opts.precision, protect):
             opts = replace(opts, html=None)  # beyond a page of tables: written from blocks of queries, never all weights
+            if page_was_all(opts):
+                return
     needs = Needs(weights=not output_only(opts), view_rows=corner_queries if default_view(opts) else None)
     how = plan(problem, needs)
     with progress_bar(opts.quiet) as progress:
@@ -77,6 +79,14 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
     if opts.save is not None:  # the file keeps every head; the terminal shows one
         emit(trace, replace(opts, quiet=True, svg=None, html=None, plot=None), protect=protect)
     emit(view, replace(opts, save=None), protect=protect)
+
+
+def page_was_all(opts: View) -> bool:
+    """Whether nothing but the (already written) page was asked for: --quiet, the terminal format, nothing
+    saved or drawn. Then --explain / --explain-row were the page's, and the run (every weight, for them)
+    is not made."""
+    return (opts.quiet and opts.format == "rich" and opts.save is None and not opts.steps
+            and not (opts.svg or opts.plot or opts.similarity))
 
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",
