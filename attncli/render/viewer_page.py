@@ -65,11 +65,9 @@ JS = r"""
     if (!r.ok) throw new Error((await r.text()).trim());
     return r.json();
   }
-  function colour(t) {
-    const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2);
-    const f = x - i, c = STOPS[i].map((a, k) => Math.round(a + (STOPS[i + 1][k] - a) * f));
-    return [`rgb(${c.join(",")})`, 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] <= 140 ? "#fff" : "#000"];
-  }
+  // [background, text] of 256 levels: the text colour chosen by WCAG contrast (attncli/render/colours.py)
+  const PALETTE = __PALETTE__;
+  function colour(t) { return PALETTE[Math.round(Math.min(Math.max(Number(t) || 0, 0), 1) * 255)]; }
   $("legend-bar").style.background = `linear-gradient(to right, ${STOPS.map((c) => `rgb(${c.join(",")})`).join(",")})`;
 
   const S = { meta: null, layer: 0, step: null, entry: null, view: "grid" };
@@ -379,4 +377,5 @@ BODY = """<!doctype html>
 def page() -> str:
     """The viewer's page (the same for every layer: it asks the server for the data)."""
     stops = "[" + ", ".join(f"[{r},{g},{b}]" for r, g, b in colours.STOPS) + "]"
-    return BODY.replace("__CSS__", CSS).replace("__JS__", JS.replace("__STOPS__", stops))
+    return BODY.replace("__CSS__", CSS).replace("__JS__", JS.replace("__STOPS__", stops).replace("__PALETTE__",
+                                                                                       colours.palette_js()))
