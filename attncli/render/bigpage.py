@@ -40,20 +40,15 @@ def exceeds(lead: tuple[int, ...], m: int, n: int) -> bool:
     return m > MAX_SIDE or n > MAX_SIDE or math.prod(lead) > MAX_ENTRIES
 
 
-def write_for_problem(problem: Any, path: Any, cells: list[str], rows: list[str], precision: int,
-                      protect: list[str]) -> bool:
-    """--html of a problem too big for a page of tables, written from blocks of queries (never every
-    weight at once); False (nothing written) when a page of tables holds it."""
-    from attncli.io.files import atomic_write
+def page_for_problem(problem: Any, cells: list[str], rows: list[str], precision: int) -> str | None:
+    """--html of a problem too big for a page of tables, made from blocks of queries (never every weight
+    at once); None when a page of tables holds it."""
     from attncli.render.viewer import Layer
 
     layer = Layer(problem, "attention", overview=PIXELS)
     if not exceeds(layer.lead, layer.m, layer.n):
-        return False
-    text = layer_page(layer, cells, rows, precision)
-    with atomic_write(path, protect=protect) as f:
-        f.write(text.encode())
-    return True
+        return None
+    return layer_page(layer, cells, rows, precision)
 
 
 def heatmaps(trace: Trace, pixels: int = PIXELS) -> tuple[list[tuple[str, str]], float, float, tuple[int, int]]:
