@@ -124,6 +124,9 @@ def layer_page(layer: Any, cells: list[str], rows: list[str], precision: int = 4
     from attncli.render.page import header_lines
 
     step = layer.weights_step
+    shape = layer.row_trace(0)  # the problem's shape, for parsing QUERY,KEY by labels or indices
+    asked = [(parse_cell(shape, spec, precision), True) for spec in cells] + \
+        [(parse_row(shape, spec, precision), False) for spec in rows]  # a bad name refused before the sweep
     layer.sweep(step)
     if layer.failed:
         raise RuntimeError(layer.failed)
@@ -133,14 +136,10 @@ def layer_page(layer: Any, cells: list[str], rows: list[str], precision: int = 4
     t = layer.p.trace
     maps = [(panel_title(t, e, layer.lead) or "weights",
              "data:image/png;base64," + base64.b64encode(png(colour(ov.values[e], lo, hi))).decode()) for e in entries]
-    shape = layer.row_trace(0)  # the problem's shape, for parsing QUERY,KEY by labels or indices
     shown: list[dict[str, Any]] = []
-    for spec in cells:
-        c = parse_cell(shape, spec, precision)
-        shown.append({"what": "cell", "batch": list(c.batch), "query": c.i, **layer.explain(c.batch, c.i, c.j, precision)})
-    for spec in rows:
-        c = parse_row(shape, spec, precision)
-        shown.append({"what": "row", "batch": list(c.batch), "query": c.i, **layer.explain(c.batch, c.i, None, precision)})
+    for c, is_cell in asked:
+        shown.append({"what": "cell" if is_cell else "row", "batch": list(c.batch), "query": c.i,
+                      **layer.explain(c.batch, c.i, c.j if is_cell else None, precision)})
     named = bool(shown)
     if not named:
         for e in entries:

@@ -566,7 +566,7 @@ def strongest(w: np.ndarray) -> list[int]:
 PLURAL = {"query": "queries", "key": "keys"}
 
 
-def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> int:
+def _index(token: str, labels: list[str], what: str, count: int, spec: str, option: str = "--explain") -> int:
     token = token.strip()
     whats = PLURAL.get(what, f"{what}s")
     if token in labels:
@@ -576,24 +576,24 @@ def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> i
     except ValueError:
         shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
         raise InputError(f"{spec!r}: no {what} named {token!r}; {whats} are {shown} (or an index 0..{count - 1})",
-                         "--explain") from None
+                         option) from None
     if not 0 <= i < count:
         raise InputError(f"{spec!r}: {what} index {i} is out of range (there are {count} {whats}: 0..{count - 1})",
-                         "--explain")
+                         option)
     return i
 
 
-def _batch(prefix: str | None, lead: tuple[int, ...], spec: str) -> tuple[int, ...]:
+def _batch(prefix: str | None, lead: tuple[int, ...], spec: str, option: str = "--explain") -> tuple[int, ...]:
     if prefix is None:
         return (0,) * len(lead)
     if not lead:
-        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", "--explain")
+        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", option)
     try:
         idx = tuple(int(x) for x in prefix.split(","))
     except ValueError:
-        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", "--explain") from None
+        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", option) from None
     if len(idx) != len(lead) or any(not 0 <= a < n for a, n in zip(idx, lead)):
-        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", "--explain")
+        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", option)
     return idx
 
 
@@ -615,8 +615,8 @@ def parse_row(trace: Trace, spec: str, precision: int = 4) -> Cell:
     w = trace.weights
     m = int(w.shape[-2])
     prefix, _, rest = spec.rpartition(":")
-    i = _index(rest, axis_labels(trace, QUERIES, m), "query", m, spec)
-    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec), i, 0, precision)
+    i = _index(rest, axis_labels(trace, QUERIES, m), "query", m, spec, "--explain-row")
+    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec, "--explain-row"), i, 0, precision)
 
 
 def heading(c: Cell, what: str) -> str:

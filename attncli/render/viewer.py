@@ -133,7 +133,7 @@ class Layer:
         self.k = expand_kv(be.xp, self.p.k, core.n_rep) if core.n_rep > 1 else self.p.k
         if be.name == "numpy":  # K as the transpose of a C-contiguous Kᵀ: numpy's batched q @ Kᵀ then runs in BLAS
             self.k = np.swapaxes(np.ascontiguousarray(np.swapaxes(self.k, -1, -2)), -1, -2)  # (~25x faster)
-        self.v = expand_kv(be.xp, self.p.v, core.n_rep) if core.n_rep > 1 else self.p.v
+        self._v: Any = None  # V with a value head per query head: made when a row's output is first explained
         self.m, self.n = core.m, core.n
         self.unbatch = self.p.projected and not problem.batched  # as the engine: no batch axis in any step
         probe, _ = self._compute(np.arange(1))
@@ -148,14 +148,24 @@ class Layer:
         self._steps64: list[Step] | None = None
         self._inputs64: dict[str, Any] = {}
 
+    def v(self) -> Any:
+        """V, grouped-query heads expanded (query head h reads value head h // n_rep)."""
+        if self._v is None:
+            core = self.p.core
+            self._v = expand_kv(self.p.backend.xp, self.p.v, core.n_rep) if core.n_rep > 1 else self.p.v
+        return self._v
+
     def resize(self, overview: int) -> None:
         """Overviews of at most ``overview`` values per axis (before any is made), and the block of queries
         computed at a time: whole blocks of the overview within BLOCK_BYTES."""
         heads = int(np.prod(self.lead)) if self.lead else 1
-        size = self.m and max(1, heads * self.n * 4 * len(self.steps))
-        self.block = max(1, min(self.m, BLOCK_BYTES // size))
+        item = int(getattr(self.p.q.dtype, "itemsize", 4))  # float64 blocks hold twice float32's bytes
+        size = self.m and max(1, heads * self.n * item * (len(self.steps) + 1))  # a row's steps and its mask
+        self.block = max(1, min(self.m, BLOCK_BYTES // WORKERS // size))
         self.fr, self.fc = max(1, math.ceil(self.m / overview)), max(1, math.ceil(self.n / overview))
         self.block = max(self.fr, self.block // self.fr * self.fr)  # whole blocks of the overview
+        # blocks side by side within BLOCK_BYTES (one at a time when a block of the overview is larger)
+        self.workers = max(1, min(WORKERS, BLOCK_BYTES // max(1, self.block * size)))
 
     # ---- computing ----
 
@@ -219,7 +229,7 @@ class Layer:
 
                 # the blocks run side by side, each with one BLAS thread: BLAS's own threads on top of them
                 # (or on a busy machine) wait on each other, up to 40x slower
-                with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(WORKERS) as pool_:
+                with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(self.workers) as pool_:
                     for res in pool_.map(one, range(0, self.m, self.block)):
                         for s, (lo, hi, masked) in res.items():
                             ov = ovs[s]
@@ -264,7 +274,7 @@ class Layer:
                 a = np.broadcast_to(a, a.shape[:-2] + (self.m,) + a.shape[-1:])
             t.steps.append(Step(s.name, s.formula, a, s.axes, list(s.notes), params=s.params))
         w = part.step(part.meta.weights_step or "weights").values
-        out = to_numpy(weighted_sum(w, self.v))  # (..., 1, n) x (..., n, d_v) -> (..., 1, d_v)
+        out = to_numpy(weighted_sum(w, self.v()))  # (..., 1, n) x (..., n, d_v) -> (..., 1, d_v)
         name = "head_output" if self.p.projected else "output"
         t.steps.append(Step(name, f"{name} = {t.meta.weights_step or 'weights'} · V",
                             np.broadcast_to(out, out.shape[:-2] + (self.m,) + out.shape[-1:]), (QUERIES, FEATURES)))
