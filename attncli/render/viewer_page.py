@@ -38,8 +38,10 @@ figcaption { font-size: 12px; color: var(--muted); }
 #focus-wrap { display: flex; gap: 16px; align-items: flex-start; flex-wrap: wrap; }
 #focus { border: 1px solid var(--line); background: #fff; cursor: crosshair; touch-action: none; }
 #side { flex: 1; min-width: 320px; }
-#explain { white-space: pre; font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; background: #fff;
-           border: 1px solid var(--line); padding: 8px; overflow: auto; max-height: 70vh; }
+#explain { white-space: pre-wrap; font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; background: #fff;
+           border: 1px solid var(--line); padding: 8px; overflow: auto; max-height: 70vh; overflow-wrap: normal; }
+#explain > div { min-height: 1.45em; }
+#explain .t { white-space: pre; }
 #explain-heading { font-weight: 600; margin: 6px 0; }
 .hint { color: var(--muted); font-size: 12px; }
 #heads svg text { font: 11px ui-monospace, Menlo, Consolas, monospace; cursor: default; }
@@ -244,6 +246,37 @@ JS = r"""
       else if (c.x >= 0 && c.y >= 0 && c.j < l.n) explain(c.i, c.j);
     });
   }
+  // A line of the arithmetic, wrapped to the panel at word boundaries as --explain wraps it in the terminal
+  // (attncli/render/wrap.py): never inside a short bracketed group such as (0, 1.25) or exp(4 − 4), never
+  // after an operator alone; continuation lines hang 4 columns past the line's own indent.
+  const OPS = "=+-−×·/÷Σ∑→<>≤≥≈*^|";
+  function wrapped(line) {
+    const glued = new Array(line.length).fill(false), stack = [];
+    for (let i = 0; i < line.length; i++) {
+      if ("([{".includes(line[i])) stack.push(i);
+      else if (")]}".includes(line[i]) && stack.length) {
+        const s = stack.pop();
+        if (i - s < 32) for (let k = s; k < i; k++) glued[k] = true;
+      }
+    }
+    const div = document.createElement("div"), indent = line.length - line.trimStart().length;
+    div.style.paddingLeft = `${indent + 4}ch`; div.style.textIndent = `-${indent + 4}ch`;
+    if (indent) div.appendChild(document.createTextNode(line.slice(0, indent)));
+    let token = "";
+    const flush = () => {
+      if (!token) return;
+      const span = document.createElement("span"); span.className = "t"; span.textContent = token;
+      div.appendChild(span); token = "";
+    };
+    for (let i = indent; i < line.length; i++) {
+      const c = line[i];
+      const opAlone = token !== "" && [...token].every((x) => OPS.includes(x));
+      if (c === " " && !glued[i] && !opAlone) { flush(); div.appendChild(document.createTextNode(" ")); }
+      else token += c;
+    }
+    flush();
+    return div;
+  }
   async function explain(i, j) {
     const l = L(), e = l.entries[S.entry || 0], box = $("explain");
     $("explain-heading").textContent = "computing…"; box.textContent = "";
@@ -252,7 +285,8 @@ JS = r"""
     try {
       const d = await api("/api/explain", params);
       $("explain-heading").textContent = d.heading;
-      box.textContent = d.lines.join("\n");
+      box.textContent = "";
+      for (const line of d.lines) box.appendChild(wrapped(line));
       box.dataset.i = i; box.dataset.j = j === null ? "" : j;
     } catch (err) { $("explain-heading").textContent = String(err.message || err); }
   }
