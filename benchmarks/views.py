@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -279,7 +280,7 @@ def code_of(rev: str | None, tmp: Path) -> Path:
 GRID: list[dict[str, Any]] = []
 
 
-def grid_section(tmp: Path, before: str | None = None, reduced: bool = False) -> None:
+def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, cells: str | None = None) -> None:
     """Issue 32's grid: every cell's --html, --plot and viewer, measured one after the other."""
     import itertools
 
@@ -306,6 +307,8 @@ def grid_section(tmp: Path, before: str | None = None, reduced: bool = False) ->
         args = [str(q), str(kv), str(kv)] + (["--causal"] if causal else [])
         name = (f"{'GQA 32/8' if gqa else 'MHA 32'} {'causal' if causal else 'full'} {dtype} B={batch}"
                 + (" --explain-row 777" if row else ""))
+        if cells is not None and not re.search(cells, name):
+            continue
         out = tmp / "g.html"
         explain = ["--explain-row", f"0,5:{min(777, GRID_T - 1)}"] if row else []  # batch 0, head 5
         r = measure(cli("run", *args, "-q", *explain, "--html", str(out)), cap=GRID_CAP, root=root, check=False,
@@ -358,6 +361,7 @@ def main() -> None:
     ap.add_argument("--before", metavar="REV", help="grid: run the code of commit REV (the 'before')")
     ap.add_argument("--reduced", action="store_true", help="grid: float32, batch 1, causal only")
     ap.add_argument("--json", metavar="PATH", help="grid: write every cell's figures there")
+    ap.add_argument("--cells", metavar="REGEX", help="grid: only the cells whose name matches, e.g. 'GQA.*float32 B=1'")
     ap.add_argument("--tokens", type=int, default=2048, help="grid: T (2048; smaller only to try the script)")
     args = ap.parse_args()
     GRID_T = args.tokens
@@ -366,7 +370,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for name in args.only or [s for s in SECTIONS if s != "grid"]:
             if name == "grid":
-                grid_section(Path(d), args.before, args.reduced)
+                grid_section(Path(d), args.before, args.reduced, args.cells)
             else:
                 SECTIONS[name](Path(d))
     if args.json and GRID:

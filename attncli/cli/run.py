@@ -82,7 +82,8 @@ def big_plot(problem: Any, opts: View) -> bytes | None:
     the maps fit (drawn from the trace)."""
     import io
 
-    from attncli.render.plot import PLOT_FORMATS, plot_problem
+    from attncli.render.bigplot import plot_problem
+    from attncli.render.plot import PLOT_FORMATS
 
     assert opts.plot is not None
     buf = io.BytesIO()
