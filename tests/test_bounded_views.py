@@ -94,6 +94,7 @@ PLOT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("gqa", "causal", "dtype", "batch", "budget"), PLOT)
 def test_plot_is_bounded(inputs: Path, tmp_path: Path, gqa: bool, causal: bool, dtype: str, batch: int,
                          budget: int) -> None:
