@@ -67,7 +67,7 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
         if data is not None:
             made.append((opts.plot, data))
             opts = replace(opts, plot=None)
-    if not (made and page_was_all(opts)):
+    if not (made and page_was_all(opts, problem)):
         compute_and_emit(problem, opts, protect)
     if made:
         from attncli.io.files import atomic_write
@@ -93,6 +93,7 @@ def big_plot(problem: Any, opts: View) -> bytes | None:
 
 def compute_and_emit(problem: Any, opts: View, protect: list[str]) -> None:
     """The run the options need (see attncli.core.plan), shown and saved."""
+    from attncli.cli.inputs import agreement
     from attncli.core.engine import run, select_head
     from attncli.core.plan import Needs, plan
 
@@ -100,27 +101,36 @@ def compute_and_emit(problem: Any, opts: View, protect: list[str]) -> None:
     how = plan(problem, needs)
     with progress_bar(opts.quiet) as progress:
         trace = run(problem, how, progress=progress)
+    said = agreement(problem, trace)  # a capture's layer: compared with the model's own attention (or refused)
+    first = None
+    if said is not None and not opts.quiet:
+        if not said.agrees:
+            warn(said.line() + " (shown with --keep-going)")
+        else:
+            first = said.line()  # the text view's first line
     if how.skipped:
         weights_skipped_note(how.skipped, opts)
     head = opts.head
     if head is None:
-        emit(trace, opts, protect=protect)
+        emit(trace, opts, protect=protect, first=first)
         return
     view = select_head(trace, head)  # also checks that the head exists
     if opts.format != "rich":
-        emit(trace, opts, protect=protect)
+        emit(trace, opts, protect=protect, first=first)
         return
     if opts.save is not None:  # the file keeps every head; the terminal shows one
         emit(trace, replace(opts, quiet=True, svg=None, html=None, plot=None), protect=protect)
-    emit(view, replace(opts, save=None), protect=protect)
+    emit(view, replace(opts, save=None), protect=protect, first=first)
 
 
-def page_was_all(opts: View) -> bool:
+def page_was_all(opts: View, problem: Any) -> bool:
     """Whether nothing but the pictures already made was asked for: --quiet, the terminal format, nothing
-    else saved or drawn. Then --explain / --explain-row were the page's, and the run (every weight, for
-    them) is not made."""
+    else saved or drawn, and no capture whose model attention the run must agree with. Then --explain /
+    --explain-row were the page's, and the run (every weight, for them) is not made."""
+    from attncli.cli.inputs import captured
+
     return (opts.quiet and opts.format == "rich" and opts.save is None and not opts.steps
-            and not (opts.svg or opts.plot or opts.similarity))
+            and not (opts.svg or opts.plot or opts.similarity) and captured(problem) is None)
 
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",
@@ -224,8 +234,9 @@ def pictures(trace: Any, opts: View, ropts: Any) -> Any:
     return show
 
 
-def emit(trace: Any, opts: View, protect: list[str]) -> None:
-    """Print the trace in the chosen format, save it if asked, and report warnings on stderr."""
+def emit(trace: Any, opts: View, protect: list[str], first: str | None = None) -> None:
+    """Print the trace in the chosen format, save it if asked, and report warnings on stderr. ``first``: a line the
+    text view starts with (a capture's layer against the model's own attention), once everything is checked."""
     from rich.console import Console
 
     from attncli.io.files import atomic_write
@@ -255,6 +266,8 @@ def emit(trace: Any, opts: View, protect: list[str]) -> None:
         if not opts.quiet:
             # labels are text: no markup, no :emoji: codes
             console = Console(soft_wrap=False, markup=False, emoji=False)
+            if first is not None:
+                console.print(first, highlight=False, soft_wrap=True)  # one line, whatever the width
             FORMATS["rich"](trace, ropts, console)
     else:
         FORMATS[fmt](trace, ropts, sys.stdout)
