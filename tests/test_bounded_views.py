@@ -121,3 +121,31 @@ def baseline(tmp: Path, plot: bool = False) -> float:
         assert r.returncode == 0, r.stderr
         _BASE[plot] = peak
     return _BASE[plot]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_plot_from_blocks_draws_what_the_trace_draws(causal: bool) -> None:
+    """The blocked --plot (a Layer's per-pixel maxima) and the trace's --plot (attncli.render.plot's own
+    downsampling of every weight) give the same picture, masked cells grey in both."""
+    pytest.importorskip("matplotlib")
+    import io
+
+    from matplotlib.image import imread
+
+    import attncli
+    from attncli.core.options import Options
+    from attncli.core.problem import Problem
+    from attncli.render.bigplot import plot_problem
+    from attncli.render.plot import PlotOptions, plot_steps
+
+    x = np.random.default_rng(2).standard_normal((1, 2, 700, 8))
+    opts = PlotOptions(steps=["scores", "weights"])
+    blocked = io.BytesIO()
+    problem = Problem(q=x, k=x, v=x, options=Options(causal=causal))
+    assert plot_problem(problem, blocked, "png", opts) is not None  # 700 > a panel's pixels: drawn from blocks
+    whole = io.BytesIO()
+    plot_steps(attncli.attend(x, causal=causal), whole, "png", opts)
+    a, b = (imread(io.BytesIO(buf.getvalue()), format="png") for buf in (blocked, whole))
+    assert a.shape == b.shape
+    differ = np.abs(a - b).max(axis=-1) > 2 / 255
+    assert differ.mean() < 1e-3, differ.mean()
