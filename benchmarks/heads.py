@@ -7,8 +7,8 @@
 Each mode prints one line of JSON. Sizes can be made smaller with --t and --heads (the machine is shared).
 
 Measured here (2 cores shared by eight developers, load about 11; numpy, float32, causal, d = 64):
-    speed   T = 4096, 32 heads: heads 7.4 s, output-only 7.8 s (ratio 0.95, after core-chain's merge; 0.85 before;
-            at T = 1024, 8 heads: 1.55, where the score product dominates both and the blocks are few)
+    speed   T = 4096, 32 heads: heads 10.2 s, output-only 8.2 s (ratio 1.24, the shifted exp by ops.softmax_parts, the
+            one softmax; 0.95 with an in-place exp of heads' own, which the project's one-softmax rule forbids)
     memory  T = 16,384, 8 heads: 52 MiB of arrays at peak (tracemalloc), 196 MiB resident in all
     corpus  100 and 1,000 captures of 32 tokens, 2 layers: 355 MiB resident at both (ratio 1.0004)
 """

@@ -314,14 +314,17 @@ def _gather(a: np.ndarray, idx: np.ndarray, lo: int) -> tuple[np.ndarray, np.nda
 def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, pos: Positions, exclude_first: bool,
                 exclude_self: bool, cross: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The sums and counts (B, G, S) of the query rows i0..i1-1 from their scores ``s`` (B, G, b, nc) of the keys
-    lo..lo + nc - 1 (masked at -inf), by the one softmax's parts: with m_i = max_j s_ij, e_ij = exp(s_ij - m_i) and
-    Z_i = Σ_j e_ij (+ exp(sink - m_i)), a_ij = e_ij / Z_i, so
+    lo..lo + nc - 1 (masked at -inf), by the one softmax's parts (ops.softmax_parts: m_i = max_j s_ij,
+    e_ij = exp(s_ij - m_i)) and Z_i = Σ_j e_ij (over the keys' share, with a sink: ops.softmax over
+    [logsumexp_j s_ij, sink_h]), a_ij = e_ij / Z_i, so
 
         entropy_i = (Σ_j e_ij · ln Z_i - Σ_j e_ij (s_ij - m_i)) / Z_i      max_i = 1 / Z_i
         Σ_j a_ij·[1, r_j, special_j, punct_j] = (e @ F) / Z                 (one product with a (nc, 4) matrix)
         distance_i = r_i (A_le - A_gt) - (R_le - R_gt)   (sums of a and a·r over keys at or before i, and after)
 
-    and the weights on named positions are gathered. Only the row sums are formed: five passes over the block."""
+    and the weights on named positions are gathered. Only row sums are formed, in a few passes over the block."""
+    from attncli.core import ops
+
     B = pos.rank.shape[0]
     b, nc = i1 - i0, s.shape[-1]
     s = np.array(np.broadcast_to(s, (B,) + s.shape[1:]))  # ours to overwrite (the chain's may be a broadcast view)
@@ -343,11 +346,9 @@ def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, po
     G = s.shape[1]
     dt = s.dtype
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        mx = s.max(axis=-1, keepdims=True)  # (B, G, b, 1)
         keys = np.count_nonzero(s > -np.inf, axis=-1)  # (B, G, b): keys each query may attend
-        mx = np.where(np.isfinite(mx), mx, np.zeros((), dt))
-        t = np.subtract(s, mx, out=s)  # s - m, in place
-        e = np.exp(t)
+        mx, e, _ = ops.softmax_parts(np, s)  # the one softmax's parts: m_i (0 for a row of -inf), e = exp(s - m), Σ e
+        t = np.subtract(s, mx, out=s)  # s - m, in place (s is ours), for Σ_j e_ij (s_ij - m_i)
         np.maximum(t, -1e4, out=t)  # masked keys: e = 0 there, and 0 · -1e4 = 0 (exp(-1e4) is 0 in every float)
         et = np.einsum("bgij,bgij->bgi", e, t)  # Σ_j e_ij (s_ij - m_i)
         # ranks taken relative to the block's first query
@@ -361,10 +362,12 @@ def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, po
         z = M[..., 0]
         Z = z
         sink = None
-        if p.sinks is not None:
-            sk = np.asarray(p.sinks, dtype=np.float64).reshape(1, G, 1)
-            sink = np.exp(sk - mx[..., 0])  # (B, G, b)
-            Z = z + sink
+        if p.sinks is not None:  # the sink's share: the one softmax over [logsumexp_j s_ij, sink_h] (= over [s | sink])
+            sk = np.broadcast_to(np.asarray(p.sinks, dtype=np.float64).reshape(1, G, 1), z.shape)
+            with_sink = np.stack([mx[..., 0] + np.log(z), sk], axis=-1)  # (B, G, b, 2)
+            share = ops.softmax(np, with_sink)  # (B, G, b, 2): the keys' share, the sink's share
+            Z = np.where(share[..., 0] > 0, z / share[..., 0], 0.0)  # Σ_j e_ij over the keys' share
+            sink = share[..., 1] * Z  # so that sink / Z is the sink's share
         Zs = np.where(Z > 0, Z, 1.0)
         # distance: keys before the block's first query are at or before every query, keys from its last on are after
         cut = min(max(i0 + P - lo, 0), nc)
