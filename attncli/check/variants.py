@@ -929,15 +929,38 @@ def rope_freqs_float16(c: Context) -> Result:
                               "within {W} positions on both sides, the later ones too")
 def window_not_causal(c: Context) -> Result:
     """softmax(S masked where |i - j| >= W)·V"""
+    return _remask(c, _window_keep(c, lambda i, j, w: np.abs(i - j) < w))  # both sides of the query
+
+
+def _window_keep(c: Context, keep_of: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> Subject:
+    """The problem with its sliding window (and causal mask) replaced by the boolean keep-mask
+    ``keep_of(i, j, W)`` (query positions i (m, 1), key positions j (1, n)), ANDed with a boolean keep-mask given."""
     p, w = c.problem, c.options.window
     if w is None:
         raise NotApplicable("no sliding window")
     if p.mask is not None and (p.mask.dtype != bool or c.options.mask_convention != "keep"):
         raise NotApplicable("a mask of another kind is there too")
     i, j = p.query_offset + np.arange(p.m)[:, None], np.arange(p.n)[None, :]
-    keep = np.abs(i - j) < w  # (m, n): both sides of the query
+    keep = keep_of(i, j, int(w))  # (m, n)
     mask = keep if p.mask is None else p.mask & keep
-    return _remask(c, replace(p, mask=mask, options=replace(c.options, window=None, causal=False)))
+    return replace(p, mask=mask, options=replace(c.options, window=None, causal=False))
+
+
+@variant("window-not-causal-off-by-one", "the sliding window was not combined with the causal mask and its bound was "
+                                         "inclusive: each query saw the keys with |i - j| <= W = {W} on both sides "
+                                         "(HF's sliding_window_bidirectional_mask_function(W): window-not-causal "
+                                         "plus window-off-by-one) instead of the W keys up to itself")
+def window_not_causal_off_by_one(c: Context) -> Result:
+    """softmax(S masked where |i - j| > W)·V"""
+    return _remask(c, _window_keep(c, lambda i, j, w: np.abs(i - j) <= w))
+
+
+@variant("window-causal-bound-dropped", "the sliding window's causal bound was dropped: each query saw the keys "
+                                        "j > i - W (W = {W}), the W - 1 before it, itself and every later key "
+                                        "(HF's sliding_window_overlay without causal_mask_function)")
+def window_causal_bound_dropped(c: Context) -> Result:
+    """softmax(S masked where j <= i - W)·V"""
+    return _remask(c, _window_keep(c, lambda i, j, w: j > i - w))
 
 
 @variant("softcap-after-mask", "the soft-cap c·tanh(s / c) (c = {cap}) was applied after the mask: masked scores "
@@ -958,25 +981,29 @@ def softcap_after_mask(c: Context) -> Result:
 @variant("qk-norm-model-width", "QK-norm took the mean of squares over all the heads' features (the model width) "
                                 "instead of over each head's {d}")
 def qk_norm_model_width(c: Context) -> Result:
-    """q / sqrt(mean over every head of q²) instead of over each head's features"""
-    p = c.single()
-    o = c.options
+    """q / sqrt(mean over every head of q²) · w (w tiled over the heads) instead of over each head's features"""
+    o, p = c.options, c.problem
     if o.qk_norm is None:
         raise NotApplicable("no QK-norm")
     if o.qk_norm not in ("rms", "rms1p"):
         raise NotApplicable(f"QK-norm {o.qk_norm}: not a per-head RMSNorm")
-    if o.qk_norm_at != "before-rope" and o.rope is not None:
-        raise NotApplicable("the QK-norm comes after RoPE")
-    if p.q.ndim < 3 or p.q.shape[-3] == 1:
+    H, G = p.head_count, p.kv_heads or p.head_count
+    if H == 1:
         raise NotApplicable("one head: its width is the model width")
-    plus = o.qk_norm == "rms1p"
+    if isinstance(p, Problem) and p.k.ndim < 3:
+        raise NotApplicable("K has no head axis")
+    d, plus = c.d, o.qk_norm == "rms1p"
 
-    def norm(a: np.ndarray, w: np.ndarray | None) -> np.ndarray:
-        ms = np.mean(np.square(a), axis=(-3, -1), keepdims=True)  # (..., 1, T, 1): every head's features of a token
-        wt = (0.0 if plus else 1.0) if w is None else (w[:, None, :] if w.ndim == 2 else w)  # (H, d) -> (H, 1, d)
-        return a / np.sqrt(ms + o.norm_eps) * ((1.0 + wt) if plus else wt)
+    def wide(w: np.ndarray | None, heads: int) -> np.ndarray | None:
+        """The per-head weight as a port writes it for the H·d width: tiled over the heads ((d,) -> (heads, d)),
+        1 + w for rms1p (rms-full multiplies by the weight itself)."""
+        if w is None:
+            return None if not plus else np.ones((heads, d))
+        w = np.asarray(w, dtype=np.float64)
+        w = 1.0 + w if plus else w
+        return np.broadcast_to(w.reshape(-1, d), (heads, d)).copy()
 
-    return c.rerun(replace(p, q=norm(p.q, p.q_norm), k=norm(p.k, p.k_norm)), qk_norm=None)
+    return c.rerun(replace(p, q_norm=wide(p.q_norm, H), k_norm=wide(p.k_norm, G)), qk_norm="rms-full")
 
 
 @variant("qk-norm-other-side-of-rope", "the QK-norm was applied on the other side of RoPE (Qwen3, Gemma 3 and OLMo 2 "
@@ -1014,6 +1041,7 @@ OPTION_HINTS: dict[str, str] = {
     "kv-heads-tiled": "K/V heads tiled (no option: fix the code)", "mask-inverted": "the other --mask-convention",
     "rope-freqs-bfloat16": "--rope-freqs bfloat16", "rope-freqs-float16": "--rope-freqs float16",
 }
+MAX_OPTION_SETS = 64  # sets of forgotten options tried at most (each one run of the pipeline)
 MAX_PAIR_RUNS = 600  # pairs of mistakes tried at most (each one run of the pipeline, or one variant on it)
 PAIR_CELL_BUDGET = 1 << 25  # ...and at most this many score cells computed over all of them
 
@@ -1208,9 +1236,13 @@ def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, 
             out.matches.append(t.explanation)
         elif not v.possible:
             misses.append(t.explanation)
-    runs = 0
+    runs, forgotten = 0, ""
+    if not out.matches:
+        forgotten = _forgotten(work, out, screen)
     if not out.matches and pairs:
         runs = _pairs(work, changes, out, misses, screen)
+    if forgotten:
+        out.search = forgotten + (f"; {out.search}" if out.search else "")
     if screen is not None:
         out.search = screen.sentence(len(out.tried), runs) + (f"; {out.search}" if out.search else "")
     out.candidates.sort(key=lambda e: e.max_abs_error)
@@ -1220,6 +1252,78 @@ def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, 
                              key=lambda e: e.max_abs_error)[:nearest]
         out.baseline = base
     return out
+
+
+def option_groups(c: Context) -> list[list[tuple[str, dict[str, Any]]]]:
+    """The options this problem could have been computed with and was not (or the other way round), one group per
+    option, each a list of its alternatives: (the words that say it, the change of the options)."""
+    o, p = c.options, c.problem
+    groups: list[list[tuple[str, dict[str, Any]]]] = []
+    if not o.causal:
+        alts = [("--causal", {"causal": True, "causal_align": "top-left"})]
+        if p.m != p.n:
+            alts.append(("--causal --causal-align bottom-right", {"causal": True, "causal_align": "bottom-right"}))
+        groups.append(alts)
+    elif o.window is None and o.chunk is None:
+        groups.append([("without --causal", {"causal": False})])
+    if o.rope is None:
+        if c.d % 2 == 0:
+            groups.append([("--rope half", {"rope": "half"}), ("--rope interleaved", {"rope": "interleaved"})])
+    else:
+        groups.append([("without --rope", {"rope": None})])
+    if o.scale is None and (o.scaling or get_score(o.score).scaling) == "sqrt-d":
+        groups.append([("--scaling none", {"scaling": "none"})])
+    if not o.alibi and p.alibi_slopes is None:
+        groups.append([("--alibi", {"alibi": True})])
+    return groups
+
+
+def _forgotten(c: Context, out: Diagnosis, screen: _Screen | None = None) -> str:
+    """Several forgotten options at once: every set of two or more of :func:`option_groups` (at most one alternative
+    of each), smallest sets first, one run each; the sets of the smallest size that reproduces the numbers are
+    named (so each option named is needed: no smaller set reproduced them). Bounded by ``MAX_OPTION_SETS`` runs
+    and ``PAIR_CELL_BUDGET`` score cells. Returns how the search went ('' when there was nothing to combine)."""
+    groups = option_groups(c)
+    if len(groups) < 2:
+        return ""
+    p = c.problem
+    cells = max(1, int(np.prod(p.batch_shape)) * len(c.rows or range(p.m)) * p.n)
+    budget = min(MAX_OPTION_SETS, PAIR_CELL_BUDGET // cells)
+    sets = [combo for size in range(2, len(groups) + 1) for chosen in itertools.combinations(groups, size)
+            for combo in itertools.product(*chosen)]
+    runs, found_size = 0, 0
+    for combo in sets:
+        if runs >= budget or (found_size and len(combo) > found_size):
+            break
+        runs += 1
+        words = " ".join(w for w, _ in combo)
+        change: dict[str, Any] = {}
+        for _, ch in combo:
+            change.update(ch)
+        changed = replace(p, options=replace(c.options, **change))
+        def with_options(ctx: Context, q: Subject = changed) -> Result:
+            return ctx.rerun(q)
+
+        with_options.__doc__ = f"this problem computed with {words}"
+        v = Variant("forgotten-options", with_options,
+                    f"the expected numbers are this problem computed with {words}: {len(combo)} options forgotten "
+                    "(or given wrongly) together, each one needed (no fewer of them reproduces the numbers)",
+                    pairable=False)
+        t = _try(v, c)
+        if screen is not None and t.explanation is not None:
+            t = screen.confirm(v, t) if screen.survives(t) else _Try()
+        ex = t.explanation
+        if ex is None:
+            continue
+        ex.option = words
+        if t.match:
+            found_size = len(combo)
+            out.matches.append(ex)
+            out.candidates.append(ex)
+    out.tried.append("forgotten-options")
+    return (f"forgotten options together: {runs} of {len(sets)} sets tried (every set of two or more of "
+            f"{', '.join(' | '.join(w for w, _ in g) for g in groups)}; RoPE at the problem's base; at most "
+            f"{MAX_OPTION_SETS} sets and {PAIR_CELL_BUDGET:.3g} score cells)")
 
 
 def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, misses: list[Explanation],
