@@ -807,6 +807,14 @@ def rope_other_convention(c: Context) -> Result:
     return c.rerun(rope="interleaved" if c.options.rope == "half" else "half")
 
 
+@variant("alibi-added", "ALiBi (the paper's slopes, -slope_h·(i - j)) was added although this problem has none")
+def alibi_added(c: Context) -> Result:
+    """softmax(S - slope_h·(i - j))·V for a problem without ALiBi"""
+    if c.options.alibi or c.problem.alibi_slopes is not None:
+        raise NotApplicable("ALiBi is there already")
+    return c.rerun(alibi=True)
+
+
 @variant("rope-missing", "the rotary position embedding was left out: q and k were not rotated")
 def rope_missing(c: Context) -> Result:
     """softmax(QKᵀ / √d)·V without RoPE"""
@@ -1033,7 +1041,7 @@ def qk_norm_per_head(c: Context) -> Result:
 NEAREST_FACTOR = 4.0  # a near miss is shown only when its largest error is this many times smaller than no change's
 # variants that are an option the user did not give (or gave wrongly): the words that make the problem match
 OPTION_HINTS: dict[str, str] = {
-    "causal-added": "--causal", "causal-added-bottom-right": "--causal --causal-align bottom-right",
+    "causal-added": "--causal", "alibi-added": "--alibi", "causal-added-bottom-right": "--causal --causal-align bottom-right",
     "causal-missing": "without --causal", "causal-bottom-right": "--causal-align bottom-right",
     "no-scaling": "--scaling none", "scaled-unscaled-score": "--scaling sqrt-d", "scale-by-d": "--scale 1/d",
     "rope-missing": "without --rope", "rope-other-convention": "the other --rope",
@@ -1236,13 +1244,12 @@ def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, 
             out.matches.append(t.explanation)
         elif not v.possible:
             misses.append(t.explanation)
-    runs, forgotten = 0, ""
-    if not out.matches:
-        forgotten = _forgotten(work, out, screen)
+    runs = 0
     if not out.matches and pairs:
         runs = _pairs(work, changes, out, misses, screen)
-    if forgotten:
-        out.search = forgotten + (f"; {out.search}" if out.search else "")
+    if not out.matches and pairs:  # options forgotten together that no pair of entries reproduces (rope-added fits
+        forgotten = _forgotten(work, out, screen)  # its base alone, so it is no second mistake of a pair)
+        out.search = "; ".join(x for x in (out.search, forgotten) if x)
     if screen is not None:
         out.search = screen.sentence(len(out.tried), runs) + (f"; {out.search}" if out.search else "")
     out.candidates.sort(key=lambda e: e.max_abs_error)
@@ -1254,35 +1261,51 @@ def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, 
     return out
 
 
-def option_groups(c: Context) -> list[list[tuple[str, dict[str, Any]]]]:
+@dataclass(frozen=True)
+class Forgotten:
+    """One option a problem could have been computed with: the words that say it, the change of the options, and
+    the catalogue entry that is this option alone (with the detail its sentence takes)."""
+
+    words: str
+    change: dict[str, Any]
+    entry: str
+    detail: str = ""
+
+
+def option_groups(c: Context) -> list[list[Forgotten]]:
     """The options this problem could have been computed with and was not (or the other way round), one group per
-    option, each a list of its alternatives: (the words that say it, the change of the options)."""
+    option, each a list of its alternatives (RoPE at the problem's base, ALiBi with the paper's slopes)."""
     o, p = c.options, c.problem
-    groups: list[list[tuple[str, dict[str, Any]]]] = []
+    groups: list[list[Forgotten]] = []
     if not o.causal:
-        alts = [("--causal", {"causal": True, "causal_align": "top-left"})]
+        alts = [Forgotten("--causal", {"causal": True, "causal_align": "top-left"}, "causal-added")]
         if p.m != p.n:
-            alts.append(("--causal --causal-align bottom-right", {"causal": True, "causal_align": "bottom-right"}))
+            alts.append(Forgotten("--causal --causal-align bottom-right", {"causal": True, "causal_align": "bottom-right"},
+                                  "causal-added-bottom-right"))
         groups.append(alts)
     elif o.window is None and o.chunk is None:
-        groups.append([("without --causal", {"causal": False})])
+        groups.append([Forgotten("without --causal", {"causal": False}, "causal-missing")])
     if o.rope is None:
         if c.d % 2 == 0:
-            groups.append([("--rope half", {"rope": "half"}), ("--rope interleaved", {"rope": "interleaved"})])
+            base = f"{p.rope_settings()[0]:g}"
+            groups.append([Forgotten(f"--rope {mode}", {"rope": mode}, "rope-added", f"{mode} pairs, base {base}")
+                           for mode in ("half", "interleaved")])
     else:
-        groups.append([("without --rope", {"rope": None})])
+        groups.append([Forgotten("without --rope", {"rope": None, "rotary_dim": None, "rope_scaling": None},
+                                 "rope-missing")])
     if o.scale is None and (o.scaling or get_score(o.score).scaling) == "sqrt-d":
-        groups.append([("--scaling none", {"scaling": "none"})])
+        groups.append([Forgotten("--scaling none", {"scaling": "none"}, "no-scaling")])
     if not o.alibi and p.alibi_slopes is None:
-        groups.append([("--alibi", {"alibi": True})])
+        groups.append([Forgotten("--alibi", {"alibi": True}, "alibi-added")])
     return groups
 
 
 def _forgotten(c: Context, out: Diagnosis, screen: _Screen | None = None) -> str:
     """Several forgotten options at once: every set of two or more of :func:`option_groups` (at most one alternative
     of each), smallest sets first, one run each; the sets of the smallest size that reproduces the numbers are
-    named (so each option named is needed: no smaller set reproduced them). Bounded by ``MAX_OPTION_SETS`` runs
-    and ``PAIR_CELL_BUDGET`` score cells. Returns how the search went ('' when there was nothing to combine)."""
+    named, as 'a + b + ...' of their catalogue entries with the options that make the problem match (so each option
+    named is needed: no smaller set reproduced them). Bounded by ``MAX_OPTION_SETS`` runs and ``PAIR_CELL_BUDGET``
+    score cells. Returns how the search went ('' when there was nothing to combine)."""
     groups = option_groups(c)
     if len(groups) < 2:
         return ""
@@ -1296,34 +1319,34 @@ def _forgotten(c: Context, out: Diagnosis, screen: _Screen | None = None) -> str
         if runs >= budget or (found_size and len(combo) > found_size):
             break
         runs += 1
-        words = " ".join(w for w, _ in combo)
+        words = " ".join(f.words for f in combo)
         change: dict[str, Any] = {}
-        for _, ch in combo:
-            change.update(ch)
+        for f in combo:
+            change.update(f.change)
         changed = replace(p, options=replace(c.options, **change))
+
         def with_options(ctx: Context, q: Subject = changed) -> Result:
             return ctx.rerun(q)
 
         with_options.__doc__ = f"this problem computed with {words}"
-        v = Variant("forgotten-options", with_options,
-                    f"the expected numbers are this problem computed with {words}: {len(combo)} options forgotten "
-                    "(or given wrongly) together, each one needed (no fewer of them reproduces the numbers)",
-                    pairable=False)
+        v = Variant("forgotten-options", with_options, "", pairable=False)
         t = _try(v, c)
         if screen is not None and t.explanation is not None:
-            t = screen.confirm(v, t) if screen.survives(t) else _Try()
-        ex = t.explanation
-        if ex is None:
+            t = screen.confirm(v, t) if screen.survives(t) else _Try()  # a change: its output computed in full
+        if t.explanation is None or not t.match:
             continue
-        ex.option = words
-        if t.match:
-            found_size = len(combo)
-            out.matches.append(ex)
-            out.candidates.append(ex)
+        found_size = len(combo)
+        err = t.explanation.max_abs_error
+        each = [_explain(VARIANTS[f.entry], c, err, f.detail) for f in combo]
+        ex = Explanation(" + ".join(e.name for e in each), ", and ".join(e.formula for e in each),
+                         f"{len(combo)} options forgotten (or given wrongly) together: "
+                         + "; ".join(e.explanation for e in each), err, option=words)
+        out.matches.append(ex)
+        out.candidates.append(ex)
     out.tried.append("forgotten-options")
     return (f"forgotten options together: {runs} of {len(sets)} sets tried (every set of two or more of "
-            f"{', '.join(' | '.join(w for w, _ in g) for g in groups)}; RoPE at the problem's base; at most "
-            f"{MAX_OPTION_SETS} sets and {PAIR_CELL_BUDGET:.3g} score cells)")
+            f"{', '.join(' | '.join(f.words for f in g) for g in groups)}; at most {MAX_OPTION_SETS} sets and "
+            f"{PAIR_CELL_BUDGET:.3g} score cells)")
 
 
 def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, misses: list[Explanation],
@@ -1361,8 +1384,10 @@ def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, m
             e = t.explanation
             assert e is not None
             first = _explain(a, c, e.max_abs_error)
+            hints = (OPTION_HINTS.get(a.name), e.option)
             pair = Explanation(f"{a.name} + {b.name}", f"{a.formula}, and {b.formula}",
-                               f"two mistakes together: {first.explanation}; and {e.explanation}", e.max_abs_error)
+                               f"two mistakes together: {first.explanation}; and {e.explanation}", e.max_abs_error,
+                               option=" ".join(h for h in hints if h) if all(hints) else None)
             if t.match:
                 out.matches.append(pair)
                 out.candidates.append(pair)
