@@ -217,6 +217,21 @@ def test_qk_norm_over_the_width_is_named_on_a_checkpoint_layer(tmp_path: Path) -
         assert r.returncode == (1 if width else 0), r.stdout[-400:] + r.stderr
     names, _ = named(r)
     assert names == ["qk-norm-model-width"], names
+    # the same layer given by flags (its weights in textbook form, Q = X @ W_q): the same entries apply, the same one
+    # is named (every variant that applies to a checkpoint layer applies to the problem given by flags, and back)
+    attn = model.model.layers[1].self_attn
+    np.savez(tmp_path / "w.npz", **{f"W_{n}": getattr(attn, f"{n}_proj").weight.detach().double().numpy().T
+                                    for n in "qkvo"},
+             q_norm=attn.q_norm.norm.weight.detach().double().numpy()[:cfg.head_dim],
+             k_norm=attn.k_norm.norm.weight.detach().double().numpy()[:cfg.head_dim])
+    flags = attncli("check", "y.npy", "x.npy", "--weights", "w.npz", "--heads", "4", "--kv-heads", "2", "--qk-norm",
+                    "rms", "--norm-eps", "1e-6", "--rope", "half", "--causal", "--format", "json", cwd=tmp_path)
+    assert flags.returncode == 1, flags.stderr
+    assert named(flags)[0] == ["qk-norm-model-width"]
+    ours, theirs = json.loads(r.stdout), json.loads(flags.stdout)
+    assert ours["variants_tried"] == theirs["variants_tried"]
+    assert not [k for k, why in {**ours["variants_skipped"], **theirs["variants_skipped"]}.items()
+                if why.startswith("failed")]
 
 
 def test_qk_norm_over_the_width_is_named_for_flags(tmp_path: Path) -> None:

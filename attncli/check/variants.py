@@ -193,8 +193,11 @@ class Context:
         if not self.heads:
             with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
                 return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-        v = self.ref["v_clip" if "v_clip" in self.ref else "v"]  # (B, S, d_v) or unbatched (S, d_v); OLMo: clamped
-        vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.multi().heads)  # (B, H, S, d_v/H)
+        v = self.ref["v_clip" if "v_clip" in self.ref else "v"]  # (B, S, G·d) or unbatched (S, G·d); OLMo: clamped
+        layer = self.multi()
+        G = layer.kv_heads or layer.heads  # grouped-query: G K/V heads, query head h reads K/V head h // (H / G)
+        vh = stages.split_heads(np, v if v.ndim == 3 else v[None], G)  # (B, G, S, d)
+        vh = np.repeat(vh, layer.heads // G, axis=1) if G != layer.heads else vh  # (B, H, S, d), as HF repeat_kv
         vh = vh if v.ndim == 3 else vh[0]
         return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
 
