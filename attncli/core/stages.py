@@ -787,11 +787,24 @@ def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset:
     dtype = problem.dtype
     hint = "use --dtype float64 or rescale the inputs" if dtype != "float64" else "rescale the inputs"
     o = problem.options  # an option that took part is named: it, not the inputs, may be what overflows
-    given = [f"--{n} {v:g}" for n, v in (("scale", o.scale), ("temperature", o.temperature)) if v is not None]
-    hint = f"check {' and '.join(given)}, or {hint}" if given else hint
-    raise InputError(f"scores overflow {dtype} at {where}: the score is "
-                     f"{float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])} "
-                     f"(largest |input| {problem.largest_input():.3g}); {hint}", problem.where("q"))
+    given = [(n, f"{v:g}") for n, v in (("scale", o.scale), ("temperature", o.temperature)) if v is not None]
+    if problem.alibi_slopes is not None:
+        given.append(("alibi_slopes", f"--alibi-slopes (largest |slope| {float(np.abs(problem.alibi_slopes).max()):g})"))
+    score = float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])
+    largest = problem.largest_input()
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = np.float64(largest) * np.float64(largest) * problem.d_qk  # |q·k| at most this
+    if given and bool(bound < np.finfo(np.dtype(dtype)).max / 2):  # Q·K alone stays finite: the option is the culprit
+        n, said = given[0]
+        fix = {"scale": "a smaller --scale", "temperature": "a larger --temperature"}.get(n, "smaller slopes")
+        origin = problem.where("alibi_slopes") if n == "alibi_slopes" else problem.origin(n)
+        raise InputError(f"{said} makes the scores "
+                         f"overflow {dtype} at {where}: the score is {score} though the inputs' largest |value| is "
+                         f"{largest:.3g}; give {fix}", "--alibi-slopes" if origin == "input" else origin)
+    hint = f"check {' and '.join(f'{problem.origin(n)} {g}' if n != 'alibi_slopes' else g for n, g in given)}, or {hint}" \
+        if given else hint
+    raise InputError(f"scores overflow {dtype} at {where}: the score is {score} (largest |input| {largest:.3g}); "
+                     f"{hint}", problem.where("q"))
 
 
 def _check_fill(problem: Problem, xp: Any, s: Any, keep: Any, offset: tuple[int, int]) -> None:

@@ -839,12 +839,16 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
         if p != STDIN:
             session.record_read(p)
     session.claim_output(target, name)
-    if target.is_dir():
-        raise InputError("is a directory; give a file name to save to", name)
     folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise InputError(f"cannot be written: folder {printable(str(folder))!r} {what}", name)
+    try:
+        if target.is_dir():
+            raise InputError("is a directory; give a file name to save to", name)
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise InputError(f"cannot be written: folder {printable(str(folder))!r} {what}", name)
+    except (OSError, ValueError) as e:  # a folder name too long (ENAMETOOLONG), a NUL byte
+        why = e.strerror if isinstance(e, OSError) and e.strerror else "its name holds a NUL byte"
+        raise InputError(f"cannot be written ({why})", name) from None
     prefix = f".{target.name}." if len(base) + 1 + TEMP_SUFFIX_BYTES <= NAME_MAX else ".attncli."
     try:
         mode = target.stat().st_mode & 0o7777 if target.exists() else None
