@@ -374,7 +374,8 @@ def rope_scaling_missing(value: Mapping[str, Any]) -> str | None:
     missing = [k for k in ROPE_SCALING_NEEDS.get(str(kind), ()) if value.get(k) is None]
     if not missing:
         return None
-    return f"rope_type {_short(kind)} needs {', '.join(repr(k) for k in missing)}, which {'is' if len(missing) == 1 else 'are'} not given"
+    verb = "is" if len(missing) == 1 else "are"
+    return f"rope_type {_short(kind)} needs {', '.join(repr(k) for k in missing)}, which {verb} not given"
 
 
 # key: (lowest, whether the lowest itself is allowed, highest, in words); 0 for beta_* and mscale* means "not
