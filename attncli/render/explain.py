@@ -87,8 +87,8 @@ class Cell:
     def key(self) -> str:
         return axis_labels(self.trace, KEYS, self.j + 1)[self.j]
 
-    def input_row(self, name: str, row: int) -> np.ndarray | None:
-        """Row ``row`` of input ``name`` (q, k, v) in this cell's batch entry, or None if absent."""
+    def input_row(self, name: str, row: int | slice) -> np.ndarray | None:
+        """Row ``row`` of input ``name`` (q, k, v) in this cell's batch entry (a slice: those rows), or None if absent."""
         t = self.trace
         if t.meta.heads and name in t:
             return self._head_row(name, row)
@@ -103,7 +103,7 @@ class Cell:
         a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
         return np.asarray(a[self.batch][row])
 
-    def _head_row(self, name: str, row: int) -> np.ndarray | None:
+    def _head_row(self, name: str, row: int | slice) -> np.ndarray | None:
         """Multi-head: this head's slice of the projected ``name`` (q, k, v steps of width heads × d_h)."""
         t = self.trace
         axis, widths = t.meta.head_axis, t.meta.head_width or {}
@@ -506,12 +506,12 @@ def explain_row(c: Cell) -> list[str]:
         return lines
     o = st.numpy()
     out = np.asarray(np.broadcast_to(o, t.weights.shape[:-1] + o.shape[-1:])[c.batch][c.i])
-    rows = [c.input_row("v", j) for j in range(len(w))]
-    if any(r is None for r in rows):
+    rows = c.input_row("v", slice(None))  # every value row at once (10^5 keys: one slice, not 10^5 lookups)
+    if rows is None:
         lines.append(f"{st.name}({c.query}) = Σ_j weight_j · v_j = {vec(out, p)}   [{st.formula}]")
         return lines
     v = np.asarray(rows, dtype=np.float64)  # (n, d_v): this batch entry's (and head's) value rows
-    nz = [j for j in range(len(w)) if w[j] != 0]
+    nz = [int(j) for j in np.flatnonzero(np.asarray(w) != 0)]
     zero = len(w) - len(nz)
     more = ""
     if len(nz) > MAX_TERMS:  # the strongest terms, in key order, and the rest summed up
