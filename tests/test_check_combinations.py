@@ -82,19 +82,45 @@ def qkv(tmp: Path, m: int = 7, d: int = 8, seed: int = 0) -> tuple[np.ndarray, n
 # ---- several forgotten options at once --------------------------------------------------------------------
 
 
-def test_two_forgotten_options_are_named_together(tmp_path: Path) -> None:
+def forgotten_cases() -> dict[str, tuple[Any, list[str], set[str], list[str]]]:
+    """name: (the output by hand from q, k, v, the options it was computed with, the entries named, words the hint
+    must not hold)."""
+    T = 7
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    slope = 2.0 ** -8  # ALiBi's one head: 2^(-8/H) (Press et al.; HF build_alibi_tensor)
+
+    def rope_causal(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return attention(rope_half(q), rope_half(k), v, j <= i)
+
+    def causal_unscaled_alibi(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        s = q @ k.T + slope * (j - i)  # no 1/√d; the bias slope·(j - i)
+        return softmax(np.where(j <= i, s, -np.inf)) @ v
+
+    return {
+        "--rope half --causal": (rope_causal, ["--rope", "half", "--causal"], {"causal-added", "rope-added"},
+                                 ["--alibi", "--scaling", "interleaved"]),
+        "--causal --scaling none --alibi": (causal_unscaled_alibi, ["--causal", "--scaling", "none", "--alibi"],
+                                            {"causal-added", "no-scaling", "alibi-added"}, ["--rope"]),
+    }
+
+
+@pytest.mark.parametrize("case", list(forgotten_cases()))
+def test_forgotten_options_are_named_together(case: str, tmp_path: Path) -> None:
+    by_hand, flags, entries, not_hinted = forgotten_cases()[case]
     q, k, v, files = qkv(tmp_path)
-    i, j = np.arange(7)[:, None], np.arange(7)[None, :]
-    np.save(tmp_path / "y.npy", attention(rope_half(q), rope_half(k), v, j <= i))  # --rope half --causal, by hand
+    np.save(tmp_path / "y.npy", by_hand(q, k, v))
     r = attncli("check", "y.npy", *files, "--format", "json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     names, options = named(r)
-    assert names == ["causal-added + rope-added"], names  # each catalogue entry the set is made of
-    assert options[0] is not None and "--rope half" in options[0] and "--causal" in options[0], options
-    assert "--alibi" not in options[0] and "--scaling" not in options[0] and "interleaved" not in options[0]
-    # the same numbers checked with both options: a match, nothing named
-    r = attncli("check", "y.npy", *files, "--rope", "half", "--causal", "--format", "json", cwd=tmp_path)
-    assert r.returncode == 0 and json.loads(r.stdout)["explanations"] == []
+    assert [set(n.split(" + ")) for n in names] == [entries], names  # the catalogue entries the set is made of
+    hint = options[0] or ""
+    for word in case.split("--")[1:]:  # every option named in the hint
+        assert f"--{word.strip()}" in hint, (word, hint)
+    for word in not_hinted:
+        assert word not in hint, (word, hint)
+    # the same numbers checked with those options: a match, nothing named
+    r = attncli("check", "y.npy", *files, *flags, "--format", "json", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["explanations"] == [], r.stdout[-300:]
 
 
 def test_no_combination_is_named_where_none_reproduces_the_numbers(tmp_path: Path) -> None:

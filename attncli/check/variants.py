@@ -1287,15 +1287,21 @@ def option_groups(c: Context) -> list[list[Forgotten]]:
                                   "causal-added-bottom-right"))
         groups.append(alts)
     elif o.window is None and o.chunk is None:
-        groups.append([Forgotten("without --causal", {"causal": False}, "causal-missing")])
+        alts = [Forgotten("without --causal", {"causal": False}, "causal-missing")]
+        if o.causal_align == "top-left" and p.m != p.n:
+            alts.append(Forgotten("--causal-align bottom-right", {"causal_align": "bottom-right"}, "causal-bottom-right"))
+        groups.append(alts)
     if o.rope is None:
         if c.d % 2 == 0:
             base = f"{p.rope_settings()[0]:g}"
             groups.append([Forgotten(f"--rope {mode}", {"rope": mode}, "rope-added", f"{mode} pairs, base {base}")
                            for mode in ("half", "interleaved")])
     else:
-        groups.append([Forgotten("without --rope", {"rope": None, "rotary_dim": None, "rope_scaling": None},
-                                 "rope-missing")])
+        alts = [Forgotten("without --rope", {"rope": None, "rotary_dim": None, "rope_scaling": None}, "rope-missing")]
+        if o.rope in ("half", "interleaved"):
+            other = "interleaved" if o.rope == "half" else "half"
+            alts.append(Forgotten(f"--rope {other}", {"rope": other}, "rope-other-convention"))
+        groups.append(alts)
     if o.scale is None and (o.scaling or get_score(o.score).scaling) == "sqrt-d":
         groups.append([Forgotten("--scaling none", {"scaling": "none"}, "no-scaling")])
     if not o.alibi and p.alibi_slopes is None:
