@@ -87,6 +87,10 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
     "--rope-scaling factor 1e-320": (
         lambda t: [*RUN, "--rope", "half", "--rope-scaling", '{"rope_type": "linear", "factor": 1e-320}'],
         2, ["--rope-scaling", "factor"], ["q.npy", "rescale the inputs", "overflow"]),
+    "--rope-scaling attention_factor 1e200 (beside a harmless --scale 2)": (
+        lambda t: [*RUN, "--rope", "half", "--scale", "2", "--rope-scaling",
+                   '{"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 4, "attention_factor": 1e200}'],
+        2, ["--rope-scaling", "attention factor", "overflow"], ["q.npy", "rescale the inputs", "--scale"]),
     "--alibi-slopes 1e308": (
         lambda t: [*RUN, "--alibi-slopes", "slopes.npy"],
         2, ["--alibi-slopes", "overflow"], ["q.npy", "rescale the inputs"]),
