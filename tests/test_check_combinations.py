@@ -177,6 +177,32 @@ def test_window_combinations_are_named(kind: str, entry: str, extra: list[str], 
     assert r.returncode == 0 and json.loads(r.stdout)["explanations"] == []
 
 
+@pytest.mark.parametrize(("kind", "entry"), WINDOW_CASES)
+def test_window_combinations_are_named_for_a_multi_head_layer(kind: str, entry: str) -> None:
+    from attncli.check.verdict import Tolerance, check
+    from attncli.core.layer import Layer
+    from attncli.core.options import Options
+    from attncli.core.projections import Projections
+
+    r = np.random.default_rng(4)
+    T, E, H, W = 9, 8, 2, 3
+    x = r.normal(size=(1, T, E))
+    w = {n: r.normal(size=(E, E)) / 3 for n in ("W_q", "W_k", "W_v", "W_o")}
+
+    def by_hand(keep: np.ndarray) -> np.ndarray:  # each head's attention, concatenated, through W_o
+        q, k, v = x[0] @ w["W_q"], x[0] @ w["W_k"], x[0] @ w["W_v"]  # (T, E) x (E, E) -> (T, E)
+        heads = [attention(q[:, h * 4:(h + 1) * 4], k[:, h * 4:(h + 1) * 4], v[:, h * 4:(h + 1) * 4], keep)
+                 for h in range(H)]
+        return (np.concatenate(heads, -1) @ w["W_o"])[None]
+
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    layer = Layer.build(x, projections=Projections(**w), heads=H, options=Options(window=W, causal=True))
+    tol = Tolerance(1e-9, 1e-9, "float64 by hand")
+    assert check(layer, by_hand((j <= i) & (j > i - W)), tolerance=tol).match  # HF's window: no false alarm
+    keep = hf_bidirectional_keep(T, W) if kind == "bidirectional" else lower_bound_only_keep(T, W)
+    assert [e.name for e in check(layer, by_hand(keep), tolerance=tol).explanations] == [entry]
+
+
 # ---- QK-norm over the width, for flags and for checkpoint layers alike ------------------------------------
 
 
