@@ -52,7 +52,8 @@ class Backend:
             return np.asarray(a, dtype=bool)
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(np.asarray(a, dtype=bool))).to(self.device)
+        arr = np.ascontiguousarray(np.asarray(a, dtype=bool))
+        return torch.from_numpy(arr if arr.flags.writeable else arr.copy()).to(self.device)  # a Problem's: read-only
 
     def device_name(self) -> str:
         return "cpu" if self.device is None else str(self.device)

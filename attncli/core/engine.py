@@ -49,7 +49,7 @@ from attncli.core.plan import Plan, plan
 from attncli.core.problem import Problem
 from attncli.core.projections import LATENT, Gate, Norm, Projections
 from attncli.core.scoring import get_score
-from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
+from attncli.core.trace import FEATURES, HEAD, KEYS, QUERIES, Trace
 from attncli.core.trace import StepName as N
 from attncli.core.validate import mapping
 from attncli.core.weights import DEFAULT_SEED
@@ -490,12 +490,12 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
         if problem.result_dtype:
             trace.warnings.extend(m for m in [blocked.score_overflow(problem, trace.step("scores").values)] if m)
         trace.meta.path = "explicit"
-        trace.add(out_name, f"{out_name} = {trace.meta.weights_step} · V", out, (QUERIES, FEATURES))
+        trace.add(out_name, f"{_symbol(out_name)} = {trace.meta.weights_step} · V", out, (QUERIES, FEATURES))
         return out
     out = blocked.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
     if how.rows is not None:
         _corner_rows(problem, be, q, _expanded(problem, be, k), params, trace, list(how.rows))
-    trace.add(out_name, f"{out_name} = weights · V", out, (QUERIES, FEATURES))
+    trace.add(out_name, f"{_symbol(out_name)} = weights · V", out, (QUERIES, FEATURES))
     return out
 
 
@@ -595,6 +595,11 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
 # ---- 9) merge ---------------------------------------------------------------------------------------
 
 
+def _symbol(out_name: str) -> str:
+    """The output's symbol in its formula: one head's (head_h) for a layer's head_output."""
+    return HEAD if out_name == "head_output" else out_name
+
+
 def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> None:
     """The heads side by side (concat), W_o and b_o, the head-averaged weights; the per-head steps
     marked as such; an unbatched input's batch axis dropped from every step."""
@@ -606,8 +611,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     per_head = []
     for s in t.steps[start:]:
         per_head.append(s.name)
-        s.formula = (s.formula.replace("head_output =", "head_h =", 1) if s.name == "head_output" else s.formula) \
-            + "  (each head h)"
+        s.per_head = True
         if s.name == "scores":
             s.notes = [*s.notes, split]
             if problem.kv_heads:
@@ -742,9 +746,8 @@ def select_head(trace: Trace, head: int) -> Trace:
         raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")
     per_head = set(trace.meta.per_head_steps or ())
     axis = trace.meta.head_axis or 0
-    steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
-                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows, s.params)
-             if s.name in per_head else s for s in trace.steps]
+    steps = [replace(s, values=s.values[(slice(None),) * axis + (head,)], per_head=False, head=head)
+             if s.per_head or s.name in per_head else s for s in trace.steps]
     meta = replace(trace.meta, head=head, batch_axes=["batch"] if trace.meta.batched else [], per_head_steps=[])
     dead = None if trace.dead is None else trace.dead[(slice(None),) * axis + (head,)]
     return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,

@@ -630,7 +630,7 @@ def alibi_rows(problem: Problem, rows: Rows = None, r: float = 1.0) -> np.ndarra
 
 def sink_column(problem: Problem, xp: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
     """The sinks as a column beside the scores: (H,) -> ``shape`` = (..., H, rows, 1) (or (rows, 1), one head)."""
-    sk = xp.asarray(problem.sinks, dtype=dtype, device=device)
+    sk = xp.asarray(np.array(problem.sinks), dtype=dtype, device=device)  # a copy: the Problem's arrays are read-only
     return xp.broadcast_to(xp.reshape(sk, (-1, 1, 1) if len(shape) >= 3 else (1, 1)), shape)
 
 
