@@ -87,11 +87,52 @@ class ModelLayer:
         ``options``: fields of :class:`attncli.Options` (``window=``, ``causal=``, ``keep_weights=False`` ...), over
         config.json's. ``labels`` names the tokens (queries, and keys in self-attention)."""
         from attncli.core.engine import run
+        from attncli.io.capture import Capture
 
+        if isinstance(x, Capture):  # the residual stream entering this layer, its tokens, padding; verified
+            return attend_capture(self, x, keep_going=bool(options.pop("keep_going", False)), **options)
         return run(self.problem(x, memory, values, from_residual=from_residual, mask=mask,
                                 valid_lens=valid_lens, key_padding_mask=key_padding_mask, labels=labels,
                                 query_labels=query_labels, key_labels=key_labels, sinks=sinks,
                                 alibi_slopes=alibi_slopes, batch_first=batch_first, **options))
+
+
+def attend_capture(layer: ModelLayer, capture: Any, *, keep_going: bool = False, **options: Any) -> Trace:
+    """``layer.attend(capture)``: the layer on the residual stream a capture (attncli.io.hf.capture, or
+    attncli.io.capture.read_capture) holds for it, its pre-norm first; tokens as labels, padding as the key padding
+    mask, padded queries left out. Where the capture holds the model's own attention for the layer, the weights
+    are compared with it (``trace.extra["model_attention"]``) and a difference beyond check's bound for the
+    capture's dtype raises InputError (``keep_going=True``: kept in the trace, agrees false)."""
+    import numpy as np
+
+    from attncli.check.model import model_attention
+    from attncli.core.engine import run
+    from attncli.errors import InputError
+
+    decoder = "decoder" in layer.checkpoint.projections.origin.get("W_q", "") and capture.decoder is not None
+    stack = capture.decoder if decoder else capture.stack
+    x = stack.state(layer.layer, capture.source)
+    pad = stack.padding
+    rows = [list(r) for r in stack.labels]
+    same = all(r == rows[0] for r in rows)
+    labels = rows[0] if same else [" | ".join(dict.fromkeys(c)) for c in zip(*rows)]
+    keep = ~pad[:, None, :, None] if pad.any() else None
+    problem = layer.problem(x, from_residual=True, key_padding_mask=pad if pad.any() else None,
+                            mask=None if keep is None else (keep if options.get("mask_convention", "keep") == "keep"
+                                                            else ~keep), labels=labels, **options)
+    trace = run(problem)
+    trace.extra["labels"] = {"queries": rows[0] if same else rows, "keys": rows[0] if same else rows}  # per entry
+    own = stack.model_attention(layer.layer)
+    if own is not None and "weights" in trace:
+        valid = ~np.asarray(pad)
+        a = model_attention(problem, trace, own, (valid, valid), layer=layer.layer, dtype=capture.dtype,
+                            family=capture.family, source=capture.source)
+        trace.extra["model_attention"] = a.to_dict()
+        if not a.agrees and not keep_going:
+            raise InputError(f"layer {a.layer}: the recomputation differs from the model's own attention by "
+                             f"{a.max_abs_diff:.1e} (bound {a.bound:.1e}, family {a.family}); keep_going=True keeps it",
+                             capture.source)
+    return trace
 
 
 def load_layer(model: str | Path, layer: int | None = None, *, prefix: str | None = None, heads: int | None = None,

@@ -126,6 +126,7 @@ from attncli.cli import view as _view  # noqa: E402,F401  (registers the view co
 
 # commands are listed in --help in registration order: run, self, check, examples
 # isort: split
+from attncli.cli import capture as _capture  # noqa: E402,F401  (registers the capture command)
 from attncli.cli import check as _check  # noqa: E402,F401  (registers the check command)
 from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
 from attncli.cli import inspect as _inspect  # noqa: E402,F401  (registers the inspect command)
