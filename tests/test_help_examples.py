@@ -32,6 +32,10 @@ NOT_RUN = {  # example -> why it cannot run from an empty folder with the bundle
     "attncli check kernel_out.pt q.pt k.pt v.pt --causal --precision-of bfloat16": "needs a kernel's saved tensors",
     "attncli check expected.npy q.npy k.npy v.npy -x 1,2": "needs the user's files",
     "attncli inspect ./tiny-llama": "needs a model folder",
+    "attncli capture ./tiny-llama \"The cat drank the milk because it was sweet\" -o cap.npz": "needs a model folder "
+    "(and its tokenizer)",
+    "attncli self cap.npz --weights ./tiny-llama --layer 1": "needs a capture and its model folder",
+    "attncli capture ./tiny-t5 \"the cat\" --target \"le chat\" -o t5.npz": "needs a model folder (and its tokenizer)",
     "attncli inspect model.safetensors --format json": "needs a checkpoint file",
 }
 
