@@ -927,10 +927,10 @@ def rope_freqs_float16(c: Context) -> Result:
                               "within {W} positions on both sides, the later ones too")
 def window_not_causal(c: Context) -> Result:
     """softmax(S masked where |i - j| >= W)·V"""
-    return _remask(c, _window_keep(c, lambda i, j, w: np.abs(i - j) < w))  # both sides of the query
+    return _remask(c, _with_window_mask(c, lambda i, j, w: np.abs(i - j) < w))  # both sides of the query
 
 
-def _window_keep(c: Context, keep_of: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> Subject:
+def _with_window_mask(c: Context, keep_of: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> Subject:
     """The problem with its sliding window (and causal mask) replaced by the boolean keep-mask
     ``keep_of(i, j, W)`` (query positions i (m, 1), key positions j (1, n)), ANDed with a boolean keep-mask given."""
     p, w = c.problem, c.options.window
@@ -950,7 +950,7 @@ def _window_keep(c: Context, keep_of: Callable[[np.ndarray, np.ndarray, int], np
                                          "plus window-off-by-one) instead of the W keys up to itself")
 def window_not_causal_off_by_one(c: Context) -> Result:
     """softmax(S masked where |i - j| > W)·V"""
-    return _remask(c, _window_keep(c, lambda i, j, w: np.abs(i - j) <= w))
+    return _remask(c, _with_window_mask(c, lambda i, j, w: np.abs(i - j) <= w))
 
 
 @variant("window-causal-bound-dropped", "the sliding window's causal bound was dropped: each query saw the keys "
@@ -958,7 +958,7 @@ def window_not_causal_off_by_one(c: Context) -> Result:
                                         "(HF's sliding_window_overlay without causal_mask_function)")
 def window_causal_bound_dropped(c: Context) -> Result:
     """softmax(S masked where j <= i - W)·V"""
-    return _remask(c, _window_keep(c, lambda i, j, w: j > i - w))
+    return _remask(c, _with_window_mask(c, lambda i, j, w: j > i - w))
 
 
 @variant("softcap-after-mask", "the soft-cap c·tanh(s / c) (c = {cap}) was applied after the mask: masked scores "
