@@ -46,8 +46,9 @@ def assert_rounds_as(ours: np.ndarray, module: np.ndarray, dtype: str, *, exact:
                      others: Iterable[tuple[str, np.ndarray]] = (), cell_ulps: float = 1.0, rows: bool = False,
                      what: str = "") -> None:
     """``ours`` rounds where ``module`` (torch's own, in ``dtype``) rounds: every cell within ``cell_ulps`` ulps
-    of the module's (of its row's largest magnitude with ``rows``: outputs of sums); with ``exact`` (float64 on the same inputs) an error within 10% of the module's; and every
-    reading of ``others`` farther from the module's cells than ours (see the module's docstring)."""
+    of the module's (of its row's largest magnitude with ``rows``: outputs of sums); with ``exact`` (float64 on
+    the same inputs) an error within 10% of the module's; and every reading of ``others`` farther from the
+    module's cells than ours (see the module's docstring)."""
     ours, module = np.asarray(ours, np.float64), np.asarray(module, np.float64)
     d = ulps(ours, module, dtype, rows)
     stats = {"equal": float(np.mean(d == 0)), "max_ulps": float(d.max()), "mean_ulps": float(d.mean())}
