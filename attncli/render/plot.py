@@ -164,11 +164,6 @@ STEP_LABELS = {"weights": "attention weight", "scores": "score", "scaled": "scal
                "masked": "masked score"}
 
 
-def plot_weights(trace: Trace, out: IO[bytes], fmt: str = "png") -> None:
-    """The weights alone, with the default options (kept for callers of the library)."""
-    plot_steps(trace, out, fmt, PlotOptions())
-
-
 def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> list[tuple[int, int, int, int]]:
     """Draw ``opts.steps`` (each (..., m, n)) as heatmaps into ``out`` in ``fmt`` (png, svg, pdf):
     per step a near-square grid of panels (batch entries × heads) and one colour bar. Returns each
