@@ -1,9 +1,19 @@
-"""attncli: compute attention on matrices you supply, and explain every step."""
+"""attncli: compute attention on matrices you supply, and explain every step.
+
+    import attncli
+    trace = attncli.attend(q, k, v, score="scaled-dot", causal=True)     # a Trace: every step, labelled
+    layer = attncli.load_layer("./tiny-llama", layer=3)                  # one attention layer of a checkpoint
+    trace = layer.attend(x)                                              # the same Trace as `attncli self`
+    attncli.Options                                                      # every option, typed
+
+Errors are exceptions of attncli.errors (InputError: bad input, one line naming its source); the library never
+exits and installs nothing process-wide.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["attend", "Trace", "__version__"]
+__all__ = ["attend", "load_layer", "ModelLayer", "Options", "Trace", "errors", "__version__"]
 
 # No import at all here (not even typing): the console script imports this package before its signal
 # handlers are in place, so the less it does, the smaller the window where Ctrl-C is Python's own.
@@ -11,8 +21,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from attncli import errors
     from attncli.core.engine import attend
+    from attncli.core.options import Options
     from attncli.core.trace import Trace
+    from attncli.library import ModelLayer, load_layer
 
 
 def __getattr__(name: str) -> Any:  # lazy: `attncli --help` need not import the engine
@@ -26,6 +39,19 @@ def __getattr__(name: str) -> Any:  # lazy: `attncli --help` need not import the
 
         _notebook()
         return Trace
+    if name in ("load_layer", "ModelLayer"):
+        from attncli import library
+
+        _notebook()
+        return getattr(library, name)
+    if name == "Options":
+        from attncli.core.options import Options
+
+        return Options
+    if name == "errors":
+        import importlib
+
+        return importlib.import_module("attncli.errors")
     raise AttributeError(name)
 
 

@@ -19,8 +19,7 @@ def _rule(f: Callable[..., Any] | None) -> str:
 
 
 def _row(fam: Family) -> tuple[str, ...]:
-    norm = "none" if fam.pre_norm is None else f"{fam.pre_norm} `{fam.norm_name}`" + (
-        " (inside the module)" if fam.norm_inside else "")
+    norm = "none (post-norm)" if fam.pre_norm is None else f"{fam.pre_norm} `{fam.norm_name}`, {fam.norm_at} the module"
     qk = "—" if fam.qk_norm is None else f"{fam.qk_norm}{' weightless' if fam.qk_weightless else ''}, {fam.qk_at}" + (
         f", switch `{fam.qk_key}`" if fam.qk_key else "") + (f", layers: {_rule(fam.qk_layers)}" if fam.qk_layers else "")
     extra = [x for x in (f"chunked: {_rule(fam.chunked)}" if fam.chunked else "",
@@ -30,19 +29,24 @@ def _row(fam: Family) -> tuple[str, ...]:
                          f"rotary base per layer `{fam.theta_key}`" if fam.theta_key else "",
                          "NTK alpha" if fam.rope_alpha else "",
                          "RMSNorm w in float32" if fam.rms_wide else "",
-                         f"RoPE rounded {fam.rope_rounding}" if fam.rope_rounding else "") if x]
+                         f"RoPE rounded {fam.rope_rounding}" if fam.rope_rounding else "",
+                         f"fused q/k/v: {fam.fused}" if fam.fused else "",
+                         "stored sinusoidal rotary table checked" if fam.rope_table else "",
+                         "requires " + ", ".join(f"`{k}`" for k, _ in fam.requires) if fam.requires else "") if x]
     keys = ", ".join(f"`{k}`" for k in sorted(fam.reads() - SHAPE_KEYS)) or "—"
+    slides = "every layer" if fam.always_slides else _rule(fam.slides) if fam.slides else "—"
     return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, fam.scale or "1/√d",
-            "yes" if fam.causal else "no", "; ".join(extra) or "—", keys)
+            "yes" if fam.causal else "no", slides, "; ".join(extra) or "—", keys)
 
 
 def main() -> None:
     rows: dict[tuple[str, ...], list[str]] = {}
     for mt, fam in FAMILIES.items():
         rows.setdefault(_row(fam), []).append(mt)
-    print("| families (model_type) | layout | rope | NoPE rule | pre-norm (tensor) | QK-norm (when its tensors are "
-          "there) | scale | causal | other | config keys read (besides the shape keys) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| families (model_type) | layout | rope | NoPE rule | norm (tensor, where it sits) | QK-norm (when its "
+          "tensors are there) | scale | causal | sliding layers without layer_types | other | config keys read (besides "
+          "the shape keys) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row, types in rows.items():
         print(f"| {', '.join(types)} | " + " | ".join(row) + " |")
     print()

@@ -57,6 +57,7 @@ from test_families import (  # noqa: E402
     _layers,
     _shared,
     _tested_layers,
+    _x_module,
     model_types,
     tiny_model,
 )
@@ -156,7 +157,7 @@ def run_family(mt: str, dtype: Any, folder: Path, seed: int = SEED) -> dict[int,
             d = getattr(a, "head_dim", None)  # whisper's decoder: 4 heads where num_attention_heads (the encoder's) is 2
             g["heads"] = g["z"].shape[-1] // d if isinstance(d, int) and d > 0 else cfg.num_attention_heads
 
-        handles += [attn.register_forward_pre_hook(pre, with_kwargs=True), out.register_forward_pre_hook(zin),
+        handles += [_x_module(attn).register_forward_pre_hook(pre, with_kwargs=True), out.register_forward_pre_hook(zin),
                     out.register_forward_hook(yout)]
     ids = (torch.arange(T) * 7 + 3).remainder(60)[None] + 3
     try:
@@ -328,7 +329,7 @@ def test_each_familys_rms_norms_round_as_declared(mt: str) -> None:
     # float32 and round once. The plain emulation (attncli.check.precision) computes the family's, and not the
     # other (a wrong fact moved the emulation's error and gave the float16 false alarms of seed 3)
     from attncli.check.precision import RoundingNamespace, rounded
-    from attncli.core import stages
+    from attncli.core import ops
 
     try:
         model, _ = tiny_model(mt, SEED)
@@ -348,10 +349,10 @@ def test_each_familys_rms_norms_round_as_declared(mt: str) -> None:
             y = m(x).double().numpy()
         eps = float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))
         xs, ws = rounded(x.double().numpy(), "float16"), rounded(m.weight.detach().double().numpy(), "float16")
-        ours = np.asarray(stages.rms_norm(xp, xs, ws, eps, plus_one=plus_one, wide_weight=wide), dtype=np.float64)
+        ours = np.asarray(ops.rms_norm(xp, xs, ws, eps, plus_one=plus_one, wide_weight=wide), dtype=np.float64)
         others = []
         if not plus_one:  # the other reading is measurably not the module's
-            others = [("the other RMSNorm", np.asarray(stages.rms_norm(xp, xs, ws, eps, wide_weight=not wide),
+            others = [("the other RMSNorm", np.asarray(ops.rms_norm(xp, xs, ws, eps, wide_weight=not wide),
                                                         dtype=np.float64))]
         assert_rounds_as(ours, y, "float16", others=others, what=f"{mt} {name}")  # tests/halfbounds.py
 

@@ -424,7 +424,7 @@ def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode:
     import importlib
 
     from attncli.check.precision import RoundingNamespace, rounded
-    from attncli.core import stages
+    from attncli.core import ops
 
     pytest.importorskip("transformers")
     mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
@@ -444,7 +444,7 @@ def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode:
         c32, s32 = (np.repeat(t[:, : d // 2], 2, axis=-1) for t in (c32, s32))
     xp, x = RoundingNamespace(dtype), rounded(q[0].double().numpy(), dtype)
     def rotated(how: str) -> np.ndarray:
-        return np.asarray(stages.rotate(xp, x, c32, s32, mode, rounding=how), dtype=np.float64)
+        return np.asarray(ops.rotate(xp, x, c32, s32, mode, rounding=how), dtype=np.float64)
 
     assert_rounds_as(rotated(rounding), want, dtype, what=f"{family} rotary",
                      others=[(other, rotated(other)) for other in sorted({"each", "once", "once-float32"} - {rounding})])
@@ -458,7 +458,7 @@ def test_plain_half_rotates_and_tunes_as_llama_4(dtype: str) -> None:
     from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding, apply_rotary_emb
 
     from attncli.check.precision import RoundingNamespace, rounded
-    from attncli.core import stages
+    from attncli.core import ops
 
     T, H, d = 40, 2, 16
     cfg = Llama4TextConfig(hidden_size=H * d, num_attention_heads=H, num_key_value_heads=H, head_dim=d,
@@ -470,14 +470,14 @@ def test_plain_half_rotates_and_tunes_as_llama_4(dtype: str) -> None:
     c32 = np.repeat(freqs[0].real.numpy(), 2, axis=-1)  # each frequency twice, side by side: (T, d)
     s32 = np.repeat(freqs[0].imag.numpy(), 2, axis=-1)
     xp, x = RoundingNamespace(dtype), rounded(q[0].transpose(0, 1).double().numpy(), dtype)  # (H, T, d)
-    got = {how: np.asarray(stages.rotate(xp, x, c32, s32, "interleaved", rounding=how), dtype=np.float64)
+    got = {how: np.asarray(ops.rotate(xp, x, c32, s32, "interleaved", rounding=how), dtype=np.float64)
            for how in ("each", "once", "once-float32")}
     assert_rounds_as(got["once-float32"], want, dtype, others=[("each", got["each"])], what="llama4 rotary")
     scales = torch.log1p(torch.floor((torch.arange(T).float() + 1.0) / 4.0)) * 0.3 + 1.0  # attn_scale 0.3, floor 4
     want_t = (q * scales.view(1, T, 1, 1)).to(q.dtype)[0].transpose(0, 1).double().numpy()
-    factors = stages.tuning_factors(np.arange(T), 0.3, 4.0)
+    factors = ops.tuning_factors(np.arange(T), 0.3, 4.0)
     twice = np.asarray(x * rounded(factors[:, None], dtype), dtype=np.float64)  # the factors rounded first: not it
-    assert_rounds_as(np.asarray(stages.tuned(xp, x, factors), dtype=np.float64), want_t, dtype,
+    assert_rounds_as(np.asarray(ops.tuned(xp, x, factors), dtype=np.float64), want_t, dtype,
                      others=[("the factors rounded first", twice)], what="llama4 tuning")
 
 

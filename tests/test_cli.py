@@ -248,7 +248,8 @@ def test_entry_point_builds_only_the_invoked_command(command: str) -> None:
     one = invoked([command, "--help"])
     assert [c.name for c in one.registered_commands] + [g.name for g in one.registered_groups] == [command]
     assert runner.invoke(one, [command, "--help"]).stdout == runner.invoke(app, [command, "--help"]).stdout
-    assert {c.name for c in app.registered_commands} == {"run", "self", "view", "check", "inspect"} and app.registered_groups
+    assert {c.name for c in app.registered_commands} == {"run", "self", "view", "check", "inspect", "capture"} \
+        and app.registered_groups
     for args in ([], ["--version"], ["rnu"], ["--help", "run"]):
         listed = invoked(args)
         assert [c.name for c in listed.registered_commands] == list(COMMANDS) and listed.registered_groups == []

@@ -229,6 +229,14 @@ def _attention(layer: Any) -> tuple[Any, Any] | None:
     return None
 
 
+def _x_module(attn: Any) -> Any:
+    """The module whose input is X, the query projection's input (issue 30: X means one thing for every family): the
+    attention module, or its query projection where a norm sits inside it, before ``self`` (pre-LN BERTs, ESM)."""
+    inside = any(n in ("LayerNorm", "self_attn_layer_norm", "ln") for n, _ in attn.named_children())
+    query = getattr(getattr(attn, "self", None), "query", None)
+    return query if inside and query is not None else attn
+
+
 @dataclass
 class Built:
     folder: Path
@@ -346,7 +354,7 @@ def build(mt: str, folder: Path, seed: int = SEED, dtype: Any = None) -> Built:
         def proj(m: Any, args: Any, res: Any, g: dict[str, Any] = got[i]) -> None:
             g.setdefault("y", _tensor(res).detach())
 
-        handles += [attn.register_forward_pre_hook(pre, with_kwargs=True), attn.register_forward_hook(post),
+        handles += [_x_module(attn).register_forward_pre_hook(pre, with_kwargs=True), attn.register_forward_hook(post),
                     out.register_forward_hook(proj)]
     ids = (torch.arange(T) * 7 + 3).remainder(60)[None] + 3
     try:

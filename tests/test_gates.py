@@ -169,7 +169,9 @@ def _tiny(mt: str, folder: Path, **over: Any) -> tuple[dict[str, np.ndarray], in
     def proj(m: Any, a: Any, r: Any) -> None:
         got.setdefault("y", r)
 
-    hooks = [attn.register_forward_pre_hook(pre, with_kwargs=True), out.register_forward_hook(proj)]
+    # X is the query projection's input (issue 30): ESM's LayerNorm inside its attention module comes before it
+    xin = attn.self.query if hasattr(attn, "LayerNorm") and hasattr(attn, "self") else attn
+    hooks = [xin.register_forward_pre_hook(pre, with_kwargs=True), out.register_forward_hook(proj)]
     with torch.no_grad():
         res = model(input_ids=(torch.arange(T) * 5 + 3).remainder(37)[None] + 3, output_hidden_states=True,
                     output_attentions=True)

@@ -28,7 +28,6 @@ from attncli.io.layouts import (  # noqa: E402
     LayerAttention,
     inspect_checkpoint,
     load_layer,
-    t5_position_bias,
 )
 
 T = 9  # tokens: longer than the sliding windows below, so windows matter
@@ -88,14 +87,13 @@ def reference(la: LayerAttention, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
     out = np.zeros((n, H * d))
     bias = None
     if f.relative_bias == "t5":
-        e = f.extra
-        bias = t5_position_bias(a["rel_bias"], n, n, e["bidirectional"], e["num_buckets"], e["max_distance"])
+        bias = hf_t5_bias(a["rel_bias"], n, n, f.rel_bidirectional, f.rel_buckets, f.rel_max_distance)
     for h in range(H):
         g = h // (H // G)  # query head h reads K/V head h // (H / G), as repeat_kv
         qh, kh, vh = q[:, h * d:(h + 1) * d], k[:, g * d:(g + 1) * d], v[:, g * d:(g + 1) * d]
         if f.qk_norm:
-            qh = rms(qh, a["q_norm"], f.qk_norm_eps, f.qk_norm == "rms1p")
-            kh = rms(kh, a["k_norm"], f.qk_norm_eps, f.qk_norm == "rms1p")
+            qh = rms(qh, a["q_norm"], f.norm_eps, f.qk_norm == "rms1p")
+            kh = rms(kh, a["k_norm"], f.norm_eps, f.qk_norm == "rms1p")
         if f.rope:
             inv, factor = rope_frequencies(f)  # checked against transformers' ROPE_INIT_FUNCTIONS below
             qh = rope(qh, pos, inv, factor, f.rope)
@@ -129,7 +127,7 @@ def rope_frequencies(facts: AttentionFacts) -> tuple[np.ndarray, float]:
     rope_scaling of config.json: none, linear, llama3 or yarn, as transformers' ``modeling_rope_utils``
     computes them (``ROPE_INIT_FUNCTIONS``). inv_freq_i = 1 / base^(2i / rotary_dim) before scaling.
     The test's reference (checked against ROPE_INIT_FUNCTIONS below); the package computes these in
-    attncli.core.stages."""
+    attncli.core.ops."""
     base, dim = facts.rope_base or 10000.0, facts.rotary_dim or facts.head_dim
     if not dim:
         raise InputError("RoPE needs the rotary dimension (head_dim); give --heads or config.json")
@@ -179,9 +177,9 @@ def pre_norm(la: LayerAttention, h: np.ndarray) -> np.ndarray:
     a = {k: np.asarray(v, dtype=np.float64) for k, v in la.arrays.items()}
     f = la.facts
     if f.pre_norm == "layernorm":
-        return layernorm(h, a["norm_w"], a.get("norm_b", 0.0), f.norm_eps)
+        return layernorm(h, a["norm_w"], a.get("norm_b", 0.0), f.pre_norm_eps)
     if f.pre_norm in ("rms", "rms1p"):
-        return rms(h, a["norm_w"], f.norm_eps, f.pre_norm == "rms1p")
+        return rms(h, a["norm_w"], f.pre_norm_eps, f.pre_norm == "rms1p")
     return h
 
 
@@ -422,10 +420,27 @@ def test_rope_frequencies_are_transformers(kind: str, tmp_path: Path) -> None:
     assert factor == pytest.approx(ref_factor, rel=1e-12)
 
 
-@pytest.mark.parametrize("bidirectional", [True, False])
-def test_t5_position_bias_is_compute_bias(bidirectional: bool) -> None:
-    """t5_position_bias against HF T5Attention.compute_bias, across the exact and the log buckets."""
+def hf_t5_bias(table: np.ndarray, m: int, n: int, bidirectional: bool, num_buckets: int,
+               max_distance: int) -> np.ndarray:
+    """T5's bias table[bucket(j - i), h] with transformers' own bucket (T5Attention._relative_position_bucket). (H, m, n)"""
     from transformers.models.t5.modeling_t5 import T5Attention
+
+    rel = torch.arange(n)[None, :] - torch.arange(m)[:, None]  # (m, n): key j - query i
+    b = T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
+                                              max_distance=max_distance).numpy()
+    return np.moveaxis(np.asarray(table)[b], -1, 0)  # (m, n, H) -> (H, m, n)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_rows_are_compute_bias(bidirectional: bool) -> None:
+    """The runtime's T5 bias (attncli.core.chain.relative_rows: the bias stage's rows) against HF
+    T5Attention.compute_bias, across the exact and the log buckets (replaces the test of heads.t5_position_bias,
+    removed: the runtime never called it)."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from attncli.core.chain import relative_rows
+    from attncli.core.problem import Problem
+    from attncli.core.projections import RelativeBias
 
     config = transformers.T5Config(num_heads=3, d_model=12, d_kv=4, relative_attention_num_buckets=16,
                                    relative_attention_max_distance=40, is_decoder=not bidirectional)
@@ -433,8 +448,12 @@ def test_t5_position_bias_is_compute_bias(bidirectional: bool) -> None:
     torch.nn.init.normal_(attn.relative_attention_bias.weight)
     m, n = 7, 90  # distances beyond max_distance land in the last bucket
     ref = attn.compute_bias(m, n)[0].detach().numpy()  # (1, H, m, n) -> (H, m, n)
-    got = t5_position_bias(attn.relative_attention_bias.weight.detach().numpy(), m, n, bidirectional, 16, 40)
-    np.testing.assert_array_equal(got, ref)
+    table = attn.relative_attention_bias.weight.detach().numpy().astype(np.float64)
+    rng = np.random.default_rng(0)
+    p = Problem.build(rng.normal(size=(1, 3, m, 4)), rng.normal(size=(1, 3, n, 4)),  # (B, H, T, d): a head axis
+                      relative_bias=RelativeBias(table, bidirectional, 16, 40))
+    got = relative_rows(p, np.arange(m))
+    np.testing.assert_array_equal(got, ref.astype(np.float64))
 
 
 def test_inspect_reads_headers_and_facts(tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def test_opt_pre_norm_is_self_attn_layer_norm(tmp_path: Path) -> None:
     ln = model.model.decoder.layers[1].self_attn_layer_norm
     np.testing.assert_array_equal(la.arrays["norm_w"], ln.weight.detach().numpy())
     np.testing.assert_array_equal(la.arrays["norm_b"], ln.bias.detach().numpy())
-    assert la.facts.norm_eps == ln.eps
+    assert la.facts.pre_norm_eps == ln.eps
     keys = inspect_checkpoint(tmp_path / "m")["attention_keys"]
     assert keys["do_layer_norm_before"]["status"] == "used"
 

@@ -1,11 +1,11 @@
-"""attncli.core.stages (the stages of today's models) against the implementations users compare with (shared/CONVENTIONS.md).
+"""attncli.core.ops (the stages of today's models) against the implementations users compare with (shared/CONVENTIONS.md).
 
 Every expected value here comes from the reference itself, run beside ours: transformers'
 functions and tiny random modules (``attn_implementation="eager"``, ``output_attentions``),
 torch SDPA and FlexAttention. Nothing is copied from attncli.
 
 ``compose_layer`` below is THE COMPOSITION THE PIPELINE MUST EQUAL: the stages of
-attncli.core.stages put together in the order of DESIGN.md (project, split, normalise, rotate,
+attncli.core.ops put together in the order of DESIGN.md (project, split, normalise, rotate,
 expand K/V, score, scale, cap, bias, mask, softmax with sinks, sum, merge). The whole-layer
 cases (``LAYER_CASES``) give it the weights and inputs captured from each HF module; the
 same cases can later be pointed at ``attncli self``.
@@ -25,7 +25,9 @@ transformers = pytest.importorskip("transformers")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from attncli.core import stages as M  # noqa: E402
+from attncli.core import ops as M  # noqa: E402
+from attncli.core.heads import alibi_slopes, check_kv_heads, check_positional, check_rope, check_sinks  # noqa: E402
+from attncli.core.options import ROPE_MODES, check_q_offset, check_softcap, check_window  # noqa: E402
 from attncli.errors import InputError  # noqa: E402
 
 F = torch.nn.functional
@@ -83,24 +85,6 @@ def test_expand_kv_equals_repeat_kv_and_sdpa_enable_gqa(backend: str, dtype: str
     if hkv not in (1, hq):  # tiling maps head h to h % G: a different answer, so the check above can fail
         tiled = torch.from_numpy(k).repeat(1, hq // hkv, 1, 1).numpy()
         assert err(ours, tiled) > 0.1
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_group_queries_equals_sdpa_enable_gqa_with_a_window(backend: str) -> None:
-    rng = np.random.default_rng(15)
-    H, G, T, S, d, W = 6, 2, 4, 9, 5, 3
-    q, k, v = rng.normal(size=(2, H, T, d)), rng.normal(size=(2, G, S, d)), rng.normal(size=(2, G, S, 3))
-    keep = M.window_keep(S - T + np.arange(T), np.arange(S), W)  # (T, S), bottom-right
-    t = {n: torch.from_numpy(a) for n, a in dict(q=q, k=k, v=v).items()}
-    ref = F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=torch.from_numpy(keep), enable_gqa=True)
-    xp = namespace(backend)
-    r = H // G
-    g = M.group_queries(xp, on(backend, q, "float64"), r)  # (2, G, r·T, d)
-    s = g @ xp.matrix_transpose(on(backend, k, "float64")) / math.sqrt(d)  # (2,G,r·T,d) x (2,G,d,S) -> (2,G,r·T,S)
-    s = xp.where(on(backend, np.tile(keep, (r, 1)), "bool"), s, xp.asarray(-math.inf, dtype=s.dtype))
-    e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
-    out = M.ungroup_heads(xp, (e / xp.sum(e, axis=-1, keepdims=True)) @ on(backend, v, "float64"), r)  # (2, H, T, 3)
-    assert err(out, ref) < 1e-12
 
 
 # ---- RoPE tables: LlamaRotaryEmbedding for each rope_type ------------------------------------------
@@ -251,7 +235,7 @@ def test_alibi_slopes_equal_bloom(heads: int) -> None:
 
     n = 6
     alibi = build_alibi_tensor(torch.ones(1, n, dtype=torch.long), heads, torch.float32)  # (H, 1, n): slope·j
-    ours = M.alibi_slopes(heads)
+    ours = alibi_slopes(heads)
     assert ours.shape == (heads,)
     assert np.allclose(ours, alibi[:, 0, 1].numpy(), rtol=3e-7, atol=0)  # Bloom: float32 base and powers
     # Bloom's slope·j and our slope·(j - i) differ by a constant per row: the same softmax
@@ -263,7 +247,7 @@ def test_alibi_slopes_equal_bloom(heads: int) -> None:
 
 def test_alibi_slopes_paper_values() -> None:
     # Press et al. 2022, section 3: for 8 heads the slopes are 1/2^1 ... 1/2^8
-    assert np.allclose(M.alibi_slopes(8), 0.5 ** np.arange(1, 9), rtol=1e-15)
+    assert np.allclose(alibi_slopes(8), 0.5 ** np.arange(1, 9), rtol=1e-15)
 
 
 # ---- windows: transformers.masking_utils -----------------------------------------------------
@@ -432,20 +416,20 @@ def test_layer_norm_equals_torch(backend: str) -> None:
 
 
 @pytest.mark.parametrize("call,option", [
-    (lambda: M.check_kv_heads(6, 4), "--kv-heads"),
-    (lambda: M.check_rope(7, None, "half"), "--rope"),
-    (lambda: M.check_rope(8, 10, "half"), "--rotary-dim"),
-    (lambda: M.check_rope(8, 3, "half"), "--rotary-dim"),
-    (lambda: M.check_rope(8, None, "spiral"), "--rope"),
-    (lambda: M.check_window(0), "--window"),
-    (lambda: M.check_softcap(0.0), "--softcap"),
-    (lambda: M.check_softcap(-1.0), "--softcap"),
-    (lambda: M.check_softcap(math.inf), "--softcap"),
-    (lambda: M.check_sinks(np.zeros(3), 4), "--sinks"),
-    (lambda: M.check_sinks(np.array([0.0, np.nan]), 2), "--sinks"),
-    (lambda: M.check_q_offset(-1), "--q-offset"),
-    (lambda: M.check_positional("additive", "rope"), "--rope"),
-    (lambda: M.check_positional("location", "alibi"), "--alibi"),
+    (lambda: check_kv_heads(6, 4), "--kv-heads"),
+    (lambda: check_rope(7, None, "half"), "--rope"),
+    (lambda: check_rope(8, 10, "half"), "--rotary-dim"),
+    (lambda: check_rope(8, 3, "half"), "--rotary-dim"),
+    (lambda: check_rope(8, None, "spiral"), "--rope"),
+    (lambda: check_window(0), "--window"),
+    (lambda: check_softcap(0.0), "--softcap"),
+    (lambda: check_softcap(-1.0), "--softcap"),
+    (lambda: check_softcap(math.inf), "--softcap"),
+    (lambda: check_sinks(np.zeros(3), 4), "--sinks"),
+    (lambda: check_sinks(np.array([0.0, np.nan]), 2), "--sinks"),
+    (lambda: check_q_offset(-1), "--q-offset"),
+    (lambda: check_positional("additive", "rope"), "--rope"),
+    (lambda: check_positional("location", "alibi"), "--alibi"),
     (lambda: M.rope_inv_freq(8, 10000.0, {"rope_type": "longrope"}), "--rope-scaling"),
     (lambda: M.rope_inv_freq(8, 10000.0, {"rope_type": "linear"}), "--rope-scaling"),
 ])
@@ -457,11 +441,11 @@ def test_bad_options_are_one_line_errors_naming_the_option(call: Any, option: st
 
 
 def test_good_options_pass() -> None:
-    assert M.check_kv_heads(8, 2) == 4 and M.check_rope(8, None, "half") == 8 and M.check_rope(10, 4, "interleaved") == 4
-    assert M.check_window(1) == 1 and M.check_softcap(50) == 50.0 and M.check_q_offset(0) == 0
-    assert M.check_sinks([0.0, -np.inf], 2).shape == (2,)
-    M.check_positional("scaled-dot", "rope")
-    M.check_positional("additive", "alibi")
+    assert check_kv_heads(8, 2) == 4 and check_rope(8, None, "half") == 8 and check_rope(10, 4, "interleaved") == 4
+    assert check_window(1) == 1 and check_softcap(50) == 50.0 and check_q_offset(0) == 0
+    assert check_sinks([0.0, -np.inf], 2).shape == (2,)
+    check_positional("scaled-dot", "rope")
+    check_positional("additive", "alibi")
 
 
 # ---- properties ---------------------------------------------------------------------------------
@@ -470,7 +454,7 @@ vectors = st.integers(1, 8).flatmap(lambda h: st.lists(st.floats(-10, 10), min_s
 
 
 @settings(max_examples=40, deadline=None)
-@given(x=vectors, p=st.integers(0, 5000), mode=st.sampled_from(M.ROPE_MODES))
+@given(x=vectors, p=st.integers(0, 5000), mode=st.sampled_from(ROPE_MODES))
 def test_rope_keeps_norms(x: list[float], p: int, mode: str) -> None:
     v = np.array(x)[None, :]
     c, s = M.rope_cos_sin(np.array([p]), M.rope_inv_freq(len(x), 10000.0, None)[0], 1.0, mode, dtype="float64")
@@ -479,7 +463,7 @@ def test_rope_keeps_norms(x: list[float], p: int, mode: str) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(q=vectors, seed=st.integers(0, 2**16), i=st.integers(0, 300), j=st.integers(0, 300), shift=st.integers(0, 300),
-       mode=st.sampled_from(M.ROPE_MODES))
+       mode=st.sampled_from(ROPE_MODES))
 def test_rope_scores_depend_on_offset_only(q: list[float], seed: int, i: int, j: int, shift: int, mode: str) -> None:
     qv = np.array(q)[None, :]
     kv = np.random.default_rng(seed).normal(size=qv.shape)
@@ -497,7 +481,7 @@ def test_rope_scores_depend_on_offset_only(q: list[float], seed: int, i: int, j:
 @given(h=st.integers(1, 12), m=st.integers(1, 6), n=st.integers(1, 6), c=st.integers(-50, 50), seed=st.integers(0, 99))
 def test_alibi_weights_shift_invariant_per_row(h: int, m: int, n: int, c: int, seed: int) -> None:
     s = np.random.default_rng(seed).normal(size=(h, m, n))
-    sl = M.alibi_slopes(h)
+    sl = alibi_slopes(h)
     a = s + M.alibi_bias(sl, np.arange(m), np.arange(n))
     b = s + M.alibi_bias(sl, np.arange(m) + c, np.arange(n)) + sl[:, None, None] * c  # slope·j + const per row
     ta, tb = torch.softmax(torch.from_numpy(a), -1), torch.softmax(torch.from_numpy(b), -1)
@@ -550,7 +534,7 @@ class Layer:
 
 def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0, past_kv: tuple[Any, Any] | None = None,
                   tables: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[Any, Any]:
-    """(output, weights) of one layer built from attncli.core.stages: THE COMPOSITION THE PIPELINE MUST EQUAL.
+    """(output, weights) of one layer built from attncli.core.ops: THE COMPOSITION THE PIPELINE MUST EQUAL.
 
     x (B, T, E): T new tokens at positions q_offset..q_offset+T-1; past_kv: the cache's (K, V),
     (B, G, P, d), already rotated (as HF caches them). Causal masking always. ``tables``: (cos, sin)
@@ -577,7 +561,7 @@ def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0, past_kv: tuple[A
     q_pos = q_offset + np.arange(T)
     # 3) rotate q and k at their positions
     if p.rope is not None:
-        r = M.check_rope(d, p.rotary_dim, p.rope)
+        r = check_rope(d, p.rotary_dim, p.rope)
         inv, factor = M.rope_inv_freq(r, p.rope_base, p.rope_scaling, p.max_positions)
         cos, sin = M.rope_cos_sin(q_pos, inv, factor, p.rope) if tables is None else tables  # float32, as HF
         q, k = M.rotate(xp, q, cos, sin, p.rope, r), M.rotate(xp, k, cos, sin, p.rope, r)
@@ -587,7 +571,7 @@ def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0, past_kv: tuple[A
     n = int(k.shape[2])
     k_pos = np.arange(n)
     # 4) grouped-query heads
-    rep = M.check_kv_heads(H, G)
+    rep = check_kv_heads(H, G)
     k, v = M.expand_kv(xp, k, rep), M.expand_kv(xp, v, rep)  # (B, G, n, d) -> (B, H, n, d)
     # 5) score and scale
     s = (q @ xp.matrix_transpose(k)) * (d ** -0.5 if p.scaling is None else p.scaling)  # (B,H,T,d)x(B,H,d,n)->(B,H,T,n)
@@ -595,7 +579,7 @@ def compose_layer(xp: Any, x: Any, p: Layer, q_offset: int = 0, past_kv: tuple[A
     if p.softcap is not None:
         s = M.softcap(xp, s, p.softcap)
     if p.alibi:
-        s = s + xp.asarray(M.alibi_bias(M.alibi_slopes(H), q_pos, k_pos), dtype=dt, device=dev)  # + (H, T, n)
+        s = s + xp.asarray(M.alibi_bias(alibi_slopes(H), q_pos, k_pos), dtype=dt, device=dev)  # + (H, T, n)
     # 8) mask: causal, or the sliding window
     keep = M.causal_keep(q_pos, k_pos) if p.window is None else M.window_keep(q_pos, k_pos, p.window)
     s = xp.where(xp.asarray(keep, device=dev), s, xp.asarray(-math.inf, dtype=dt, device=dev))
@@ -823,7 +807,7 @@ def test_flex_attention_alibi_softcap_window_gqa() -> None:
     rng = np.random.default_rng(12)
     H, G, T, d, W, cap = 4, 2, 8, 4, 3, 1.5
     q, k, v = rng.normal(size=(1, H, T, d)) * 2, rng.normal(size=(1, G, T, d)) * 2, rng.normal(size=(1, G, T, d))
-    slopes = torch.from_numpy(M.alibi_slopes(H))
+    slopes = torch.from_numpy(alibi_slopes(H))
 
     def score_mod(score: Any, b: Any, h: Any, i: Any, j: Any) -> Any:
         score = cap * torch.tanh(score / cap)
@@ -842,7 +826,7 @@ def test_flex_attention_alibi_softcap_window_gqa() -> None:
     kk, vv = M.expand_kv(np, k, H // G), M.expand_kv(np, v, H // G)
     s = M.softcap(np, q @ np.swapaxes(kk, -1, -2) * d ** -0.5, cap)  # (1,H,T,d) x (1,H,d,T) -> (1,H,T,T)
     pos = np.arange(T)
-    s = np.where(M.window_keep(pos, pos, W), s + M.alibi_bias(M.alibi_slopes(H), pos, pos), -np.inf)
+    s = np.where(M.window_keep(pos, pos, W), s + M.alibi_bias(alibi_slopes(H), pos, pos), -np.inf)
     w = np.exp(s - s.max(-1, keepdims=True))
     out = (w / w.sum(-1, keepdims=True)) @ vv
     assert err(out, ref) < 1e-10

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attncli.core.engine import attend
+from attncli.core.ops import softmax
 from attncli.core.scoring import SCORES
-from attncli.core.stages import softmax
 from attncli.core.trace import Trace
 from attncli.errors import InputError
 

@@ -196,7 +196,7 @@ def test_bfloat16_layernorm_as_cohere_in_bfloat16() -> None:
     """Half inputs: computed in float32 (weight included) and rounded once, as CohereLayerNorm does."""
     from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 
-    from attncli.core import stages
+    from attncli.core import ops
     from attncli.core.backend import get_backend
 
     q = qk()[0]
@@ -207,7 +207,7 @@ def test_bfloat16_layernorm_as_cohere_in_bfloat16() -> None:
         xb = t(q).to(torch.bfloat16)
         want = ln(xb.transpose(1, 2)).transpose(1, 2)
     xp = get_backend("torch").xp
-    got = stages.qk_norm(xp, xb, "layernorm", ln.weight.detach().reshape(H, 1, D), None, 1e-5)
+    got = ops.qk_norm(xp, xb, "layernorm", ln.weight.detach().reshape(H, 1, D), None, 1e-5)
     assert got.dtype == torch.bfloat16
     # torch's float32 means on this CPU's instruction set, ours and the module's: within a unit (tests/halfbounds.py)
     assert_rounds_as(got.double().numpy(), want.double().numpy(), "bfloat16", what="CohereLayerNorm")

@@ -54,7 +54,9 @@ def commands(text: str) -> list[tuple[str, int]]:
 
 
 COMMANDS = commands(README)
-EXTRAS = {"torch": ("'.[torch]'",), "transformers": ("transformers",), "matplotlib": ("'.[plot]'", "matplotlib")}
+# '.[hf]' (attncli capture) brings transformers, tokenizers and torch (transformers needs tokenizers itself)
+EXTRAS = {"torch": ("'.[torch]'", "'.[hf]'"), "transformers": ("transformers", "'.[hf]'"),
+          "matplotlib": ("'.[plot]'", "matplotlib")}
 
 
 def needs(section: str) -> set[str]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from attncli.check.compare import errors, within
 from attncli.check.variants import Context, NotApplicable, Result, _remask, variant
-from attncli.core import stages
+from attncli.core import ops
 from attncli.core.layer import Subject
 
 COMMON_BASES = (10000.0, 500000.0, 1000000.0, 100000.0, 50000.0, 5000000.0, 250000.0, 2000000.0, 8000000.0,
@@ -164,13 +164,6 @@ def rope_q_positions_not_offset(c: Context) -> Result:
         raise NotApplicable("the queries start at position 0")
     if o.qk_norm is not None:
         raise NotApplicable("with QK-norm the rotation comes after the norm")
-    base, width = p.rope_settings()
-    rd = stages.check_rope(p.d_qk, width, str(o.rope))
-    sc = dict(o.rope_scaling) if o.rope_scaling else None
-    seq = int(max(p.query_offset + p.m - 1, p.n - 1)) + 1
-    inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
-    cos_q, sin_q = stages.rope_cos_sin(np.arange(p.m), inv, factor, str(o.rope), "float64")
-    cos_k, sin_k = stages.rope_cos_sin(np.arange(p.n), inv, factor, str(o.rope), "float64")
-    q = stages.rotate(np, p.q, cos_q, sin_q, str(o.rope), rd)
-    k = stages.rotate(np, p.k, cos_k, sin_k, str(o.rope), rd)
+    rope = ops.rope_of(p)  # the engine's tables (its --rope-freqs, rounding, dtype, scaling, width)
+    q, k = rope.rotate(np, p.q, np.arange(p.m)), rope.rotate(np, p.k, np.arange(p.n))  # queries from 0, not P
     return c.rerun(replace(p, q=q, k=k), rope=None, rotary_dim=None, rope_scaling=None)

@@ -36,13 +36,14 @@ the engine runs its stages on it. float32 and float64 run as plain numpy arrays 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from attncli.core import stages
+from attncli.core import ops
 from attncli.core.backend import PRECISIONS, Backend, numpy_namespace, round_bfloat16
 from attncli.core.engine import run
 from attncli.core.layer import Subject
@@ -151,18 +152,6 @@ def rounded(a: Any, dtype: str) -> Any:
     return np.asarray(a, dtype=dtype)
 
 
-@dataclass(frozen=True)
-class NaiveBackend(Backend):
-    """numpy whose float arrays are held in ``precision`` (see the module docstring)."""
-
-    precision: str = "float64"
-
-    def asarray(self, a: Any, dtype: str) -> Any:
-        if np.dtype(dtype).kind != "f":
-            return np.asarray(a, dtype=dtype)
-        return rounded(a, self.precision)
-
-
 class _Wide:
     """:class:`RoundingNamespace`'s ``float32``: the width the norms compute a half-precision input in (unrounded)."""
 
@@ -186,7 +175,7 @@ class RoundingNamespace:
       (RoPE's cos and sin, a fill value, sinks) is held in the precision. transformers' rotary embeddings return
       ``cos.to(x.dtype), sin.to(x.dtype)``: in bfloat16 a rotation by rounded cos and sin, an error of up to 2⁻⁹
       of q and k, the same in every head at a position;
-    - ``float32`` is :data:`WIDE`, so the norms (attncli.core.stages.rms_norm, layer_norm) take their half-precision
+    - ``float32`` is :data:`WIDE`, so the norms (attncli.core.ops.rms_norm, layer_norm) take their half-precision
       branch: ``astype(x, float32)`` widens to plain float32 (unrounded arithmetic) and the cast back
       (``astype(y, x.dtype)``) rounds once, as transformers' RMSNorm (float32, then ``.to(input_dtype)``, then
       ``weight *`` it, rounded) and torch's LayerNorm kernel (float32 throughout, weight and bias included, one
@@ -228,12 +217,13 @@ class RoundingNamespace:
     def fused_softmax(self, s: Any) -> Any:
         """torch's softmax of a half tensor: s - max, exp, the sum and the division in float32, rounded once."""
         with np.errstate(over="ignore", invalid="ignore"):
-            return self._held(stages.softmax(np, np.asarray(_unwrap(s), dtype=np.float32)))
+            return self._held(ops.softmax(np, np.asarray(_unwrap(s), dtype=np.float32)))
 
 
-def naive_backend(precision: str) -> NaiveBackend:
+def naive_backend(precision: str) -> Backend:
+    """numpy whose float arrays are held in ``precision`` (see the module docstring)."""
     xp = RoundingNamespace(precision) if precision in ROUNDED else numpy_namespace()
-    return NaiveBackend("numpy", xp, None, precision)
+    return Backend("numpy", xp, None, functools.partial(rounded, dtype=precision))
 
 
 def naive_run(problem: Subject, precision: str) -> Trace:

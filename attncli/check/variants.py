@@ -9,7 +9,7 @@ steps it changes (``{"weights": ..., "output": ...}`` or a whole Trace from a re
 engine with modified options), or :class:`Reproduced` when it fits the expected numbers
 itself (dropout), or raises :class:`NotApplicable` saying why it does not apply to these
 inputs. Variants reuse the engine (``engine.run`` with ``dataclasses.replace``d options,
-``stages.softmax``, ``stages.scale_factor``, ``stages.merge_heads``) rather than re-implementing attention.
+``ops.softmax``, ``ops.scale_factor``, ``ops.merge_heads``) rather than re-implementing attention.
 
 Add one by writing a function here (or anywhere, before ``diagnose`` runs) with the decorator;
 ``tests/test_variants.py`` then needs a case that computes its mistake by hand.
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from attncli.check.compare import Explanation, Tolerance, errors, within
-from attncli.core import chain, stages
+from attncli.core import chain, ops
 from attncli.core.engine import run
 from attncli.core.layer import Layer, Subject
 from attncli.core.options import Options
@@ -172,7 +172,7 @@ class Context:
 
     def factor(self) -> Any:
         """The factor the engine multiplies the scores by (None: no scaling)."""
-        return stages.scale_factor(self.core, np, self.ref["scores"])[0]
+        return ops.scale_factor(self.core, np, self.ref["scores"])[0]
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
@@ -194,7 +194,7 @@ class Context:
             with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
                 return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         v = self.ref["v_clip" if "v_clip" in self.ref else "v"]  # (B, S, d_v) or unbatched (S, d_v); OLMo: clamped
-        vh = stages.split_heads(np, v if v.ndim == 3 else v[None], self.multi().heads)  # (B, H, S, d_v/H)
+        vh = ops.split_heads(np, v if v.ndim == 3 else v[None], self.multi().heads)  # (B, H, S, d_v/H)
         vh = vh if v.ndim == 3 else vh[0]
         return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
 
@@ -205,18 +205,18 @@ class Context:
         H, T, dh = heads.shape[-3:]
         if transpose:
             four = heads if heads.ndim == 4 else heads[None]
-            concat = stages.merge_heads(np, four)  # (B, H, T, dh) -> (B, T, d_v)
+            concat = ops.merge_heads(np, four)  # (B, H, T, dh) -> (B, T, d_v)
             concat = concat if heads.ndim == 4 else concat[0]
         else:
             concat = heads.reshape(heads.shape[:-3] + (T, H * dh))  # (..., H, T, dh) read as (..., T, d_v): no transpose
         out = concat
         if "gated" in self.ref:  # AFMoE / Laguna: the output gate, as the reference computed it, before W_o
-            out = stages.gated(np, out, self.ref["gate"])
+            out = ops.gated(np, out, self.ref["gate"])
         sub = self.problem.sub_norm if isinstance(self.problem, Layer) else None
         if sub is not None:  # BitNet: the RMSNorm of the concatenated heads before W_o
-            out = stages.rms_norm(np, out, sub.w, sub.eps)
+            out = ops.rms_norm(np, out, sub.w, sub.eps)
         if "W_o" in self.ref:
-            out = stages.project(np, out, self.ref["W_o"], self.ref["b_o"][0] if "b_o" in self.ref else None)
+            out = ops.project(np, out, self.ref["W_o"], self.ref["b_o"][0] if "b_o" in self.ref else None)
         return {"head_output": heads, "concat": concat, "output": out}
 
     def requires_scaling(self) -> Any:
@@ -294,7 +294,7 @@ def scale_after_softmax(c: Context) -> Result:
     if o.scale is None and (o.scaling or get_score(o.score).scaling) == "none":
         raise NotApplicable("the scores are not scaled here")
     t = c.rerun(scale=None, scaling="none")
-    f = stages.scale_factor(c.core, np, t["scores"])[0]  # the rerun's raw scores are the reference's: no reference run
+    f = ops.scale_factor(c.core, np, t["scores"])[0]  # the rerun's raw scores are the reference's: no reference run
     return c.with_output(t["weights"] * f)  # (W·f)·V = (W·V)·f
 
 
@@ -316,7 +316,7 @@ def softmax_over_queries(c: Context) -> Result:
     if c.m == 1:
         raise NotApplicable("a single query: the softmax over queries is constant")
     s = c.before_softmax()
-    w = np.swapaxes(stages.softmax(np, np.swapaxes(s, -1, -2)), -1, -2)
+    w = np.swapaxes(ops.softmax(np, np.swapaxes(s, -1, -2)), -1, -2)
     return c.with_output(w)
 
 
@@ -444,8 +444,8 @@ def nan_rows(c: Context) -> Result:
 def _keep_changes(c: Context, problem: Subject) -> bool:
     """Whether ``problem``'s keep-mask differs from this problem's."""
     core = problem.problem() if isinstance(problem, Layer) else problem
-    a, _ = stages.keep_mask(c.core, c.problem.n)
-    b, _ = stages.keep_mask(core, problem.n)
+    a, _ = ops.keep_mask(c.core, c.problem.n)
+    b, _ = ops.keep_mask(core, problem.n)
     shape = c.problem.batch_shape + (c.problem.m, c.problem.n)
     a = np.ones(shape, bool) if a is None else np.broadcast_to(a, shape)
     b = np.ones(shape, bool) if b is None else np.broadcast_to(b, shape)
@@ -536,7 +536,7 @@ def softmax_in_float16(c: Context) -> Result:
     """softmax(float16(S))·V"""
     from attncli.check.precision import softmax_in
 
-    return c.with_output(softmax_in(stages.softmax, c.before_softmax(), "float16"))
+    return c.with_output(softmax_in(ops.softmax, c.before_softmax(), "float16"))
 
 
 @variant("scale-ignored", "the scale given (--scale {scale}, e.g. Gemma's query_pre_attn_scalar^-½) was not used: "
@@ -850,18 +850,6 @@ def bias_missing(c: Context) -> Result:
     return c.rerun(replace(c.problem, relative_bias=None))
 
 
-def _rope_tables(p: Problem, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """cos, sin (T, r) at ``positions`` as the engine's rotate stage makes them (float64), and r."""
-    o = p.options
-    base, width = p.rope_settings()
-    rd = stages.check_rope(p.d_qk, width, str(o.rope))
-    sc = dict(o.rope_scaling) if o.rope_scaling else None
-    seq = int(max(p.query_offset + p.m - 1, p.n - 1)) + 1
-    inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
-    cos, sin = stages.rope_cos_sin(positions, inv, factor, str(o.rope), "float64")
-    return cos, sin, rd
-
-
 def _plain_rope(c: Context) -> Problem:
     p = c.single()
     if c.options.rope is None:
@@ -884,8 +872,7 @@ def rope_on_v(c: Context) -> Result:
     p = _plain_rope(c)
     if int(p.v.shape[-1]) != p.d_qk:
         raise NotApplicable("V's width differs from the rotated width")
-    cos, sin, rd = _rope_tables(p, np.arange(p.n))
-    return c.rerun(replace(p, v=stages.rotate(np, p.v, cos, sin, str(c.options.rope), rd)))
+    return c.rerun(replace(p, v=ops.rope_of(p).rotate(np, p.v, np.arange(p.n))))  # the engine's rotation of K
 
 
 @variant("rope-base-default", "RoPE used the default base 10000 instead of the model's {base} (config rope_theta "
@@ -952,7 +939,7 @@ def softcap_after_mask(c: Context) -> Result:
     t = c.rerun(softcap=None)
     if "masked" not in t:
         raise NotApplicable("no keys are masked")
-    return c.with_output(stages.softmax(np, stages.softcap(np, t["masked"], cap)))
+    return c.with_output(ops.softmax(np, ops.softcap(np, t["masked"], cap)))
 
 
 @variant("qk-norm-model-width", "QK-norm took the mean of squares over all the heads' features (the model width) "

@@ -21,8 +21,8 @@ from attncli.cli import process
 from attncli.errors import MESSAGE_LIMIT, AttnError, printable
 from attncli.io import session
 
-# The commands, in the order --help lists them: name -> (the module that registers it, the first paragraph
-# of its help). ``attncli NAME ...`` imports that one module (it registers its command on the app with
+# The commands, in the order --help lists them: name -> (the module that registers it, the summary --help lists:
+# the start of its own help). ``attncli NAME ...`` imports that one module (it registers its command on the app with
 # ``@app.command(NAME)`` or ``app.add_typer``); the top-level --help lists these paragraphs and imports none
 # (tests/test_startup.py checks that they are the commands' own). A new command is one row here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,11 +30,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "self": ("attncli.cli.selfattn", "Self-attention and multi-head attention: project X, split into heads, "
                                      "attend, concatenate."),
     "view": ("attncli.cli.view", "Look at every head of a layer in the browser: a local viewer on 127.0.0.1."),
+    "capture": ("attncli.cli.capture", "Run a model on some text with its own tokenizer (transformers) and save what "
+                                       "it did, for every command that takes X or HIDDEN with --weights MODEL."),
     "check": ("attncli.cli.check", "Compare expected numbers with the computed attention, and name the mistake "
                                    "if they differ."),
     "inspect": ("attncli.cli.inspect", "Show what a checkpoint holds: its attention layers, their tensors (shape, "
-                                       "dtype), the layout detected and the facts from config.json. Reads headers "
-                                       "only."),
+                                       "dtype), the layout detected and the facts from config.json."),
     "examples": ("attncli.cli.examples", "The textbook examples: list them, show one, or run one step by step."),
 }
 
@@ -80,6 +81,10 @@ def load(*names: str) -> typer.Typer:
 
     order = list(COMMANDS)
     _app.registered_commands.sort(key=lambda c: order.index(c.name) if c.name in order else len(order))
+    infos: list[Any] = [*_app.registered_commands, *_app.registered_groups]
+    for info in infos:  # the listing says the table's summary
+        if info.name in COMMANDS and not info.short_help:  # None, or typer's Default(None) for a group
+            info.short_help = COMMANDS[info.name][1]
     use_help_layout(_app)  # --help fits 80 columns: long option names on a line of their own
     return _app
 

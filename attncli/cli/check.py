@@ -104,11 +104,13 @@ INLINE = "--expected"
 @handles_errors
 @takes_options("check")
 def check_command(
-    args: Annotated[list[str], typer.Argument(metavar="[EXPECTED] Q [K [V]]", show_default=False,
-                                              help="Expected numbers (unless --expected), then the input files.")],
     problem: ProblemArgs,
     opts: Verify,
+    args: Annotated[list[str] | None, typer.Argument(
+        metavar="[EXPECTED] Q [K [V]]", show_default=False,
+        help="Expected numbers (unless --expected), then the input files (or a capture).")] = None,
 ) -> None:
+    args = list(args or [])
     fmt = opts.format
     try:
         verdict, cells = compute_verdict(args, problem, opts)
@@ -171,6 +173,9 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tupl
     if precision is not None and given:
         raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
                          "not both", "--precision-of")
+    captured = capture_verdict(args, problem, opts, reader)
+    if captured is not None:
+        return captured, []
     if problem.layer is not None and problem.layer.strip().lower() == "all":
         if opts.explain:
             raise InputError("is not offered with --layer all (which layer's cell?); check one layer with "
@@ -194,6 +199,53 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tupl
                               explain=opts.search, precision=precision, precision_source=precision_source,
                               pairs=opts.pairs))
     return (verdicts[0] if len(verdicts) == 1 else Steps(verdicts)), cells
+
+
+def capture_verdict(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any) -> Any:
+    """``check CAPTURE --weights MODEL --layer N|all`` (or ``--text``): each layer recomputed from the capture's
+    residual stream against the model's own attention weights it holds, judged as check judges numbers of the
+    capture's dtype; None when the input is no capture."""
+    from dataclasses import replace
+
+    from attncli.check.layers import LayerVerdicts
+    from attncli.check.model import model_attention
+    from attncli.cli.inputs import captured, from_capture, text_capture, wants_text
+    from attncli.core.engine import run
+    from attncli.io.capture import capture_from, is_capture
+
+    if wants_text(problem):
+        cap = text_capture(problem)
+    elif len(args) == 1 and opts.expected is None and is_capture(reader.read(args[0])):
+        cap = capture_from(reader.read(args[0]), reader.source(args[0]))
+    else:
+        return None
+    for flag, value in (("--expected", opts.expected), ("--what", opts.what not in (None, "weights")),
+                        ("--precision-of", opts.precision_of), ("--explain", bool(opts.explain))):
+        if value:
+            raise InputError("is not offered with a capture: its layers are checked against the model's own attention "
+                             "weights it holds", flag)
+    plain = replace(problem, text=None, text_file=None)
+    every = problem.layer is not None and problem.layer.strip().lower() == "all"
+    stack = cap.decoder if problem.prefix is not None and "decoder" in problem.prefix and cap.decoder else cap.stack
+    layers = list(stack.attention_layers) if every else None
+    if every and not layers:
+        raise InputError("holds none of the model's own attention weights (captured with --max-attention-mb 0?)",
+                         cap.source)
+    verdicts = []
+    for number in layers if layers is not None else [None]:
+        built = from_capture(args, plain if number is None else replace(plain, layer=str(number)), reader, cap)
+        c = captured(built)
+        assert c is not None
+        if c.own is None:
+            raise InputError(f"holds no attention of the model for layer {c.layer} (it kept layers "
+                             f"{', '.join(map(str, stack.attention_layers)) or 'none'}); capture with a larger "
+                             "--max-attention-mb", cap.source)
+        a = model_attention(built, run(built), c.own, c.valid, layer=c.layer, dtype=cap.dtype, family=c.family,
+                            source=f"{cap.source} attentions[layer {c.layer}]")
+        verdicts.append(a.verdict)
+    if layers is None:
+        return verdicts[0]
+    return LayerVerdicts(verdicts, str(problem.weights))
 
 
 def check_all_layers(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any, given: dict[str, float]) -> Any:

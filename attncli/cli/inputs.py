@@ -23,6 +23,7 @@ from attncli.core.projections import Projections, init_projections
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
 from attncli.errors import InputError, printable
+from attncli.io.capture import is_capture
 from attncli.io.files import LOADERS, SMALL_ARRAY_BYTES, STDIN, Reader
 
 if TYPE_CHECKING:
@@ -119,11 +120,17 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     are Q and K (also V); three are Q, K, V. With projections (``multihead``, ``--heads`` or a file
     with x): X [MEMORY [VALUES]], or a file with x, weights, heads, ...
     """
+    if wants_text(opts):  # --text: the capture is made here, in memory, and is the input
+        if inputs:
+            raise InputError(f"--text is the input; leave out {inputs[0]!r}", "arguments")
+        return from_capture([], opts, reader, text_capture(opts))
     if not 1 <= len(inputs) <= 3:
         what = "X [MEMORY [VALUES]]" if multihead else "Q [K [V]]"
         raise InputError(f"expected 1 to 3 inputs ({what}), got {len(inputs)}", "arguments")
     stdin_once(inputs, opts)
     content = reader.read(inputs[0])
+    if multihead is not False and is_capture(content):
+        return from_capture(inputs, opts, reader)
     file_source = reader.source(inputs[0])
     heads_mode = is_multihead(content, opts) if multihead is None else multihead
     names = ("q", "k", "v")
@@ -358,3 +365,216 @@ def _score_weights(in_file: Any, file_source: str, path: Any, reader: Reader) ->
     if in_file is None:
         return {}, file_source
     return weights_mapping(in_file, file_source), file_source
+
+
+# ---- captures (attncli capture) and --text ---------------------------------------------------------------
+
+@dataclass
+class Captured:
+    """What a problem built from a capture brings besides its arrays: the model's own attention of the layer (to
+    compare with), which queries and keys are real tokens, each entry's labels."""
+
+    capture: Any  # attncli.io.capture.Capture
+    layer: int
+    own: Any  # (B, H, m, n) the model's own weights, or None when the capture did not keep them
+    valid: tuple[Any, Any]  # (B, m), (B, n): real tokens
+    query_labels: list[list[str]]
+    key_labels: list[list[str]]
+    keep_going: bool
+    changed: str | None = None  # what changed in the model since the capture (provenance)
+
+    @property
+    def family(self) -> str:
+        return str(self.capture.family)
+
+    def json_labels(self) -> dict[str, Any]:
+        """JSON ``labels`` as the tokenizer decoded them (spaces as they are, where the views show ␣): one list per
+        entry when the entries' labels differ."""
+        if all(q == self.query_labels[0] for q in self.query_labels) and \
+                all(k == self.key_labels[0] for k in self.key_labels):
+            return {"queries": self.query_labels[0], "keys": self.key_labels[0]}
+        return {"queries": self.query_labels, "keys": self.key_labels}
+
+
+CAPTURED: dict[int, Captured] = {}  # by id() of the problem built from a capture, within one command
+
+
+def captured(problem: Any) -> Captured | None:
+    """The capture a problem was built from (None: it was not)."""
+    return CAPTURED.get(id(problem))
+
+
+def text_capture(opts: ProblemArgs) -> Any:
+    """--text / --text-file with --weights MODEL: the capture, run in memory (the model is freed after)."""
+    from attncli.cli.capture import read_texts
+    from attncli.io.hf import capture
+
+    if opts.weights is None:
+        flag = "--text" if opts.text is not None else "--text-file"
+        raise InputError("needs the model to run: --weights MODEL_FOLDER", flag)
+    texts = ([opts.text] if opts.text is not None else []) + (read_texts(opts.text_file) if opts.text_file else [])
+    return capture(str(opts.weights), texts, dtype=opts.model_dtype, device=opts.model_device)
+
+
+def wants_text(opts: ProblemArgs) -> bool:
+    return opts.text is not None or opts.text_file is not None
+
+
+def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any = None) -> Layer:
+    """The layer ``--layer N`` of ``--weights MODEL`` on a capture's residual stream entering it (``--from-residual``
+    implied): tokens as labels, padding as the key padding mask; remembered in CAPTURED with the model's own
+    attention of that layer, to compare with once computed."""
+    from attncli.io.capture import capture_from, provenance_mismatch, visible
+
+    if cap is None:
+        if len(inputs) != 1:
+            raise InputError(f"a capture is the only input (X: the residual stream it holds); got {len(inputs)} inputs",
+                             "arguments")
+        cap = capture_from(reader.read(inputs[0]), reader.source(inputs[0]))
+    source = cap.source
+    if opts.weights is None:
+        raise InputError("holds a model's residual stream; give that model: --weights MODEL_FOLDER --layer N", source)
+    for flag, given in (("--memory", opts.memory), ("--values", opts.values), ("--key-padding-mask", opts.key_padding_mask),
+                        ("--labels", opts.labels), ("--query-labels", opts.query_labels),
+                        ("--key-labels", opts.key_labels), ("--valid-lens", opts.valid_lens)):
+        if given is not None:
+            raise InputError(f"comes from the capture {source} (its tokens, its padding); leave it out", flag)
+    number = layer_number(opts.layer)
+    if number is None:
+        raise InputError("a capture holds every layer's input; choose one with --layer N (or --layer all with view "
+                         "and check)", "--layer")
+    if opts.cross:
+        return _cross(cap, number, opts, reader)
+    decoder = opts.prefix is not None and "decoder" in opts.prefix
+    stack = cap.decoder if decoder else cap.stack
+    if stack is None:
+        raise InputError(f"--prefix {opts.prefix} names a decoder, but the capture holds none (capture with --target)",
+                         source)
+    spec = str(opts.weights)
+    changed = provenance_mismatch(cap, spec)
+    if changed and not opts.keep_going:
+        raise InputError(f"does not match the capture {source} any more: {changed}; capture again, or --keep-going",
+                         spec)
+    model = checkpoint_layer(spec, number, opts.prefix, opts.heads, opts.layout).model
+    assert model is not None
+    if number >= model.layers:
+        raise InputError(f"has layers 0 to {model.layers - 1}", "--layer")
+    x = stack.state(number, source)
+    flags = dict(opts.options)
+    if flags.get("rope_scaling") is not None:
+        flags["rope_scaling"] = _rope_scaling(flags["rope_scaling"], reader)
+    sources = {"q": f"{source} hidden_states[{number}]", "key_padding_mask": f"{source} attention_mask",
+               "query_labels": f"{source} labels", "key_labels": f"{source} labels", "pre_norm": model.config_source}
+    _option_origins(sources, model.options, lambda n: f"{model.config_source}: {n}")
+    _option_origins(sources, flags, _flag)
+    options = model.config_options(Options()).merged(flags, "command line", flags=True)
+    labels = [list(row) for row in stack.labels]
+    same = all(row == labels[0] for row in labels)
+    # the views' labels: a token's own spaces made visible (␣ cat), which a table, a page or a plot would lose;
+    # entries that differ share one label per position ("cat | dog"); JSON keeps each entry's (agreement())
+    shown = [visible(t) for t in labels[0]] if same else \
+        [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*labels)]
+    pad = stack.padding if stack.padded else None
+    problem = model.problem(x, options=options, heads=opts.heads, from_residual=True, batch_first=True,
+                            query_labels=shown, key_labels=shown, sources=sources, padding=pad,
+                            mask=_padded_queries(stack.padding, options, sources, source))
+    valid = ~stack.padding
+    CAPTURED[id(problem)] = Captured(cap, number, stack.model_attention(number), (valid, valid), labels, labels,
+                                     bool(opts.keep_going), changed)
+    return problem
+
+
+def _cross(cap: Any, number: int, opts: ProblemArgs, reader: Reader) -> Layer:
+    """``--cross``: decoder layer ``number``'s cross-attention, its queries from the input the capture kept of it,
+    its keys and values from the encoder's last hidden state (attncli.io.cross reads the projections)."""
+    from attncli.io.capture import provenance_mismatch, visible
+    from attncli.io.cross import load_cross_layer
+
+    source, dec = cap.source, cap.decoder
+    if dec is None or cap.cross_inputs is None:
+        raise InputError("holds no decoder: --cross needs a capture of an encoder-decoder model taken with --target",
+                         source)
+    spec = str(opts.weights)
+    changed = provenance_mismatch(cap, spec)
+    if changed and not opts.keep_going:
+        raise InputError(f"does not match the capture {source} any more: {changed}; capture again, or --keep-going",
+                         spec)
+    model = load_cross_layer(spec, number, opts.prefix, heads=opts.heads)
+    kept = list(dec.state_layers) if dec.state_layers is not None else list(range(dec.hidden_states.shape[0] - 1))
+    if number not in kept:
+        raise InputError(f"holds the cross-attention inputs of decoder layers {kept}, not layer {number}", source)
+    x = np.asarray(cap.cross_inputs[kept.index(number)])
+    memory = np.asarray(cap.hidden_states[-1])  # the encoder's output, which every cross-attention reads
+    flags = dict(opts.options)
+    sources = {"q": f"{source} cross_inputs[{number}]", "k": f"{source} hidden_states[-1] (the encoder's output)",
+               "key_padding_mask": f"{source} attention_mask", "query_labels": f"{source} decoder_labels",
+               "key_labels": f"{source} labels"}
+    _option_origins(sources, flags, _flag)
+    options = model.config_options(Options()).merged(flags, "command line", flags=True)
+    qlab, klab = [list(r) for r in dec.labels], [list(r) for r in cap.labels]
+
+    def shown(rows: list[list[str]]) -> list[str]:
+        if all(r == rows[0] for r in rows):
+            return [visible(t) for t in rows[0]]
+        return [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*rows)]
+
+    pad = cap.stack.padding if cap.stack.padded else None
+    problem = model.problem(x, memory, options=options, heads=opts.heads, batch_first=True,
+                            query_labels=shown(qlab), key_labels=shown(klab), sources=sources, padding=pad,
+                            mask=_padded_queries(dec.padding, options, sources, source))
+    own = None
+    if cap.cross_attentions is not None and number in dec.attention_layers:
+        own = np.asarray(cap.cross_attentions[dec.attention_layers.index(number)])
+    CAPTURED[id(problem)] = Captured(cap, number, own, (~dec.padding, ~cap.stack.padding), qlab, klab,
+                                     bool(opts.keep_going), changed)
+    return problem
+
+
+def _padded_queries(padding: Any, options: Options, sources: dict[str, str], source: str) -> Any:
+    """A mask (B, 1, T, 1) that leaves padded queries out (their rows fully masked: zero weights, never shown as
+    the model's), in the convention the options read masks in; None without padding."""
+    pad = np.asarray(padding, dtype=bool)
+    if not pad.any():
+        return None
+    sources["mask"] = f"{source} attention_mask (padded queries left out)"
+    keep = ~pad[:, None, :, None]
+    return keep if options.mask_convention == "keep" else ~keep
+
+
+def agreement(problem: Any, trace: Any) -> Any:
+    """The comparison of a problem built from a capture with the model's own attention of its layer (None: not
+    built from a capture, or the capture has no attention for it); beyond the bound, a one-line refusal unless
+    --keep-going. Sets the trace's JSON ``model_attention`` (and per-entry ``labels``)."""
+    c = captured(problem)
+    if c is None:
+        return None
+    trace.extra["labels"] = c.json_labels()
+    _padded_rows_unsaid(trace, c.valid[0])
+    if c.own is None or "weights" not in trace:
+        return None
+    from attncli.check.model import model_attention
+
+    a = model_attention(problem, trace, c.own, c.valid, layer=c.layer, dtype=c.capture.dtype, family=c.family,
+                        source=c.capture.source)
+    trace.extra["model_attention"] = a.to_dict()
+    if not a.agrees and not c.keep_going:
+        why = f"; {c.changed}" if c.changed else ""
+        raise InputError(f"layer {c.layer}: the recomputation differs from the model's own attention by "
+                         f"{a.max_abs_diff:.1e} (bound {a.bound:.1e}, family {c.family}){why}; "
+                         "--keep-going shows it anyway", c.capture.source)
+    return a
+
+
+def _padded_rows_unsaid(trace: Any, valid: Any) -> None:
+    """Padded queries (left padding in a causal model) see no key: not worth a warning each when every row with
+    every key masked is one (they are left out of the comparison, and their weights are zero)."""
+    dead = trace.dead
+    if dead is None:
+        return
+    d = np.asarray(dead, dtype=bool)
+    pad = ~np.asarray(valid, dtype=bool)  # (B, m)
+    while d.ndim > pad.ndim:  # (B, H, m) -> (B, m): dead in any head
+        d = np.asarray(d.any(axis=1))
+    if d.shape != pad.shape or not d.any() or (d & ~pad).any():
+        return
+    trace.warnings[:] = [w for w in trace.warnings if "masked" not in w]

@@ -17,7 +17,9 @@ InspectFormat = choices("InspectFormat", ("rich", "json"))
 
 @app.command("inspect", help=(
     "Show what a checkpoint holds: its attention layers, their tensors (shape, dtype), the layout "
-    "detected and the facts from config.json. Reads headers only.\n\n"
+    "detected and the facts from config.json, among them where the layer's norm sits (norm_at: before or inside "
+    "the attention module, or after it for post-norm layers; --from-residual applies it, X never needs it). "
+    "Reads headers only.\n\n"
     "Examples:\n\n  attncli inspect ./tiny-llama\n\n  attncli inspect model.safetensors --format json"))
 @handles_errors
 def inspect_command(

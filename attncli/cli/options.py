@@ -48,6 +48,7 @@ from attncli.core.options import (
 from attncli.render import FORMAT_MODULES
 
 VIEWING = frozenset({"run", "self", "examples run"})  # the commands that show or save a trace
+CAPTURING = frozenset({"self", "check", "view"})  # the commands that take a capture or --text
 ONE_HEAD = frozenset({"self", "examples run"})
 
 
@@ -128,6 +129,23 @@ class ProblemArgs:
     batch_first: bool = option(
         True, "Inputs are (B, T, D) (default) or (T, B, D) as PyTorch's default layout; the steps are always "
               "batch-first.", MULTIHEAD, commands=PROJECTING)
+    # a capture (attncli capture) or text captured in memory (attncli.cli.inputs.from_capture)
+    text: str | None = option(
+        None, "With --weights MODEL: capture this text with the model's own tokenizer and forward (transformers) "
+              "first, and compute on the residual stream it gives (tokens as labels).", MULTIHEAD, commands=CAPTURING)
+    text_file: str | None = option(
+        None, "As --text, one text per line (a padded batch).", MULTIHEAD, commands=CAPTURING)
+    model_dtype: str = option(
+        "float32", "--text: the model's forward in this dtype (float32, bfloat16, float16, auto).", MULTIHEAD,
+        commands=CAPTURING, choices=lambda: ("float32", "bfloat16", "float16", "auto"))
+    model_device: str | None = option(
+        None, "--text: the model's forward on this device (cpu, cuda, mps).", MULTIHEAD, commands=CAPTURING)
+    cross: bool = option(
+        False, "With a capture taken with --target: the decoder layer's cross-attention over the encoder's output.",
+        MULTIHEAD, commands=CAPTURING)
+    keep_going: bool = option(
+        False, "Show the numbers even when they differ from the model's own attention in the capture (under a "
+               "warning) or the model changed since the capture.", MULTIHEAD, commands=CAPTURING)
 
 
 @dataclass(frozen=True)

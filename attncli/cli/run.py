@@ -52,6 +52,7 @@ def run_command(
 def execute(problem: Any, opts: View, protect: list[str]) -> None:
     """Plan what the options need, run the pipeline, and show or save the trace (``--head``: one head
     in the terminal view, every head in the files)."""
+    from attncli.cli.inputs import agreement
     from attncli.core.engine import run, select_head
     from attncli.core.plan import Needs, plan
     if opts.html is not None:
@@ -64,19 +65,26 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
     how = plan(problem, needs)
     with progress_bar(opts.quiet) as progress:
         trace = run(problem, how, progress=progress)
+    said = agreement(problem, trace)  # a capture's layer: compared with the model's own attention (or refused)
+    first = None
+    if said is not None and not opts.quiet:
+        if not said.agrees:
+            warn(said.line() + " (shown with --keep-going)")
+        else:
+            first = said.line()  # the text view's first line
     if how.skipped:
         weights_skipped_note(how.skipped, opts)
     head = opts.head
     if head is None:
-        emit(trace, opts, protect=protect)
+        emit(trace, opts, protect=protect, first=first)
         return
     view = select_head(trace, head)  # also checks that the head exists
     if opts.format != "rich":
-        emit(trace, opts, protect=protect)
+        emit(trace, opts, protect=protect, first=first)
         return
     if opts.save is not None:  # the file keeps every head; the terminal shows one
         emit(trace, replace(opts, quiet=True, svg=None, html=None, plot=None), protect=protect)
-    emit(view, replace(opts, save=None), protect=protect)
+    emit(view, replace(opts, save=None), protect=protect, first=first)
 
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",
@@ -180,8 +188,9 @@ def pictures(trace: Any, opts: View, ropts: Any) -> Any:
     return show
 
 
-def emit(trace: Any, opts: View, protect: list[str]) -> None:
-    """Print the trace in the chosen format, save it if asked, and report warnings on stderr."""
+def emit(trace: Any, opts: View, protect: list[str], first: str | None = None) -> None:
+    """Print the trace in the chosen format, save it if asked, and report warnings on stderr. ``first``: a line the
+    text view starts with (a capture's layer against the model's own attention), once everything is checked."""
     from rich.console import Console
 
     from attncli.io.files import atomic_write
@@ -211,6 +220,8 @@ def emit(trace: Any, opts: View, protect: list[str]) -> None:
         if not opts.quiet:
             # labels are text: no markup, no :emoji: codes
             console = Console(soft_wrap=False, markup=False, emoji=False)
+            if first is not None:
+                console.print(first, highlight=False, soft_wrap=True)  # one line, whatever the width
             FORMATS["rich"](trace, ropts, console)
     else:
         FORMATS[fmt](trace, ropts, sys.stdout)

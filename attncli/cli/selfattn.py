@@ -41,16 +41,16 @@ Examples:
 @handles_errors
 @takes_options("self")
 def self_command(
-    x: Annotated[str, typer.Argument(metavar="X", show_default=False,
-                                     help="Input (T, D) or (B, T, D): a file, - for stdin, or a file with x, weights, "
-                                          "heads, labels, ... entries.")],
     problem: ProblemArgs,
     view: View,
+    x: Annotated[str | None, typer.Argument(metavar="X", show_default=False,
+                                            help="Input (T, D) or (B, T, D): a file, - for stdin, a file with x, "
+                                                 "weights, ... entries, or a capture.")] = None,
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.cli.run import execute
     from attncli.io.files import Reader
 
     reader = Reader()
-    built = build_problem([x], problem, reader, multihead=True)
-    execute(built, view, protect=[x, *reader.paths])
+    built = build_problem([x] if x is not None else [], problem, reader, multihead=True)
+    execute(built, view, protect=[*([x] if x is not None else []), *reader.paths])

@@ -52,22 +52,48 @@ class Serve:
 @handles_errors
 @takes_options("view")
 def view_command(
-    inputs: Annotated[list[str], typer.Argument(metavar="Q [K [V]] | X | HIDDEN", show_default=False,
-                                                help="Input files, or - for stdin.")],
     problem: ProblemArgs,
     serving: Serve,
+    inputs: Annotated[list[str] | None, typer.Argument(metavar="Q [K [V]] | X | HIDDEN | CAPTURE", show_default=False,
+                                                       help="Input files, or - for stdin (none with --text).")] = None,
 ) -> None:
     from attncli.cli.inputs import build_problem
     from attncli.io.files import Reader
 
     reader = Reader()
     layer = problem.layer
+    inputs = list(inputs or [])
     if layer is not None and layer.strip().lower() == "all":
         layers, model = model_layers(inputs, replace(problem, layer=None), reader), True
     else:
         built = build_problem(inputs, problem, reader)
         layers, model = [(f"layer {layer}" if layer is not None else "attention", built)], False
-    serve(layers, model, serving.port, serving.open)
+    said = verified(layers)
+    serve(layers, model, serving.port, serving.open, said)
+
+
+def verified(layers: list[tuple[str, Any]]) -> str:
+    """Each layer built from a capture, compared with the model's own attention (a difference beyond the bound is
+    refused in one line, unless --keep-going): what the viewer's header says of it ('' when nothing was)."""
+    from attncli.cli.inputs import agreement, captured
+    from attncli.core.engine import run
+
+    said = []
+    for _, p in layers:
+        c = captured(p)
+        if c is not None and c.own is not None:
+            a = agreement(p, run(p))
+            if a is not None:
+                said.append(a)
+    if not said:
+        return ""
+    if len(said) == 1:
+        return said[0].line()
+    worst = max(a.max_abs_diff for a in said)
+    differ = [a.layer for a in said if not a.agrees]
+    if differ:
+        return f"layers {', '.join(map(str, differ))} DIFFER from the model's own attention (shown with --keep-going)"
+    return f"{len(said)} layers agree with the model's own attention, max |Δ| {worst:.1e}"
 
 
 def model_layers(inputs: list[str], opts: ProblemArgs, reader: Any) -> list[tuple[str, Any]]:
@@ -75,9 +101,18 @@ def model_layers(inputs: list[str], opts: ProblemArgs, reader: Any) -> list[tupl
     members 0, 1, ...), with the checkpoint's layer l."""
     import numpy as np
 
-    from attncli.cli.inputs import build_problem
+    from attncli.cli.inputs import build_problem, from_capture, text_capture, wants_text
+    from attncli.io.capture import capture_from, is_capture
     from attncli.io.files import Reader
 
+    cap = text_capture(opts) if wants_text(opts) else None
+    if cap is None and len(inputs) == 1 and is_capture(reader.read(inputs[0])):
+        cap = capture_from(reader.read(inputs[0]), reader.source(inputs[0]))
+    if cap is not None:  # every layer the capture holds the input of
+        plain = replace(opts, text=None, text_file=None)
+        stack = cap.decoder if opts.prefix is not None and "decoder" in opts.prefix and cap.decoder else cap.stack
+        kept = stack.state_layers or range(stack.hidden_states.shape[0] - 1)
+        return [(f"layer {i}", from_capture(inputs, replace(plain, layer=str(i)), reader, cap)) for i in kept]
     if len(inputs) != 1:
         raise InputError("--layer all takes one input: HIDDEN, the hidden states of every layer", "arguments")
     if opts.weights is None:
@@ -114,15 +149,16 @@ def model_layers(inputs: list[str], opts: ProblemArgs, reader: Any) -> list[tupl
     return out
 
 
-def serve(layers: list[tuple[str, Any]], model: bool, port: int, open_browser: bool) -> None:
-    """Start the viewer, print its URL, open it, and serve until Ctrl-C (then exit 0)."""
+def serve(layers: list[tuple[str, Any]], model: bool, port: int, open_browser: bool, said: str = "") -> None:
+    """Start the viewer, print its URL, open it, and serve until Ctrl-C (then exit 0). ``said``: how the layers
+    compare with the model's own attention (a capture's), for the header."""
     import secrets
 
     from attncli.render.viewer import Layer, Server, Viewer
 
     computed = [Layer(p, name) for name, p in layers]
     viewer = Viewer(computed, secrets.token_urlsafe(24), model=model,
-                    title="attncli view: " + ("model" if model else layers[0][0]))
+                    title="attncli view: " + ("model" if model else layers[0][0]) + (f" · {said}" if said else ""))
     try:
         server = Server(viewer, port)
     except OSError as e:

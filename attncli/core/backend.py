@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,9 +36,13 @@ class Backend:
     name: str
     xp: Any
     device: Any = None
+    hold: Callable[[Any], Any] | None = None  # how a float array is held (attncli.check.precision: rounded), or as is
 
     def asarray(self, a: Any, dtype: str) -> Any:
-        """Move a numpy array (or array-like) onto this backend with the given float dtype."""
+        """Move a numpy array (or array-like) onto this backend with the given float dtype (``hold`` says how a
+        float array is held, where the backend holds them in a precision of its own)."""
+        if self.hold is not None and np.dtype(dtype).kind == "f":
+            return self.hold(a)
         if self.name == "numpy":
             return np.asarray(a, dtype=dtype)
         import torch
@@ -52,7 +57,8 @@ class Backend:
             return np.asarray(a, dtype=bool)
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(np.asarray(a, dtype=bool))).to(self.device)
+        arr = np.ascontiguousarray(np.asarray(a, dtype=bool))
+        return torch.from_numpy(arr if arr.flags.writeable else arr.copy()).to(self.device)  # a Problem's: read-only
 
     def device_name(self) -> str:
         return "cpu" if self.device is None else str(self.device)

@@ -32,12 +32,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from attncli.core import chain, stages
+from attncli.core import chain, ops
 from attncli.core.backend import Backend, blas_threads, set_blas_threads, threads, to_numpy
 from attncli.core.problem import Problem
 from attncli.core.scoring import get_score
@@ -68,56 +67,9 @@ def output_only(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: d
     and records which path ran in ``trace.meta.path``.
     """
     trace.meta.path = "sdpa" if sdpa else "blocked"
-    r = problem.n_rep
-    if r == 1:
-        return _output(problem, be, q, k, v, params, trace, progress, sdpa)
-    # grouped-query heads without copies of K/V: query heads t, t + r, t + 2r, ... read K/V heads 0, 1, 2, ...
-    out = be.xp.empty(problem.batch_shape + (problem.m, int(v.shape[-1])), dtype=q.dtype, device=be.device)
-    dead = []
-    for t in range(r):
-        sub = query_heads(problem, t)
-        part = Trace()
-        out[..., t::r, :, :] = _output(sub, be, q[..., t::r, :, :], k, v, params, part, None, sdpa)
-        if progress is not None:
-            progress((t + 1) * problem.m // r, problem.m)
-        dead.append(part.dead)
-        told = set(stages.dead_row_messages(sub, part.dead)) if part.dead is not None else set()
-        trace.warnings.extend(w for w in part.warnings if w not in told and w not in trace.warnings)
-    if any(d is not None for d in dead):
-        full = np.zeros(problem.batch_shape + (problem.m,), dtype=bool)
-        for t, d in enumerate(dead):
-            if d is not None:
-                full[..., t::r, :] = d
-        trace.dead = full
-        trace.warnings.extend(stages.dead_row_messages(problem, full))
-    if trace.meta.softmax is None:
-        trace.meta.softmax = part.meta.softmax
-    return out
-
-
-def query_heads(problem: Problem, t: int) -> Problem:
-    """The problem of the query heads t, t + r, t + 2r, ... (r = n_rep): each reads K/V head h // r, so
-    with those heads alone K and V pair with them head for head. Per-head masks, lengths, sinks and
-    slopes are sliced the same way."""
-    r, H = problem.n_rep, problem.head_count
-
-    def heads(a: Any, axis: int) -> Any:  # the head axis of an array broadcast over (..., H, <axis> more)
-        if a is None or a.ndim < -axis or a.shape[axis] != H:
-            return a
-        return a[(Ellipsis, slice(t, None, r)) + (slice(None),) * (-axis - 1)]
-
-    slopes = problem.slopes()
-    limit = None if problem.query_limit is None else \
-        np.broadcast_to(problem.query_limit, problem.batch_shape + (problem.m,))[..., t::r, :]  # (..., H / r, m)
-    return replace(problem, q=problem.q[..., t::r, :, :], mask=heads(problem.mask, -3), valid_lens=limit,
-                   padding=heads(problem.padding, -3), sinks=None if problem.sinks is None else problem.sinks[t::r],
-                   alibi_slopes=None if slopes is None else slopes[t::r],
-                   relative_bias=None if problem.relative_bias is None else
-                   replace(problem.relative_bias, table=np.asarray(problem.relative_bias.table)[:, t::r]))
-
-
-def _output(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
-            progress: Progress | None, sdpa: bool) -> Any:
+    if problem.n_rep > 1:  # grouped-query heads: query head h reads K/V head h // r, as the explicit path (a copy of
+        # K and V per query head: H·S·d numbers, small beside the scores of a block)
+        k, v = ops.expand_kv(be.xp, k, problem.n_rep), ops.expand_kv(be.xp, v, problem.n_rep)  # (..., G, S, d) -> (..., H, S, d)
     if sdpa:
         return _sdpa(problem, be, q, k, v, trace, progress)
     return _blocked(problem, be, q, k, v, params, trace, progress)
@@ -145,7 +97,7 @@ def key_chunk(problem: Problem, rows: int) -> int:
 def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict[str, Any], trace: Trace,
              progress: Progress | None) -> Any:
     """Blocks of queries (and, for very many keys, chunks of keys with an online softmax:
-    stages.OnlineSoftmax), each through the same stages as the explicit path."""
+    ops.OnlineSoftmax), each through the same stages as the explicit path."""
     xp = be.xp
     m, n, dv = problem.m, problem.n, int(v.shape[-1])
     c: Any = chain.constant_factor(problem) if chain.constant_scale(problem) else \
@@ -156,29 +108,17 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     overflow: list[tuple[tuple[int, ...], float, int]] = []
     step = block_rows(problem)
     kstep = key_chunk(problem, step)
-    bound = score_bound(problem, c) if get_score(problem.options.score).name in chain.DOT_SCORES else math.inf
-    check = not bound < float(np.finfo(problem.dtype).max) / 4
-    finite_fill = problem.options.mask_value is not None and math.isfinite(problem.options.mask_value)
-    # exp(s) itself cannot overflow, underflow to zero or make the products with V overflow: the
-    # softmax needs no running max (two passes over each block less). A fill value (d2l's -1e6), a
-    # float mask or a stage beyond the bound (a bias, sinks) could leave a row with only tiny scores,
-    # which the max would rescale: those keep it.
-    shift = not (problem.options.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
-                 and (problem.padding is None or problem.padding.dtype == bool) and chain.bounded(problem)
-                 and shift_free(problem, bound))
+    check, shift = _softmax_rules(problem, c)
     trace.meta.softmax = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
-    if problem.sinks is not None:  # the sink: one more key per head, its value 0 (it adds to the row sums only)
-        sink_v1 = xp.concat([xp.zeros((1, dv), dtype=v.dtype, device=be.device),
-                             xp.ones((1, 1), dtype=v.dtype, device=be.device)], axis=-1)  # (1, d_v + 1)
 
     @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
     def block(i0: int) -> int:
         i1 = min(m, i0 + step)
         qb = q[..., i0:i1, :]  # (..., b, d)
         rows = chain.block(problem, be, (i0, i1), c)  # this block's masks and biases, (..., b, n)
-        acc = stages.OnlineSoftmax(xp, shift)
+        acc = ops.OnlineSoftmax(xp, shift)
         kept = None  # any key kept (..., b)
         lo, hi = visible_keys(problem, i0, i1)
         for j0 in range(lo, hi, kstep):
@@ -189,20 +129,15 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
                 _check_overflow(lg.raw, to_numpy(c) if lg.folded else 1.0, half_limit, (i0, j0), overflow)
             if lg.keep is not None:
                 kept = xp.any(lg.keep, axis=-1) if kept is None else kept | xp.any(lg.keep, axis=-1)
-            if check or finite_fill:  # the scores may overflow: the same one-line error as the explicit path
-                stages.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
+            if check:  # the scores may overflow (or a fill value may not be below them): the explicit path's error
+                ops.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
             # 6) softmax, folded into the product with V, normalised at the end
             acc.add(lg.s, v1[..., cols, :], reuse=lg.s is lg.raw and lg.folded)
         if problem.sinks is not None:  # 6) with sinks: exp(sink_h) joins each row's sum
-            acc.add(stages.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device), sink_v1)
+            acc.add_sinks(ops.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device))
         out[..., i0:i1, :] = acc.finish()
-        if rows.keep is not None or rows.bias is not None:
-            if shift:
-                rows_dead = acc.dead() if kept is None else acc.dead() | ~kept
-            else:  # boolean masks only: a row is dead when it kept no key
-                assert kept is not None
-                rows_dead = ~kept
-            dead[..., i0:i1] |= to_numpy(rows_dead)
+        if rows.keep is not None or rows.bias is not None:  # without a running max (boolean masks only): no key kept
+            dead[..., i0:i1] |= to_numpy(ops.row_dead(xp, acc.top(), kept))
         return i1
 
     starts = range(0, m, step)
@@ -212,6 +147,22 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+def _softmax_rules(problem: Problem, c: Any) -> tuple[bool, bool]:
+    """(check, shift): whether a block's scores may overflow (then checked as the explicit path checks them), and
+    whether the online softmax needs its running max. Without it, exp(s) itself cannot overflow, underflow to zero or
+    make the products with V overflow (two passes over each block less). A fill value (d2l's -1e6), a float mask or
+    a stage beyond the bound (a bias, sinks) could leave a row with only tiny scores, which the max would rescale:
+    those keep it."""
+    o = problem.options
+    bound = score_bound(problem, c) if get_score(o.score).name in chain.DOT_SCORES else math.inf
+    check = not bound < float(np.finfo(problem.dtype).max) / 4
+    finite_fill = o.mask_value is not None and math.isfinite(o.mask_value)
+    shift = not (o.mask_value is None and (problem.mask is None or problem.mask.dtype == bool)
+                 and (problem.padding is None or problem.padding.dtype == bool) and chain.bounded(problem)
+                 and shift_free(problem, bound))
+    return check or finite_fill, shift
 
 
 def visible_keys(problem: Problem, i0: int, i1: int) -> tuple[int, int]:
@@ -317,7 +268,7 @@ def _check_overflow(s: Any, c: Any, limit: float, at0: tuple[int, int],
 def _report(problem: Problem, trace: Trace, dead: np.ndarray, overflow: list[tuple[tuple[int, ...], float, int]]) -> None:
     if dead.any():
         trace.dead = dead
-        trace.warnings.extend(stages.dead_row_messages(problem, dead))
+        trace.warnings.extend(ops.dead_row_messages(problem, dead))
     if overflow:
         trace.warnings.append(overflow_message(problem, overflow))
 
@@ -365,7 +316,7 @@ def _frobenius(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, 
     step = block_rows(problem)
     for i0 in range(0, problem.m, step):
         with np.errstate(over="ignore", invalid="ignore"):
-            s = stages.score(problem, xp, q[..., i0:i0 + step, :], k, params)  # (..., b, n)
+            s = ops.score(problem, xp, q[..., i0:i0 + step, :], k, params)  # (..., b, n)
             finite = xp.where(xp.isfinite(s), s, xp.zeros_like(s))
             total = total + xp.sum(finite * finite, axis=(-2, -1), keepdims=True)  # (..., 1, 1)
     f = xp.sqrt(total)
@@ -419,12 +370,12 @@ def _sdpa(problem: Problem, be: Backend, q: Any, k: Any, v: Any, trace: Trace, p
     step = block_rows(problem)
     for i0 in range(0, m, step):
         i1 = min(m, i0 + step)
-        keep, bias = stages.masks(problem, be, rows=(i0, i1))
+        keep, bias = ops.masks(problem, be, rows=(i0, i1))
         if bias is not None:  # a float mask: masked keys at -inf, the others shifted by the mask
-            attn = stages.apply_mask(be.xp, bias, keep, None, -math.inf)  # masked keys at -inf, the others shifted
-            rows_dead = ~(attn > -math.inf).any(dim=-1)
+            attn = ops.apply_mask(be.xp, bias, keep, None, -math.inf)  # masked keys at -inf, the others shifted
+            rows_dead = ops.row_dead(be.xp, be.xp.max(attn, axis=-1, keepdims=True), None)
         else:
-            attn, rows_dead = keep, ~keep.any(dim=-1)
+            attn, rows_dead = keep, ops.row_dead(be.xp, None, be.xp.any(keep, axis=-1))
         attn = _as_4d(torch, attn, batch + (i1 - i0, n))  # (B, 1, b, n)
         ob = sdpa(q[..., i0:i1, :], k, v, attn_mask=attn, scale=c)  # (B, 1, b, d) (B, 1, n, d) (B, 1, n, d_v) -> (B, 1, b, d_v)
         ob = ob.reshape(batch + tuple(ob.shape[-2:]))

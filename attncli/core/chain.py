@@ -1,18 +1,23 @@
-"""The chain before the softmax, written once: :func:`logits`.
+"""The chain of attention's stages, written once: :data:`STAGES` in order, :func:`needed` per problem, :func:`logits`.
 
 Beside nanoGPT's ``CausalSelfAttention``::
 
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))     # 1) score  2) scale
     att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))  # 5) mask
-    att = F.softmax(att, dim=-1)                                         # the softmax (not here)
+    att = F.softmax(att, dim=-1)                                         # 6) softmax
 
-this module is steps 1-5 for a block of query rows against a block of key columns, with the
-stages of today's models between them (3: soft-capping, 4: ALiBi and T5's relative position
-bias). The explicit path (attncli.core.engine) calls it once for every query and records a step
-after each stage; the blocked path (attncli.core.blocked) calls it per block and folds the result
-into an online softmax. :data:`STAGES` is the whole pipeline in order, each entry saying whether
-the blocked path and PyTorch's fused kernel can compute it: :func:`supports` derives from it
-which paths may run a problem, so a stage added here is computed by every path or refuses it.
+:data:`STAGES` is the whole pipeline between the projections and the weighted sum, each entry a typed stage that
+computes its part: on each head's q and k before the scores (``qk``: QK-norm, RoPE, Llama 4's tuning of q), on the
+scores of a block of queries against a block of keys (``fn``: 2) scale, 3) soft-capping, 4) ALiBi and T5's relative
+position bias, 5) the mask), the sinks (the softmax's extra logit: ops.softmax_of, ops.OnlineSoftmax.add_sinks), and
+on the weights (``weights``: hard attention, dropout). :func:`needed` puts the stages a problem needs in the order its
+options decide (QK-norm after RoPE is a parameter of the QK-norm stage, ``after``, not a branch of the engine).
+
+The explicit path (attncli.core.engine) is "one block, every step recorded"; the blocked path (attncli.core.blocked)
+is "many blocks, online softmax"; PyTorch's fused kernel runs where every needed stage says ``sdpa``. Each stage says
+whether the blocked path and the fused kernel compute it: :func:`supports` derives from it which paths may run a
+problem, so a stage added here is computed by every path or refuses it. The softmax (exact and online), its sinks and
+the dead-row and overflow rules are attncli.core.ops's, shared by every path.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np
 
-from attncli.core import alibi, heads, stages
+from attncli.core import alibi, heads, ops
 from attncli.core.backend import Backend
+from attncli.core.ops import Rows
 from attncli.core.scoring import CONSTANT_SCALINGS, SCALINGS, get_score
-from attncli.core.stages import Rows
 from attncli.core.trace import StepName as N
 from attncli.core.trace import Trace
 
@@ -145,8 +150,8 @@ class Block:
 def block(p: Problem, be: Backend, rows: Rows = None, c: Any = None) -> Block:
     """The :class:`Block` of the queries ``rows`` (all, i0..i1-1, or an index array) against every key."""
     i = np.arange(*rows) if isinstance(rows, tuple) else np.arange(p.m) if rows is None else np.asarray(rows)
-    keep, bias = stages.masks(p, be, rows=rows)
-    ab = stages.alibi_rows(p, rows, alibi_divisor(p) or 1.0)
+    keep, bias = ops.masks(p, be, rows=rows)
+    ab = ops.alibi_rows(p, rows, alibi_divisor(p) or 1.0)
     rb = relative_rows(p, i)
     return Block(p, be, i, np.arange(p.n), keep, bias, None if ab is None else be.asarray(ab, p.dtype),
                  None if rb is None else be.asarray(rb, p.dtype), c)
@@ -167,6 +172,8 @@ def relative_rows(p: Problem, i: np.ndarray) -> np.ndarray | None:
 
 Support = bool | Callable[["Problem"], bool]
 StageFn = Callable[[Block, Any], tuple[Any, Any]]  # (block, s) -> (s, the step's parameters)
+QKFn = Callable[["Problem", Backend, Any, Any], tuple[Any, Any]]  # (problem, backend, q, k) -> (q, k)
+WeightsFn = Callable[["Problem", Backend, Any], Any]  # (problem, backend, weights) -> weights
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,9 @@ class Stage:
     blocked: Support = True
     sdpa: Support = True
     bounded: bool = False
+    qk: QKFn | None = None  # a stage on each head's q and k, before the scores (every path: computed once)
+    weights: WeightsFn | None = None  # a stage on the softmax's weights (the explicit path only)
+    after: Callable[[Problem], N | None] | None = None  # the stage it follows for this problem (else its place here)
 
     def step(self, p: Problem) -> N:
         """The name of its step for ``p`` (the bias step is 'alibi' when ALiBi is the only bias)."""
@@ -194,6 +204,63 @@ class Stage:
 
 def _ok(support: Support, p: Problem) -> bool:
     return support if isinstance(support, bool) else support(p)
+
+
+# 0) on q and k: QK-norm, RoPE, Llama 4's tuning of q (the problem's options say which and in what order)
+
+
+def norm_param(be: Backend, a: Any, dt: str) -> Any:
+    """A QK-norm weight or bias as it broadcasts over (..., H, T, d): (d,) as is, (H, d) as (H, 1, d)."""
+    x = be.asarray(a, dt)
+    return be.xp.reshape(x, (int(x.shape[0]), 1, int(x.shape[1]))) if np.ndim(a) == 2 else x
+
+
+def qk_norm_weights(p: Problem, name: str) -> tuple[Any, Any]:
+    """The QK-norm weight of ``name`` (q or k) on the host (ones, zeros for rms1p, where none is given) and its bias."""
+    wt = getattr(p, f"{name}_norm")
+    return (np.full(p.d_qk, 0.0 if p.options.qk_norm == "rms1p" else 1.0) if wt is None else wt,
+            getattr(p, f"{name}_norm_bias"))
+
+
+def _normalise(p: Problem, be: Backend, q: Any, k: Any) -> tuple[Any, Any]:
+    o = p.options
+
+    def norm(name: str, a: Any) -> Any:  # (..., H, T, d) -> (..., H, T, d)
+        wt, bias = qk_norm_weights(p, name)
+        b = None if bias is None else norm_param(be, bias, p.dtype)
+        return ops.qk_norm(be.xp, a, str(o.qk_norm), norm_param(be, wt, p.dtype), b, o.norm_eps, o.rms_wide)
+
+    return norm("q", q), norm("k", k)
+
+
+def _rotary(p: Problem, be: Backend, q: Any, k: Any) -> tuple[Any, Any]:
+    rope = ops.rope_of(p)  # q at positions P + i, k at j
+    return rope.rotate(be.xp, q, p.query_offset + np.arange(p.m)), rope.rotate(be.xp, k, np.arange(p.n))
+
+
+def query_factors(p: Problem) -> np.ndarray:
+    o = p.options
+    assert o.tuning_scale is not None
+    return ops.tuning_factors(p.query_offset + np.arange(p.m), o.tuning_scale, o.tuning_floor)  # (m,)
+
+
+def _tune(p: Problem, be: Backend, q: Any, k: Any) -> tuple[Any, Any]:
+    return ops.tuned(be.xp, q, query_factors(p)), k  # (..., m, d) * (m,) -> (..., m, d)
+
+
+def _norm_after(p: Problem) -> N | None:
+    return N.Q_ROT if p.options.qk_norm_at == "after-rope" else None
+
+
+# 7) on the weights: hard attention, dropout
+
+
+def _one_hot(p: Problem, be: Backend, w: Any) -> Any:
+    return ops.hard(be.xp, w)
+
+
+def _drop(p: Problem, be: Backend, w: Any) -> Any:
+    return ops.dropout(be, w, p.options.dropout, p.options.seed)
 
 
 # 2) scale
@@ -220,7 +287,7 @@ def _scale(b: Block, s: Any) -> tuple[Any, Scale]:
     t = b.p.options.temperature
     if b.c is not None:  # known before the scores (the blocked path): factor / T
         return s * b.c, Scale(None, t, "")
-    factor, rule = stages.scale_factor(b.p, b.be.xp, s)
+    factor, rule = ops.scale_factor(b.p, b.be.xp, s)
     c = factor if t is None else (1.0 / t if factor is None else factor / t)
     return s * c, Scale(factor, t, rule, "scale" if b.p.options.scale is not None else scaling_name(b.p))
 
@@ -237,7 +304,7 @@ def _scale_formula(a: Scale, prev: str) -> str:
 
 def _cap(b: Block, s: Any) -> tuple[Any, Cap]:
     c = float(b.p.options.softcap)  # type: ignore[arg-type]
-    return stages.softcap(b.be.xp, s, c), Cap(c)
+    return ops.softcap(b.be.xp, s, c), Cap(c)
 
 
 def _cap_formula(a: Cap, prev: str) -> str:
@@ -320,8 +387,8 @@ def _has_mask(p: Problem) -> bool:
 
 def _mask(b: Block, s: Any) -> tuple[Any, Mask]:
     o = b.p.options
-    fill = stages.fill_value(b.p)
-    return stages.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal,
+    fill = ops.fill_value(b.p)
+    return ops.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal,
                                                                       o.chunk, o.local_window)
 
 
@@ -361,18 +428,20 @@ def _scale_applies(p: Problem) -> bool:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage(N.Q_NORM, lambda p: p.options.qk_norm is not None, bounded=True),  # on q and k, before either path
-    Stage(N.Q_ROT, lambda p: p.options.rope is not None, bounded=True),
-    Stage(N.Q_TEMP, lambda p: p.options.tuning_scale is not None, bounded=True),  # a factor per query, on q
+    # on q and k, before either path; QK-norm after RoPE where the options say so (HunYuan, nanochat, Llama 4)
+    Stage(N.Q_NORM, lambda p: p.options.qk_norm is not None, bounded=True, qk=_normalise, after=_norm_after),
+    Stage(N.Q_ROT, lambda p: p.options.rope is not None, bounded=True, qk=_rotary),
+    Stage(N.Q_TEMP, lambda p: p.options.tuning_scale is not None, bounded=True, qk=_tune),  # a factor per query, on q
     Stage(N.SCORES, lambda p: True, blocked=_row_separable, sdpa=_dot, bounded=True),  # 1) score: logits' first line
     Stage(N.SCALED, _scale_applies, _scale, _scale_formula, blocked=_blocked_scale, sdpa=constant_scale,
           bounded=True),
     Stage(N.CAPPED, lambda p: p.options.softcap is not None, _cap, _cap_formula, sdpa=False, bounded=True),
     Stage(N.BIAS, _has_bias, _bias, _bias_formula, sdpa=False),
     Stage(N.MASKED, _has_mask, _mask, _mask_formula, sdpa=_sdpa_mask, bounded=True),
-    Stage(N.SINK, lambda p: p.sinks is not None, sdpa=False),  # the softmax's extra logit: OnlineSoftmax has it
-    Stage(N.HARD, lambda p: p.options.hard, blocked=False, sdpa=False),
-    Stage(N.DROPOUT, lambda p: p.options.dropout > 0, blocked=False, sdpa=False),
+    # the softmax's extra logit: computed by the softmax of each path (ops.softmax_of, OnlineSoftmax.add_sinks)
+    Stage(N.SINK, lambda p: p.sinks is not None, sdpa=False),
+    Stage(N.HARD, lambda p: p.options.hard, blocked=False, sdpa=False, weights=_one_hot),
+    Stage(N.DROPOUT, lambda p: p.options.dropout > 0, blocked=False, sdpa=False, weights=_drop),
 )
 
 
@@ -388,8 +457,15 @@ def softmax_input(names: Any) -> N:
 
 
 def needed(p: Problem) -> list[Stage]:
-    """The stages ``p`` needs, in order."""
-    return [st for st in STAGES if st.applies(p)]
+    """The stages ``p`` needs, in the order its options decide (a stage whose ``after`` names another needed stage
+    comes right after it: QK-norm after RoPE)."""
+    out = [st for st in STAGES if st.applies(p)]
+    for st in list(out):
+        follows = None if st.after is None else st.after(p)
+        if follows is not None and any(t.name == follows for t in out):
+            out.remove(st)
+            out.insert(next(i for i, t in enumerate(out) if t.name == follows) + 1, st)
+    return out
 
 
 def supports(p: Problem, path: str) -> bool:
@@ -428,7 +504,7 @@ def logits(p: Problem, q: Any, k: Any, params: dict[str, Any], b: Block, record:
     fold = record is None and b.c is not None and _dot(p)  # (c·q)·k = c·(q·k): one multiply on (b, d), not (b, n)
     if fold:
         q = q * b.c
-    s = stages.score(p, b.be.xp, q, k, params, trace)  # 1) score: (..., b, d) x (..., n_c, d) -> (..., b, n_c)
+    s = ops.score(p, b.be.xp, q, k, params, trace)  # 1) score: (..., b, d) x (..., n_c, d) -> (..., b, n_c)
     raw, unmasked = s, s
     if record is not None:
         record(next(st for st in STAGES if st.name == N.SCORES), s, None)

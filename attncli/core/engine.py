@@ -1,4 +1,4 @@
-"""The one pipeline: the stages of attncli.core.stages composed, returning a Trace.
+"""The one pipeline: the operations of attncli.core.ops composed as attncli.core.chain orders them, returning a Trace.
 
     1) project   Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v    (with projections; OLMo: clamped, q_clip ...;
                  DeepSeek MLA: q_latent, q_latent_norm, kv_latent, kv_latent_norm, k_nope, then q, k, v per head
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from attncli.core import blocked, chain, stages
+from attncli.core import blocked, chain, ops
 from attncli.core.backend import Backend, get_backend, to_numpy
 from attncli.core.layer import Layer
 from attncli.core.options import Options
@@ -49,7 +49,7 @@ from attncli.core.plan import Plan, plan
 from attncli.core.problem import Problem
 from attncli.core.projections import LATENT, Gate, Norm, Projections
 from attncli.core.scoring import get_score
-from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
+from attncli.core.trace import FEATURES, HEAD, KEYS, QUERIES, Trace
 from attncli.core.trace import StepName as N
 from attncli.core.validate import mapping
 from attncli.core.weights import DEFAULT_SEED
@@ -166,8 +166,7 @@ def prepare(problem: Problem | Layer, backend: Backend | None = None) -> Prepare
             m.batch_axes, m.head_axis = list(problem.axis_names), len(problem.axis_names) - 1
         trace.inputs.update(q=q, k=k, v=v)
     m.self_attention = problem.self_attention
-    core, q, k = _normalise_rotate(core, be, q, k, trace)
-    core, q = _tune_queries(core, be, q, trace)
+    core, q, k = _before_scores(core, be, q, k, trace)
     if core.n_rep > 1:
         m.kv_heads, m.n_rep = core.kv_heads, core.n_rep
     params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
@@ -219,9 +218,9 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
     else:
         for n in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v"):
             _weight(t, proj, w, n)
-        q = stages.project(xp, X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
-        k = stages.project(xp, Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
-        v = stages.project(xp, Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
+        q = ops.project(xp, X, w["W_q"], w.get("b_q"))  # (B, T, D) x (D, d_k) -> (B, T, d_k)
+        k = ops.project(xp, Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
+        v = ops.project(xp, Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
         y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
         t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES), config_note, _projection(proj, w, "X", "q"))
         t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
@@ -231,8 +230,8 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
         q, k, v = (_clip(t, be, a, name, clip, axes) for a, name, axes in
                    ((q, "q", (QUERIES, FEATURES)), (k, "k", (KEYS, FEATURES)), (v, "v", (KEYS, FEATURES))))
     G = layer.kv_heads or H  # K/V heads: fewer than H with grouped-query attention
-    qh = stages.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
-    kh, vh = stages.split_heads(xp, k, G), stages.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
+    qh = ops.split_heads(xp, q, H)  # (B, T, H·d) -> (B, H, T, d)
+    kh, vh = ops.split_heads(xp, k, G), ops.split_heads(xp, v, G)  # (B, S, G·d) -> (B, G, S, d)
     m = t.meta
     m.heads, m.head_width = H, {"q": proj.d_k // H, "k": proj.d_k // H, "v": proj.d_v // H}
     m.self_attention, m.batched, m.weights_format, m.weights_source = (layer.self_attention, layer.batched,
@@ -259,14 +258,14 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
         _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
 
     def norm(name: str, a: Any, wt: Any, of: str, where: str) -> Any:
-        y = stages.rms_norm(xp, a, be.asarray(wt, dt), L.eps)
+        y = ops.rms_norm(xp, a, be.asarray(wt, dt), L.eps)
         t.add(name, f"{name} = w · {of} / sqrt(mean({of}²) + {L.eps:g}): the latent's RMSNorm (w = {where})", y,
               (QUERIES if name.startswith("q") else KEYS, FEATURES), params=Normalise("rms", L.eps, True, where))
         return y
 
     src = "X"
     if L.W_qa is not None and L.q_a_norm is not None:  # q_lora_rank: Q through its own latent
-        ql = stages.project(xp, X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
+        ql = ops.project(xp, X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
         t.add("q_latent", f"q_latent = X · W_qa{_plus(w, 'b_qa')}: the queries' low-rank latent", ql, (QUERIES, FEATURES),
               params=Projection("X", "W_qa", "b_qa" if "b_qa" in w else None, L.origin.get("W_qa")))
         src = "q_latent_norm"
@@ -274,13 +273,13 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
     else:
         X_q = X
     _weight(t, proj, w, "W_q")
-    q = stages.rope_first(xp, stages.project(xp, X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
+    q = ops.rope_first(xp, ops.project(xp, X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
     t.add("q", f"Q = {src} · W_q, each head's features put [q_pe | q_nope] ({r} + {n}; W_q gives [q_nope | q_pe]: K "
           "has the same order, so q·k is unchanged, and RoPE turns the first " + f"{r})", q, (QUERIES, FEATURES),
           notes, Projection(src, "W_q", None, proj.origin.get("W_q")))
     for nm in ("W_kva", "b_kva"):
         _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
-    kv = stages.project(xp, X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
+    kv = ops.project(xp, X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
     r_kv = int(L.kv_a_norm.shape[0])
     t.add("kv_latent", f"kv_latent = X · W_kva{_plus(w, 'b_kva')} = [c | k_pe]: the keys' and values' latent c "
           f"({r_kv} features) and the rotary part of every head's key k_pe ({r})", kv, (KEYS, FEATURES),
@@ -288,13 +287,13 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
     c = norm("kv_latent_norm", kv[..., :r_kv], L.kv_a_norm, "c", L.origin.get("kv_a_norm", "kv_a_norm"))
     for nm in ("W_k", "W_v"):
         _weight(t, proj, w, nm)
-    k_nope = stages.project(xp, c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
+    k_nope = ops.project(xp, c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
     t.add("k_nope", "k_nope = kv_latent_norm · W_k: each head's keys without positions", k_nope, (KEYS, FEATURES),
           params=Projection("kv_latent_norm", "W_k", None, proj.origin.get("W_k")))
-    k = stages.shared_rope_keys(xp, k_nope, kv[..., r_kv:], H)  # (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))
+    k = ops.shared_rope_keys(xp, k_nope, kv[..., r_kv:], H)  # (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))
     t.add("k", f"K: each head's key [k_pe | k_nope_h], k_pe (kv_latent's last {r} features) the same for every head",
           k, (KEYS, FEATURES))
-    v = stages.project(xp, c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
+    v = ops.project(xp, c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
     t.add("v", "V = kv_latent_norm · W_v", v, (KEYS, FEATURES),
           params=Projection("kv_latent_norm", "W_v", None, proj.origin.get("W_v")))
     return q, k, v
@@ -314,10 +313,10 @@ def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace, wide: bool = F
     w = be.asarray(norm.w, dt)
     if norm.kind == "layernorm":
         b = None if norm.b is None else be.asarray(norm.b, dt)
-        y = stages.layer_norm(xp, X, w, b, norm.eps)
+        y = ops.layer_norm(xp, X, w, b, norm.eps)
         text = f"x_norm = (X - mean) / sqrt(var + {norm.eps:g}) · w + b"
     else:
-        y = stages.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p", wide_weight=wide)
+        y = ops.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p", wide_weight=wide)
         scale = "(1 + w)" if norm.kind == "rms1p" else "w"
         text = f"x_norm = {scale} · X / sqrt(mean(X²) + {norm.eps:g})"
     where = f" (w = {norm.origin})" if norm.origin else ""
@@ -348,75 +347,58 @@ def _plus(w: dict[str, Any], b: str) -> str:
 # ---- normalise, rotate: each head's q and k on their own (once, for every path) ---------------------
 
 
-def _normalise_rotate(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -> tuple[Problem, Any, Any]:
-    """QK-norm (of each head's q and k over its d features, or over a token's every head for rms-full) and
-    RoPE (q rotated at its positions P + i, k at j), in the order ``qk_norm_at`` says: the steps q_norm,
-    k_norm, q_rot, k_rot; the problem with the transformed q and k. K keeps its own K/V heads; its steps
-    show them per query head (head h: K/V head h // r)."""
-    o = problem.options
-    if o.qk_norm is None and o.rope is None:
+def _before_scores(problem: Problem, be: Backend, q: Any, k: Any, t: Trace) -> tuple[Problem, Any, Any]:
+    """The chain's stages on q and k (QK-norm of each head's q and k, RoPE at positions P + i and j, Llama 4's tuning
+    of q), in the order attncli.core.chain.needed decides for the problem, each recorded as its steps; the problem
+    with the transformed q and k. K keeps its own K/V heads; its steps show them per query head (head h: K/V head
+    h // r)."""
+    stages = [st for st in chain.needed(problem) if st.qk is not None]
+    if not stages:
         return problem, q, k
     r = problem.n_rep
     kv_note = [f"grouped-query: query head h reads K/V head h // {r} (the {problem.kv_heads} K/V heads shown per "
                "query head)"] if r > 1 else []
-    if o.qk_norm is not None and o.qk_norm_at == "before-rope":
-        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
-    if o.rope is not None:
-        q, k = _rope_steps(problem, be, q, k, t, kv_note)
-    if o.qk_norm is not None and o.qk_norm_at == "after-rope":
-        q, k = _qk_norm_steps(problem, be, q, k, t, kv_note)
+    for st in stages:
+        assert st.qk is not None
+        q, k = st.qk(problem, be, q, k)
+        _RECORD_QK[st.name](problem, be, q, k, t, kv_note)
     return replace(problem, q=to_numpy(q), k=to_numpy(k)), q, k
 
 
-def _tune_queries(problem: Problem, be: Backend, q: Any, t: Trace) -> tuple[Problem, Any]:
+def _tuning_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> None:
     """Llama 4's temperature tuning (its NoPE layers): q_i multiplied by log(floor((P + i + 1) / F) + 1) · a + 1,
-    the factor in float32 as HF computes it: the step q_temp; the problem with the tuned q."""
-    o = problem.options
-    if o.tuning_scale is None:
-        return problem, q
-    P = problem.query_offset
-    f = stages.tuning_factors(P + np.arange(problem.m), o.tuning_scale, o.tuning_floor)  # (m,)
-    y = stages.tuned(be.xp, q, f)  # (..., m, d) * (m,) -> (..., m, d)
+    the factor in float32 as HF computes it: the step q_temp."""
+    o, P = problem.options, problem.query_offset
+    f = chain.query_factors(problem)
     done = [s for s in ("q_rot", "q_norm") if s in t]  # the later of the two (QK-norm after RoPE: Llama 4)
     before = max(done, key=t.names().index) if done else "q"
     where = f"P + i = {P} + i" if P else "i"
     t.add("q_temp", f"q_temp = {before} · (log(floor((position + 1) / {o.tuning_floor:g}) + 1) · {o.tuning_scale:g} + 1), "
-          f"position {where}: Llama 4's temperature tuning (factors {f[0]:.6g} … {f[-1]:.6g})", y, (QUERIES, FEATURES),
-          params=Tuning(o.tuning_scale, o.tuning_floor, P))
-    return replace(problem, q=to_numpy(y)), y
+          f"position {where}: Llama 4's temperature tuning (factors {f[0]:.6g} … {f[-1]:.6g})", q, (QUERIES, FEATURES),
+          params=Tuning(o.tuning_scale or 0.0, o.tuning_floor, P))
 
 
 def _shown(problem: Problem, be: Backend, a: Any) -> Any:
     """K's steps with one entry per query head, as the scores have them."""
     r = problem.n_rep
-    return stages.expand_kv(be.xp, a, r) if r > 1 else a
+    return ops.expand_kv(be.xp, a, r) if r > 1 else a
 
 
-def _norm_param(be: Backend, a: Any, dt: str, ndim: int) -> Any:
-    """A QK-norm weight or bias as it broadcasts over (..., H, T, d): (d,) as is, (H, d) as (H, 1, d)."""
-    x = be.asarray(a, dt)
-    return be.xp.reshape(x, (int(x.shape[0]), 1, int(x.shape[1]))) if ndim == 2 else x
-
-
-def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
-    """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.stages.qk_norm)."""
+def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> None:
+    """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.ops.qk_norm)."""
     o, dt, d = problem.options, problem.dtype, problem.d_qk
     kind = str(o.qk_norm)
     plus, full, ln = kind == "rms1p", kind == "rms-full", kind == "layernorm"
     after = o.qk_norm_at == "after-rope"
-    out = []
-    for name, a in (("q", q), ("k", k)):
-        wt, bias = getattr(problem, f"{name}_norm"), getattr(problem, f"{name}_norm_bias")
-        given, per_head = wt is not None, wt is not None and np.ndim(wt) == 2
-        wt = np.full(d, 0.0 if plus else 1.0) if wt is None else wt
-        w = _norm_param(be, wt, dt, np.ndim(wt))
-        b = None if bias is None else _norm_param(be, bias, dt, np.ndim(bias))
-        y = stages.qk_norm(be.xp, a, kind, w, b, o.norm_eps, o.rms_wide)
+    for name, y in (("q", q), ("k", k)):
+        given = getattr(problem, f"{name}_norm") is not None
+        wt, bias = chain.qk_norm_weights(problem, name)
+        per_head = given and np.ndim(wt) == 2
         x = f"{name}_rot" if after else name
         wname = f"w_{name}[h]" if per_head and not full else f"w_{name}"
         scale = ("" if not given else f" · (1 + {wname})" if plus else f" · {wname}") + (
             f" + b_{name}{'[h]' if np.ndim(bias) == 2 else ''}" if bias is not None else "")
-        heads = int(a.shape[-3]) if a.ndim >= 3 else 1
+        heads = int(y.shape[-3]) if y.ndim >= 3 else 1
         if ln:
             body = f"({x} - mean({x})) / sqrt(var({x}) + {o.norm_eps:g}){scale}, over each head's {d} features"
         elif full:
@@ -433,45 +415,35 @@ def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_n
         t.inputs[f"{name}_norm_weight"] = be.asarray(wt, dt)
         if bias is not None:
             t.inputs[f"{name}_norm_bias"] = be.asarray(bias, dt)
-        out.append(y)
-    return out[0], out[1]
 
 
-def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> tuple[Any, Any]:
+def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note: list[str]) -> None:
     """The steps q_rot and k_rot: RoPE at positions P + i (queries) and j (keys)."""
-    o, xp, dt, d = problem.options, be.xp, problem.dtype, problem.d_qk
-    base, width = problem.rope_settings()
-    rd = stages.check_rope(d, width, str(o.rope))
-    sc = dict(o.rope_scaling) if o.rope_scaling else None
-    P, m, n = problem.query_offset, problem.m, problem.n
-    q_pos, k_pos = P + np.arange(m), np.arange(n)
-    inv, factor = stages.rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"),
-                                       seq_len=int(max(q_pos.max(initial=0), n - 1)) + 1)
-    inv = stages.freqs_held_in(inv, str(o.rope_freqs))  # --rope-freqs bfloat16: as model.to(bfloat16) leaves them
+    o, d = problem.options, problem.d_qk
+    rope = ops.rope_of(problem)  # what chain's rotate stage rotated with (check's RoPE uses the same)
+    base, rd, factor, P = rope.base, rope.dim, rope.factor, problem.query_offset
     held = [f"inverse frequencies held in {o.rope_freqs} (as model.to({o.rope_freqs}) leaves transformers' inv_freq; "
-            "from_pretrained(dtype=...) keeps them in float32)"] if o.rope_freqs != "float32" else []
-    tables = "float64" if dt == "float64" else "float32"  # float32 as HF; exact in float64
+            "from_pretrained(dtype=...) keeps them in float32)"] if rope.freqs != "float32" else [
+        f"inverse frequencies in float32 despite --rope-freqs {o.rope_freqs}: dynamic scaling beyond "
+        "max_position_embeddings has transformers recompute them in float32"] if o.rope_freqs != "float32" else []
     rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
     part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
-    scaled = f", {sc.get('rope_type', sc.get('type'))} scaling" if sc else ""
+    scaled = f", {rope.scaling} scaling" if rope.scaling else ""
     fac = f" · {factor:g}" if factor != 1.0 else ""
     normed = o.qk_norm is not None and o.qk_norm_at == "before-rope"
     before = {"q": "q_norm" if normed else "q", "k": "k_norm" if normed else "k"}
-    rotation = Rotation(str(o.rope), base, rd, P, factor, sc.get("rope_type", sc.get("type")) if sc else None)
-    for name, pos, a, where in (("q", q_pos, q, f"P + i = {P} + i" if P else "i"), ("k", k_pos, k, "j")):
-        c, s_ = stages.rope_cos_sin(pos, inv, factor, str(o.rope), tables)
-        y = stages.rotate(xp, a, c, s_, str(o.rope), rd, o.rope_rounding)
+    rotation = Rotation(rope.mode, base, rd, P, factor, rope.scaling)
+    for name, y, where in (("q", q, f"P + i = {P} + i" if P else "i"), ("k", k, "j")):
         formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
                    f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
         t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),
               (QUERIES if name == "q" else KEYS, FEATURES), notes=(kv_note if name == "k" else []) + held or None,
               params=rotation)
-        if name == "q":
-            q = y
-        else:
-            k = y
     t.meta.rope = rotation
-    return q, k
+
+
+_RECORD_QK: dict[N, Callable[[Problem, Backend, Any, Any, Trace, list[str]], None]] = {
+    N.Q_NORM: _qk_norm_steps, N.Q_ROT: _rope_steps, N.Q_TEMP: _tuning_steps}
 
 
 # ---- 3) - 8) the attention of each (batch, head) --------------------------------------------------
@@ -486,22 +458,22 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
             index = np.asarray(how.rows)
             q = be.xp.take(q, be.asarray(index, "int64") if be.name == "torch" else index, axis=-2)  # (..., rows, d)
         w = attention_weights(problem, be, q, k, params, trace, rows=None if how.rows is None else np.asarray(how.rows))
-        out = stages.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+        out = ops.weighted_sum(w, v)  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
         if problem.result_dtype:
             trace.warnings.extend(m for m in [blocked.score_overflow(problem, trace.step("scores").values)] if m)
         trace.meta.path = "explicit"
-        trace.add(out_name, f"{out_name} = {trace.meta.weights_step} · V", out, (QUERIES, FEATURES))
+        trace.add(out_name, f"{_symbol(out_name)} = {trace.meta.weights_step} · V", out, (QUERIES, FEATURES))
         return out
     out = blocked.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
     if how.rows is not None:
         _corner_rows(problem, be, q, _expanded(problem, be, k), params, trace, list(how.rows))
-    trace.add(out_name, f"{out_name} = weights · V", out, (QUERIES, FEATURES))
+    trace.add(out_name, f"{_symbol(out_name)} = weights · V", out, (QUERIES, FEATURES))
     return out
 
 
 def _expanded(problem: Problem, be: Backend, a: Any) -> Any:
     """K or V with one head per query head (grouped-query: query head h reads K/V head h // r)."""
-    return stages.expand_kv(be.xp, a, problem.n_rep) if problem.n_rep > 1 else a
+    return ops.expand_kv(be.xp, a, problem.n_rep) if problem.n_rep > 1 else a
 
 
 def _corner_rows(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any], trace: Trace,
@@ -551,21 +523,27 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
                               "scores, not used to keep or drop keys (save it as booleans or integers for that)")
     if N.SCALED not in [st.name for st in chain.needed(problem)]:  # no scaled step: the rule is still told
-        trace.meta.scaling = Scaling(stages.scale_factor(problem, xp, None)[1], None, o.temperature)
+        trace.meta.scaling = Scaling(ops.scale_factor(problem, xp, None)[1], None, o.temperature)
     lg = chain.logits(problem, q, k, params, chain.block(problem, be, rows), record, trace)
     raw, s, keep = lg.unmasked, lg.s, lg.keep
 
-    # 6) softmax over keys (stable); a row with every key masked gets zero weights
-    stages.check_scores(problem, xp, raw, s, keep)
+    ops.check_scores(problem, xp, raw, s, keep)  # the overflow rule of every path
+    w = _softmax_step(problem, be, s, keep, trace, rows)
+    w = _weights_steps(problem, be, w, trace)
+    trace.meta.weights_step = trace.steps[-1].name
+    return w
+
+
+def _softmax_step(problem: Problem, be: Backend, s: Any, keep: Any, trace: Trace, rows: np.ndarray | None) -> Any:
+    """6) the softmax over keys the problem asks for (ops.softmax_of: stable, with its sinks; a row with every key
+    masked gets zero weights): the steps sink and softmax (weights), the dead rows and their warnings."""
+    o, xp = problem.options, be.xp
     before = trace.steps[-1].name
-    follows = o.hard or o.dropout > 0
-    name = "softmax" if follows else "weights"
+    name = "softmax" if o.hard or o.dropout > 0 else "weights"
+    w = ops.softmax_of(problem, xp, s, None if problem.sinks is None else be.asarray(problem.sinks, problem.dtype))
     if problem.sinks is None:
-        w = stages.softmax(xp, s)
         formula = f"{name} = softmax({before}, over keys)"
-    else:  # 6) softmax with sinks: one more logit per head in the denominator, its column dropped
-        sinked = stages.softmax_sink_scaled if o.sink_form == "scale" else stages.softmax_with_sinks
-        w = sinked(xp, s, be.asarray(problem.sinks, problem.dtype))
+    else:  # one more logit per head in the denominator, its column dropped
         trace.meta.sinks = [float(x) for x in problem.sinks]
         trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
                   "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
@@ -573,26 +551,38 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
                          + (", …" if len(problem.sinks) > 8 else "")], params=Sink(tuple(trace.meta.sinks)))
         formula = f"{name} = exp({before}_ij) / (exp(sink_h) + Σ_j exp({before}_ij)): softmax over [{before} | sink_h], " \
                   "the sink's column dropped"
-    dead = stages.dead_rows(xp, s, keep)
+    dead = ops.dead_rows(xp, s, keep)
     trace.dead = dead if rows is None else None
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
-        trace.warnings.extend(stages.dead_row_messages(problem, dead))
+        trace.warnings.extend(ops.dead_row_messages(problem, dead))
     trace.add(name, formula, w, params=Softmax(before, problem.sinks is not None))
+    return w
 
-    # 7) softmax variants, each its own step: the last one is what the output uses
-    if o.hard:
-        w = trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", stages.hard(xp, w),
-                      params=Hard(trace.steps[-1].name))
-    if o.dropout > 0:
-        seed = o.seed if o.seed is not None else DEFAULT_SEED
-        w = trace.add("dropout", f"dropout = {trace.steps[-1].name} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
-                                 f"keep from default_rng({seed})", stages.dropout(be, w, o.dropout, o.seed),
-                      params=Dropout(o.dropout, seed))
-    trace.meta.weights_step = trace.steps[-1].name
+
+def _weights_steps(problem: Problem, be: Backend, w: Any, trace: Trace) -> Any:
+    """7) the chain's stages on the weights (hard attention, dropout), each its own step: the last one is what the
+    output uses."""
+    o = problem.options
+    seed = o.seed if o.seed is not None else DEFAULT_SEED
+    for st in chain.needed(problem):
+        if st.weights is None:
+            continue
+        prev = trace.steps[-1].name
+        w = st.weights(problem, be, w)
+        if st.name == N.HARD:
+            trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", w, params=Hard(prev))
+        else:
+            trace.add("dropout", f"dropout = {prev} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
+                                 f"keep from default_rng({seed})", w, params=Dropout(o.dropout, seed))
     return w
 
 
 # ---- 9) merge ---------------------------------------------------------------------------------------
+
+
+def _symbol(out_name: str) -> str:
+    """The output's symbol in its formula: one head's (head_h) for a layer's head_output."""
+    return HEAD if out_name == "head_output" else out_name
 
 
 def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> None:
@@ -600,14 +590,13 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
     marked as such; an unbatched input's batch axis dropped from every step."""
     xp, H = be.xp, problem.heads
     proj = problem.projections
-    concat = stages.merge_heads(xp, heads_out)  # (B, H, T, d_v/H) -> (B, T, d_v)
+    concat = ops.merge_heads(xp, heads_out)  # (B, H, T, d_v/H) -> (B, T, d_v)
     start = _index(t, "v_clip" if "v_clip" in t else "v") + 1
     split = _split_note(H, proj.d_k // H, proj.d_v // H)
     per_head = []
     for s in t.steps[start:]:
         per_head.append(s.name)
-        s.formula = (s.formula.replace("head_output =", "head_h =", 1) if s.name == "head_output" else s.formula) \
-            + "  (each head h)"
+        s.per_head = True
         if s.name == "scores":
             s.notes = [*s.notes, split]
             if problem.kv_heads:
@@ -629,7 +618,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
         _weight(t, proj, w, "W_o")
         _weight(t, proj, w, "b_o")
         into = t.steps[-3 if "b_o" in w else -2].name  # the step before W_o (b_o): concat, gated or sub_norm
-        out = stages.project(xp, out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
+        out = ops.project(xp, out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
         t.add("output", f"output = {into} · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
               params=Projection(into, "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
     if "weights" in t:
@@ -651,7 +640,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
 def _sub_norm(norm: Norm, be: Backend, c: Any, dt: str, t: Trace, wide: bool = False) -> Any:
     """The concatenated heads through BitNet's attn_sub_norm (an RMSNorm over the width, as HF's BitNetRMSNorm:
     in float32 for half inputs, cast back, then times w): the step sub_norm."""
-    y = stages.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps, wide_weight=wide)
+    y = ops.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps, wide_weight=wide)
     where = f" (w = {norm.origin})" if norm.origin else ""
     t.add("sub_norm", f"sub_norm = w · concat / sqrt(mean(concat²) + {norm.eps:g}): an RMSNorm of the concatenated "
           f"heads before W_o{where}", y, (QUERIES, FEATURES), params=Normalise("rms", norm.eps, True, norm.origin or None))
@@ -669,13 +658,13 @@ def _gate(gate: Gate, be: Backend, c: Any, dt: str, t: Trace) -> Any:
     where = f" (from {gate.origin})" if gate.origin else ""
     t.add("W_g", f"W_g{where}, textbook convention (in, out): the output gate's weight", w, WEIGHT_AXES,
           params=Weight(gate.origin or None))
-    z = stages.project(be.xp, x, w)  # (B, T, D) x (D, n) -> (B, T, n)
-    g = stages.gate_values(be.xp, z, gate.act)
+    z = ops.project(be.xp, x, w)  # (B, T, D) x (D, n) -> (B, T, n)
+    g = ops.gate_values(be.xp, z, gate.act)
     act = "1 / (1 + exp(-z))" if gate.act == "sigmoid" else "log(1 + exp(z))"
     par = Gating(gate.act, src, per_head, gate.origin or None)
     t.add("gate", f"gate = {gate.act}({src} · W_g) = {act}: one gate per "
           f"{'head' if per_head else 'feature of the concatenated heads'}", g, (QUERIES, FEATURES), params=par)
-    y = stages.gated(be.xp, c, g)
+    y = ops.gated(be.xp, c, g)
     t.add("gated", "gated = concat ⊙ gate" + (": each head's features times its gate" if per_head else
                                                ", feature by feature") + ", before W_o", y, (QUERIES, FEATURES), params=par)
     return y
@@ -742,9 +731,8 @@ def select_head(trace: Trace, head: int) -> Trace:
         raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")
     per_head = set(trace.meta.per_head_steps or ())
     axis = trace.meta.head_axis or 0
-    steps = [Step(s.name, f"head {head}: " + s.formula.replace("  (each head h)", "").replace("head_h", f"head_{head}"),
-                  s.values[(slice(None),) * axis + (head,)], s.axes, s.notes, s.rows, s.params)
-             if s.name in per_head else s for s in trace.steps]
+    steps = [replace(s, values=s.values[(slice(None),) * axis + (head,)], per_head=False, head=head)
+             if s.per_head or s.name in per_head else s for s in trace.steps]
     meta = replace(trace.meta, head=head, batch_axes=["batch"] if trace.meta.batched else [], per_head_steps=[])
     dead = None if trace.dead is None else trace.dead[(slice(None),) * axis + (head,)]
     return Trace(steps=steps, query_labels=trace.query_labels, key_labels=trace.key_labels,

@@ -109,15 +109,3 @@ def t5_bucket(relative: np.ndarray, bidirectional: bool, num_buckets: int, max_d
         large = max_exact + np.where(small, 0, x).astype(np.int64)  # small ones are not used: avoid casting -inf
     large = np.minimum(large, num_buckets - 1)
     return buckets + np.where(small, rel, large)
-
-
-def t5_position_bias(rel_bias: np.ndarray, m: int, n: int, bidirectional: bool, num_buckets: int,
-                     max_distance: int, q_offset: int = 0) -> np.ndarray:
-    """The bias T5 adds to the scores of query i and key j: rel_bias[bucket(j - i), h]. (H, m, n)
-
-    ``rel_bias`` is ``relative_attention_bias.weight`` (num_buckets, H); queries sit at
-    positions q_offset .. q_offset + m - 1 (``T5Attention.compute_bias``)."""
-    i = np.arange(q_offset, q_offset + m)[:, None]
-    j = np.arange(n)[None, :]
-    b = t5_bucket(j - i, bidirectional, num_buckets, max_distance)  # (m, n)
-    return np.moveaxis(np.asarray(rel_bias)[b], -1, 0)  # (m, n, H) -> (H, m, n)

@@ -8,16 +8,17 @@
     MLA (DeepSeek): Q, K, V from low-rank latents of X, an RMSNorm between the two matrices (core.projections.Latent)
     gated = concat ⊙ act(x_norm W_g)                     (AFMoE sigmoid, Laguna softplus: an output gate before W_o)
 
-A Layer holds X, Y, Z, the projections, the heads, the pre-norm and the key padding mask, and what it
-hands on to the attention of its heads (masks, lengths, labels, biases, options) under the same names
-as :class:`attncli.core.problem.Problem`'s fields. ``Layer.build`` validates all of it; the engine
-projects and splits (attncli.core.engine) and computes the Problem that ``problem(q, k, v)`` returns.
+A Layer holds X, Y, Z, the projections, the heads, the pre-norm and the key padding mask, and ``spec``: the
+problem of its heads (masks, lengths, labels, biases, options), validated once against the shapes the projections
+produce (:meth:`attncli.core.problem.Problem.shaped`). Its fields read through the layer (``layer.mask`` is
+``layer.spec.mask``); ``problem(q, k, v)`` is that spec with the computed Q, K, V. ``Layer.build`` validates it
+all; the engine projects and splits (attncli.core.engine) and computes the Problem that ``problem`` returns.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
@@ -41,61 +42,73 @@ from attncli.core.projections import (
 )
 from attncli.errors import InputError
 
-# what a layer hands on to the Problem of its heads, by the Problem's own field names
-HANDED = tuple(f.name for f in fields(Problem) if f.init and f.name not in ("q", "k", "v"))
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Layer(Shared):
-    """X, memory Y and values Z (held (B, T, D), batch first), the projections and heads: frozen.
+    """X, memory Y and values Z (held (B, T, D), batch first), the projections and heads, and the problem of its
+    heads (``spec``): frozen.
 
     ``Layer.build`` is the one way in. ``problem(Q, K, V)`` is the core problem of its heads, Q
-    (B, H, T, d) and K, V (B, G, S, d), with every mask, bias and option this layer hands on.
+    (B, H, T, d) and K, V (B, G, S, d): ``spec`` with them. A field of the spec given to the constructor
+    replaces the spec's, so ``dataclasses.replace(layer, options=o)`` works as on a Problem.
     """
 
     x: np.ndarray  # X (B, T, D); an unbatched (T, D) input held as (1, T, D)
     memory: np.ndarray  # Y (B, S, D_k), keys (and values) are projected from it; is x in self-attention
     values: np.ndarray  # Z (B, S, D_v), values are projected from it; is memory unless given
     projections: Projections  # W_q, W_k, W_v (W_o, biases): Q = X W_q + b_q, ...
+    spec: Problem  # the heads' problem, validated against the shapes of Q, K, V (zeros: no memory)
     heads: int = 1
     pre_norm: Norm | None = None  # X is the residual stream: the layer's own norm comes first (--from-residual)
     sub_norm: Norm | None = None  # BitNet: an RMSNorm of the concatenated heads before W_o (attn_sub_norm)
     gate: Gate | None = None  # AFMoE / Laguna: concat ⊙ act(x_norm · W_g) before W_o
     batch_first: bool = True  # X given (B, T, D); False: (T, B, D), PyTorch's default (held (B, T, D) here all
     # the same; the output is returned (T, B, E), as nn.MultiheadAttention(batch_first=False) returns it)
-
-    # ---- handed on to the Problem of the heads (the same names and meanings as its fields) ----
-    valid_lens: np.ndarray | None = None
-    mask: np.ndarray | None = None  # broadcastable to the per-head scores (B, H, T, S)
-    query_labels: list[str] | None = None
-    key_labels: list[str] | None = None
-    options: Options = field(default_factory=Options)
-    params: dict[str, np.ndarray] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)  # q, k, v: where X, Y, Z came from
     padding: np.ndarray | None = None  # key padding mask (B, 1, 1, S), True = ignore (PyTorch)
-    relative_bias: RelativeBias | None = None
-    sinks: np.ndarray | None = None
-    alibi_slopes: np.ndarray | None = None
-    q_norm: np.ndarray | None = None
-    k_norm: np.ndarray | None = None
-    q_norm_bias: np.ndarray | None = None
-    k_norm_bias: np.ndarray | None = None
-    batched: bool = True  # X had a batch axis (the steps drop it when not)
-    result_dtype: str | None = None
-    initialised: list[str] = field(default_factory=list)
 
     # ---- derived ----
     kv_heads: int | None = field(init=False, default=None)  # K/V heads when fewer than the query heads, else None
-    batch_shape: tuple[int, ...] = field(init=False, default=())  # (B, H): the heads' batch axes
-    axis_names: tuple[str, ...] = field(init=False, default=())
 
-    def __post_init__(self) -> None:
-        H, dh = self.heads, self.projections.d_k // self.heads
-        kv = H if self.projections.latent is not None else int(self.projections.W_k.shape[1]) // dh  # MLA: K, V per head
-        derived = (("kv_heads", kv if kv != H else None), ("batch_shape", (int(self.x.shape[0]), H)),
-                   ("axis_names", ("batch" if self.batched else "", "head")))
-        for name, value in derived:
+    def __init__(self, x: np.ndarray, memory: np.ndarray, values: np.ndarray, projections: Projections, heads: int = 1,
+                 pre_norm: Norm | None = None, sub_norm: Norm | None = None, gate: Gate | None = None,
+                 batch_first: bool = True, spec: Problem | None = None, padding: np.ndarray | None = None,
+                 **problem_fields: Any) -> None:
+        """The fields as given; ``problem_fields`` (options=, mask=, ...) replace the spec's (the spec's derived
+        facts follow). Validation is Layer.build's."""
+        if spec is None:
+            raise TypeError("Layer needs the spec of its heads' problem: use Layer.build")
+        if problem_fields:
+            spec = replace(spec, **problem_fields)
+        for name, value in (("x", x), ("memory", memory), ("values", values), ("projections", projections),
+                            ("heads", heads), ("pre_norm", pre_norm), ("sub_norm", sub_norm), ("gate", gate),
+                            ("batch_first", batch_first), ("spec", spec), ("padding", padding)):
             object.__setattr__(self, name, value)
+        H, dh = heads, projections.d_k // heads
+        kv = H if projections.latent is not None else int(projections.W_k.shape[1]) // dh  # MLA: K, V per head
+        object.__setattr__(self, "kv_heads", kv if kv != H else None)
+
+    if TYPE_CHECKING:  # the heads' problem's fields, read through the layer: properties at run time (SPEC_FIELDS,
+        # below); declared here for type checkers, so that dataclasses.replace(layer, options=o) type-checks too
+        valid_lens: np.ndarray | None = None
+        mask: np.ndarray | None = None  # broadcastable to the per-head scores (B, H, T, S)
+        query_labels: list[str] | None = None
+        key_labels: list[str] | None = None
+        options: Options = Options()
+        params: dict[str, np.ndarray] = field(default_factory=dict)
+        sources: dict[str, str] = field(default_factory=dict)  # q, k, v: where X, Y, Z came from
+        relative_bias: RelativeBias | None = None
+        sinks: np.ndarray | None = None
+        alibi_slopes: np.ndarray | None = None
+        q_norm: np.ndarray | None = None
+        k_norm: np.ndarray | None = None
+        q_norm_bias: np.ndarray | None = None
+        k_norm_bias: np.ndarray | None = None
+        batched: bool = True  # X had a batch axis (the steps drop it when not)
+        result_dtype: str | None = None
+        initialised: list[str] = field(default_factory=list)
+        batch_shape: tuple[int, ...] = field(init=False, default=())  # (B, H): the heads' batch axes
+        axis_names: tuple[str, ...] = field(init=False, default=())
+        query_limit: np.ndarray | None = field(init=False, default=None)  # (B, H, T): the valid lengths' key limit
 
     @property
     def m(self) -> int:
@@ -115,11 +128,6 @@ class Layer(Shared):
         return self.heads
 
     @property
-    def query_limit(self) -> np.ndarray | None:
-        """The valid lengths as a per-query key limit (B, H, T), as the heads' problem has it."""
-        return self.problem().query_limit
-
-    @property
     def self_attention(self) -> bool:
         """X, Y and Z are one and the same matrix."""
         return self.memory is self.x and self.values is self.memory
@@ -127,25 +135,19 @@ class Layer(Shared):
     @property
     def dtype(self) -> str:
         """The dtype computed in: as :attr:`Problem.dtype`, over X, Y, Z and every given weight."""
-        every = [self.x, self.memory, self.values]
-        if not self.projections.kind.startswith("init"):
-            every += list(self.projections.arrays().values())
-        return computed_dtype(self.options, every)
+        return _dtype(self.options, self.x, self.memory, self.values, self.projections)
 
     def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """The shapes of Q (B, H, T, d), K (B, G, S, d) and V (B, G, S, d_v) the projections produce."""
-        B, H, G = int(self.x.shape[0]), self.heads, self.kv_heads or self.heads
-        p = self.projections
-        return (B, H, self.m, p.d_k // H), (B, G, self.n, p.d_k // H), (B, G, self.n, int(p.W_v.shape[1]) // G)
+        return _shapes(self.x, self.memory, self.projections, self.heads, self.kv_heads)
 
     def problem(self, q: Any = None, k: Any = None, v: Any = None) -> Problem:
         """The core problem of the heads: Q (B, H, T, d), K and V (B, G, S, d) as computed from this
         layer's projections, every mask, bias and option handed on. Without q, k, v: zeros of their
         shapes (no memory), for planning before they are computed."""
         if q is None or k is None or v is None:
-            zero = np.zeros((1, 1, 1, 1), self.dtype)
-            q, k, v = (np.broadcast_to(zero, s) for s in self.shapes())
-        return Problem(q, k, v, **{n: getattr(self, n) for n in HANDED})
+            return self.spec if self.padding is None else replace(self.spec, padding=self.padding)
+        return replace(self.spec, q=q, k=k, v=v, padding=self.padding)
 
     @classmethod
     def build(cls, x: Any, memory: Any = None, values: Any = None, *, projections: Projections, heads: int = 1,
@@ -192,8 +194,10 @@ class Layer(Shared):
         if core.get("mask") is not None:
             core["mask"] = head_mask(mask_array(core["mask"], "mask", src["mask"]), B, heads, src["mask"])
         pad = None if padding is None else padding_mask(padding, B, S, batched, src["key_padding_mask"])
-        layer = cls(X, Y, Z, projections, heads, pre_norm, sub_norm, gate, batch_first, **core)
-        width = layer.shapes()[0][1] * layer.shapes()[2][3]  # H · d_v: the concatenated heads
+        dh = projections.d_k // heads
+        kv = heads if projections.latent is not None else int(projections.W_k.shape[1]) // dh
+        shapes = _shapes(X, Y, projections, heads, kv if kv != heads else None)
+        width = shapes[0][1] * shapes[2][3]  # H · d_v: the concatenated heads
         if sub_norm is not None and sub_norm.w.shape != (width,):
             raise InputError(f"the sub-norm has weights of shape {sub_norm.w.shape}; expected ({width},), the "
                              "concatenated heads' width", sub_norm.origin or src["weights"])
@@ -202,9 +206,39 @@ class Layer(Shared):
             if projections.W_o is None:  # the gate sits before W_o: without it there is nowhere to put it
                 raise InputError("an output gate multiplies the heads before W_o, and these weights have no W_o",
                                  gate.origin or src["weights"])
-        checked = Problem.shaped(*layer.shapes(), layer.dtype, **{n: getattr(layer, n) for n in HANDED})
-        return cls(X, Y, Z, projections, heads, pre_norm, sub_norm, gate, batch_first,
-                   **{n: getattr(checked, n) for n in HANDED if n not in ("padding",)}, padding=pad)
+        spec = Problem.shaped(*shapes, _dtype(o, X, Y, Z, projections), **core)
+        return cls(X, Y, Z, projections, heads, pre_norm, sub_norm, gate, batch_first, spec=spec, padding=pad)
+
+
+def _shapes(x: np.ndarray, memory: np.ndarray, p: Projections, heads: int,
+            kv_heads: int | None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Q (B, H, T, d), K (B, G, S, d) and V (B, G, S, d_v) as the projections produce them from X (B, T, D), Y."""
+    B, T, S, H = int(x.shape[0]), int(x.shape[1]), int(memory.shape[1]), heads
+    G = kv_heads or H
+    return (B, H, T, p.d_k // H), (B, G, S, p.d_k // H), (B, G, S, int(p.W_v.shape[1]) // G)
+
+
+def _dtype(o: Options, x: np.ndarray, memory: np.ndarray, values: np.ndarray, p: Projections) -> str:
+    """As :attr:`Problem.dtype`, over X, Y, Z and every given weight (drawn ones do not count)."""
+    every = [x, memory, values] + ([] if p.kind.startswith("init") else list(p.arrays().values()))
+    return computed_dtype(o, every)
+
+
+# the fields of the heads' problem a layer answers, read from its spec (computed once, there)
+SPEC_FIELDS = ("valid_lens", "mask", "query_labels", "key_labels", "options", "params", "sources", "relative_bias", "sinks",
+               "alibi_slopes", "q_norm", "k_norm", "q_norm_bias", "k_norm_bias", "batched", "result_dtype", "initialised",
+               "batch_shape", "axis_names", "query_limit")
+
+
+def _from_spec(name: str) -> property:
+    def read(self: Layer) -> Any:
+        return getattr(self.spec, name)
+
+    return property(read, doc=f"The heads' problem's {name} (spec.{name}).")
+
+
+for _name in SPEC_FIELDS:
+    setattr(Layer, _name, _from_spec(_name))
 
 
 def _check_gate(gate: Gate, D: int, H: int, width: int, where: str) -> None:

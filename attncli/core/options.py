@@ -36,7 +36,7 @@ RopeMode = Literal["half", "interleaved", "half-reversed"]
 # RMSNorm over the token's H·d features, every head at once (OLMo 2/3); weights (d,) shared, (H, d) per head, or none
 QkNorm = Literal["rms", "rms1p", "layernorm", "rms-full"]
 QkNormAt = Literal["before-rope", "after-rope"]  # where the QK-norm sits: Qwen3 before RoPE, HunYuan/nanochat after
-RopeRounding = Literal["each", "once", "once-float32"]  # how a half-precision q, k are rotated (stages.rotate)
+RopeRounding = Literal["each", "once", "once-float32"]  # how a half-precision q, k are rotated (ops.rotate)
 RopeFreqs = Literal["float32", "bfloat16", "float16"]  # the precision RoPE's inverse frequencies are held in
 SinkForm = Literal["logit", "scale"]  # sinks in the softmax's denominator (gpt-oss) or as a scale after (Granite SWA)
 MASK_CONVENTIONS: tuple[str, ...] = get_args(MaskConvention)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -98,9 +98,11 @@ class Shared:
 class Problem(Shared):
     """Validated inputs (numpy, host), masks, labels, options and where each array came from: frozen.
 
-    ``Problem.build`` is the one way in: it validates what it is given and returns a frozen value.
-    The derived fields (``batch_shape``, ``axis_names``, ``kv_heads``, ``query_limit``) are computed
-    from the others by the constructor, so ``dataclasses.replace`` recomputes them and cannot patch them.
+    ``Problem.build`` is the one way in from outside: it checks and normalises what it is given (pure functions,
+    nothing mutated) and constructs the value once. The constructor derives ``batch_shape``, ``axis_names``,
+    ``kv_heads`` and ``query_limit`` from the other fields (so ``dataclasses.replace`` recomputes them and cannot
+    patch them) and holds every array as a read-only view of what it was given: never a copy, so a memory-mapped
+    input stays memory-mapped, and nothing downstream can write into a caller's array.
 
     ``q``, ``k``, ``v`` are always Q (..., m, d_q), K (..., n, d_k), V (..., n, d_v): (B, H, T, d) for
     the heads of a layer. Projections from X, Y, Z are their own part, :class:`attncli.core.layer.Layer`,
@@ -115,7 +117,7 @@ class Problem(Shared):
     query_labels: list[str] | None = None
     key_labels: list[str] | None = None
     options: Options = field(default_factory=Options)
-    params: dict[str, np.ndarray] = field(default_factory=dict)  # the score's learned weights
+    params: dict[str, np.ndarray] = field(default_factory=dict)  # the score's learned weights (W_q, w_v of additive)
     sources: dict[str, str] = field(default_factory=dict)
     padding: np.ndarray | None = None  # a layer's key padding (B, 1, 1, n), True = ignore (PyTorch); Layer only
     relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
@@ -138,11 +140,22 @@ class Problem(Shared):
     query_limit: np.ndarray | None = field(init=False, default=None)  # (..., m): keys j >= limit are masked
 
     def __post_init__(self) -> None:
+        seen: dict[int, Any] = {}  # one view per array: K that is Q stays Q (self-attention)
+        for name in ARRAY_FIELDS:
+            a = getattr(self, name)
+            if a is not None:
+                object.__setattr__(self, name, _read_only(a, seen))
+        if self.params:
+            object.__setattr__(self, "params", {n: _read_only(a, seen) for n, a in self.params.items()})
         q, k, v = self.q, self.k, self.v
-        G = _kv_heads(q.shape, k.shape, v.shape)
+        G = grouped_heads(q.shape, k.shape, v.shape, self.where("k"), self.where("v"))
         kb, vb = (k.shape[:-3] + (int(q.shape[-3]),), v.shape[:-3] + (int(q.shape[-3]),)) if G else \
             (k.shape[:-2], v.shape[:-2])
-        batch = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
+        try:
+            batch = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
+        except ValueError:
+            raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
+                                  "(leading axes must be equal or 1)") from None
         names = ("batch",) * len(batch)
         if len(batch) >= 2 and (q.ndim >= 4 or G):  # (B, H, T, d): axis -3 holds heads
             names = ("batch" if self.batched else "",) * (len(batch) - 1) + ("head",)
@@ -190,9 +203,19 @@ class Problem(Shared):
         """A validated, frozen Problem; k and v default to q (self-attention shorthand)."""
         k = q if k is None else k
         v = k if v is None else v
-        draft = _Draft(q=q, k=k, v=v, **kw)
-        draft.validate()
-        return cls(**{f.name: getattr(draft, f.name) for f in fields(cls) if f.init})
+        sources = dict(kw.pop("sources", None) or {})
+        o: Options = kw.get("options") or Options()
+
+        def where(name: str) -> str:
+            return sources.get(name, "input")
+
+        halves = {half_type(a) for a in (q, k, v)}
+        result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
+        k_is_q, v_is_k = k is q, v is k
+        qa = _matrix("q", q, where("q"))
+        ka = qa if k_is_q else _matrix("k", k, where("k"))
+        va = ka if v_is_k else _matrix("v", v, where("v"))
+        return cls._checked(qa, ka, va, sources, dict(kw, result_dtype=result_dtype))
 
     @classmethod
     def shaped(cls, q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], dtype: str, **kw: Any) -> Problem:
@@ -200,9 +223,54 @@ class Problem(Shared):
         option validated against their shapes (Q, K, V here: zeros of those shapes, no memory)."""
         zero = np.zeros((1,) * len(q), dtype)
         qa, ka, va = (np.broadcast_to(zero, s) for s in (q, k, v))
-        draft = _Draft(q=qa, k=ka, v=va, **kw)
-        draft.validate(arrays=False)
-        return cls(**{f.name: getattr(draft, f.name) for f in fields(cls) if f.init})
+        return cls._checked(qa, ka, va, dict(kw.pop("sources", None) or {}), kw)
+
+    @classmethod
+    def _checked(cls, q: np.ndarray, k: np.ndarray, v: np.ndarray, sources: dict[str, str], kw: dict[str, Any]) -> Problem:
+        """Every field checked and normalised from what it was given (nothing mutated), the value constructed
+        once (its constructor derives the batch axes, the K/V heads and the valid lengths' limit, and checks
+        them), then the checks that need those derived facts, on the frozen value."""
+        o: Options = kw.get("options") or Options()
+        score = get_score(o.score)
+
+        def where(name: str) -> str:
+            return sources.get(name, "input")
+
+        if score.same_width and q.shape[-1] != k.shape[-1]:
+            raise InputError(f"K has width {k.shape[-1]} but Q has width {q.shape[-1]}; --score {score.name} needs "
+                             "equal widths (use --score additive for different widths)", where("k"))
+        if k.shape[-2] != v.shape[-2]:
+            raise InputError(f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row",
+                             where("v"))
+        if kw.get("padding") is not None:
+            raise InputError("a key padding mask needs projections (attncli self); use --mask here", "--key-padding-mask")
+        m, n, d = int(q.shape[-2]), int(k.shape[-2]), int(q.shape[-1])
+        H = int(q.shape[-3]) if q.ndim >= 3 else 1
+        G = int(k.shape[-3]) if k.ndim >= 3 else 1
+        fields_ = dict(kw)
+        for attr, count, what in (("query_labels", m, "queries"), ("key_labels", n, "keys")):
+            fields_[attr] = _labels(kw.get(attr), attr, count, what, sources)
+        if kw.get("mask") is not None:
+            fields_["mask"] = mask_array(kw["mask"], "mask", where("mask"))
+        fields_["params"], fields_["initialised"] = prepare(score, dict(kw.get("params") or {}), d, int(k.shape[-1]), o,
+                                                            where("weights"))
+        if kw.get("alibi_slopes") is not None:
+            a = heads.check_sinks(kw["alibi_slopes"], H, where("alibi_slopes"), "ALiBi slopes")
+            if not np.isfinite(a).all():
+                raise InputError("ALiBi slopes must be finite numbers", where("alibi_slopes"))
+            fields_["alibi_slopes"] = a
+        if kw.get("sinks") is not None:
+            fields_["sinks"] = heads.check_sinks(kw["sinks"], H, where("sinks"))
+        for name in ("q_norm", "k_norm", "q_norm_bias", "k_norm_bias"):
+            if kw.get(name) is not None:
+                fields_[name] = _qk_norm_weights(name, kw[name], o, H if name.startswith("q") else G, d, q.ndim,
+                                                 sources.get(name, where("weights")))
+        problem = cls(q, k, v, sources=sources, **fields_)
+        problem._check_mask()
+        if problem.relative_bias is not None:
+            problem._check_relative_bias(problem.relative_bias)
+        problem._check_today()
+        return problem
 
     def _valid_lens_limit(self) -> np.ndarray | None:
         """Valid lengths as a per-query key limit, shape broadcastable to batch + (m,)."""
@@ -234,113 +302,29 @@ class Problem(Shared):
         want = f"({b[0]},) or ({b[0]}, {m})" if nb else f"a single number or ({m},)"
         raise self._fail("valid_lens", f"valid lengths have shape {s}; expected {want} for Q of shape {self.q.shape}")
 
+    # ---- the checks that need the derived facts (batch axes, K/V heads): on the frozen value, reading only ----
 
-def computed_dtype(o: Options, every: list[np.ndarray]) -> str:
-    """--dtype, else float32 when every array is float32 or a half type, else float64."""
-    if o.dtype:
-        return o.dtype
-    return "float32" if all(a.dtype in (np.float32, np.float16) or half_type(a) for a in every) else "float64"
-
-
-def _kv_heads(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int | None:
-    """K/V heads when K and V have fewer heads than Q on axis -3 (grouped-query attention), else None:
-    the shapes as :meth:`Problem._grouped_heads_checked` accepted them."""
-    if len(qs) < 3 or len(ks) < 3 or len(ks) > len(qs):
-        return None
-    H, G = int(qs[-3]), int(ks[-3])
-    if G == H or (G == 1 and len(qs) < 4) or (len(qs) == 3 and H % G):
-        return None
-    if G == 1 and (len(vs) < 3 or int(vs[-3]) != 1):
-        return None
-    return G
-
-
-class _Draft(Problem):
-    """A Problem while :meth:`Problem.build` validates it: its fields may still change, and nothing is
-    derived yet (validate() sets what it needs as it goes). Never leaves build()."""
-
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    valid_lens: np.ndarray | None
-    mask: np.ndarray | None
-    query_labels: list[str] | None
-    key_labels: list[str] | None
-    params: dict[str, np.ndarray]
-    padding: np.ndarray | None
-    sinks: np.ndarray | None
-    alibi_slopes: np.ndarray | None
-    q_norm: np.ndarray | None
-    k_norm: np.ndarray | None
-    q_norm_bias: np.ndarray | None
-    k_norm_bias: np.ndarray | None
-    batched: bool
-    result_dtype: str | None
-    initialised: list[str]
-    batch_shape: tuple[int, ...]
-    axis_names: tuple[str, ...]
-    kv_heads: int | None
-    query_limit: np.ndarray | None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sources", dict(self.sources))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-
-    def validate(self, arrays: bool = True) -> None:
-        """Check and normalise every field in place: only on the draft :meth:`build` makes (``arrays``
-        False: Q, K, V are a layer's shapes, not yet computed; only the rest is checked against them)."""
-        o = self.options
-        score = get_score(o.score)
-        if arrays:
-            k_is_q, v_is_k = self.k is self.q, self.v is self.k
-            halves = {half_type(a) for a in (self.q, self.k, self.v)}
-            self.result_dtype = halves.pop() if len(halves) == 1 and not o.dtype else None
-            self.q = self._matrix("q", self.q)
-            self.k = self.q if k_is_q else self._matrix("k", self.k)
-            self.v = self.k if v_is_k else self._matrix("v", self.v)
-        q, k, v = self.q, self.k, self.v
-        if score.same_width and q.shape[-1] != k.shape[-1]:
-            raise self._fail("k", f"K has width {k.shape[-1]} but Q has width {q.shape[-1]}; --score {score.name} "
-                                  "needs equal widths (use --score additive for different widths)")
-        if k.shape[-2] != v.shape[-2]:
-            raise self._fail("v", f"V has {v.shape[-2]} rows but K has {k.shape[-2]} keys; each key needs one value row")
-        kb, vb = self._grouped_heads_checked(q, k, v)
+    def _check_mask(self) -> None:
+        if self.mask is None:
+            return
+        target = self.batch_shape + (self.m, self.n)
         try:
-            self.batch_shape = tuple(np.broadcast_shapes(q.shape[:-2], kb, vb))
+            full = np.broadcast_shapes(self.mask.shape, target)
         except ValueError:
-            raise self._fail("k", f"batch axes do not match: Q {q.shape}, K {k.shape}, V {v.shape} "
-                                  "(leading axes must be equal or 1)") from None
-        self.axis_names = ("batch",) * len(self.batch_shape)
-        if len(self.batch_shape) >= 2 and (q.ndim >= 4 or self.kv_heads):  # (B, H, T, d): axis -3 holds heads
-            self.axis_names = ("batch",) * (len(self.batch_shape) - 1) + ("head",)
-        if self.padding is not None:
-            raise InputError("a key padding mask needs projections (attncli self); use --mask here", "--key-padding-mask")
-        self._check_labels()
-        self.query_limit = self._valid_lens_limit()
-        self.mask = self._check_mask()
-        if self.relative_bias is not None:
-            self._check_relative_bias(self.relative_bias)
-        d_k = int(self.k.shape[-1])
-        self.params, self.initialised = prepare(score, self.params, self.d_qk, d_k, o, self.where("weights"))
-        self._check_today()
+            full = None
+        if full != target:
+            raise self._fail("mask", f"mask has shape {self.mask.shape}, which does not broadcast to the scores' shape "
+                                     f"{target} (batch..., queries, keys)")
 
-    def _grouped_heads_checked(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """K and V with fewer heads than Q on the head axis (-3): grouped-query attention. The batch
-        shapes of K and V as if they had Q's heads (for the broadcast check); sets ``kv_heads``."""
-        if q.ndim < 3 or k.ndim < 3 or k.ndim > q.ndim:
-            return k.shape[:-2], v.shape[:-2]
-        H, G = int(q.shape[-3]), int(k.shape[-3])
-        if G == H or (G == 1 and q.ndim < 4) or (q.ndim == 3 and H % G):  # 3-D (B, T, d): batch axes, no heads
-            return k.shape[:-2], v.shape[:-2]
-        if G == 1 and (v.ndim < 3 or int(v.shape[-3]) != 1):  # a 4-D K with one head: multi-query, if V has one too
-            return k.shape[:-2], v.shape[:-2]
-        heads.check_kv_heads(H, G, self.where("k"))
-        if v.ndim < 3 or int(v.shape[-3]) != G:
-            raise self._fail("v", f"V has shape {v.shape} but K has {G} heads (axis -3): K and V need the same heads")
-        self.kv_heads = G
-        return k.shape[:-3] + (H,), v.shape[:-3] + (H,)
+    def _check_relative_bias(self, rb: RelativeBias) -> None:
+        """T5's table (num_buckets, H): one column per query head (its own step, bias, adds it)."""
+        shape, H = np.shape(rb.table), self.head_count
+        if len(shape) != 2 or shape[0] != rb.num_buckets or shape[1] not in (1, H):
+            raise InputError(f"the relative position bias has shape {shape}; expected ({rb.num_buckets}, {H}): one "
+                             f"column per query head", rb.origin or self.where("weights"))
+        if shape[1] > 1 and "head" not in self.axis_names:
+            raise InputError(f"the relative position bias has {shape[1]} heads but the problem has no head axis",
+                             rb.origin or self.where("weights"))
 
     def _check_alibi_form(self) -> None:
         """ALiBi added before the scale (Falcon's) is divided here by the scale's reciprocal after the soft-cap: it
@@ -359,7 +343,7 @@ class _Draft(Problem):
 
     def _check_today(self) -> None:
         """The options of today's models against the shapes: RoPE widths, positions that mean something,
-        one sink per head, the query offset against the causal alignment, QK-norm weights."""
+        the K/V heads option, the query offset against the causal alignment."""
         o, score = self.options, get_score(self.options.score).name
         H, d = self.head_count, self.d_qk
         if o.kv_heads is not None and o.kv_heads != (self.kv_heads or H):
@@ -391,96 +375,100 @@ class _Draft(Problem):
         elif o.alibi_form != Options().alibi_form or o.alibi_scaled:
             raise InputError("applies to ALiBi: add --alibi (or --alibi-slopes)",
                              self.origin("alibi_scaled" if o.alibi_scaled else "alibi_form"))
-        if self.alibi_slopes is not None:
-            a = heads.check_sinks(self.alibi_slopes, H, self.where("alibi_slopes"), "ALiBi slopes")
-            if not np.isfinite(a).all():
-                raise InputError("ALiBi slopes must be finite numbers", self.where("alibi_slopes"))
-            self.alibi_slopes = a
-        if self.sinks is not None:
-            self.sinks = heads.check_sinks(self.sinks, H, self.where("sinks"))
         positional = o.causal or o.window is not None or o.chunk is not None or o.local_window is not None
         if o.q_offset is not None and o.causal_align == "bottom-right" and positional and o.q_offset != self.n - self.m:
             raise InputError(f"--q-offset {o.q_offset} with --causal-align bottom-right: bottom-right puts the {self.m} "
                              f"queries last among the {self.n} keys, at offset {self.n - self.m}; give one of the two",
                              "--q-offset")
-        self._check_qk_norm(d)
 
-    def _check_qk_norm(self, d: int) -> None:
-        """QK-norm weights and biases: (d,) shared by the heads, or one row per head ((H, d) for q, (G, d) for k);
-        rms-full's cover a token's every head, (H·d,) (held (H, d)); a bias only with layernorm."""
-        o = self.options
-        G = int(self.k.shape[-3]) if self.k.ndim >= 3 else 1
-        for name in ("q_norm", "k_norm", "q_norm_bias", "k_norm_bias"):
-            w = getattr(self, name)
-            if w is None:
-                continue
-            where = self.sources.get(name, self.where("weights"))
-            if o.qk_norm is None:
-                raise InputError(f"holds {name} weights (QK-norm): say which norm with --qk-norm (rms: Qwen3, rms1p: "
-                                 "Gemma 3, layernorm: StableLM/Cohere, rms-full: OLMo 2)", where)
-            if name.endswith("_bias") and o.qk_norm != "layernorm":
-                raise InputError(f"holds {name} (a bias of the QK-norm), which only --qk-norm layernorm adds; "
-                                 f"--qk-norm {o.qk_norm} has none", where)
-            H = self.head_count if name.startswith("q") else G
-            w = numeric_array(w, name, where)
-            shape = np.shape(w)
-            if o.qk_norm == "rms-full":
-                if shape not in ((H * d,), (H, d)):
-                    raise InputError(f"{name} has shape {shape}; --qk-norm rms-full normalises the {H}·{d} features "
-                                     f"of every head of a token together: expected ({H * d},)", where)
-                w = w.reshape(H, d)
-            elif w.ndim == 2 and shape[0] == 1 and shape[1] == d:
-                w = w.reshape(d)
-            elif shape != (d,) and (shape != (H, d) or self.q.ndim < 3):
-                raise InputError(f"{name} has shape {shape}; QK-norm {o.qk_norm} normalises each head's {d} "
-                                 f"features: expected ({d},) shared by the heads or ({H}, {d}), one row per "
-                                 f"{'query' if name.startswith('q') else 'K/V'} head", where)
-            setattr(self, name, w)
 
-    # ---- pieces of validate ----
+ARRAY_FIELDS = ("q", "k", "v", "valid_lens", "mask", "padding", "sinks", "alibi_slopes", "q_norm", "k_norm",
+                "q_norm_bias", "k_norm_bias")
 
-    def _matrix(self, name: str, a: Any) -> np.ndarray:
-        title = ARRAY_TITLES[name]
-        a = numeric_array(a, title, self.where(name))
-        if a.ndim == 0:
-            raise self._fail(name, f"{title} is a single number; expected a vector or a matrix (..., rows, width)")
-        if a.ndim == 1:
-            a = a[None, :]  # a 1-D q is one query (and a 1-D k or v one key)
-        if a.size == 0:
-            raise self._fail(name, f"{title} is empty (shape {a.shape})")
+
+def _read_only(a: Any, seen: dict[int, Any]) -> Any:
+    """A numpy array as a read-only view of itself (a view, never a copy: a memory-mapped input stays memory-mapped);
+    the same view for the same array (K that is Q). Anything else (a list of valid lengths) as it is."""
+    if not isinstance(a, np.ndarray):
         return a
+    if id(a) in seen:
+        return seen[id(a)]
+    if a.flags.writeable:
+        view = a.view()
+        view.flags.writeable = False
+    else:
+        view = a
+    seen[id(a)] = view
+    return view
 
-    def _check_labels(self) -> None:
-        for attr, count, what in (("query_labels", self.m, "queries"), ("key_labels", self.n, "keys")):
-            labels = getattr(self, attr)
-            if labels is None:
-                continue
-            labels = [printable(str(x)) for x in check.labels(labels, self.sources.get(attr, attr)) or []]
-            if len(labels) != count:
-                raise InputError(f"{len(labels)} {attr.replace('_', ' ')} given for {count} {what}",
-                                 self.sources.get(attr, f"--{attr.replace('_', '-')}"))
-            setattr(self, attr, labels)
 
-    def _check_relative_bias(self, rb: RelativeBias) -> None:
-        """T5's table (num_buckets, H): one column per query head (its own step, bias, adds it)."""
-        shape, H = np.shape(rb.table), self.head_count
-        if len(shape) != 2 or shape[0] != rb.num_buckets or shape[1] not in (1, H):
-            raise InputError(f"the relative position bias has shape {shape}; expected ({rb.num_buckets}, {H}): one "
-                             f"column per query head", rb.origin or self.where("weights"))
-        if shape[1] > 1 and "head" not in self.axis_names:
-            raise InputError(f"the relative position bias has {shape[1]} heads but the problem has no head axis",
-                             rb.origin or self.where("weights"))
+def grouped_heads(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...], where_k: str = "input",
+                  where_v: str = "input") -> int | None:
+    """The grouped-query rule, once: K/V heads G when K and V have fewer heads than Q on axis -3 (query head h reads
+    K/V head h // (H / G)), else None. A 3-D (B, T, d) has batch axes, no heads, unless G divides H; a 4-D K with one
+    head is multi-query when V has one too. Refuses a G that does not divide H, and V with other heads than K."""
+    if len(qs) < 3 or len(ks) < 3 or len(ks) > len(qs):
+        return None
+    H, G = int(qs[-3]), int(ks[-3])
+    if G == H or (G == 1 and len(qs) < 4) or (len(qs) == 3 and H % G):
+        return None
+    if G == 1 and (len(vs) < 3 or int(vs[-3]) != 1):
+        return None
+    heads.check_kv_heads(H, G, where_k)
+    if len(vs) < 3 or int(vs[-3]) != G:
+        raise InputError(f"V has shape {tuple(vs)} but K has {G} heads (axis -3): K and V need the same heads", where_v)
+    return G
 
-    def _check_mask(self) -> np.ndarray | None:
-        if self.mask is None:
-            return None
-        mk = mask_array(self.mask, "mask", self.where("mask"))
-        target = self.batch_shape + (self.m, self.n)
-        try:
-            full = np.broadcast_shapes(mk.shape, target)
-        except ValueError:
-            full = None
-        if full != target:
-            raise self._fail("mask", f"mask has shape {mk.shape}, which does not broadcast to the scores' shape {target} "
-                                     "(batch..., queries, keys)")
-        return mk
+
+def _matrix(name: str, a: Any, where: str) -> np.ndarray:
+    title = ARRAY_TITLES[name]
+    a = numeric_array(a, title, where)
+    if a.ndim == 0:
+        raise InputError(f"{title} is a single number; expected a vector or a matrix (..., rows, width)", where)
+    if a.ndim == 1:
+        a = a[None, :]  # a 1-D q is one query (and a 1-D k or v one key)
+    if a.size == 0:
+        raise InputError(f"{title} is empty (shape {a.shape})", where)
+    return a
+
+
+def _labels(given: Any, attr: str, count: int, what: str, sources: dict[str, str]) -> list[str] | None:
+    if given is None:
+        return None
+    labels = [printable(str(x)) for x in check.labels(given, sources.get(attr, attr)) or []]
+    if len(labels) != count:
+        raise InputError(f"{len(labels)} {attr.replace('_', ' ')} given for {count} {what}",
+                         sources.get(attr, f"--{attr.replace('_', '-')}"))
+    return labels
+
+
+def _qk_norm_weights(name: str, w: Any, o: Options, H: int, d: int, q_ndim: int, where: str) -> np.ndarray:
+    """QK-norm weights and biases: (d,) shared by the heads, or one row per head ((H, d) for q, (G, d) for k);
+    rms-full's cover a token's every head, (H·d,) (held (H, d)); a bias only with layernorm."""
+    if o.qk_norm is None:
+        raise InputError(f"holds {name} weights (QK-norm): say which norm with --qk-norm (rms: Qwen3, rms1p: "
+                         "Gemma 3, layernorm: StableLM/Cohere, rms-full: OLMo 2)", where)
+    if name.endswith("_bias") and o.qk_norm != "layernorm":
+        raise InputError(f"holds {name} (a bias of the QK-norm), which only --qk-norm layernorm adds; "
+                         f"--qk-norm {o.qk_norm} has none", where)
+    w = numeric_array(w, name, where)
+    shape = np.shape(w)
+    if o.qk_norm == "rms-full":
+        if shape not in ((H * d,), (H, d)):
+            raise InputError(f"{name} has shape {shape}; --qk-norm rms-full normalises the {H}·{d} features "
+                             f"of every head of a token together: expected ({H * d},)", where)
+        return w.reshape(H, d)
+    if w.ndim == 2 and shape[0] == 1 and shape[1] == d:
+        return w.reshape(d)
+    if shape != (d,) and (shape != (H, d) or q_ndim < 3):
+        raise InputError(f"{name} has shape {shape}; QK-norm {o.qk_norm} normalises each head's {d} "
+                         f"features: expected ({d},) shared by the heads or ({H}, {d}), one row per "
+                         f"{'query' if name.startswith('q') else 'K/V'} head", where)
+    return w
+
+
+def computed_dtype(o: Options, every: list[np.ndarray]) -> str:
+    """--dtype, else float32 when every array is float32 or a half type, else float64."""
+    if o.dtype:
+        return o.dtype
+    return "float32" if all(a.dtype in (np.float32, np.float16) or half_type(a) for a in every) else "float64"

@@ -280,7 +280,7 @@ GATE_ACTS = ("sigmoid", "softplus")
 @dataclass(frozen=True)
 class RelativeBias:
     """T5's relative position bias: ``table[bucket(j - i), h]`` added to the scores of head h
-    (``relative_attention_bias.weight``, (num_buckets, H); attncli.core.heads.t5_position_bias)."""
+    (``relative_attention_bias.weight``, (num_buckets, H); attncli.core.chain.relative_rows)."""
 
     table: np.ndarray
     bidirectional: bool

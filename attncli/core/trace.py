@@ -69,17 +69,35 @@ def _meta() -> Meta:
     return Meta()
 
 
+HEAD = "head_h"  # the symbol of one head's output in a per-head step's formula
+
+
 @dataclass
 class Step:
-    """One named step of the computation: ``values`` has shape ``(..., rows, cols)``."""
+    """One named step of the computation: ``values`` has shape ``(..., rows, cols)``.
+
+    ``text`` is the formula as computed (for a step of each head, one head's, its output written ``head_h``);
+    ``per_head`` marks a step computed for each head (its values carry the head axis, ``meta.head_axis``) and
+    ``head`` a view of one head of it (:func:`attncli.core.engine.select_head`). ``formula``, what every output
+    shows, is written from these: the marker is data, never text added to the formula and stripped again."""
 
     name: str
-    formula: str
+    text: str
     values: Any
     axes: tuple[str, str] = (QUERIES, KEYS)
     notes: list[str] = field(default_factory=list)
     rows: list[int] | None = None  # computed for these queries only (the corners of a big view); None: all
     params: Any = None  # the step's numbers, typed (attncli.core.chain: Scale, Cap, Bias, Mask, ...); None: none
+    per_head: bool = False  # computed for each head of a layer
+    head: int | None = None  # this is head ``head`` of a per-head step (a view of one head)
+
+    @property
+    def formula(self) -> str:
+        """The display formula: ``text``, with "(each head h)" for a step of each head, or "head 2: ..." (head_2)
+        for a view of one head."""
+        if self.head is not None:
+            return f"head {self.head}: " + self.text.replace(HEAD, f"head_{self.head}")
+        return self.text + "  (each head h)" if self.per_head else self.text
 
     def numpy(self) -> np.ndarray:
         return to_numpy(self.values)

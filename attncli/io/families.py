@@ -62,7 +62,7 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 Rule = Callable[[int, dict[str, Any], "str | None"], bool]  # (layer, config, layer type) -> yes/no
@@ -78,7 +78,8 @@ class Family:
     pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | rms-weightless
     # | None (nothing before attention)
     norm_name: str = "input_layernorm"  # the pre-norm's tensor after the layer's prefix (llama layout)
-    norm_inside: bool = False  # the norm is inside the attention module (pre-LN BERTs): applied in plain runs too
+    norm_at: str = "before"  # where pre_norm sits: "before" the attention module | "inside" it, first (pre-LN BERTs,
+    # ESM); either way X is the query projection's input, and --from-residual applies the norm
     qk_norm: str | None = "rms"  # the QK-norm kind (attncli.core.options.QkNorm) when its tensors are there
     qk_at: str = "before-rope"  # where it sits: before-rope | after-rope (HunYuan, nanochat)
     qk_names: tuple[str, str] = ("q_norm", "k_norm")  # its tensors after self_attn. (.weight, or .norms.N.weight)
@@ -91,6 +92,8 @@ class Family:
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
     window_kind: str = "causal"  # its sliding layers: "causal" (the W keys up to each query) | "both" (|j - i| <= R)
+    slides: Rule | None = None  # which layers slide when config.json lists no layer_types (None: every layer)
+    always_slides: bool = False  # every layer slides whatever layer_types says (MiniMax's mask), given sliding_window
     rope_keys: frozenset[str] | None = None  # the rotary keys it reads (None: all of ROPE_KEYS)
     full_rotary: bool = False  # rotary over the whole head whatever partial_rotary_factor says; default or linear only
     gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
@@ -100,9 +103,20 @@ class Family:
     rms_wide: bool = False  # its RMSNorms compute (w * x.float()).to(dtype): w applied in float32 (the option rms_wide)
     rope_rounding: str | None = None  # how a half-precision q, k are rotated (the option rope_rounding; None: each)
     sink_form: str | None = None  # "scale": sinks as Granite SWA's sigmoid(lse - sink) scale (the option sink_form)
+    fused: str | None = None  # its fused q/k/v where the layout has two splits: "groups" (rows (G, H/G + 2, d), G from
+    # the config: Falcon) | "linear" (an nn.Linear c_attn: [Q; k; v] by rows under multi_query, else (H, 3, d): GPT-BigCode)
+    rope_table: bool = False  # its sinusoidal rotary table may be stored (embed_positions.weight): checked, base 10000
+    requires: tuple[tuple[str, str], ...] = ()  # config keys that must be set: (key, what it is), refused without
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
+
+    def missing(self, cfg: dict[str, Any]) -> str | None:
+        """The refusal for the first required key config.json does not set (None: all set)."""
+        for key, what in self.requires:
+            if cfg.get(key) is None:
+                return f"{self.model_type}: config.json has no {key}, {what}"
+        return None
 
     def reads(self) -> frozenset[str]:
         """Every attention key of config.json this declaration reads (the rest must be neutral)."""
@@ -141,6 +155,21 @@ LAYOUT_KEYS: dict[str, frozenset[str]] = {
     "albert": frozenset({"num_hidden_groups", "inner_group_num"}),
     "modernbert": frozenset({"attention_bias", "norm_eps", "norm_bias", "local_attention", "global_attn_every_n_layers",
                              "global_rope_theta", "local_rope_theta", "layer_types", "sliding_window"}),
+}
+
+# Layouts whose tensor names alone leave the attention open: without config.json (and without --layout) a read
+# would guess these, so it is refused (mha, bert, gpt2, bloom, t5 and TransformerLens carry no such guess).
+CONFIG_DECIDES: dict[str, str] = {  # layout -> what config.json decides
+    "llama": "RoPE style and base, NoPE layers, window, scale",
+    "phi3": "RoPE base and partial rotary, window",
+    "gptj": "rotary_dim, RoPE base",
+    "neox": "rotary_pct, RoPE base",
+    "phi": "partial rotary, RoPE base, heads",
+    "persimmon": "partial rotary, RoPE base, heads",
+    "gpt_neo": "which layers are local, window_size, heads",
+    "bart": "causal or not, pre- or post-norm, heads",
+    "mla": "the latent widths, RoPE style and base, heads",
+    "modernbert": "causal or not, local layers, window, RoPE bases, heads",
 }
 
 
@@ -223,10 +252,6 @@ ATTENTION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _sliding(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
-    return lt == "sliding_attention"
-
-
 def _full_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     """Cohere2 / EXAONE 4: the full-attention layers of a sliding model have no rotary."""
     return cfg.get("sliding_window") is not None and lt == "full_attention"
@@ -252,6 +277,26 @@ def _rope_layer(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     return not _no_rope_layers(i, cfg, lt)
 
 
+def _even_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """Gemma 2, gpt-oss: the even layers slide."""
+    return i % 2 == 0
+
+
+def _gemma3_pattern(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """Gemma 3: every layer slides but each sliding_window_pattern-th (default 6)."""
+    return (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0
+
+
+def _max_window_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """Qwen 2 / 3: with use_sliding_window, the layers from max_window_layers on slide."""
+    return bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0))
+
+
+def _two_of_three(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """UltraBERT (UltrabertConfig's default layer_types): every third layer is full, the others local."""
+    return (i + 1) % 3 != 0
+
+
 def _llama4_chunked(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     """Llama 4: layer_types says; without it (as Llama4TextConfig derives it) the layers with rotary are chunked."""
     if lt is not None:
@@ -270,26 +315,32 @@ def declare(*model_types: str, **kw: Any) -> None:
 
 W = WINDOW_KEYS
 # Llama-style self_attn.{q,k,v,o}_proj; read from each modeling_*.py's Attention.forward (transformers 5.23)
-declare("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "ministral", "arcee", "aria_text",
+declare("llama", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "ministral", "arcee", "aria_text",
         "cwm", "dots1", "glm4_moe", "hy_v3", "internlm3", "iquestcoder", "kolibri1", "mellum",
-        "seed_oss", "solar_open", "phi3", "minimax", "falcon_h1",
+        "seed_oss", "solar_open", "phi3", "falcon_h1",
         layout="llama", keys=W)
+declare("qwen2", "qwen3", layout="llama", keys=W, slides=_max_window_layers)
+declare("minimax", layout="llama", keys=W, always_slides=True)  # its mask slides on every attention layer
 for mt in ("phimoe", "starcoder2", "jais2"):  # nn.LayerNorm with bias before attention
     declare(mt, layout="llama", pre_norm="layernorm", keys=W | {"norm_epsilon", "layer_norm_eps", "use_bias"})
 declare("gemma", layout="llama", pre_norm="rms1p", qk_norm="rms1p")
-declare("gemma2", "gemma3_text", "vaultgemma", layout="llama", pre_norm="rms1p", qk_norm="rms1p",
-        scale="query_pre_attn_scalar", keys=W | {"attn_logit_softcapping"})
-declare("gpt_oss", layout="llama", keys=W, rms_wide=True,
+GEMMA2: dict[str, Any] = dict(layout="llama", pre_norm="rms1p", qk_norm="rms1p", scale="query_pre_attn_scalar",
+                              keys=W | {"attn_logit_softcapping"})
+declare("gemma2", slides=_even_layers, **GEMMA2)
+declare("gemma3_text", slides=_gemma3_pattern, **GEMMA2)
+declare("vaultgemma", **GEMMA2)
+declare("gpt_oss", layout="llama", keys=W, rms_wide=True, slides=_even_layers,
         notes="sinks: one logit per head in the softmax denominator; RMSNorm (w * x.float()).to(dtype)")
-declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="attention_multiplier")
+MULTIPLIER = (("attention_multiplier", "the score scale"),)
+declare("granite", "granitemoe", "granitemoeshared", layout="llama", scale="attention_multiplier", requires=MULTIPLIER)
 # Granite SWA: Granite's attention (scale attention_multiplier) with sliding layers, a rotary base per layer
 # (layer_rope_theta; 0: NoPE) and a sink per head applied after the weights: output · sigmoid(logsumexp(scores) -
 # sink_h) = Σ_j exp(s_j) v_j / (Σ_j exp(s_j) + exp(sink_h)), gpt-oss's sink logit in the softmax's denominator (the
 # weights attncli shows are the ones multiplying V; HF's output_attentions returns them before the sink's share)
-declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", nope=_theta_nope,
+declare("granite_swa", "granitemoe_swa", layout="llama", scale="attention_multiplier", requires=MULTIPLIER, nope=_theta_nope,
         theta_key="layer_rope_theta", keys=W, layer_types=True, sink_form="scale",
         notes="sinks: sigmoid(lse - sink) scaling = a sink logit in the denominator; layer_rope_theta per layer")
-declare("hyperclovax", layout="llama", scale="attention_multiplier",
+declare("hyperclovax", layout="llama", scale="attention_multiplier", requires=MULTIPLIER,
         keys=frozenset({"use_post_norm"}))  # post_norm1/2: after the attention output, outside the module
 declare("helium", layout="llama", rope="interleaved", keys=frozenset({"use_bias"}), rms_wide=True,
         notes="RMSNorm (w.float() * x.float()).to(dtype)")
@@ -370,7 +421,8 @@ declare("eurobert", layout="llama", causal=False)
 MB_ROPE = frozenset({"rope_parameters", "rope_scaling"})
 # UltraBERT: EuroBERT's attention with rotary theta per layer type and local layers seeing |j - i| <= sliding_window
 # (masking_utils.sliding_window_bidirectional_overlay); which layers are local: layer_types, else (i + 1) % 3 != 0
-declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W, rope_keys=MB_ROPE, full_rotary=True)
+declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W, rope_keys=MB_ROPE, full_rotary=True,
+        slides=_two_of_three)
 # ModernBERT: fused Wqkv = [Q; K; V] by rows, Wo, attention_bias; half rotary with theta per layer type
 # (rope_parameters, or global_rope_theta / local_rope_theta); local layers (layer_types, else i % every_n != 0) see
 # |j - i| <= local_attention // 2 (config.sliding_window); pre-norm attn_norm (LayerNorm, bias if norm_bias), layer 0's
@@ -387,7 +439,7 @@ declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ern
 # RoFormer: BERT's attention with sinusoidal rotary on q and k (RoFormerSinusoidalPositionalEmbedding: θ_i = pos ·
 # 10000^(-2i/d), sin and cos of pair i applied to features 2i, 2i + 1 (its apply_rotary_position_embeddings): interleaved
 # RoPE, base 10000, positions 0..T-1); rotary_value (the same rotation of v) is refused (ATTENTION_KEYS)
-declare("roformer", layout="bert", rope="interleaved", pre_norm=None, causal=False,
+declare("roformer", layout="bert", rope="interleaved", pre_norm=None, causal=False, rope_table=True,
         notes="sinusoidal rotary = interleaved RoPE, base 10000; post-norm")
 
 
@@ -401,26 +453,26 @@ def _esm_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
 # attention module (attention.LayerNorm) before the projections
 declare("esm", layout="bert", rope="half", nope=_esm_nope, pre_norm="layernorm", norm_name="attention.LayerNorm",
         rope_rounding="once",
-        norm_inside=True, causal=False,
+        norm_at="inside", causal=False,
         notes="position_embedding_type rotary: half RoPE (rope_theta); absolute: none inside attention")
 # BigBird: exact only with attention_type original_full (block_sparse: sparse from 704 tokens on, refused)
 declare("big_bird", layout="bert", rope=None, pre_norm=None, causal=False)
 declare("roberta-prelayernorm", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.LayerNorm",
-        norm_inside=True, causal=False)
+        norm_at="inside", causal=False)
 declare("xlm-roberta-xl", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.self_attn_layer_norm",
-        norm_inside=True, causal=False)
-declare("megatron-bert", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.ln", norm_inside=True,
+        norm_at="inside", causal=False)
+declare("megatron-bert", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.ln", norm_at="inside",
         causal=False)
 declare("gpt2", "gpt-sw3", layout="gpt2", rope=None, pre_norm="layernorm")
-declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", keys=frozenset({"multi_query"}),
+declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", keys=frozenset({"multi_query"}), fused="linear",
         notes="c_attn nn.Linear: multi_query [Q; k; v] by rows, else (H, 3, d) per head")
 declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, notes="post-LN: ln_1 after attention")
-declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm")
+declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm", norm_name="ln_1")
 declare("gpt_neox", "gpt_neox_japanese", layout="neox", pre_norm="layernorm")
 declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", keys=frozenset({"alibi"}))
 # Falcon: query_key_value rows (G, H/G + 2, d) (new_decoder_architecture: G = num_kv_heads; multi_query: G = 1;
 # else G = H); rotary half, or ALiBi scaled with the scores; pre-norm ln_attn or input_layernorm (parallel block)
-declare("falcon", layout="bloom", pre_norm="layernorm",
+declare("falcon", layout="bloom", pre_norm="layernorm", fused="groups",
         keys=frozenset({"alibi", "multi_query", "new_decoder_architecture", "num_kv_heads", "num_ln_in_parallel_attn",
                         "parallel_attn", "bias"}),
         notes="alibi: (q·k + bf16(bf16(slope)·bf16(j)))/sqrt(d) (ALiBi form absolute-bf16, scaled); only `dense` after "
@@ -494,12 +546,14 @@ for mt in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "kimi_k2"):  # sparse
 # [k_nope | v]; RoPE on qk_rope_head_dim features (k_pe shared by every head); scale qk_head_dim^-0.5 (· mscale² of
 # mscale_all_dim under a rope scaling). DeepSeek-V2: complex pairs (interleaved); MiniCPM3: half; DeepSeek-V3, Youtu,
 # GLM-4-MoE-Lite, A.X-K1: rope_interleave (true: interleaved pairs, false: half).
+MLA_NEEDS = tuple((k, "which multi-head latent attention needs") for k in (
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "num_attention_heads"))
 MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
                       "attention_bias", "rms_norm_eps", "head_dim", "num_key_value_heads"})
-declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS,
+declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS,
         rope_rounding="once-float32")  # view_as_complex(q.float()) · freqs_cis (float32), type_as(q)
-declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS)
-declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None,
+declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS)
+declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None, requires=MLA_NEEDS,
         keys=MLA_KEYS | {"rope_interleave"})
 
 
@@ -526,10 +580,3 @@ def attention_keys(fam: Family | None, cfg: dict[str, Any]) -> dict[str, str]:
         elif key in ATTENTION_KEYS:
             out[key] = "neutral (ignored)" if ATTENTION_KEYS[key][0](cfg[key]) else "not supported"
     return out
-
-
-@dataclass
-class Forced:
-    """--layout NAME: a declaration applied to a checkpoint whose model_type is not declared."""
-    name: str
-    family: Family = field(repr=False)

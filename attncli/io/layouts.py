@@ -39,19 +39,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attncli.core.heads import t5_bucket, t5_position_bias  # noqa: F401  (T5's table, computed beside ALiBi's)
+from attncli.core.options import Options
 from attncli.core.projections import BIASES, Projections
 from attncli.errors import InputError, printable
 from attncli.io import config as cfgcheck
 from attncli.io import weights
 from attncli.io.checkpoint import Checkpoint, model_args, open_checkpoint
-from attncli.io.families import FAMILIES, REFUSED, Family, attention_keys, unsupported_key
+from attncli.io.families import CONFIG_DECIDES, FAMILIES, REFUSED, Family, attention_keys, unsupported_key
 from attncli.io.weights import Converter, entries_of
 
 
@@ -72,9 +72,12 @@ class AttentionFacts:
     softcap: float | None = None  # attn_logit_softcapping
     qk_norm: str | None = None  # "rms" | "rms1p" (Gemma's 1 + w) | "layernorm" | "rms-full" | None
     qk_norm_at: str | None = None  # "after-rope" (HunYuan, nanochat); None: before RoPE
-    qk_norm_eps: float | None = None
-    pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the layer's pre-attention norm
     norm_eps: float | None = None
+    pre_norm: str | None = None  # "layernorm" | "rms" | "rms1p" | None: the norm --from-residual applies first
+    pre_norm_eps: float | None = None  # the eps of pre_norm (and of sub_norm)
+    norm_at: str | None = None  # where the layer's norm sits: "before" the attention module (pre-norm) | "inside"
+    # it, first (pre-LN BERTs, ESM) | "after" the residual (post-norm; X is hidden_states[N] itself) | None: none
+    norm_missing: str | None = None  # the norm tensor the layer lacks (--from-residual is then refused)
     alibi: bool = False  # Bloom / Falcon
     alibi_form: str | None = None  # how the model computes it (attncli.core.alibi.FORMS): Bloom, Falcon round slope·j
     alibi_scaled: bool = False  # ALiBi added to q·k before the scale (Falcon)
@@ -89,9 +92,28 @@ class AttentionFacts:
     rope_rounding: str | None = None  # "once" / "once-float32": q, k rotated in float32, rounded once (the option)
     sink_form: str | None = None  # "scale": Granite SWA's sinks, a scale after the softmax (the option sink_form)
     latent: tuple[int, int, float] | None = None  # MLA: (qk_nope_head_dim, qk_rope_head_dim, the latents' RMS eps)
-    relative_bias: str | None = None  # "t5": num_buckets, max_distance, bidirectional in extra
+    relative_bias: str | None = None  # "t5": T5's bucketed relative position bias (rel_* below)
+    rel_buckets: int | None = None  # its relative_attention_num_buckets
+    rel_max_distance: int | None = None  # its relative_attention_max_distance
+    rel_bidirectional: bool | None = None  # an encoder's (both directions) or a decoder's (past only) buckets
     from_config: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # display only (inspect, --explain): never decides anything
+
+    def given(self, **facts: Any) -> None:
+        """Set facts that config.json gave (listed in from_config, which the views mark)."""
+        for n, v in facts.items():
+            setattr(self, n, v)
+            if n not in self.from_config:
+                self.from_config.append(n)
+
+    def options(self) -> dict[str, Any]:
+        """The facts that are :class:`~attncli.core.options.Options` fields, by the same names (a partial Options):
+        those set (not None, not False)."""
+        return {n: v for n in OPTION_FACTS if (v := getattr(self, n)) is not None and v is not False}
+
+
+# The facts that are options: the fields AttentionFacts and Options share (the rest is structure: heads, norms, ...)
+OPTION_FACTS = tuple(f.name for f in fields(AttentionFacts) if f.name in {o.name for o in fields(Options)})
 
 
 @dataclass
@@ -223,16 +245,18 @@ class Ctx:
         for key, n in zip(("W_q", "W_k", "W_v", "W_o"), names):
             self.linear(key, f"{prefix}{n}.weight", f"{prefix}{n}.bias")
 
-    def conf(self, fact: str, *keys: str, default: Any = None, cast: Callable[[Any], Any] | None = None) -> Any:
-        """Set ``facts.<fact>`` from the first config key present (listed in from_config), else ``default``."""
+    def conf(self, default: Any = None, cast: Callable[[Any], Any] | None = None, **fact: tuple[str, ...]) -> Any:
+        """Set one fact, ``conf(rope_base=("rope_theta", ...))``, from the first of its config keys present (listed in
+        from_config), else ``default``."""
+        (name, keys), = fact.items()
         value, key = _cfg(self.config, *keys)
         if key is None:
             value = default
-        elif fact not in self.facts.from_config:
-            self.facts.from_config.append(fact)
+        elif name not in self.facts.from_config:
+            self.facts.from_config.append(name)
         if value is not None and cast is not None:
             value = cast(value)
-        setattr(self.facts, fact, value)
+        setattr(self.facts, name, value)
         return value
 
     def fail(self, message: str) -> InputError:
@@ -241,13 +265,13 @@ class Ctx:
 
 def _heads(c: Ctx, *keys: str, kv_keys: tuple[str, ...] = ("num_key_value_heads",), width: int | None = None) -> None:
     """heads, kv_heads, head_dim from the config (heads_hint when it has none); head_dim = width / heads by default."""
-    heads = c.conf("heads", *keys, cast=int)
+    heads = c.conf(heads=keys, cast=int)
     if c.heads_hint is not None:
         c.facts.heads = heads = c.heads_hint
         if "heads" in c.facts.from_config:
             c.facts.from_config.remove("heads")
-    c.conf("kv_heads", *kv_keys, default=heads, cast=int)
-    d = c.conf("head_dim", "head_dim", "d_kv", cast=int)
+    c.conf(kv_heads=kv_keys, default=heads, cast=int)
+    d = c.conf(head_dim=("head_dim", "d_kv"), cast=int)
     if d is None and heads and width is not None:
         c.facts.head_dim = width // heads if width % heads == 0 else None
 
@@ -316,8 +340,14 @@ def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, 
     c.put("norm_w", c.get(w), w)
     if b is not None and c.has(b):
         c.put("norm_b", c.get(b), b)
-    c.facts.pre_norm = kind
-    c.conf("norm_eps", *eps_keys, default=eps, cast=float)
+    c.facts.pre_norm, c.facts.norm_at = kind, c.facts.norm_at or "before"
+    c.conf(pre_norm_eps=eps_keys, default=eps, cast=float)
+
+
+def _post_norm(c: Ctx, name: str) -> None:
+    """A post-norm layer: its norm ``name`` comes after the residual, so nothing comes before attention."""
+    c.facts.norm_at = "after"
+    c.facts.notes["post_norm"] = f"{name} (after the residual; X is hidden_states[{c.layer}] itself)"
 
 
 def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | None = None) -> None:
@@ -329,18 +359,16 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
     if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
         params = params[layer_type]
     if isinstance(params, dict) and params.get("rope_theta") is not None:
-        f.rope_base = float(params["rope_theta"])
-        f.from_config.append("rope_base")
+        f.given(rope_base=float(params["rope_theta"]))
     else:
-        c.conf("rope_base", "rope_theta", "rotary_emb_base", "rope_base", default=default_base, cast=float)
+        c.conf(rope_base=("rope_theta", "rotary_emb_base", "rope_base"), default=default_base, cast=float)
     if layer_type == "sliding_attention" and cfg.get("rope_local_base_freq") is not None:  # Gemma 3, transformers 4
         f.rope_base = float(cfg["rope_local_base_freq"])
     scaling = cfg.get("rope_scaling") or (params if isinstance(params, dict) else None)
     if isinstance(scaling, dict):
         kind_ = scaling.get("rope_type", scaling.get("type", "default"))
         if kind_ not in (None, "default"):
-            f.rope_scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
-            f.from_config.append("rope_scaling")
+            f.given(rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"})
     if f.rope_scaling is not None:
         f.rope_scaling.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
     d = f.head_dim
@@ -348,11 +376,9 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
     if factor is None:
         factor = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
     if cfg.get("rotary_dim") is not None:
-        f.rotary_dim = int(cfg["rotary_dim"])
-        f.from_config.append("rotary_dim")
+        f.given(rotary_dim=int(cfg["rotary_dim"]))
     elif factor is not None and d:
-        f.rotary_dim = int(d * float(factor))
-        f.from_config.append("rotary_dim")
+        f.given(rotary_dim=int(d * float(factor)))
     else:
         f.rotary_dim = d
 
@@ -366,20 +392,6 @@ def _layer_type(c: Ctx) -> str | None:
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "global", "local")
 
-# Which layers slide when config.json has no layer_types: the model's own rule (as its modeling file).
-SLIDING_RULES: dict[str, Callable[[int, dict[str, Any]], bool]] = {
-    "mistral": lambda i, cfg: True,
-    "mixtral": lambda i, cfg: True,
-    "gemma2": lambda i, cfg: i % 2 == 0,
-    "gpt_oss": lambda i, cfg: i % 2 == 0,
-    "gemma3_text": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0,
-    "gemma3": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern", 6)) != 0,
-    "qwen2": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
-    "qwen3": lambda i, cfg: bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0)),
-    "minimax": lambda i, cfg: True,  # its mask slides on every attention layer whatever layer_types says
-    "ultrabert": lambda i, cfg: (i + 1) % 3 != 0,  # UltrabertConfig's default layer_types
-}
-ALWAYS_SLIDES = ("minimax",)
 
 
 def _window(c: Ctx) -> None:
@@ -390,20 +402,17 @@ def _window(c: Ctx) -> None:
     kind = _layer_type(c)
     if kind == "chunked_attention" and c.facts.chunk is None:
         raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
-    mt = str(cfg.get("model_type"))
-    if mt in ALWAYS_SLIDES:
+    fam = c.family
+    if fam is not None and fam.always_slides:
         slides = True
     elif kind is not None:
         slides = kind == "sliding_attention"
-    else:
-        rule = SLIDING_RULES.get(str(cfg.get("model_type")))
-        slides = rule(c.layer, cfg) if rule is not None else True
+    else:  # the family's own rule (as its modeling file), else every layer
+        slides = fam is None or fam.slides is None or fam.slides(c.layer, cfg, None)
     if slides and c.family is not None and c.family.window_kind == "both":  # UltraBERT: |j - i| <= sliding_window
-        c.facts.local_window = int(w)
-        c.facts.from_config.append("local_window")
+        c.facts.given(local_window=int(w))
     elif slides:
-        c.facts.window = int(w)
-        c.facts.from_config.append("window")
+        c.facts.given(window=int(w))
 
 
 # ---- the layouts -------------------------------------------------------------------------------
@@ -461,13 +470,7 @@ def _phi3(c: Ctx) -> None:
     if w.shape[0] != sum(sizes):
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({sum(sizes)}, E): [Q ({f.heads}·{d}); "
                      f"K ({kv}·{d}); V ({kv}·{d})] by rows")
-    b = c.get(a + "qkv_proj.bias") if c.has(a + "qkv_proj.bias") else None
-    lo = 0
-    for t, n in zip(("W_q", "W_k", "W_v"), sizes):
-        c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> columns (in, out)
-        if b is not None:
-            c.put("b_" + t[-1], b[lo:lo + n], f"{a}qkv_proj.bias[{lo}:{lo + n}]")
-        lo += n
+    _split_blocks(c, name, a + "qkv_proj.bias", sizes)
     _llama_rest(c, a)
 
 
@@ -476,8 +479,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     dense), QK-norm, sinks, heads, the family's rope, pre-norm, window and scale (its declaration in
     attncli.io.families; Llama's without a config)."""
     c.linear("W_o", f"{a}{out}.weight", f"{a}{out}.bias")
-    mt = str((c.config or {}).get("model_type", ""))
-    fam = c.family or FAMILIES["gemma" if mt.startswith("gemma") else "llama"]
+    fam = c.family or FAMILIES["llama"]  # a config.json or --layout names the family; bare weights are refused
     _qk_tensors(c, a, fam)
     if c.has(a + "sinks"):
         c.put("sinks", c.get(a + "sinks"), a + "sinks")
@@ -502,14 +504,14 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         if fam.qk_at != "before-rope":
             c.facts.qk_norm_at = fam.qk_at
         if fam.qk_norm == "layernorm":  # nn.LayerNorm / CohereLayerNorm: layer_norm_eps, default 1e-5
-            c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+            c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
         else:
             # LFM3's config class maps rms_norm_eps to norm_eps (attribute_map): its config.json has only norm_eps
-            c.conf("qk_norm_eps", "rms_norm_eps", "norm_eps", default=1e-6, cast=float)
+            c.conf(norm_eps=("rms_norm_eps", "norm_eps"), default=1e-6, cast=float)
     c.facts.causal = fam.causal
     c.facts.rms_wide = fam.rms_wide
     if not fam.causal:
-        c.facts.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
+        c.facts.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
     lt = _layer_type(c)
     cfg = c.config or {}
@@ -526,25 +528,21 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             thetas = cfg[fam.theta_key]
             if c.layer >= len(thetas) or not isinstance(thetas[c.layer], (int, float)):
                 raise c.fail(f"config.json {fam.theta_key} has no rotary base for layer {c.layer}")
-            c.facts.rope_base = float(thetas[c.layer])
-            if "rope_base" not in c.facts.from_config:
-                c.facts.from_config.append("rope_base")
+            c.facts.given(rope_base=float(thetas[c.layer]))
     elif fam.rope is not None:
-        c.facts.extra["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
+        c.facts.notes["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
     _llama_extras(c, fam, a, lt, nope)
     _window(c)
     if fam.scale == "query_pre_attn_scalar":
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
         if key is not None:
-            c.facts.scale = float(scalar) ** -0.5
-            c.facts.from_config.append("scale")
+            c.facts.given(scale=float(scalar) ** -0.5)
     elif fam.scale == "attention_multiplier":
-        mult, key = _cfg(c.config, "attention_multiplier")
+        mult, key = _cfg(c.config, "attention_multiplier")  # required (Family.requires): set when there is a config
         if key is None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
-        c.facts.scale = float(mult)
-        c.facts.from_config.append("scale")
-    c.conf("softcap", "attn_logit_softcapping", cast=float)
+        c.facts.given(scale=float(mult))
+    c.conf(softcap=("attn_logit_softcapping",), cast=float)
 
 
 def _full_rotary(c: Ctx, fam: Family) -> None:
@@ -570,24 +568,23 @@ def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> No
     chunked layers and temperature tuning (NoPE layers), BitNet's attn_sub_norm (a tensor after ``a``)."""
     cfg, reads = c.config or {}, fam.reads()
     if "clip_qkv" in reads:
-        c.conf("clip_qkv", "clip_qkv", cast=float)
+        c.conf(clip_qkv=("clip_qkv",), cast=float)
     if fam.chunked is not None and fam.chunked(c.layer, cfg, lt):
         size, key = _cfg(c.config, "attention_chunk_size")
         if key is None:
             raise c.fail(f"{fam.model_type}: layer {c.layer} is a chunked-attention layer but config.json has no "
                          "attention_chunk_size")
-        c.facts.chunk = int(size)
-        c.facts.from_config.append("chunk")
+        c.facts.given(chunk=int(size))
     if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
-        c.conf("tuning_scale", "attn_scale", default=0.1, cast=float)  # Llama4TextConfig's defaults
-        c.conf("tuning_floor", "floor_scale", default=8192.0, cast=float)
+        c.conf(tuning_scale=("attn_scale",), default=0.1, cast=float)  # Llama4TextConfig's defaults
+        c.conf(tuning_floor=("floor_scale",), default=8192.0, cast=float)
     if fam.gate is not None and ("use_attention_gate" not in reads or cfg.get("use_attention_gate", True) is not False):
         _gate(c, fam, a)  # LFM3: use_attention_gate false builds no gate
     if fam.sub_norm is not None:
         name = f"{a}{fam.sub_norm}.weight"
         c.put("sub_norm", c.get(name), name)
         c.facts.sub_norm = "rms"
-        c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
 
 
 def _layer_heads(c: Ctx, key: str) -> None:
@@ -597,9 +594,7 @@ def _layer_heads(c: Ctx, key: str) -> None:
         return
     if not isinstance(per, list) or c.layer >= len(per) or not isinstance(per[c.layer], int) or per[c.layer] < 1:
         raise c.fail(f"config.json {key} has no head count for layer {c.layer}")
-    c.facts.heads = int(per[c.layer])
-    if "heads" not in c.facts.from_config:
-        c.facts.from_config.append("heads")
+    c.facts.given(heads=int(per[c.layer]))
 
 
 def _gate(c: Ctx, fam: Family, a: str) -> None:
@@ -642,7 +637,7 @@ def _ntk_alpha(c: Ctx) -> None:
     f.rope_base = float(f.rope_base or 10000.0) * float(sc["alpha"]) ** (d / (d - 2))
     f.rope_scaling = None
     f.from_config = [k for k in f.from_config if k != "rope_scaling"]
-    f.extra["rope"] = f"rope_parameters alpha {sc['alpha']:g}: base theta · alpha^(d/(d-2)) = {f.rope_base:g}"
+    f.notes["rope"] = f"rope_parameters alpha {sc['alpha']:g}: base theta · alpha^(d/(d-2)) = {f.rope_base:g}"
 
 
 def _qk_tensors(c: Ctx, a: str, fam: Family) -> None:
@@ -692,25 +687,28 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
     (Nemotron: LayerNorm with 1 + w, read as a LayerNorm of weight 1 + w). None: nothing before attention."""
     kind = fam.pre_norm
     if kind is None:
-        c.facts.extra["pre_norm"] = f"none: {fam.model_type} applies no norm before attention"
+        c.facts.notes["pre_norm"] = f"none: {fam.model_type} applies no norm before attention"
+        c.facts.norm_at = "after"
         return
     if kind == "layernorm-weightless":  # OLMo: nn.LayerNorm without parameters (w = 1, b = 0), eps 1e-5
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s LayerNorm has no weight; w = 1)")
         c.put("norm_b", np.zeros(E), f"(none: {fam.model_type}'s LayerNorm has no bias; b = 0)")
-        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+        c.facts.pre_norm, c.facts.pre_norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
         return
     if kind == "rms-weightless":  # nanochat: an RMSNorm without a weight (w = 1), eps rms_norm_eps
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {fam.model_type}'s RMSNorm has no weight; w = 1)")
-        c.facts.pre_norm = "rms"
-        c.conf("norm_eps", "rms_norm_eps", default=1e-6, cast=float)
+        c.facts.pre_norm, c.facts.norm_at = "rms", "before"
+        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
         return
-    if fam.norm_inside:  # a missing norm is then refused in plain runs too (model.py)
-        c.facts.extra["norm_inside"] = f"{w} is inside the attention module: applied to X in every run"
+    c.facts.norm_at = fam.norm_at
+    if fam.norm_at == "inside":
+        c.facts.notes["norm_at"] = f"{w}: inside the attention module; X is the query projection's input, and " \
+                                   "--from-residual applies it"
     wn, bn = (".gamma", ".beta") if not c.has(w + ".weight") and c.has(w + ".gamma") else (".weight", ".bias")
     if not c.has(w + wn):  # plain runs need no norm; --from-residual is refused (model.py)
-        c.facts.extra["pre_norm_missing"] = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
+        c.facts.norm_missing = f"{w}.weight ({fam.model_type}'s pre-attention {kind})"
         return
     bias = w + bn if kind.startswith("layernorm") else None  # ESM saves its LayerNorms as gamma / beta
     _norm(c, "layernorm" if kind == "layernorm1p" else kind, w + wn, bias, eps_keys=eps_keys,
@@ -724,7 +722,7 @@ def _partial_default(c: Ctx, default: float) -> None:
     Persimmon: 0.5, set by their config classes), rotary on the first head_dim · default features."""
     if "rotary_dim" not in c.facts.from_config and c.facts.head_dim:
         c.facts.rotary_dim = int(c.facts.head_dim * default)
-        c.facts.extra["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
+        c.facts.notes["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
 
 
 def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
@@ -733,7 +731,7 @@ def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
     _qk_tensors(c, a, fam)
     if "q_norm" in c.arrays:
         c.facts.qk_norm = "layernorm"
-        c.conf("qk_norm_eps", "layer_norm_eps", default=1e-5, cast=float)
+        c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
 
 
 @layout("mla", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.kv_a_proj_with_mqa\.weight$",
@@ -749,10 +747,8 @@ def _mla(c: Ctx) -> None:
         raise c.fail("holds multi-head latent attention (kv_a_proj_with_mqa), whose widths only config.json says: put "
                      "config.json beside the weights")
     dims = {}
-    for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "num_attention_heads"):
-        v, key = _cfg(cfg, k)
-        if key is None:
-            raise c.fail(f"{fam.model_type}: config.json has no {k}, which multi-head latent attention needs")
+    for k, _ in fam.requires:  # every one set: checked by resolve_family (Family.missing)
+        v, _ = _cfg(cfg, k)
         dims[k] = int(v)
     n, r, dv, r_kv, H = (dims[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
                                             "num_attention_heads"))
@@ -804,15 +800,14 @@ def _mla(c: Ctx) -> None:
         kind = "half" if cfg.get("rope_interleave") is False else "interleaved"  # the config classes' default: true
     _rope(c, kind or "interleaved")
     f.rotary_dim = r
-    f.extra["latent"] = (f"q {'q_a_proj, q_a_layernorm, q_b_proj' if 'W_qa' in c.arrays else 'q_proj'}; "
+    f.notes["latent"] = (f"q {'q_a_proj, q_a_layernorm, q_b_proj' if 'W_qa' in c.arrays else 'q_proj'}; "
                          f"kv_lora_rank {r_kv}; per head q/k {n} + {r} rotary (placed first), v {dv}")
     sc = f.rope_scaling or {}
     mad = sc.get("mscale_all_dim")
     if sc and mad:  # yarn_apply_mscale: any rope scaling with mscale_all_dim multiplies the scale by mscale²
         factor = float(sc.get("factor", 1.0))
         m = 0.1 * float(mad) * math.log(factor) + 1.0 if factor > 1 else 1.0
-        f.scale = (n + r) ** -0.5 * m * m
-        f.from_config.append("scale")
+        f.given(scale=(n + r) ** -0.5 * m * m)
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps",))
 
 
@@ -841,8 +836,9 @@ def _persimmon(c: Ctx) -> None:
     fam = c.family or FAMILIES["persimmon"]
     _layernorm_qk(c, a, fam)
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
-    _rope(c, "half")
-    _partial_default(c, 0.5)
+    if fam.rope is not None:
+        _rope(c, fam.rope)
+        _partial_default(c, 0.5)
 
 
 @layout("gpt2", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.c_attn\.weight$",
@@ -853,7 +849,7 @@ def _gpt2(c: Ctx) -> None:
     if w.ndim != 2:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E)")
     mt = (c.config or {}).get("model_type")
-    if c.family is not None and c.family.model_type == "gpt_bigcode":
+    if c.family is not None and c.family.fused == "linear":
         _bigcode(c, a, w, name)
         return
     if w.shape[1] == 3 * w.shape[0]:  # Conv1D (in, out): HF GPT-2
@@ -865,15 +861,7 @@ def _gpt2(c: Ctx) -> None:
                          "whose Conv1D stores (E, 3E)")
     else:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E) (GPT-2 Conv1D) or (3E, E) (nanoGPT Linear)")
-    b = c.get(a + "c_attn.bias") if c.has(a + "c_attn.bias") else None
-    for i, t in enumerate(("W_q", "W_k", "W_v")):
-        s = slice(i * E, (i + 1) * E)
-        if conv:
-            c.put(t, w[:, s], f"{name}[:, {i * E}:{(i + 1) * E}]")
-        else:
-            c.put(t, w[s].T, f"{name}[{i * E}:{(i + 1) * E}]ᵀ")
-        if b is not None:
-            c.put("b_" + t[-1], b[s], f"{a}c_attn.bias[{i * E}:{(i + 1) * E}]")
+    _split_blocks(c, name, a + "c_attn.bias", (E, E, E), conv1d=conv)
     o = c.get(a + "c_proj.weight")
     c.put("W_o", o if conv else o.T, f"{a}c_proj.weight" + ("" if conv else "ᵀ"))
     if c.has(a + "c_proj.bias"):
@@ -881,15 +869,14 @@ def _gpt2(c: Ctx) -> None:
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head", "num_attention_heads"), width=E)
     c.facts.causal = True
     if c.family is not None and c.family.pre_norm is None:  # OpenAI GPT: post-LN, ln_1 comes after attention
-        c.facts.extra["post_norm"] = f"{c.block}ln_1 (after the residual; X is hidden_states[{c.layer}] itself)"
+        _post_norm(c, f"{c.block}ln_1")
     else:
         _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
     cfg = c.config or {}
     by_d = cfg.get("scale_attn_weights", True)
     by_layer = cfg.get("scale_attn_by_inverse_layer_idx", False)
     if (not by_d or by_layer) and c.facts.head_dim:
-        c.facts.scale = (c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1)
-        c.facts.from_config.append("scale")
+        c.facts.given(scale=(c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1))
     c.name = "gpt2" if conv else "nanogpt"
 
 
@@ -906,13 +893,8 @@ def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
     if cfg.get("multi_query", True):
         if w.shape[0] != E + 2 * d:
             raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({E + 2 * d}, {E}): [Q; k; v] (multi_query)")
-        b = c.get(a + "c_attn.bias") if c.has(a + "c_attn.bias") else None
-        for t, lo, n in (("W_q", 0, E), ("W_k", E, d), ("W_v", E + d, d)):
-            c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> (in, out)
-            if b is not None:
-                c.put("b_" + t[-1], b[lo:lo + n], f"{a}c_attn.bias[{lo}:{lo + n}]")
-        f.kv_heads = 1
-        f.from_config.append("kv_heads")
+        _split_blocks(c, name, a + "c_attn.bias", (E, d, d))  # [Q; k; v] by rows
+        f.given(kv_heads=1)
     else:
         _fused_per_head(c, name, a + "c_attn.bias")
         f.kv_heads = H
@@ -920,8 +902,7 @@ def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
     f.causal = True
     _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
     if not cfg.get("scale_attn_weights", True):
-        f.scale = 1.0
-        f.from_config.append("scale")
+        f.given(scale=1.0)
     c.name = "gpt_bigcode"
 
 
@@ -931,9 +912,11 @@ def _gptj(c: Ctx) -> None:
     a = c.block + "attn."
     c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=c.arrays["W_q"].shape[1])
-    c.facts.causal = True
-    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
-    _rope(c, "interleaved")
+    fam = c.family or FAMILIES["gptj"]  # without config.json the read is refused (CONFIG_DECIDES)
+    c.facts.causal = fam.causal
+    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_epsilon",))
+    if fam.rope is not None:
+        _rope(c, fam.rope)
 
 
 @layout("gpt_neo", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.attention\.q_proj\.weight$",
@@ -946,7 +929,7 @@ def _gpt_neo(c: Ctx) -> None:
     f, cfg = c.facts, c.config or {}
     f.causal = True
     f.scale = 1.0  # GPTNeoSelfAttention._attn: q·k, never divided by sqrt(d)
-    f.extra["scale"] = "1: GPT-Neo does not scale the scores (computed in float32)"
+    f.notes["scale"] = "1: GPT-Neo does not scale the scores (computed in float32)"
     _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
     kinds = cfg.get("attention_layers")
     if kinds is None and cfg.get("attention_types") is not None:  # [[["global", "local"], 12]] -> per layer
@@ -957,14 +940,13 @@ def _gpt_neo(c: Ctx) -> None:
                          'expected [[["global", "local"], N], ...]') from None
     if c.config is None:  # --layout gpt_neo on bare weights: GPTNeoConfig's defaults
         kinds = ["global", "local"] * (c.layer // 2 + 1)
-        f.extra["attention_layers"] = "GPTNeoConfig's default [[['global', 'local'], N]], window_size 256 (no config.json)"
+        f.notes["attention_layers"] = "GPTNeoConfig's default [[['global', 'local'], N]], window_size 256 (no config.json)"
     if not isinstance(kinds, list) or c.layer >= len(kinds) or kinds[c.layer] not in ("global", "local"):
         raise c.fail(f"config.json's attention_layers does not say whether layer {c.layer} is global or local")
     if kinds[c.layer] == "local":
         w = cfgcheck.value(cfg, "window_size", "config.json") if cfg.get("window_size") is not None else 256
-        f.window = int(w)  # GPT-Neo's local mask keeps i - j < window_size: the W keys up to the query
-        f.from_config.append("window")
-    f.extra["attention_layer"] = f"{kinds[c.layer]} (config.json attention_layers)"
+        f.given(window=int(w))  # GPT-Neo's local mask keeps i - j < window_size: the W keys up to the query
+    f.notes["attention_layer"] = f"{kinds[c.layer]} (config.json attention_layers)"
 
 
 @layout("bert", r"^(?P<stack>(?:.*\.)?encoder\.layer\.)(?P<n>\d+)\.attention\.self\.query\.weight$",
@@ -981,13 +963,13 @@ def _bert(c: Ctx) -> None:
     c.facts.causal = bool(cfg.get("is_decoder", False))
     if fam is not None and fam.rope is not None:
         if fam.nope is not None and fam.nope(c.layer, cfg, None):
-            c.facts.extra["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
+            c.facts.notes["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
         else:
             _bert_rope(c, fam)
     if fam is not None and fam.pre_norm is not None:  # pre-LN BERTs: the LayerNorm inside the attention module
         _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
     else:
-        c.facts.extra["post_norm"] = f"{a}output.LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+        _post_norm(c, f"{a}output.LayerNorm")
 
 
 def _bert_rope(c: Ctx, fam: Family) -> None:
@@ -996,11 +978,11 @@ def _bert_rope(c: Ctx, fam: Family) -> None:
     is rope_theta (default 10000)."""
     f = c.facts
     f.rope, f.rotary_dim = fam.rope, f.head_dim
-    if fam.model_type == "roformer":
+    if fam.rope_table:
         f.rope_base = 10000.0
         _sinusoidal_table(c)
     else:
-        c.conf("rope_base", "rope_theta", default=10000.0, cast=float)
+        c.conf(rope_base=("rope_theta",), default=10000.0, cast=float)
 
 
 def _sinusoidal_table(c: Ctx) -> None:
@@ -1022,7 +1004,44 @@ def _sinusoidal_table(c: Ctx) -> None:
     if not err <= tol:
         raise c.fail(f"{name} is not the sinusoidal rotary table sin/cos(pos · 10000^(-2i/{d})) (off by {err:.3g}), "
                      "which attncli computes; it is not supported")
-    c.facts.extra["rope_table"] = f"{name}: the sinusoidal table, interleaved RoPE base 10000 (checked)"
+    c.facts.notes["rope_table"] = f"{name}: the sinusoidal table, interleaved RoPE base 10000 (checked)"
+
+
+QKV = ("W_q", "W_k", "W_v")
+
+
+def _split_blocks(c: Ctx, name: str, bias: str | None, sizes: tuple[int, int, int], conv1d: bool = False) -> None:
+    """A fused [Q; K; V]: blocks of ``sizes`` one after another, by rows of an nn.Linear (out, in) (Phi-3 qkv_proj,
+    ModernBERT Wqkv, nanoGPT and GPT-BigCode c_attn) or by columns of a Conv1D (in, out) (GPT-2 c_attn)."""
+    w = c.get(name)
+    b = c.get(bias) if bias is not None and c.has(bias) else None
+    lo = 0
+    for t, n in zip(QKV, sizes):
+        if conv1d:
+            c.put(t, w[:, lo:lo + n], f"{name}[:, {lo}:{lo + n}]")  # Conv1D (in, out): already textbook
+        else:
+            c.put(t, w[lo:lo + n].T, f"{name}[{lo}:{lo + n}]ᵀ")  # rows (out) -> columns (in, out)
+        if b is not None:
+            c.put("b_" + t[-1], b[lo:lo + n], f"{bias}[{lo}:{lo + n}]")
+        lo += n
+
+
+def _split_groups(c: Ctx, name: str, bias: str, H: int, G: int, d: int) -> None:
+    """A fused q/k/v whose rows are (G, H/G + 2, d): per K/V group its H/G query heads, then its k, then its v
+    (Falcon); G = H is (H, 3, d), each head's q, k, v (GPT-NeoX, Bloom, Persimmon, GPT-BigCode per head)."""
+    w = c.get(name)
+    E, r = w.shape[1], H // G + 2
+    w4 = w.reshape(G, r, d, E)  # rows ((H + 2G)·d) -> (G, H/G + 2, d)
+    b3 = c.get(bias).reshape(G, r, d) if c.has(bias) else None
+    for t, s, n in zip(QKV, (slice(0, r - 2), slice(r - 2, r - 1), slice(r - 1, r)), (H, G, G)):
+        if G == H:
+            where, bwhere = f"{name} rows (H={H}, 3, d={d})[:, {s.start}]ᵀ", f"{bias} (H, 3, d)[:, {s.start}]"
+        else:
+            where = f"{name} rows (G={G}, H/G+2={r}, d={d})[:, {s.start}:{s.stop}]ᵀ"
+            bwhere = f"{bias} (G, H/G+2, d)[:, {s.start}:{s.stop}]"
+        c.put(t, w4[:, s].reshape(n * d, E).T, where)  # (G, ., d, E) -> (E, n·d)
+        if b3 is not None:
+            c.put("b_" + t[-1], b3[:, s].reshape(n * d), bwhere)
 
 
 def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
@@ -1034,16 +1053,11 @@ def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
                      "beside the weights or give --heads")
     if w.ndim != 2 or w.shape[0] % (3 * H):
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({H}·3·d, E) for {H} heads")
-    d, E = w.shape[0] // (3 * H), w.shape[1]
+    d = w.shape[0] // (3 * H)
     if c.facts.head_dim not in (None, d):
         raise c.fail(f"tensor {name!r} has shape {w.shape}: head_dim {d}, but the config says {c.facts.head_dim}")
     c.facts.head_dim = d
-    w4 = w.reshape(H, 3, d, E)  # rows (H·3·d) -> (H, 3, d)
-    b3 = c.get(bias).reshape(H, 3, d) if c.has(bias) else None
-    for i, t in enumerate(("W_q", "W_k", "W_v")):
-        c.put(t, w4[:, i].reshape(H * d, E).T, f"{name} rows (H={H}, 3, d={d})[:, {i}]ᵀ")  # (H, d, E) -> (E, H·d)
-        if b3 is not None:
-            c.put("b_" + t[-1], b3[:, i].reshape(H * d), f"{bias} (H, 3, d)[:, {i}]")
+    _split_groups(c, name, bias, H, H, d)
 
 
 @layout("neox", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attention\.query_key_value\.weight$",
@@ -1054,11 +1068,13 @@ def _neox(c: Ctx) -> None:
     _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
     c.facts.kv_heads = c.facts.heads
-    c.facts.causal = True
-    _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias", ("layer_norm_eps",), 1e-5)
-    _rope(c, "half")
+    fam = c.family or FAMILIES["gpt_neox"]  # without config.json the read is refused (CONFIG_DECIDES)
+    c.facts.causal = fam.causal
+    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
+    if fam.rope is not None:
+        _rope(c, fam.rope)
     if not (c.config or {}).get("use_parallel_residual", True):
-        c.facts.extra["parallel_residual"] = False
+        c.facts.notes["parallel_residual"] = "false: attention and MLP in sequence (outside attention)"
 
 
 @layout("bloom", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.self_attention\.query_key_value\.weight$",
@@ -1066,7 +1082,7 @@ def _neox(c: Ctx) -> None:
         "Falcon (model_type falcon): the same names, rows (G, H/G + 2, d)")
 def _bloom(c: Ctx) -> None:
     a = c.block + "self_attention."
-    if c.family is not None and c.family.model_type == "falcon":
+    if c.family is not None and c.family.fused == "groups":
         _falcon(c, a)
         return
     mt = (c.config or {}).get("model_type")
@@ -1080,7 +1096,7 @@ def _bloom(c: Ctx) -> None:
     c.facts.kv_heads = c.facts.heads
     c.facts.causal = True
     c.facts.alibi, c.facts.alibi_form = True, "absolute-f32"
-    c.facts.extra["alibi"] = ("added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py), "
+    c.facts.notes["alibi"] = ("added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py), "
                               "alibi = fl32(slope_h · j) at key j's absolute position (build_alibi_tensor)")
     _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias",
           ("layer_norm_epsilon",), 1e-5)
@@ -1125,16 +1141,7 @@ def _falcon(c: Ctx, a: str) -> None:
     if G < 1 or H % G or rows != (H + 2 * G) * d:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected ({(H + 2 * max(G, 1)) * d}, {E}) = "
                      f"(G, H/G + 2, d) rows for {H} heads of {d} ({what})")
-    r = H // G + 2
-    w4 = w.reshape(G, r, d, E)  # rows ((H + 2G)·d) -> (G, H/G + 2, d)
-    b = a + "query_key_value.bias"
-    b3 = c.get(b).reshape(G, r, d) if c.has(b) else None
-    where = f"{name} rows (G={G}, H/G+2={r}, d={d})"
-    parts = (("W_q", slice(0, r - 2), H), ("W_k", slice(r - 2, r - 1), G), ("W_v", slice(r - 1, r), G))
-    for t, s, n in parts:
-        c.put(t, w4[:, s].reshape(n * d, E).T, f"{where}[:, {s.start}:{s.stop}]ᵀ")  # (G, ., d, E) -> (E, n·d)
-        if b3 is not None:
-            c.put("b_" + t[-1], b3[:, s].reshape(n * d), f"{b} (G, H/G+2, d)[:, {s.start}:{s.stop}]")
+    _split_groups(c, name, a + "query_key_value.bias", H, G, d)
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
     f.head_dim, f.kv_heads, f.causal = d, G, True
     cfg = cfg or {}
@@ -1156,9 +1163,9 @@ def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
     """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each float32 slope and each key position j to
     bfloat16 and their product to bfloat16; FalconAttention adds it to q·k before the 1/sqrt(d) (Falcon-RW's own
     code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16, scaled."""
-    c.facts.alibi, c.facts.alibi_form, c.facts.alibi_scaled = True, "absolute-bf16", True
-    c.facts.from_config.append("alibi")
-    c.facts.extra["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
+    c.facts.given(alibi=True)
+    c.facts.alibi_form, c.facts.alibi_scaled = "absolute-bf16", True
+    c.facts.notes["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
                               "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
                               "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
                               "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
@@ -1182,12 +1189,11 @@ def _t5(c: Ctx) -> None:
     c.facts.scale = 1.0  # T5 folds the 1/sqrt(d) into its initialisation
     c.facts.relative_bias = "t5"
     cfg = c.config or {}
-    c.facts.extra.update(
-        num_buckets=int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0]),
-        max_distance=int(cfg.get("relative_attention_max_distance") or 128),
-        bidirectional=not decoder)
+    c.facts.rel_buckets = int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0])
+    c.facts.rel_max_distance = int(cfg.get("relative_attention_max_distance") or 128)
+    c.facts.rel_bidirectional = not decoder
     _norm(c, "rms", c.block + "layer.0.layer_norm.weight", eps_keys=("layer_norm_epsilon",), eps=1e-6)
-    c.facts.extra["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
+    c.facts.notes["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
 
 
 @layout("bart", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.out_proj\.weight$",
@@ -1217,18 +1223,18 @@ def _bart(c: Ctx) -> None:
     c.facts.kv_heads = c.facts.heads
     c.facts.causal = not encoder  # a decoder's self-attention: is_causal=True in every one of these families
     if encoder:
-        c.facts.extra["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
-    c.facts.extra["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
+        c.facts.notes["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
+    c.facts.notes["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
     if c.has(c.block + "encoder_attn.q_proj.weight"):
-        c.facts.extra["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
+        c.facts.notes["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
     ln = c.block + fam.norm_name
     if fam.pre_norm is None or cfg.get("do_layer_norm_before", True) is False:  # OPT-350m, BART, Marian, ...
-        c.facts.extra["post_norm"] = f"{ln} (after the residual; X is hidden_states[{c.layer}] itself)"
+        _post_norm(c, ln)
     elif cfg.get("layer_norm_elementwise_affine") is False:  # OPT: nn.LayerNorm without weight and bias
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, layer_norm_elementwise_affine false; w = 1)")
         c.put("norm_b", np.zeros(E), f"(none: {ln} has no bias; b = 0)")
-        c.facts.pre_norm, c.facts.norm_eps = "layernorm", 1e-5
+        c.facts.pre_norm, c.facts.pre_norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
     else:  # nn.LayerNorm(embed_dim): eps 1e-5 whatever layer_norm_eps says (BioGPT's 1e-12 is not used there)
         _family_norm(c, fam, ln, ())
 
@@ -1244,11 +1250,11 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     for ours, theirs in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
         c.put(ours, c.get(f"{a}{theirs}.weight"), f"{a}{theirs}.weight")
     f.qk_norm = fam.qk_norm
-    c.conf("qk_norm_eps", "norm_eps", default=1e-5, cast=float)
+    c.conf(norm_eps=("norm_eps",), default=1e-5, cast=float)
     f.causal = True
     _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
-    if "norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
-        f.norm_eps = 1e-5  # Lfm2Config's default
+    if "pre_norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
+        f.pre_norm_eps = 1e-5  # Lfm2Config's default
     _rope(c, "half", layer_type=_layer_type(c))
 
 
@@ -1280,11 +1286,7 @@ def _modernbert(c: Ctx) -> None:
         if w.ndim != 2 or w.shape[0] % 3 or (w.shape[0] // 3) % f.heads:
             raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (3·{f.heads}·head_dim, E): [Q; K; V] by rows")
         n = w.shape[0] // 3
-        b = c.get(a + "Wqkv.bias") if c.has(a + "Wqkv.bias") else None
-        for i, t in enumerate(("W_q", "W_k", "W_v")):  # qkv.view(..., 3, H, d): Q rows first, then K, then V
-            c.put(t, w[i * n:(i + 1) * n].T, f"{name}[{i * n}:{(i + 1) * n}]ᵀ")  # rows (out) -> columns (in, out)
-            if b is not None:
-                c.put("b_" + t[-1], b[i * n:(i + 1) * n], f"{a}Wqkv.bias[{i * n}:{(i + 1) * n}]")
+        _split_blocks(c, name, a + "Wqkv.bias", (n, n, n))  # qkv.view(..., 3, H, d): Q rows first, then K, then V
     else:
         for t, n_ in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
             c.linear(t, f"{a}{n_}_proj.weight", f"{a}{n_}_proj.bias")
@@ -1298,11 +1300,11 @@ def _modernbert(c: Ctx) -> None:
     cfg = c.config or {}
     f.causal = fam.causal
     if not fam.causal:
-        f.extra["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
+        f.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     if c.layer == 0:  # ModernBertEncoderLayer / ModernBertDecoderLayer: attn_norm = nn.Identity() on layer 0
-        f.extra["pre_norm"] = f"none: layer 0's attn_norm is nn.Identity ({fam.model_type})"
+        f.notes["pre_norm"] = f"none: layer 0's attn_norm is nn.Identity ({fam.model_type})"
         if c.has(c.block + "attn_norm.weight"):
-            f.extra["pre_norm_ignored"] = f"{c.block}attn_norm.weight (layer 0 has no attn_norm; transformers ignores it)"
+            f.notes["pre_norm_ignored"] = f"{c.block}attn_norm.weight (layer 0 has no attn_norm; transformers ignores it)"
     else:
         _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
     lt = _layer_type(c)
@@ -1320,25 +1322,23 @@ def _modernbert(c: Ctx) -> None:
             raise c.fail(f"{fam.model_type}: config.json has global_rope_theta but no local_rope_theta, whose default "
                          "differs between transformers 4 (global_rope_theta) and 5 (10000)")
         f.rope_base = float(cfgcheck.value(cfg, key, "config.json", 10000.0 if lt == "sliding_attention" else 160000.0))
-        if key in cfg and "rope_base" not in f.from_config:
-            f.from_config.append("rope_base")
+        if key in cfg:
+            f.given(rope_base=f.rope_base)
     if lt == "sliding_attention":
         if cfg.get("sliding_window") is not None:  # config.sliding_window (a setter of local_attention in ModernBERT)
             r = int(cfgcheck.value(cfg, "sliding_window", "config.json"))
         else:
             r = int(cfgcheck.value(cfg, "local_attention", "config.json", 128)) // 2
         if fam.window_kind == "both":  # sliding_window_bidirectional_overlay: |q - kv| <= local_attention // 2
-            f.local_window = r
-            f.from_config.append("local_window")
-            f.extra["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
+            f.given(local_window=r)
+            f.notes["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
                                         f"within {r} positions on either side")
         else:  # the decoder: sliding_window_overlay (kv > q - sliding_window), causal: the W keys up to each query
             if r < 1:
                 raise c.fail(f"{fam.model_type}: layer {c.layer} is local with a window of {r} keys (local_attention "
                              f"{cfg.get('local_attention')}): every query would see no key")
-            f.window = r
-            f.from_config.append("window")
-    f.extra["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
+            f.given(window=r)
+    f.notes["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
 
 
 @layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
@@ -1349,8 +1349,8 @@ def _distilbert(c: Ctx) -> None:
     _heads(c, "n_heads", "num_attention_heads", kv_keys=("n_heads", "num_attention_heads"),
            width=c.arrays["W_q"].shape[1])
     c.facts.causal = False
-    c.facts.extra["bidirectional"] = "distilbert: an encoder, every token sees every token"
-    c.facts.extra["post_norm"] = f"{c.block}sa_layer_norm (after the residual; X is hidden_states[{c.layer}] itself)"
+    c.facts.notes["bidirectional"] = "distilbert: an encoder, every token sees every token"
+    _post_norm(c, f"{c.block}sa_layer_norm")
 
 
 def _albert_call(cfg: dict[str, Any] | None, layer: int, source: str) -> tuple[int, int, list[int]]:
@@ -1398,12 +1398,12 @@ def _albert(c: Ctx) -> None:
         "layers " + ", ".join(map(str, shared))
     for k in list(c.origin):
         c.origin[k] += f" (shared by {runs})"
-    c.facts.extra["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
+    c.facts.notes["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
                                f"which {runs} share")
     _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
     c.facts.causal = False
-    c.facts.extra["bidirectional"] = "albert: an encoder, every token sees every token"
-    c.facts.extra["post_norm"] = f"{a}LayerNorm (after the residual; X is hidden_states[{c.layer}] itself)"
+    c.facts.notes["bidirectional"] = "albert: an encoder, every token sees every token"
+    _post_norm(c, f"{a}LayerNorm")
 
 
 # Layouts whose layer numbers are not the indices in their tensor names (ALBERT: groups shared by the layers)
@@ -1445,7 +1445,7 @@ def _tl(c: Ctx) -> None:
     f = c.facts
     f.heads, f.kv_heads, f.head_dim = H, c.arrays["W_k"].shape[1] // d, d
     f.causal = True
-    f.extra["assumed"] = "causal (attention_dir='causal') and scale 1/sqrt(d_head): the state dict does not say"
+    f.notes["assumed"] = "causal (attention_dir='causal') and scale 1/sqrt(d_head): the state dict does not say"
     ln = c.block + "ln1."
     if c.has(ln + "w"):
         _norm(c, "layernorm" if c.has(ln + "b") else "rms", ln + "w", ln + "b", eps=1e-5)
@@ -1469,7 +1469,7 @@ def _tl_rope(c: Ctx, sin: np.ndarray, cos: np.ndarray, a: str) -> None:
     if f1 > 0:
         base = float(f1 ** (-rd / 2))
         f.rope_base = float(round(base)) if abs(base - round(base)) < 1e-3 * base else base
-    f.extra["rope_from"] = f"{a}rotary_sin, {a}rotary_cos (the tables TransformerLens stores)"
+    f.notes["rope_from"] = f"{a}rotary_sin, {a}rotary_cos (the tables TransformerLens stores)"
 
 
 @layout("mha", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.(?:[^.]+\.)*?self_attn\.in_proj_weight$",
@@ -1493,7 +1493,7 @@ def _mha_parts(c: Ctx, a: str, w: np.ndarray) -> None:
         if v is not None:
             c.put(k, v, origin.get(k, a + k))
     _heads(c, "num_heads", "nhead", kv_keys=("num_heads", "nhead"), width=w.shape[1])
-    c.facts.extra["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
+    c.facts.notes["assumed"] = "nn.MultiheadAttention: scale 1/sqrt(E/heads); the state dict does not hold heads"
 
 
 @layout("mha-module", r"^(?P<stack>(?:.*\.)?)in_proj_weight$",
@@ -1619,22 +1619,6 @@ def projections_from(content: Any, source: str, prefix: str | None = None) -> Pr
     return Projections(**arrays, source=source, origin=origin, kind=f.file_name or f.name)  # type: ignore[arg-type]
 
 
-# Layouts whose tensor names alone leave the attention open: without config.json (and without --layout) a read
-# would guess these, so it is refused (mha, bert, gpt2, bloom, t5 and TransformerLens carry no such guess).
-CONFIG_DECIDES = {
-    "llama": "RoPE style and base, NoPE layers, window, scale",
-    "phi3": "RoPE base and partial rotary, window",
-    "gptj": "rotary_dim, RoPE base",
-    "neox": "rotary_pct, RoPE base",
-    "phi": "partial rotary, RoPE base, heads",
-    "persimmon": "partial rotary, RoPE base, heads",
-    "gpt_neo": "which layers are local, window_size, heads",
-    "bart": "causal or not, pre- or post-norm, heads",
-    "mla": "the latent widths, RoPE style and base, heads",
-    "modernbert": "causal or not, local layers, window, RoPE bases, heads",
-}
-
-
 def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -> Family | None:
     """The declaration that reads this checkpoint: config.json's model_type (checked by type first), or
     ``forced`` (--layout); None without a config (the tensor signature decides, as before). Refused in one
@@ -1673,6 +1657,9 @@ def resolve_family(ckpt: Checkpoint, found: Layout, forced: str | None = None) -
         bad = unsupported_key(fam, cfg)
         if bad is not None:
             raise InputError(f"{fam.model_type}: {bad} is not supported", src)
+        lack = fam.missing(cfg)
+        if lack is not None:
+            raise InputError(lack, ckpt.source)
     return fam
 
 
@@ -1719,7 +1706,7 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     if fam is not None and c.facts.rope is not None:  # how its half-precision rotation rounds (every layout)
         c.facts.rope_rounding = fam.rope_rounding
     if c.facts.heads is None:
-        c.facts.extra.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
+        c.facts.notes.setdefault("heads", "unknown: no config.json beside the weights; give --heads")
     _check_shapes(c)
     return LayerAttention(c.arrays, c.origin, c.name or f.layout.name, layer, count, c.facts, ckpt.source)
 

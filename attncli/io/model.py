@@ -28,10 +28,6 @@ from attncli.io.checkpoint import ML_DTYPES, Checkpoint
 from attncli.io.layouts import AttentionFacts, LayerAttention
 from attncli.io.layouts import load_layer as read_layer
 
-# AttentionFacts -> Options fields: every fact the pipeline computes with
-FACT_OPTIONS = ("scale", "causal", "kv_heads", "rope", "rope_base", "rotary_dim", "rope_scaling", "window", "local_window",
-                "softcap", "qk_norm", "qk_norm_at", "alibi", "alibi_form", "alibi_scaled", "chunk", "clip_qkv",
-                "tuning_scale", "tuning_floor", "rms_wide", "rope_rounding", "sink_form")
 PROJECTION_NAMES = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "q_norm", "k_norm", "q_norm_bias",
                     "k_norm_bias", "sinks")
 
@@ -68,21 +64,21 @@ class CheckpointLayer:
         checkpoint layer on inputs ``x`` (T, E) or (B, T, E) (``memory``, ``values`` for cross-attention).
         ``options``: what to compute with (default: :meth:`config_options`); ``heads`` when no config.json
         says it; ``from_residual``: ``x`` is the residual stream
-        (``hidden_states[N]``) and the layer's pre-norm is applied first. ``kw`` goes to Layer.build
-        (mask, valid_lens, labels, batch_first, ...)."""
+        (``hidden_states[N]``) and the layer's norm is applied first, wherever the family keeps it (before the
+        block or inside the attention module); without it ``x`` is the query projection's input. ``kw`` goes to
+        Layer.build (mask, valid_lens, labels, batch_first, ...)."""
         h = heads or self.heads
         if h is None:
             raise InputError("does not say how many heads its attention has (no config.json, no model_args); "
                              "give heads= (--heads N)", self.source)
-        missing = self.facts.extra.get("pre_norm_missing")
-        inside = bool(self.facts.extra.get("norm_inside"))  # pre-LN BERTs: the norm belongs to the module
+        missing = self.facts.norm_missing
         if from_residual and missing:
             raise InputError(f"has no {missing}, which --from-residual applies first", self.source)
-        if inside and missing:
-            raise InputError(f"has no {missing}, which its attention module applies to X first", self.source)
+        # X is the query projection's input for every family; the layer's norm (before the block or inside the
+        # attention module, facts.norm_at) is applied only to the residual stream (from_residual)
         return Layer.build(x, memory, values, projections=self.projections, heads=h,
                            options=options if options is not None else self.config_options(),
-                           pre_norm=self.norm if from_residual or inside else None, sub_norm=self.sub_norm, gate=self.gate,
+                           pre_norm=self.norm if from_residual else None, sub_norm=self.sub_norm, gate=self.gate,
                            relative_bias=self.relative_bias, **kw)
 
 
@@ -112,22 +108,20 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None = None, prefix: 
     proj = Projections(**{n: numbers(a[n]) for n in PROJECTION_NAMES if n in a},  # type: ignore[arg-type]
                        latent=latent, source=f"{la.source} layer {la.layer}",
                        origin={n: la.origin[n] for n in PROJECTION_NAMES if n in la.origin}, kind=la.layout)
-    options: dict[str, Any] = {n: v for n in FACT_OPTIONS if (v := getattr(f, n)) is not None and v is not False}
-    if f.qk_norm and f.qk_norm_eps is not None:
-        options["norm_eps"] = f.qk_norm_eps
+    options = f.options()  # the facts that are Options fields, by their names
     proj.config = {n: getattr(f, n) for n in f.from_config}
     bias = None
     if f.relative_bias == "t5":  # T5's bucketed relative position bias: per head, added to the scores
-        e = f.extra
-        bias = RelativeBias(numbers(a["rel_bias"]), bool(e["bidirectional"]), int(e["num_buckets"]),
-                            int(e["max_distance"]), la.origin.get("rel_bias", ""))
+        assert f.rel_buckets is not None and f.rel_max_distance is not None
+        bias = RelativeBias(numbers(a["rel_bias"]), bool(f.rel_bidirectional), f.rel_buckets, f.rel_max_distance,
+                            la.origin.get("rel_bias", ""))
     norm = None
     if f.pre_norm is not None and "norm_w" in a:
         norm = Norm(f.pre_norm, numbers(a["norm_w"]), None if "norm_b" not in a else numbers(a["norm_b"]),
-                    f.norm_eps if f.norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
+                    f.pre_norm_eps if f.pre_norm_eps is not None else 1e-6, la.origin.get("norm_w", ""))
     sub = None
     if f.sub_norm is not None and "sub_norm" in a:
-        sub = Norm(f.sub_norm, numbers(a["sub_norm"]), None, f.norm_eps if f.norm_eps is not None else 1e-6,
+        sub = Norm(f.sub_norm, numbers(a["sub_norm"]), None, f.pre_norm_eps if f.pre_norm_eps is not None else 1e-6,
                    la.origin.get("sub_norm", ""))
     gate = Gate(f.gate, numbers(a["W_g"]), la.origin.get("W_g", "")) if f.gate is not None else None
     return CheckpointLayer(proj, options, f.heads, norm, sub, gate, bias, f, la.layout, la.layer, la.layers, la.source, la)

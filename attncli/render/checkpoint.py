@@ -11,8 +11,8 @@ from attncli.errors import printable
 from attncli.render import escape
 
 FACT_ORDER = ("heads", "kv_heads", "head_dim", "scale", "causal", "rope", "rope_base", "rotary_dim", "rope_scaling",
-              "window", "local_window", "chunk", "softcap", "qk_norm", "qk_norm_at", "qk_norm_eps", "clip_qkv",
-              "tuning_scale", "tuning_floor", "pre_norm", "norm_eps", "sub_norm", "gate", "alibi", "alibi_form",
+              "window", "local_window", "chunk", "softcap", "qk_norm", "qk_norm_at", "norm_eps", "clip_qkv",
+              "tuning_scale", "tuning_floor", "pre_norm", "norm_at", "pre_norm_eps", "sub_norm", "gate", "alibi", "alibi_form",
               "alibi_scaled", "sinks", "relative_bias")
 
 
@@ -74,7 +74,7 @@ def render_inspect(info: dict[str, Any], console: Console) -> None:
             if v is None or v is False:
                 continue
             ft.add_row(k + (" *" if k in given else ""), escape.terminal(v))
-        for k, v in facts.get("extra", {}).items():
+        for k, v in facts.get("notes", {}).items():
             ft.add_row(printable(str(k), 60), printable(str(v), 200))
         console.print(ft)
         origin = facts.get("origin", {})

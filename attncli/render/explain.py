@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from attncli.core import chain, stages
+from attncli.core import chain, ops
 from attncli.core.params import Features, Rotation
 from attncli.core.scoring import SCALINGS
 from attncli.core.trace import KEYS, QUERIES, Trace
@@ -97,7 +97,7 @@ class Cell:
         a = np.asarray(t.inputs_numpy()[name], dtype=np.float64)
         r = t.meta.rep
         if r > 1 and name in ("k", "v") and a.ndim >= 3 and t.meta.head is None:
-            a = stages.expand_kv(np, a, r)  # grouped-query: query head h reads K/V head h // r (the core's map)
+            a = ops.expand_kv(np, a, r)  # grouped-query: query head h reads K/V head h // r (the core's map)
         w = self.trace.weights
         lead = w.shape[:-2]
         a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
@@ -403,7 +403,7 @@ def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float
     t = c.trace
     pre = chain.softmax_input(t.names())
     x = c.row(pre)
-    mx, e, z = stages.softmax_parts(np, x)  # the engine's own softmax, for one row
+    mx, e, z = ops.softmax_parts(np, x)  # the engine's own softmax, for one row
     return pre, x, float(mx[0]), e, float(z[0])
 
 
@@ -547,10 +547,24 @@ PLURAL = {"query": "queries", "key": "keys"}
 
 
 def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> int:
-    token = token.strip()
+    """A label (as given, then without its surrounding spaces; ␣ stands for a token's own space) or a position. A
+    label that occurs more than once is ambiguous: named with its positions, never silently the first."""
     whats = PLURAL.get(what, f"{what}s")
-    if token in labels:
-        return labels.index(token)
+    for name in dict.fromkeys((token, token.strip())):
+        hits = [k for k, label in enumerate(labels) if name in (label, label.replace("␣", " "))]
+        if len(hits) > 1:
+            raise InputError(f"{spec!r}: {what} {name!r} is ambiguous: it is at positions "
+                             f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position",
+                             "--explain")
+        if hits:
+            return hits[0]
+    hits = [k for k, label in enumerate(labels) if label.replace("␣", " ").strip() == token.strip()]  # cat: ␣cat
+    if len(hits) > 1:
+        raise InputError(f"{spec!r}: {what} {token.strip()!r} is ambiguous: it is at positions "
+                         f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position", "--explain")
+    if hits:
+        return hits[0]
+    token = token.strip()
     try:
         i = int(token)
     except ValueError:

@@ -15,12 +15,14 @@ The LaTeX document needs amsmath only (pdflatex, tectonic); the Markdown puts th
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
 
 from attncli.core.diagnostics import masked_cells
-from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
+from attncli.core.params import Clip, Dropout, Gating, Normalise, Projection, Rotation, Softmax, Tuning
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.render import RenderOptions, escape, output_format, saver
 from attncli.render.explain import explanations
 from attncli.render.numbers import all_whole, column_format
@@ -264,17 +266,182 @@ def _cell(s: str) -> str:
     return s
 
 
+# ---- each step's formula in LaTeX, written from its name and typed parameters (never from its text) ----
+
+SCORE_TEX = {"dot": r"Q K^{\top}", "scaled-dot": r"Q K^{\top}", "general": r"Q W K^{\top}",
+             "additive": r"w_v^{\top} \operatorname{act}(W_q q_i + W_k k_j + b)", "cosine": r"\hat{Q} \hat{K}^{\top}",
+             "gaussian": r"-\frac{\|q_i - k_j\|^{2}}{2\sigma^{2}}", "location": r"\operatorname{act}(K W + b)"}
+SCORE_ELEMENT = {"dot": r"q_i \cdot k_j", "scaled-dot": r"q_i \cdot k_j / \sqrt{d}", "general": r"q_i^{\top} W k_j",
+                 "additive": r"w_v^{\top} \operatorname{act}(W_q q_i + W_k k_j + b)",
+                 "cosine": r"\frac{q_i \cdot k_j}{\|q_i\| \, \|k_j\|}", "gaussian": r"-\frac{\|q_i - k_j\|^{2}}{2\sigma^{2}}",
+                 "location": r"\operatorname{act}(W^{\top} k_j + b)"}
+SCORE_ANY = r"\operatorname{score}(q_i, k_j)"
+NORM_TEX = {"rms": r"w \odot \frac{{x}}{{\sqrt{{\operatorname{{mean}}({x}^{{2}}) + {eps}}}}}",
+            "rms1p": r"(1 + w) \odot \frac{{x}}{{\sqrt{{\operatorname{{mean}}({x}^{{2}}) + {eps}}}}}",
+            "rms-full": r"w \odot \frac{{x}}{{\sqrt{{\operatorname{{mean}}_{{H d}}({x}^{{2}}) + {eps}}}}}",
+            "layernorm": r"w \odot \frac{{{x} - \mu}}{{\sqrt{{\sigma^{{2}} + {eps}}}}} + b",
+            "layernorm1p": r"(1 + w) \odot \frac{{{x} - \mu}}{{\sqrt{{\sigma^{{2}} + {eps}}}}} + b"}
+
+
+def step_symbol(name: str) -> str:
+    """A step's name as a math symbol: W_q -> W_{q}, q_rot -> q_{\\text{rot}}, a word (scores) as text."""
+    base, _, sub = str(name).partition("_")
+    if len(base) == 1 and sub:
+        return base + "_{" + (sub if len(sub) == 1 else r"\text{" + text(sub) + "}") + "}"
+    return name if len(name) == 1 else r"\text{" + text(str(name)) + "}"
+
+
+def _num(x: float) -> str:
+    return _cell(f"{x:.6g}")
+
+
+def step_tex(st: Step, prev: str, trace: Trace) -> str:
+    """``st``'s formula as LaTeX math, from its name and parameters (attncli.core.params, attncli.core.chain);
+    ``prev``: the step before it."""
+    p, n, x = st.params, str(st.name), step_symbol(prev)
+    y = step_symbol(n)
+    rule = STEP_TEX.get(n)
+    body = rule(p, x, trace) if rule is not None else None
+    if body is None:
+        return y
+    return f"{y} = {body}"
+
+
+def _projection(p: Any, x: str, t: Trace) -> str | None:
+    if not isinstance(p, Projection):
+        return None
+    inp = {"X": "X", "Y": "Y", "Z": "Z"}.get(p.input, step_symbol(p.input))
+    return f"{inp} {step_symbol(p.weight)}" + (f" + {step_symbol(p.bias)}" if p.bias else "")
+
+
+def _clip(p: Any, x: str, t: Trace) -> str | None:
+    return rf"\operatorname{{clamp}}({step_symbol(p.before)}, -{_num(p.c)}, {_num(p.c)})" if isinstance(p, Clip) else None
+
+
+def _norm(of: str) -> Callable[[Any, str, Trace], str | None]:
+    def rule(p: Any, x: str, t: Trace) -> str | None:
+        if not isinstance(p, Normalise):
+            return None
+        return NORM_TEX.get(p.kind, NORM_TEX["rms"]).format(x=of, eps=_num(p.eps))
+    return rule
+
+
+def _rotation(of: str) -> Callable[[Any, str, Trace], str | None]:
+    def rule(p: Any, x: str, t: Trace) -> str | None:
+        r = p if isinstance(p, Rotation) else None
+        base = _num(r.base) if r is not None else r"\theta_0"
+        turn = r"\operatorname{rotate\_half}" if r is None or r.mode == "half" else r"\operatorname{rotate\_pairs}"
+        return (rf"{x} \odot \cos\theta + {turn}({x}) \odot \sin\theta,\ \theta_{{i,k}} = (P + i)\, "
+                rf"{base}^{{-2k/r}}")
+    return rule
+
+
+def _tuning(p: Any, x: str, t: Trace) -> str | None:
+    if not isinstance(p, Tuning):
+        return None
+    return (rf"q_i \left(\log\left(\left\lfloor \frac{{P + i + 1}}{{{_num(p.floor)}}} \right\rfloor + 1\right) "
+            rf"{_num(p.scale)} + 1\right)")
+
+
+def _scores(p: Any, x: str, t: Trace) -> str | None:
+    return SCORE_TEX.get(t.meta.score or "", r"\operatorname{score}(Q, K)")
+
+
+def _scaled(p: Any, x: str, t: Trace) -> str | None:
+    tau = getattr(p, "temperature", None)
+    f = getattr(p, "factor", None)
+    body = rf"{x} \cdot {_num(float(f))}" if isinstance(f, (int, float)) else rf"{x} \cdot f({x})"
+    return body + (rf" / {_num(tau)}" if tau not in (None, 1.0) else "")
+
+
+def _capped(p: Any, x: str, t: Trace) -> str | None:
+    c = _num(p.c) if hasattr(p, "c") else "c"
+    return rf"{c} \tanh({x} / {c})"
+
+
+def _bias(p: Any, x: str, t: Trace) -> str | None:
+    terms = [x]
+    if getattr(p, "alibi", None) is not None:
+        terms.append(r"m_h (j - (P + i))")
+    if getattr(p, "relative", None) is not None:
+        terms.append(r"b_h(\operatorname{bucket}(j - i))")
+    return " + ".join(terms) if len(terms) > 1 else rf"{x} + \text{{bias}}"
+
+
+def _masked(p: Any, x: str, t: Trace) -> str | None:
+    fill = r"-\infty" if not hasattr(p, "fill") or p.fill == -np.inf else _num(p.fill)
+    return rf"{x}_{{ij}} \text{{ if key $j$ is kept for query $i$, else }} {fill}"
+
+
+def _softmax(p: Any, x: str, t: Trace) -> str | None:
+    before = step_symbol(p.before) if isinstance(p, Softmax) else x
+    if isinstance(p, Softmax) and p.sinks:
+        return rf"\frac{{\exp({before}_{{ij}})}}{{\exp(\text{{sink}}_h) + \sum_j \exp({before}_{{ij}})}}"
+    return rf"\operatorname{{softmax}}_j({before})"
+
+
+def _sink(p: Any, x: str, t: Trace) -> str | None:
+    return rf"\frac{{\exp(\text{{sink}}_h)}}{{\exp(\text{{sink}}_h) + \sum_j \exp({x}_{{ij}})}}"
+
+
+def _hard(p: Any, x: str, t: Trace) -> str | None:
+    return rf"\operatorname{{onehot}}(\operatorname{{argmax}}_j {x}_{{ij}})"
+
+
+def _dropout(p: Any, x: str, t: Trace) -> str | None:
+    pr = _num(p.p) if isinstance(p, Dropout) else "p"
+    return rf"{x} \odot \text{{keep}} / (1 - {pr})"
+
+
+def _weighted(p: Any, x: str, t: Trace) -> str | None:
+    return rf"{step_symbol(t.meta.weights_step or 'weights')} \, V"
+
+
+def _output(p: Any, x: str, t: Trace) -> str | None:
+    if isinstance(p, Projection):
+        return f"{step_symbol(p.input)} W_{{o}}" + (" + b_{o}" if p.bias else "")
+    return _weighted(p, x, t) if "concat" not in t else _concat(p, x, t)
+
+
+def _concat(p: Any, x: str, t: Trace) -> str | None:
+    return r"[\text{head}_0 \;\cdots\; \text{head}_{H-1}]"
+
+
+def _gate(p: Any, x: str, t: Trace) -> str | None:
+    act = p.act if isinstance(p, Gating) else "act"
+    src = step_symbol(p.input) if isinstance(p, Gating) else "X"
+    return rf"\operatorname{{{act}}}({src} W_{{g}})"
+
+
+STEP_TEX: dict[str, Callable[[Any, str, Trace], str | None]] = {
+    "x_norm": _norm("X"), "q": _projection, "k": _projection, "v": _projection,
+    "q_clip": _clip, "k_clip": _clip, "v_clip": _clip, "q_norm": _norm("q"), "k_norm": _norm("k"),
+    "q_rot": _rotation("q"), "k_rot": _rotation("k"), "q_temp": _tuning,
+    "q_proj": lambda p, x, t: "q W_{q}", "k_proj": lambda p, x, t: "k W_{k}",
+    "features": lambda p, x, t: r"\operatorname{act}(q_i W_q + k_j W_k + b)",
+    "sq_dist": lambda p, x, t: r"\|q_i - k_j\|^{2}",
+    "scores": _scores, "scaled": _scaled, "capped": _capped, "alibi": _bias, "bias": _bias, "masked": _masked,
+    "sink": _sink, "softmax": _softmax, "weights": _softmax, "hard": _hard, "dropout": _dropout,
+    "head_output": _weighted, "output": _output, "concat": _concat,
+    "sub_norm": _norm(r"\text{concat}"), "gate": _gate,
+    "gated": lambda p, x, t: r"\text{concat} \odot \text{gate}",
+    "avg_weights": lambda p, x, t: r"\frac{1}{H} \sum_h \text{weights}_h",
+}
+
+
 STEP_SYMBOLS = {"scores": r"S = Q K^{\top}", "scaled": "S'", "masked": r"S'_{\text{masked}}",
                 "weights": r"A = \operatorname{softmax}(S')", "output": "A V"}
 
 
 def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
-    """The document as ('heading' | 'para' | 'formula' | 'math' | 'lines', content) blocks, for LaTeX and Markdown alike."""
+    """The document as ('heading' | 'heading2' | 'score' | 'step' | 'para' | 'math' | 'lines', content) blocks, for LaTeX
+    and Markdown alike: the score's and each step's formula are written from their names and parameters
+    (SCORE_ELEMENT, step_tex), never read back from their display text."""
     out: list[tuple[str, Any]] = []
     meta = trace.meta
     out.append(("heading", f"Attention, step by step ({meta.score or 'attention'})"))
-    if meta.score_formula:
-        out.append(("formula", f"Score: {meta.score_formula}"))  # a paragraph with a formula in it
+    if meta.score:
+        out.append(("score", meta.score))  # the score's formula, written from its name (SCORE_ELEMENT)
     note = seed_note(meta)
     if note:
         out.append(("para", note))
@@ -291,25 +458,26 @@ def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
         a = np.atleast_2d(a)
         title, axes = INPUT_TITLES.get(name, (name, (FEATURES, FEATURES)))
         symbol = "Q = K = V" if same and name == "q" else {"q": "Q", "k": "K", "v": "V"}.get(name, in_math(name))
-        out.extend(_step_blocks(trace, f"{'X: Q = K = V' if same and name == 'q' else title}", symbol, a, axes, p,
-                                None, opts))
+        heading = ("input", name, "X: Q = K = V" if same and name == "q" else title)  # written from the name
+        out.extend(_step_blocks(trace, heading, symbol, a, axes, p, None, opts))
     for k, st in enumerate((s for s in trace.steps if wanted is None or s.name in wanted), 1):
         a = np.atleast_2d(st.numpy())
         hid = (marked if st.axes == (QUERIES, KEYS) and marked is not None and marked.shape == a.shape
                and st.name in ("weights", "hard", "dropout") else None)
         if hid is not None:
             hid = hid & (a == 0)  # a finite fill leaves masked keys a weight: written as it is
-        symbol = STEP_SYMBOLS.get(st.name, in_math(st.name))
-        out.extend(_step_blocks(trace, f"{k}. {st.formula}", symbol, a, st.axes, p, hid, opts))
+        sym = STEP_SYMBOLS.get(st.name, in_math(st.name))
+        prev = trace.steps[trace.steps.index(st) - 1].name if trace.steps.index(st) else "x"
+        out.extend(_step_blocks(trace, ("step", k, st, prev), sym, a, st.axes, p, hid, opts))
     for e in explanations(trace, opts) if "weights" in trace else []:
         out.append(("heading2", e["heading"]))
         out.append(("lines", e["lines"]))
     return out
 
 
-def _step_blocks(trace: Trace, title: str, symbol: str, a: np.ndarray, axes: Any, p: int, hid: np.ndarray | None,
-                 opts: RenderOptions) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = [("heading2", title)]
+def _step_blocks(trace: Trace, title: str | tuple[Any, ...], symbol: str, a: np.ndarray, axes: Any, p: int,
+                 hid: np.ndarray | None, opts: RenderOptions) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = [("heading2", title) if isinstance(title, str) else title[:1] + (title[1:],)]
     lead = a.shape[:-2]
     entries = list(np.ndindex(*lead)) if lead else [()]
     rows, legend = short_labels(_labels(trace, axes[0], a.shape[-2]))
@@ -359,8 +527,15 @@ def latex_document(trace: Trace, opts: RenderOptions) -> str:
             parts.append(r"\section*{" + mixed(content, labels) + "}")
         elif kind == "heading2":
             parts.append(r"\subsection*{" + mixed(content, labels) + "}")
-        elif kind == "formula":
-            parts.append(mixed(content, labels) + "\n")
+        elif kind == "input":  # an input: Q, K, V (its title is text), or a score weight by name (math)
+            name, title = content
+            parts.append(r"\subsection*{" + (breakable(title) if name in ("q", "k", "v") else
+                                               "$" + step_symbol(name) + "$") + "}")
+        elif kind == "step":  # a step: its name, and its formula written from its parameters (step_tex)
+            k, st, prev = content
+            parts.append(r"\subsection*{" + f"{k}. $" + step_tex(st, prev, trace) + "$}")
+        elif kind == "score":
+            parts.append(f"Score: {text(content)}, $s_{{ij}} = {SCORE_ELEMENT.get(content, SCORE_ANY)}$\n")
         elif kind == "para":  # text (label lists among it): never read as math
             parts.append(breakable(content) + "\n")
         elif kind == "math":
@@ -469,8 +644,17 @@ def markdown_document(trace: Trace, opts: RenderOptions) -> str:
             parts.append(f"## {_md(content)}\n")
         elif kind == "heading2":
             parts.append(f"### {_md(content)}\n")
-        elif kind in ("para", "formula"):
+        elif kind == "input":
+            name, title = content
+            parts.append(f"### {_md(title)}\n")
+        elif kind == "step":
+            k, st, prev = content
+            parts.append(f"### {k}. $" + escape.markdown_math(step_tex(st, prev, trace)) + "$\n")
+        elif kind == "para":
             parts.append(_md(content) + "\n")
+        elif kind == "score":
+            parts.append(f"Score: {_md(content)}, $s_{{ij}} = " + escape.markdown_math(SCORE_ELEMENT.get(content, SCORE_ANY))
+                         + "$\n")
         elif kind == "math":
             parts.append("$$\n" + escape.markdown_math(content) + "\n$$\n")
         elif kind == "lines":

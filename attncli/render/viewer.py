@@ -45,9 +45,9 @@ import numpy as np
 
 from attncli.core.backend import to_numpy
 from attncli.core.engine import Prepared, attention_weights, prepare
+from attncli.core.ops import expand_kv, weighted_sum
 from attncli.core.problem import Problem
 from attncli.core.projections import LATENT
-from attncli.core.stages import expand_kv, weighted_sum
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.render import colours
 

@@ -1,16 +1,17 @@
-"""The stages of attention, each written once over the array API (``xp``: numpy or torch).
+"""The operations of attention, each written once over the array API (``xp``: numpy or torch); their order is
+attncli.core.chain's.
 
     project    Q = X W_q + b_q, K = Y W_k + b_k, V = Z W_v + b_v        (B, T, D) x (D, e) -> (B, T, e)
-    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv, group_queries)
+    split      (B, T, H·d) -> (B, H, T, d); K/V may have fewer heads (grouped-query: expand_kv)
     normalise  QK-norm: rms_norm of each head's q and k                 (..., T, d) -> (..., T, d)
-    rotate     RoPE: rope_inv_freq, rope_cos_sin, rotate at positions P + i (queries) and j (keys)
+    rotate     RoPE: rope_of (its tables, built once for the engine and check), rotate at positions P + i and j
     score      the registered score function (attncli.core.scoring)          (..., m, d) x (..., n, d) -> (..., m, n)
     scale      S · factor / T
     cap        softcap: c · tanh(s / c)
     bias       ALiBi (alibi_slopes, alibi_rows in the forms of attncli.core.alibi) and additive float masks
     mask       keep-mask (valid lengths, causal / window / chunk / local window at positions, boolean masks)
-    softmax    stable, rows of -inf give zeros; with sinks (softmax_with_sinks, sink_column); online
-               (blocks of keys) for the output-only path
+    softmax    stable (row_shift: rows of -inf give zeros); softmax_of: plain or with sinks; OnlineSoftmax
+               (blocks of keys) for the output-only path; row_dead: the one fully-masked-row rule
     select     hard attention, dropout
     sum        weights · V                                              (..., m, n) x (..., n, d_v) -> (..., m, d_v)
     merge      (B, H, T, d) -> (B, T, H·d), then W_o + b_o
@@ -26,6 +27,7 @@ cos/sin, slopes, keep-masks) are plain numpy that the caller moves onto its back
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,25 +39,8 @@ else:
 
 from attncli.core import alibi
 from attncli.core.backend import Backend, round_bfloat16, to_numpy
-from attncli.core.heads import (  # noqa: F401  (re-exported: the checks and the slopes beside the stages)
-    POSITION_SCORES,
-    alibi_slopes,
-    check_kv_heads,
-    check_positional,
-    check_rope,
-    check_rope_dim,
-    check_sinks,
-)
-from attncli.core.options import (  # noqa: F401
-    ROPE_MODES,
-    ROPE_TYPES,
-    check_chunk,
-    check_local_window,
-    check_q_offset,
-    check_rope_mode,
-    check_softcap,
-    check_window,
-)
+from attncli.core.heads import check_rope, check_rope_dim
+from attncli.core.options import ROPE_TYPES, check_chunk, check_local_window, check_rope_mode, check_window
 from attncli.core.scoring import SCALINGS, ScoreInput, get_score
 from attncli.core.trace import Trace
 from attncli.core.weights import seeded_rng
@@ -124,27 +109,6 @@ def expand_kv(xp: Any, a: Any, n_rep: int) -> Any:
 # (location) sees rotated features at absolute positions, which no reference does.
 # ALiBi: a bias on any score, except location, whose weights are by definition the same for every query.
 
-
-
-# ---- grouped-query heads without copies ------------------------------------------------
-
-
-def group_queries(xp: Any, q: Any, n_rep: int) -> Any:
-    """Grouped-query heads without copying K/V: row t·T + i of group g is head g·r + t. (..., G·r, T, d) -> (..., G, r·T, d)
-
-    Then (..., G, r·T, d) x (..., G, d, S) -> (..., G, r·T, S) scores each group against its own
-    K/V (the same numbers as :func:`expand_kv`, without the r copies: for the output-only path).
-    A (T, S) mask or bias repeats r times down the rows (``np.tile(a, (r, 1))``); a per-head
-    (H, T, S) one reshapes to (G, r·T, S). :func:`ungroup_heads` undoes it.
-    """
-    *lead, h, t, d = (int(x) for x in q.shape)
-    return xp.reshape(q, (*lead, h // n_rep, n_rep * t, d))  # (..., G·r, T, d) -> (..., G, r·T, d): heads are contiguous
-
-
-def ungroup_heads(xp: Any, a: Any, n_rep: int) -> Any:
-    """The inverse of :func:`group_queries`. (..., G, r·T, X) -> (..., G·r, T, X)"""
-    *lead, g, rt, x = (int(n) for n in a.shape)
-    return xp.reshape(a, (*lead, g * n_rep, rt // n_rep, x))  # (..., G, r·T, X) -> (..., G·r, T, X)
 
 
 # ---- rotary position embedding --------------------------------------------------------------
@@ -354,6 +318,53 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, mode: str, rotary_dim: int | Non
     return y if r == d else xp.concat([y, x[..., r:]], axis=-1)  # (..., T, r) + (..., T, d - r) -> (..., T, d)
 
 
+@dataclass(frozen=True)
+class Rope:
+    """A problem's rotary position embedding with its tables' every input settled once (:func:`rope_of`): the
+    mode, the base (per layer), the rotary width ``dim`` (partial: the rest pass through), the inverse
+    frequencies after the scaling and ``--rope-freqs``, the cos/sin ``factor``, the tables' dtype (the run's:
+    float64 for float64, else float32 as HF) and the family's ``rounding`` of a half-precision rotation."""
+
+    mode: str
+    base: float
+    dim: int
+    inv_freq: np.ndarray  # (dim/2,) float32
+    factor: float
+    tables: str
+    rounding: str
+    scaling: str | None  # the rope_type of --rope-scaling, or None
+    freqs: str = "float32"  # the precision the inverse frequencies are held in (--rope-freqs, where it applies)
+
+    def cos_sin(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+        """cos θ · factor and sin θ · factor at ``positions``. (T,) -> (T, dim), (T, dim)"""
+        return rope_cos_sin(positions, self.inv_freq, self.factor, self.mode, self.tables)
+
+    def rotate(self, xp: Any, a: Any, positions: Any) -> Any:
+        """``a`` (..., T, d) rotated at ``positions`` (T,): the engine's q_rot and k_rot, and every RoPE of ``check``."""
+        c, s = self.cos_sin(positions)
+        return rotate(xp, a, c, s, self.mode, self.dim, self.rounding)
+
+
+def rope_of(problem: Problem) -> Rope:
+    """The one place RoPE's tables are settled for ``problem`` (its options: --rope, --rope-base / the layer's base,
+    --rotary-dim / partial_rotary_factor, --rope-scaling, --rope-freqs, rope_rounding; its dtype and sequence
+    length): the engine's rotate stage, check's variants and the port mistakes all rotate with it."""
+    o = problem.options
+    mode = str(o.rope)
+    base, width = problem.rope_settings()
+    rd = check_rope(problem.d_qk, width, mode)
+    sc = dict(o.rope_scaling) if o.rope_scaling else None
+    seq = max(problem.query_offset + problem.m - 1, problem.n - 1, 0) + 1  # the largest position + 1 (dynamic NTK)
+    inv, factor = rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
+    kind = sc.get("rope_type", sc.get("type")) if sc else None
+    # --rope-freqs bfloat16: as model.to(bfloat16) leaves them; but dynamic scaling beyond max_position_embeddings has
+    # transformers recompute inv_freq, in float32 (its cast is gone: measured on LlamaRotaryEmbedding)
+    grown = kind == "dynamic" and seq > int((sc or {}).get("max_position_embeddings") or 0)
+    freqs = "float32" if grown else str(o.rope_freqs)
+    return Rope(mode, base, rd, freqs_held_in(inv, freqs), factor, "float64" if problem.dtype == "float64" else "float32",
+                str(o.rope_rounding), kind, freqs)
+
+
 # ---- ALiBi ----------------------------------------------------------------------------------
 
 
@@ -455,8 +466,7 @@ def softmax_with_sinks(xp: Any, s: Any, sinks: Any) -> Any:
     sk = xp.reshape(sk, (-1, 1, 1) if s.ndim >= 3 else (1, 1))  # one head: (m, n) scores
     col = xp.broadcast_to(sk, (*(int(x) for x in s.shape[:-1]), 1))  # (H,) -> (..., H, m, 1)
     c = xp.concat([s, col], axis=-1)  # (..., H, m, n) + (..., H, m, 1) -> (..., H, m, n+1)
-    mx = xp.max(c, axis=-1, keepdims=True)
-    mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+    mx = row_shift(xp, xp.max(c, axis=-1, keepdims=True))
     return softmax(xp, c - mx)[..., :n]  # HF subtracts the max itself (rounded in a half type), then softmax
 
 
@@ -630,7 +640,7 @@ def alibi_rows(problem: Problem, rows: Rows = None, r: float = 1.0) -> np.ndarra
 
 def sink_column(problem: Problem, xp: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
     """The sinks as a column beside the scores: (H,) -> ``shape`` = (..., H, rows, 1) (or (rows, 1), one head)."""
-    sk = xp.asarray(problem.sinks, dtype=dtype, device=device)
+    sk = xp.asarray(np.array(problem.sinks), dtype=dtype, device=device)  # a copy: the Problem's arrays are read-only
     return xp.broadcast_to(xp.reshape(sk, (-1, 1, 1) if len(shape) >= 3 else (1, 1)), shape)
 
 
@@ -666,10 +676,15 @@ def apply_mask(xp: Any, s: Any, keep: Any, bias: Any, fill: float) -> Any:
 # ---- 6) softmax ---------------------------------------------------------------------------------
 
 
+def row_shift(xp: Any, mx: Any) -> Any:
+    """What a row's softmax subtracts before exp: its max, or 0 where the max is not finite (a row of -inf, every
+    key masked: its exps are then 0, never NaN). The one overflow rule of every softmax here, exact and online."""
+    return xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+
+
 def softmax_parts(xp: Any, s: Any) -> tuple[Any, Any, Any]:
     """(row max, e = exp(s - max), z = Σ e) over the last axis; a row of -inf has max 0, e 0, z 0."""
-    mx = xp.max(s, axis=-1, keepdims=True)
-    mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
+    mx = row_shift(xp, xp.max(s, axis=-1, keepdims=True))
     e = xp.exp(s - mx)
     return mx, e, xp.sum(e, axis=-1, keepdims=True)
 
@@ -684,6 +699,17 @@ def softmax(xp: Any, s: Any) -> Any:
         return fused(s)
     _, e, z = softmax_parts(xp, s)
     return e / xp.where(z > 0, z, xp.ones_like(z))
+
+
+def softmax_of(problem: Problem, xp: Any, s: Any, sinks: Any = None) -> Any:
+    """The exact softmax ``problem`` asks for over the scores ``s`` (..., m, n): plain, or with its ``sinks`` (H,)
+    on the backend in gpt-oss's form or Granite SWA's (--sink-form scale). The explicit path's; the blocked path
+    folds the same sinks into :class:`OnlineSoftmax` (:meth:`OnlineSoftmax.add_sinks`)."""
+    if sinks is None:
+        return softmax(xp, s)
+    if problem.options.sink_form == "scale":
+        return softmax_sink_scaled(xp, s, sinks)
+    return softmax_with_sinks(xp, s, sinks)
 
 
 class OnlineSoftmax:
@@ -704,7 +730,7 @@ class OnlineSoftmax:
         if self.shift:
             mx = xp.max(s, axis=-1, keepdims=True)  # (..., b, 1)
             r_new = mx if self.r is None else xp.maximum(self.r, mx)
-            ref = xp.where(xp.isfinite(r_new), r_new, xp.zeros_like(r_new))  # a row all -inf so far: zeros
+            ref = row_shift(xp, r_new)  # a row all -inf so far: zeros
             if self.r is not None:  # rescale what earlier chunks added: exp(r_old - r_new) <= 1 (0 where r_old is -inf)
                 alpha = xp.where(xp.isfinite(self.r), xp.exp(self.r - ref), xp.zeros_like(self.r))
             self.r = r_new
@@ -716,15 +742,23 @@ class OnlineSoftmax:
         ev = e @ v1  # (..., b, n_c) x (..., n_c, d_v + 1) -> (..., b, d_v + 1): outputs, sums
         self.a = ev if self.a is None else (self.a + ev if alpha is None else self.a * alpha + ev)
 
+    def add_sinks(self, col: Any) -> None:
+        """Fold in the sinks (:func:`sink_column`, (..., b, 1)): one more key per head whose value is 0, so it adds
+        exp(sink_h) to each row's sum only (softmax over [s | sink_h], its column dropped)."""
+        xp, d1 = self.xp, int(self.a.shape[-1])
+        zero_one = xp.concat([xp.zeros((1, d1 - 1), dtype=col.dtype, device=_device(col)),
+                              xp.ones((1, 1), dtype=col.dtype, device=_device(col))], axis=-1)  # (1, d_v + 1)
+        self.add(col, zero_one)
+
     def finish(self) -> Any:
         """The output rows (..., b, d_v): Σ e·v / Σ e (0 where the sum is 0)."""
         xp, a = self.xp, self.a
         total = a[..., -1:]  # (..., b, 1)
         return a[..., :-1] / xp.where(total > 0, total, xp.ones_like(total))
 
-    def dead(self) -> Any:
-        """Rows (..., b) whose every score was -inf (needs shift=True)."""
-        return ~self.xp.isfinite(self.r[..., 0])
+    def top(self) -> Any:
+        """The running row max (..., b, 1) (None with shift=False: not kept)."""
+        return self.r
 
 
 def _exp(xp: Any, s: Any, inplace: bool) -> Any:
@@ -735,12 +769,20 @@ def _exp(xp: Any, s: Any, inplace: bool) -> Any:
     return xp.exp(s)
 
 
+def row_dead(xp: Any, top: Any, kept: Any) -> Any:
+    """The one rule of a fully masked row, for every path: its largest score is -inf (``top``, the row max
+    (..., m, 1), or None where not known) or it keeps no key (``kept``: any key kept, (..., m), or None: no keep-mask).
+    (..., m) on the backend. Its weights and output are zero (:func:`row_shift`, :class:`OnlineSoftmax`)."""
+    dead = None if top is None else xp.isinf(top[..., 0]) & (top[..., 0] < 0)
+    if kept is not None:
+        dead = ~kept if dead is None else dead | ~kept
+    return dead
+
+
 def dead_rows(xp: Any, s: Any, keep: Any) -> np.ndarray | None:
-    """Rows (..., m) with every key masked (all scores -inf, or no key kept), on the host; None if none.
-    The one definition of a fully masked row: the warnings, diagnostics and views read it."""
-    dead = xp.all(xp.isinf(s) & (s < 0), axis=-1)
-    if keep is not None:
-        dead = dead | ~xp.any(keep, axis=-1)
+    """Rows (..., m) with every key masked (:func:`row_dead` of the whole scores ``s`` and ``keep``), on the host; None
+    if none. The warnings, diagnostics and views read it."""
+    dead = row_dead(xp, xp.max(s, axis=-1, keepdims=True), None if keep is None else xp.any(keep, axis=-1))
     dead_np = to_numpy(dead)
     return dead_np if dead_np.any() else None
 
