@@ -37,6 +37,12 @@ NOT_RUN = {  # example -> why it cannot run from an empty folder with the bundle
     "attncli self cap.npz --weights ./tiny-llama --layer 1": "needs a capture and its model folder",
     "attncli capture ./tiny-t5 \"the cat\" --target \"le chat\" -o t5.npz": "needs a model folder (and its tokenizer)",
     "attncli inspect model.safetensors --format json": "needs a checkpoint file",
+    "attncli heads hidden.npy --weights ./tiny-llama": "needs a model folder and its hidden states",
+    "attncli heads --induction 50 --weights ./tiny-llama --metric induction --top 5": "needs a model folder",
+    "attncli heads --text-file corpus.txt --weights ./tiny-llama --format csv": "needs a model folder (and its "
+    "tokenizer) and a corpus",
+    "attncli heads shard1.npy --weights M --save a.json; attncli heads merge a.json b.json --save all.json":
+    "needs a model folder and the shards' hidden states",
 }
 
 

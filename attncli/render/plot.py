@@ -178,11 +178,6 @@ STEP_LABELS = {"weights": "attention weight", "scores": "score", "scaled": "scal
                "masked": "masked score"}
 
 
-def plot_weights(trace: Trace, out: IO[bytes], fmt: str = "png") -> None:
-    """The weights alone, with the default options (kept for callers of the library)."""
-    plot_steps(trace, out, fmt, PlotOptions())
-
-
 @dataclass
 class StepPanels:
     """One step as drawn: per drawn entry its cells (NaN: masked or not finite), already shrunk to the

@@ -467,16 +467,3 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
 
 # Extra sections after the steps (explanations of cells and rows); filled by attncli.render.explain.
 EXPLAINERS: list[Callable[[Trace, RenderOptions, Console], None]] = []
-
-
-def render_to_string(trace: Trace, opts: RenderOptions | None = None, width: int = 100) -> str:
-    """The terminal view as plain text (no colour) at a fixed width: for goldens and --svg."""
-    import io
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False,
-                      markup=False, emoji=False)
-    print_rich(trace, opts or RenderOptions(), console)
-    return buf.getvalue()
-
-
