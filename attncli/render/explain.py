@@ -68,7 +68,7 @@ def elide_each(values: Any, fmt: Callable[[Any], list[Term]], joiner: Term = " +
     n = len(values)
     if n <= MAX_TERMS:
         return elide([fmt(v) for v in values], n, joiner)
-    shown = [*(fmt(v) for v in values[:4]), ["…"], *(fmt(v) for v in values[-2:])]
+    shown: list[list[Term]] = [*(fmt(v) for v in values[:4]), ["…"], *(fmt(v) for v in values[-2:])]
     return [*joined(shown, joiner), Gap(), "(", Words(f"{n} terms"), ")"]
 
 
@@ -312,7 +312,7 @@ def explain_gaussian(c: Cell) -> list[Line]:
     if q is None or k is None or "sq_dist" not in c.trace:
         return explain_generic(c)
     d2 = c.step("sq_dist")
-    diff = (joined([["(", Num(a, p), " − ", Num(b, p, True), ")²"] for a, b in zip(q, k)]) if len(q) <= MAX_FEATURES
+    diff: list[Term] = (joined([["(", Num(a, p), " − ", Num(b, p, True), ")²"] for a, b in zip(q, k)]) if len(q) <= MAX_FEATURES
             else [Sub("Σ", "t"), " (", Sub("q", "t"), " − ", Sub("k", "t"), ")²"])
     return [Line(_step_formula(c.trace, "sq_dist"), ": ‖", _of("q", c.query), " − ", _of("k", c.key), "‖² = ", diff,
                  " = ", Num(d2, p)),
@@ -594,8 +594,8 @@ def explain_row(c: Cell) -> list[Line]:
         part = np.asarray(w)[others] @ v[others]  # (r,) x (r, d_v) -> (d_v,)
         more = [" + [", Words(f"{len(others)} smaller terms: "), vector(part, p), "]"]
         nz = shown_terms
-    sym = [[Num(float(w[j]), p), "·", *_of("v", klab[j])] for j in nz]
-    num_terms = [[Num(float(w[j]), p), "·", vector(v[j], p)] for j in nz]
+    sym: list[list[Term]] = [[Num(float(w[j]), p), "·", *_of("v", klab[j])] for j in nz]
+    num_terms: list[list[Term]] = [[Num(float(w[j]), p), "·", vector(v[j], p)] for j in nz]
     name = "out" if st.name == "output" else st.name
     lines.append(Line(_of(name, c.query), " = ", joined(sym) or ["0"],
                       [" + … (", Words(f"{len(w) - zero - len(nz)} more"), ")"] if more else []))

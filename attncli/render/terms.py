@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from attncli.render.numbers import num
 
@@ -146,7 +147,8 @@ class Line(str):
         return obj
 
 
-def vector(v: Sequence[float], p: int = 4) -> Vector:
+def vector(v: Any, p: int = 4) -> Vector:
+    """A 1-D array (or sequence) of numbers as a Vector term."""
     return Vector(tuple(float(x) for x in v), p)
 
 
