@@ -14,8 +14,8 @@ The LaTeX document needs amsmath only (pdflatex, tectonic); the Markdown puts th
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
+from itertools import groupby
 from typing import IO, Any
 
 import numpy as np
@@ -147,7 +147,7 @@ LONG_WORD = 24  # characters of a word without spaces (a long label) before LaTe
 
 def breakable(s: str) -> str:
     """Text for LaTeX's text mode, words longer than LONG_WORD characters allowed to break every 16."""
-    words = re.split(r"(\s+)", s)
+    words = ["".join(g) for _, g in groupby(s, key=str.isspace)]  # words and the spaces between them
     return "".join(r"\allowbreak{}".join(text(w[i:i + 16]) for i in range(0, len(w), 16))
                    if len(w) > LONG_WORD else text(w) for w in words)
 
@@ -556,8 +556,8 @@ def display_width(tex: str) -> tuple[float, float]:
             w = _cell_width(cell.strip())
             columns += [0.0] * (j + 1 - len(columns))
             columns[j] = max(columns[j], w)
-    label_texts = re.findall(r"\\text\{((?:[^{}]|\{[^{}]*\})*)\}", labels)
-    label_w = max((_plain_width(x) for x in label_texts), default=0.0)
+    label_texts = labels.partition("\\begin{matrix}")[2].partition("\\end{matrix}")[0].split(" \\\\ ")
+    label_w = max((_plain_width(x) - 5.5 * x.count("\\text{") for x in label_texts), default=0.0)
     return _plain_width(head) + sum(columns) + 15.0 + label_w, 10.0 * len(columns) + 20.0
 
 
@@ -570,7 +570,19 @@ def _cell_width(cell: str) -> float:
 
 def _plain_width(tex: str) -> float:
     """About 5.5 pt per character written (commands and braces not counted, a command as one character)."""
-    return 5.5 * len(re.sub(r"\\[A-Za-z]+\s*", "x", tex).replace("{", "").replace("}", "").replace(";", ""))
+    count, i = 0, 0
+    while i < len(tex):
+        if tex[i] == "\\" and tex[i + 1:i + 2].isascii() and tex[i + 1:i + 2].isalpha():  # a command: one character
+            i += 1
+            while i < len(tex) and tex[i].isascii() and tex[i].isalpha():
+                i += 1
+            while i < len(tex) and tex[i].isspace():
+                i += 1
+            count += 1
+            continue
+        count += tex[i] not in "{};"
+        i += 1
+    return 5.5 * count
 
 
 def markdown_document(trace: Trace, opts: RenderOptions) -> str:
