@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,7 @@ class Cell:
     i: int
     j: int
     precision: int = 4
+    _rows: dict[str, np.ndarray | None] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def query(self) -> str:
@@ -97,21 +98,40 @@ class Cell:
 
     def input_row(self, name: str, row: int) -> np.ndarray | None:
         """Row ``row`` of input ``name`` (q, k, v) in this cell's batch entry, or None if absent."""
+        a = self.input_rows(name)
+        return None if a is None else a[row]
+
+    def input_rows(self, name: str) -> np.ndarray | None:
+        """Every row of input ``name`` (q, k, v) in this cell's batch entry, (T, d) as float64, or None if
+        absent. Only that entry is read (and converted): a row's output reads every value row, and
+        copying (B, H, T, d) once per row would cost T times the input."""
+        cache = self._rows
+        if name not in cache:
+            cache[name] = self._entry_rows(name)
+        return cache[name]
+
+    def _entry_rows(self, name: str) -> np.ndarray | None:
         t = self.trace
         if t.meta.heads and name in t:
-            return self._head_row(name, row)
+            return self._head_rows(name)
         if name not in t.inputs:
             return None
-        a = np.asarray(t.inputs_numpy()[name], dtype=np.float64)
+        a = t.inputs_numpy()[name]
+        lead = t.weights.shape[:-2]
+        if a.ndim - 2 > len(lead):  # more leading axes than the weights: indexed as they are
+            return np.asarray(a[self.batch], dtype=np.float64)
         r = t.meta.rep
-        if r > 1 and name in ("k", "v") and a.ndim >= 3 and t.meta.head is None:
-            a = ops.expand_kv(np, a, r)  # grouped-query: query head h reads K/V head h // r (the core's map)
-        w = self.trace.weights
-        lead = w.shape[:-2]
-        a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
-        return np.asarray(a[self.batch][row])
+        grouped = r > 1 and name in ("k", "v") and a.ndim >= 3 and t.meta.head is None
+        off = len(lead) - (a.ndim - 2)  # the input's leading axes are the weights' last ones (broadcasting)
+        idx = []
+        for ax, size in enumerate(a.shape[:-2]):
+            b = self.batch[off + ax]
+            if grouped and ax == a.ndim - 3:
+                b //= r  # grouped-query: query head h reads K/V head h // r (the core's map, stages.expand_kv)
+            idx.append(0 if size == 1 else b)
+        return np.asarray(a[tuple(idx)], dtype=np.float64)
 
-    def _head_row(self, name: str, row: int) -> np.ndarray | None:
+    def _head_rows(self, name: str) -> np.ndarray | None:
         """Multi-head: this head's slice of the projected ``name`` (q, k, v steps of width heads × d_h)."""
         t = self.trace
         axis, widths = t.meta.head_axis, t.meta.head_width or {}
@@ -127,23 +147,23 @@ class Cell:
         if name in ("k", "v"):
             h //= t.meta.rep  # grouped-query: query head h reads K/V head h // r
         src = f"{name}_clip" if f"{name}_clip" in t else name  # OLMo: the heads read the clamped projection
-        a = np.asarray(t[src], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
+        a = np.asarray(t[src])
         if a.ndim - 2 != len(rest):
             return None
-        return np.asarray(a[rest][row])
+        return np.asarray(a[rest][..., h * dh:(h + 1) * dh], dtype=np.float64)  # (T, d_h)
 
     def vector(self, name: str, *idx: int) -> np.ndarray | None:
         """The last axis of step ``name`` at this batch entry and ``idx`` (e.g. q_proj row i, features [i, j])."""
         if name not in self.trace:
             return None
-        a = np.asarray(self.trace[name], dtype=np.float64)
+        a = np.asarray(self.trace[name])
         lead = self.trace.weights.shape[:-2]
         core = a.ndim - len(lead)
         if core != len(idx) + 1 or core < 1:
             return None
         try:
             a = np.broadcast_to(a, lead + a.shape[len(lead):] if len(lead) <= a.ndim else a.shape)
-            return np.asarray(a[self.batch][idx])
+            return np.asarray(a[self.batch][idx], dtype=np.float64)  # this entry alone converted
         except (ValueError, IndexError):
             return None
 
@@ -578,12 +598,12 @@ def explain_row(c: Cell) -> list[Line]:
         return lines
     o = st.numpy()
     out = np.asarray(np.broadcast_to(o, t.weights.shape[:-1] + o.shape[-1:])[c.batch][c.i])
-    rows = [c.input_row("v", j) for j in range(len(w))]
-    if any(r is None for r in rows):
+    rows = c.input_rows("v")
+    if rows is None:
         lines.append(Line(_of(st.name, c.query), " = ", Sub("Σ", "j"), " ", Sub("weight", "j"), " · ", Sub("v", "j"),
                           " = ", vector(out, p), Gap(), "[", _step_formula(t, st.name), "]"))
         return lines
-    v = np.asarray(rows, dtype=np.float64)  # (n, d_v): this batch entry's (and head's) value rows
+    v = rows  # (n, d_v): this batch entry's (and head's) value rows
     nz = [j for j in range(len(w)) if w[j] != 0]
     zero = len(w) - len(nz)
     more: list[Term] = []
@@ -620,7 +640,7 @@ def strongest(w: np.ndarray) -> list[int]:
 PLURAL = {"query": "queries", "key": "keys"}
 
 
-def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> int:
+def _index(token: str, labels: list[str], what: str, count: int, spec: str, option: str = "--explain") -> int:
     """A label (as given, then without its surrounding spaces; ␣ stands for a token's own space) or a position. A
     label that occurs more than once is ambiguous: named with its positions, never silently the first."""
     whats = PLURAL.get(what, f"{what}s")
@@ -629,13 +649,13 @@ def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> i
         if len(hits) > 1:
             raise InputError(f"{spec!r}: {what} {name!r} is ambiguous: it is at positions "
                              f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position",
-                             "--explain")
+                             option)
         if hits:
             return hits[0]
     hits = [k for k, label in enumerate(labels) if label.replace("␣", " ").strip() == token.strip()]  # cat: ␣cat
     if len(hits) > 1:
         raise InputError(f"{spec!r}: {what} {token.strip()!r} is ambiguous: it is at positions "
-                         f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position", "--explain")
+                         f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position", option)
     if hits:
         return hits[0]
     token = token.strip()
@@ -644,24 +664,24 @@ def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> i
     except ValueError:
         shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
         raise InputError(f"{spec!r}: no {what} named {token!r}; {whats} are {shown} (or an index 0..{count - 1})",
-                         "--explain") from None
+                         option) from None
     if not 0 <= i < count:
         raise InputError(f"{spec!r}: {what} index {i} is out of range (there are {count} {whats}: 0..{count - 1})",
-                         "--explain")
+                         option)
     return i
 
 
-def _batch(prefix: str | None, lead: tuple[int, ...], spec: str) -> tuple[int, ...]:
+def _batch(prefix: str | None, lead: tuple[int, ...], spec: str, option: str = "--explain") -> tuple[int, ...]:
     if prefix is None:
         return (0,) * len(lead)
     if not lead:
-        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", "--explain")
+        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", option)
     try:
         idx = tuple(int(x) for x in prefix.split(","))
     except ValueError:
-        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", "--explain") from None
+        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", option) from None
     if len(idx) != len(lead) or any(not 0 <= a < n for a, n in zip(idx, lead)):
-        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", "--explain")
+        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", option)
     return idx
 
 
@@ -683,8 +703,8 @@ def parse_row(trace: Trace, spec: str, precision: int = 4) -> Cell:
     w = trace.weights
     m = int(w.shape[-2])
     prefix, _, rest = spec.rpartition(":")
-    i = _index(rest, axis_labels(trace, QUERIES, m), "query", m, spec)
-    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec), i, 0, precision)
+    i = _index(rest, axis_labels(trace, QUERIES, m), "query", m, spec, "--explain-row")
+    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec, "--explain-row"), i, 0, precision)
 
 
 def heading(c: Cell, what: str | list[Term]) -> Line:

@@ -74,7 +74,7 @@ def heat_style(w: float, strongest: bool) -> Style:
     if not math.isfinite(w) or w <= 0:
         return Style(dim=True)
     r, g, b = colours.rgb(w)
-    return Style(bgcolor=Color.from_rgb(r, g, b), color="white" if colours.dark(r, g, b) else "black", bold=strongest)
+    return Style(bgcolor=Color.from_rgb(r, g, b), color=Color.from_rgb(*colours.text_on(r, g, b)), bold=strongest)
 
 
 def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptions,
