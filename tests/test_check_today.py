@@ -592,6 +592,7 @@ def test_bad_tolerances_and_precisions_exit_2(tmp_path: Path, args: list[str], w
                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
         assert r.returncode == 2, r.stderr
         assert where in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert r.stdout == "", (fmt, r.stdout)  # one rule for check's own options: nothing on stdout, any format
 
 
 def test_expected_of_a_shape_no_step_has_names_the_steps(tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ from attncli.io import session
 app = typer.Typer(
     name="attncli",
     help="Compute attention on matrices you supply, and explain every step.\n\n"
+         "Environment: ATTNCLI_NPZ_MEMBER_MAX caps the bytes one .npz member may inflate to (default 4G; e.g. "
+         "512M, 16G; the free memory caps it too); ATTNCLI_DEBUG=1 shows an internal error's traceback.\n\n"
          "Examples:\n\n  attncli examples run cat_milk_sweet\n\n"
          "  attncli run q.npy k.npy v.npy --valid-lens 2,3 --format json\n\n"
          "  attncli examples\n\n  attncli run --help",
