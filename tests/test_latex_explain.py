@@ -92,3 +92,16 @@ def test_no_renderer_of_formulas_reads_text_with_regular_expressions() -> None:
         imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
         imported |= {str(node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert "re" not in imported, module.__name__
+
+
+def test_rope_turns_its_own_row() -> None:
+    """QK-norm then RoPE (the trace writes q_norm, k_norm, q_rot, k_rot): q_rot turns q_norm, k_rot turns k_norm —
+    never the step written just before it."""
+    from attncli.render.latex import step_tex
+
+    t = _runs()[0]
+    names = t.names()
+    assert names.index("k_norm") < names.index("q_rot")
+    q_rot, k_rot = (step_tex(t.step(n), names[names.index(n) - 1], t) for n in ("q_rot", "k_rot"))
+    assert r"\operatorname{rotate\_half}(q_{\text{norm}})" in q_rot and "k_{" not in q_rot
+    assert r"\operatorname{rotate\_half}(k_{\text{norm}})" in k_rot and "q_{" not in k_rot

@@ -88,7 +88,7 @@ def _sub_base(base: str) -> str:
 def term_tex(t: Term, trace: Trace | None) -> str:
     """One term of an explanation line as LaTeX math."""
     if isinstance(t, str):
-        return symbols(t)
+        return symbols(t) if t.strip() or not t else r"\ "  # a column's padding: one space
     if isinstance(t, (Words, Label)):
         return in_math(t.text)
     if isinstance(t, Num):
@@ -269,11 +269,22 @@ def _norm(of: str) -> Callable[[Any, str, Trace], str | None]:
 def _rotation(of: str) -> Callable[[Any, str, Trace], str | None]:
     def rule(p: Any, x: str, t: Trace) -> str | None:
         r = p if isinstance(p, Rotation) else None
+        x = _rotated(of, x, t)
         base = _num(r.base) if r is not None else r"\theta_0"
         turn = r"\operatorname{rotate\_half}" if r is None or r.mode == "half" else r"\operatorname{rotate\_pairs}"
         return (rf"{x} \odot \cos\theta + {turn}({x}) \odot \sin\theta,\ \theta_{{i,k}} = (P + i)\, "
                 rf"{base}^{{-2k/r}}")
     return rule
+
+
+def _rotated(of: str, x: str, t: Trace) -> str:
+    """The row RoPE turns: the last of ``of``'s steps before ``of``_rot (q, q_clip, q_norm), not the step written
+    just before it (k_norm comes between q_norm and q_rot); ``x`` when the trace has none."""
+    names = list(t.names())
+    if f"{of}_rot" not in names:
+        return x
+    before = names[:names.index(f"{of}_rot")]
+    return next((step_symbol(n) for n in reversed(before) if n == of or n.startswith(of + "_")), x)
 
 
 def _tuning(p: Any, x: str, t: Trace) -> str | None:
