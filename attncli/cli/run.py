@@ -102,6 +102,7 @@ def compute_and_emit(problem: Any, opts: View, protect: list[str]) -> None:
     with progress_bar(opts.quiet) as progress:
         trace = run(problem, how, progress=progress)
     said = agreement(problem, trace)  # a capture's layer: compared with the model's own attention (or refused)
+    name_heads(problem, trace)
     first = None
     if said is not None and not opts.quiet:
         if not said.agrees:
@@ -121,6 +122,53 @@ def compute_and_emit(problem: Any, opts: View, protect: list[str]) -> None:
     if opts.save is not None:  # the file keeps every head; the terminal shows one
         emit(trace, replace(opts, quiet=True, svg=None, html=None, plot=None), protect=protect)
     emit(view, replace(opts, save=None), protect=protect, first=first)
+
+
+def name_heads(problem: Any, trace: Any) -> None:
+    """A layer computed from a capture (or --text): the heads that pass a pattern of ``heads`` (its thresholds and
+    definitions, from the trace's own weights, valid queries only), kept for the diagnostics
+    (``trace.extra['head_patterns']``). Nothing when the trace holds only some rows or the model has sinks."""
+    from attncli.cli.inputs import captured
+    from attncli.core import headstats as hs
+    from attncli.io.capture import visible
+
+    c = captured(problem)
+    if c is None or "weights" not in trace:
+        return
+    import numpy as np
+
+    w = np.asarray(trace["weights"], dtype=np.float64)
+    vq, vk = (np.asarray(v, dtype=bool) for v in c.valid)
+    if w.ndim == 3:
+        w = w[None]
+    if w.ndim != 4 or w.shape[0] != vq.shape[0] or w.shape[2:] != (vq.shape[1], vk.shape[1]):
+        return  # some rows only (the corners of a big view), or a shape this does not know
+    cap = c.capture
+    cross = c.query_labels != c.key_labels or vq.shape != vk.shape
+    stack = cap.stack
+    if not cross and cap.decoder is not None and [list(r) for r in cap.decoder.labels] == c.query_labels \
+            and [list(r) for r in stack.labels] != c.query_labels:
+        stack = cap.decoder
+    special = cap.special_tokens_mask if stack is cap.stack else None
+
+    def seqs(valid: Any, labels: list[list[str]], ids: Any, spec: Any) -> list[hs.Sequence]:
+        return [hs.Sequence(valid[b], None if ids is None else np.asarray(ids[b]),
+                            None if spec is None else np.asarray(spec[b]) != 0,
+                            np.array([hs.is_punctuation(t) for t in labels[b]], dtype=bool))
+                for b in range(valid.shape[0])]
+
+    keys = None
+    if cross:
+        queries = seqs(vq, c.query_labels, None, None)
+        keys = seqs(vk, c.key_labels, None, cap.special_tokens_mask)
+    else:
+        queries = seqs(vq, c.query_labels, stack.input_ids, special)
+    firsts = {row[int(np.argmax(v))] for row, v in zip(c.key_labels, vk) if v.any()}
+    first = visible(next(iter(firsts))) if len(firsts) == 1 else None  # as the views show a token (␣ cat)
+    rows = w.sum(axis=-1)[vq[:, None].repeat(w.shape[1], axis=1)]
+    if not np.allclose(rows, 1.0, atol=1e-6):
+        return  # rows that do not sum to 1 (a sink's share): not weights the patterns are defined on here
+    trace.extra["head_patterns"] = hs.name_heads(w, queries, first, keys)
 
 
 def page_was_all(opts: View, problem: Any) -> bool:

@@ -200,6 +200,8 @@ def diagnose(trace: Trace, similarity: str | None = None) -> dict[str, Any]:
 
     if similarity is not None:
         out["similarity"] = output_similarity(trace, similarity)
+    if "head_patterns" in trace.extra:  # the heads a layer computed from a model names (attncli.core.headstats)
+        out["head_patterns"] = trace.extra["head_patterns"]
     out["warnings"] = warnings
     return out
 

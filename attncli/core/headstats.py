@@ -268,12 +268,7 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
     cross = keys is not None or m != n
     if cross and exclude_self:
         raise InputError("cross-attention has no query's own key to drop", "--exclude-self")
-    if cross:
-        pos = positions(keys if keys is not None else [Sequence.plain(n)] * B, n)
-        qs0 = positions(seqs, m).scored
-        pos = Positions(pos.rank, pos.first, pos.prev, pos.next, pos.occ, pos.after, qs0, pos.special, pos.punct)
-    else:
-        pos = positions(seqs, n)
+    pos = _layer_positions(seqs, keys, m, n, B, cross)
     sums = np.zeros((B, H, S))
     counts = np.zeros((B, H, S), dtype=np.int64)
     q = np.asarray(prep.q)
@@ -300,6 +295,16 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
         if progress is not None:
             progress(i1, m)
     return sums, counts
+
+
+def _layer_positions(seqs: list[Sequence], keys: list[Sequence] | None, m: int, n: int, B: int,
+                     cross: bool) -> Positions:
+    """The keys' positions, with the queries scored (cross-attention: the queries' own, from ``seqs``)."""
+    if not cross:
+        return positions(seqs, n)
+    pos = positions(keys if keys is not None else [Sequence.plain(n)] * B, n)
+    qs0 = positions(seqs, m).scored
+    return Positions(pos.rank, pos.first, pos.prev, pos.next, pos.occ, pos.after, qs0, pos.special, pos.punct)
 
 
 def _gather(a: np.ndarray, idx: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray]:
@@ -415,6 +420,61 @@ def _block_sums(p: Problem, s: np.ndarray, lo: int, i0: int, i1: int, P: int, po
     put("induction", at(after)[0], (after >= 0)[:, None])
     out = np.where(inc, vals, 0.0).sum(axis=2)  # (B, G, S)
     return out, inc.sum(axis=2)
+
+
+# ---- one computed layer's heads, named (the diagnostics of self/view) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plain:
+    """What _block_sums reads of a problem, for weights given whole: no sink (the rows sum to 1)."""
+
+    sinks: None = None
+
+
+def weights_sums(weights: np.ndarray, seqs: list[Sequence],
+                 keys: list[Sequence] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The sums and counts (B, H, S) of a layer's whole weights (B, H, m, n) (rows that sum to 1; masked keys at 0),
+    by the same definitions as :func:`layer_sums`: the weights are the softmax of their logarithms, so they go
+    through :func:`_block_sums` as one block of scores ln a_ij (masked keys at -inf)."""
+    a = np.asarray(weights, dtype=np.float64)
+    B, _, m, n = a.shape
+    if len(seqs) != B:
+        raise InputError(f"{len(seqs)} inputs described for a batch of {B}", "inputs")
+    cross = keys is not None or m != n
+    pos = _layer_positions(seqs, keys, m, n, B, cross)
+    with np.errstate(divide="ignore"):
+        s = np.log(a)
+    return _block_sums(_Plain(), s, 0, 0, m, 0, pos, False, False, cross)  # type: ignore[arg-type]
+
+
+def name_heads(weights: np.ndarray, seqs: list[Sequence], first_label: str | None = None,
+               keys: list[Sequence] | None = None, limits: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Each head of one layer's weights (B, H, m, n) that passes a pattern (the thresholds of ``heads``), over the
+    valid queries of every entry: ``head``, ``patterns``, each pattern's statistic (``values``) and one sentence
+    ("head 3: sink — 0.83 of its weight on `<s>`"). A head that passes nothing is left out (never guessed)."""
+    sums, counts = weights_sums(weights, seqs, keys)
+    total = Sums.zeros(1, sums.shape[1])
+    total.add_layer(0, sums, counts)
+    mean = total.mean()[0]
+    lim = thresholds(limits)
+    first = "the first token" if first_label is None else f"`{first_label}`"
+    say = {"sink": lambda v: f"{v:.2f} of its weight on {first}",
+           "previous-token": lambda v: f"{v:.2f} of its weight on the previous token",
+           "self": lambda v: f"{v:.2f} of its weight on its own position",
+           "induction": lambda v: f"{v:.2f} of its weight on the token after its token's previous occurrence",
+           "broad": lambda v: f"entropy {v:.2f} of the uniform weights'",
+           "focused": lambda v: f"{v:.2f} of its weight on one key (mean largest weight)"}
+    out = []
+    for h in range(mean.shape[0]):
+        means = {st: (None if math.isnan(float(mean[h, i])) else float(mean[h, i])) for i, st in enumerate(STATS)}
+        found = patterns(means, lim)
+        if not found:
+            continue
+        values = {p: means[PATTERNS[p][0]] for p in found}
+        parts = [f"{p} — {say[p](float(values[p] or 0.0))} (≥ {lim[p]:g})" for p in found]
+        out.append({"head": h, "patterns": found, "values": values, "sentence": f"head {h}: " + "; ".join(parts)})
+    return out
 
 
 # ---- attention rollout (Abnar & Zuidema 2020) ---------------------------------------------------------------------

@@ -375,6 +375,8 @@ def print_diagnostics(console: Console, trace: Trace, idx: tuple[int, ...], opts
     if idx == () or all(i == 0 for i in idx) or last == 0:  # the sentences once, under the first table
         for w in diag.get("warnings", []):
             say(console, f"  ⚠ {w}", style="yellow")
+        for h in diag.get("head_patterns", []):
+            say(console, f"  · {h['sentence']}")
 
 
 def similarity_view(console: Console, trace: Trace, opts: RenderOptions) -> None:
