@@ -90,3 +90,65 @@ def test_a_sink_and_an_unnamed_head(llama: Path) -> None:
         assert f"head {h}: sink — {ref[h]['first']:.2f} of its weight on `<s>`" in text
     for h in none:
         assert f"head {h}:" not in text
+
+
+# ---- heads --cross: the decoder's cross-attention of a --target capture ------------------------------------------
+
+
+@pytest.mark.parametrize("name, prefix", [("bart", "model.decoder.layers."), ("t5", "decoder.block.")])
+def test_heads_cross_against_the_models_cross_attentions(name: str, prefix: str, tmp_path: Path) -> None:
+    """Per decoder layer × head: entropy, entropy_norm, max, first and special over the decoder's queries and the
+    encoder's real tokens, from transformers' own cross_attentions (eager, float64); the positional statistics
+    (self, previous, next, distance, induction, duplicate) need shared positions: null."""
+    from attncli.io.capture import read_capture
+
+    transformers.utils.logging.set_verbosity_error()
+    folder = getattr(hf_tiny, name)(tmp_path / name)
+    texts, target = ["the cat drank the milk", "the dog"], "le chat a bu"
+    out = tmp_path / "x.npz"
+    assert runner.invoke(app, ["capture", str(folder), *texts, "--target", target, "-o", str(out)]).exit_code == 0
+    r = runner.invoke(app, ["heads", str(out), "-w", str(folder), "--cross", "--prefix", prefix,
+                            "--format", "json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    enc = tok(texts, padding=True, return_tensors="pt", return_special_tokens_mask=True)
+    special = enc.pop("special_tokens_mask").numpy().astype(bool)
+    dec_ids = torch.tensor(read_capture(out).decoder.input_ids)
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager", dtype=torch.float64).eval()
+    with torch.no_grad():
+        ref = model(**enc, decoder_input_ids=dec_ids, output_attentions=True).cross_attentions
+    real = enc["attention_mask"].numpy().astype(bool)
+    rows = {(d["layer"], d["head"]): d for d in doc["statistics"]}
+    assert doc["layers"] == [0, 1] and len(rows) == 2 * 4
+    for layer in (0, 1):
+        a = ref[layer].numpy()  # (B, H, m, n)
+        for h in range(a.shape[1]):
+            ent, ent_n, top, first, spec = [], [], [], [], []
+            for b in range(a.shape[0]):
+                keys = np.flatnonzero(real[b])
+                for i in range(a.shape[2]):  # one target: every decoder query is a token
+                    row = a[b, h, i, keys]
+                    e = float(-(row * np.log(row)).sum())
+                    ent.append(e)
+                    ent_n.append(e / np.log(len(keys)))
+                    top.append(row.max())
+                    first.append(row[0])
+                    spec.append(a[b, h, i, special[b] & real[b]].sum())
+            d = rows[(layer, h)]
+            want = {"entropy": ent, "entropy_norm": ent_n, "max": top, "first": first, "special": spec}
+            for name, values in want.items():
+                assert d[name]["n"] == len(values)
+                assert d[name]["mean"] == pytest.approx(float(np.mean(values)), abs=1e-5), (layer, h, name)
+            for name in ("self", "previous", "next", "distance", "induction", "duplicate"):
+                assert d[name]["mean"] is None, name
+
+
+def test_heads_cross_needs_a_target_capture(llama: Path, tmp_path: Path) -> None:
+    out = tmp_path / "c.npz"
+    assert runner.invoke(app, ["capture", str(llama), TEXT, "-o", str(out)]).exit_code == 0
+    r = runner.invoke(app, ["heads", str(out), "-w", str(llama), "--cross"])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "--target" in lines[0] and len(lines[0]) < 300
+    r = runner.invoke(app, ["heads", "--text", TEXT, "-w", str(llama), "--cross"])
+    assert r.exit_code == 2 and "--cross" in r.stderr

@@ -91,6 +91,13 @@ def heads_command(
     rollout: Annotated[Path | None, typer.Option(help="Attention rollout (Abnar & Zuidema 2020) of every layer, T <= "
                                                  "2048, saved as .npy (inputs, layers, T, T).",
                                                  show_default=False)] = None,
+    cross: Annotated[bool, typer.Option("--cross", help="The decoder's cross-attention layers, of captures made with "
+                                        "--target (an encoder-decoder model; with --prefix naming its decoder's "
+                                        "layers): entropy, max, first, special, punctuation; the positional "
+                                        "statistics null.")] = False,
+    prefix: Annotated[str | None, typer.Option(help="With --cross: the decoder layers' name prefix, as self's "
+                                               "(model.decoder.layers. for BART, decoder.block. for T5).",
+                                               show_default=False)] = None,
     dtype: Annotated[str, typer.Option(help="float32 or float64: what the weights are computed in.")] = "float32",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
 ) -> None:
@@ -114,6 +121,11 @@ def heads_command(
         raise InputError("rolls out the weights of inputs; merge has none", "--rollout")
     if args and args[0] == "merge":
         doc = _merge(args[1:], limits if threshold else None)
+    elif cross:
+        if text or text_file or induction is not None or rollout is not None or exclude_self:
+            raise InputError("measures the cross-attention of captures made with --target: give captures only (no "
+                             "--text, --text-file, --induction, --rollout or --exclude-self)", "--cross")
+        doc = _measure_cross(args, weights, prefix, layer, exclude_first, limits, dtype, quiet)
     else:
         texts = list(text or [])
         if text_file is not None:
@@ -225,6 +237,90 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
         if not quiet:
             sys.stderr.write(f"attncli: note: {hs.ROLLOUT_CAVEAT}\n")
     return doc
+
+
+def _measure_cross(args: list[str], weights: str | None, prefix: str | None, layer: str | None, exclude_first: bool,
+                   limits: dict[str, float], dtype: str, quiet: bool) -> dict[str, Any]:
+    """--cross: each decoder layer's cross-attention over captures made with --target, its queries the input the
+    capture kept of it (cross_inputs), its keys the encoder's output; the queries are the decoder's valid tokens,
+    the keys the encoder's (special tokens and punctuation from the encoder's side)."""
+    from attncli.cli.run import progress_bar
+    from attncli.core import engine
+    from attncli.core import headstats as hs
+    from attncli.core.backend import get_backend
+    from attncli.core.options import Options
+    from attncli.io import headsfile
+    from attncli.io.capture import capture_from, is_capture
+    from attncli.io.cross import load_cross_layer
+    from attncli.io.files import Reader
+
+    if weights is None:
+        raise InputError("needs the model: --weights MODEL_FOLDER (its config.json and weights)", "--weights")
+    if not args:
+        raise InputError("give captures made with --target (attncli capture MODEL TEXT --target TEXT -o C.npz)",
+                         "--cross")
+    single = None
+    if layer is not None and layer.strip().lower() != "all":
+        t = layer.strip()
+        if not t.isdigit():
+            raise InputError(f"must be a decoder layer number or all, got {t[:40]!r}", "--layer")
+        single = int(t)
+    be = get_backend("numpy")
+    sums: hs.Sums | None = None
+    layers: list[int] = []
+    heads = 0
+    hashes: list[str] = []
+    loaded: dict[int, Any] = {}
+    with progress_bar(quiet) as progress:
+        for k, spec in enumerate(args):
+            reader = Reader()
+            content, src = reader.read(spec), reader.source(spec)
+            if not is_capture(content):
+                raise InputError("--cross measures captures made with --target (format "
+                                 f"{CAPTURE_FORMAT!r})", src)
+            cap = capture_from(content, src)
+            dec = cap.decoder
+            if dec is None or cap.cross_inputs is None:
+                raise InputError("holds no decoder: --cross needs a capture of an encoder-decoder model taken with "
+                                 "--target", src)
+            kept = list(dec.state_layers) if dec.state_layers is not None else \
+                list(range(dec.hidden_states.shape[0] - 1))
+            want = kept if single is None else [single]
+            if single is not None and single not in kept:
+                raise InputError(f"holds the cross-attention inputs of decoder layers {kept}, not layer {single}", src)
+            if sums is None:
+                layers = want
+            elif want != layers:
+                raise InputError(f"holds decoder layers {kept}; the first capture measured {layers}", src)
+            memory = np.asarray(cap.hidden_states[-1])  # the encoder's output, which every cross-attention reads
+            enc_valid = np.asarray(cap.attention_mask) != 0
+            dec_valid = np.asarray(dec.attention_mask) != 0
+            queries = [hs.Sequence(dec_valid[b]) for b in range(dec_valid.shape[0])]
+            keys = hs.Inputs(memory[None], labels=cap.labels, attention_mask=cap.attention_mask,
+                             special_tokens_mask=cap.special_tokens_mask).sequences()
+            for b in range(dec_valid.shape[0]):
+                hashes.append(headsfile.input_hash(memory[b], np.asarray(cap.input_ids[b]),
+                                                   np.asarray(cap.attention_mask[b]),
+                                                   np.asarray(dec.input_ids[b])))
+            for li, L in enumerate(layers):
+                if L not in loaded:
+                    loaded[L] = load_cross_layer(weights, L, prefix)
+                cl = loaded[L]
+                x = np.asarray(cap.cross_inputs[kept.index(L)])
+                lay = cl.problem(x, memory, batch_first=True, padding=~enc_valid,
+                                 options=cl.config_options(Options(dtype=dtype)))
+                if sums is None:
+                    heads = int(cl.heads or 0)
+                    sums = hs.Sums.zeros(len(layers), heads)
+                s, c = hs.layer_sums(engine.prepare(lay, be), queries, exclude_first=exclude_first, keys=keys)
+                sums.add_layer(li, s, c)
+                if progress is not None:
+                    progress(k * len(layers) + li + 1, len(args) * len(layers))
+    assert sums is not None
+    settings = {"exclude_first": exclude_first, "exclude_self": False, "dtype": dtype, "probe": None,
+                "cross": True}
+    return headsfile.document(sums, layers=layers, heads=heads, model=headsfile.model_identity(weights),
+                              thresholds=limits, settings=settings, inputs=hashes, with_sums=True)
 
 
 def _save_rollout(path: Path, per_input: list[np.ndarray], protect: list[str]) -> None:
