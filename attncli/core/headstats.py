@@ -463,7 +463,7 @@ def name_heads(weights: np.ndarray, seqs: list[Sequence], first_label: str | Non
            "previous-token": lambda v: f"{v:.2f} of its weight on the previous token",
            "self": lambda v: f"{v:.2f} of its weight on its own position",
            "induction": lambda v: f"{v:.2f} of its weight on the token after its token's previous occurrence",
-           "broad": lambda v: f"entropy {v:.2f} of the uniform weights'",
+           "broad": lambda v: f"normalised entropy {v:.2f} (1: uniform weights)",
            "focused": lambda v: f"{v:.2f} of its weight on one key (mean largest weight)"}
     out = []
     for h in range(mean.shape[0]):
