@@ -152,3 +152,18 @@ def test_heads_cross_needs_a_target_capture(llama: Path, tmp_path: Path) -> None
     assert r.exit_code == 2 and len(lines) == 1 and "--target" in lines[0] and len(lines[0]) < 300
     r = runner.invoke(app, ["heads", "--text", TEXT, "-w", str(llama), "--cross"])
     assert r.exit_code == 2 and "--cross" in r.stderr
+
+
+def test_an_underflowed_weight_is_still_a_key() -> None:
+    """A weight of exactly 0 that the mask did not hide (exp underflow) is a key the query may attend: entropy_norm
+    divides by ln 2 for the query [1, 0] and counts it; masked, the query sees one key and is not counted."""
+    from attncli.core import headstats as hs
+
+    a = np.array([[[[1.0, 0.0], [0.25, 0.75]]]])  # (B, H, m, n): two queries of a bidirectional layer
+    seqs = [hs.Sequence.plain(2)]
+    i = hs.STATS.index("entropy_norm")
+    s, c = hs.weights_sums(a, seqs, masked=np.zeros((1, 1, 2, 2), bool))
+    h2 = -(0.25 * np.log(0.25) + 0.75 * np.log(0.75)) / np.log(2)
+    assert c[0, 0, i] == 2 and s[0, 0, i] == pytest.approx(h2, abs=1e-12)
+    s, c = hs.weights_sums(a, seqs)  # every 0 taken as masked
+    assert c[0, 0, i] == 1 and s[0, 0, i] == pytest.approx(h2, abs=1e-12)

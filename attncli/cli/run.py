@@ -130,6 +130,7 @@ def name_heads(problem: Any, trace: Any) -> None:
     (``trace.extra['head_patterns']``). Nothing when the trace holds only some rows or the model has sinks."""
     from attncli.cli.inputs import captured
     from attncli.core import headstats as hs
+    from attncli.core.diagnostics import masked_cells
     from attncli.io.capture import visible
 
     c = captured(problem)
@@ -168,7 +169,13 @@ def name_heads(problem: Any, trace: Any) -> None:
     rows = w.sum(axis=-1)[vq[:, None].repeat(w.shape[1], axis=1)]
     if not np.allclose(rows, 1.0, atol=1e-6):
         return  # rows that do not sum to 1 (a sink's share): not weights the patterns are defined on here
-    trace.extra["head_patterns"] = hs.name_heads(w, queries, first, keys)
+    hidden = masked_cells(trace)
+    if hidden is not None:
+        hidden = np.asarray(hidden)
+        hidden = hidden[None] if hidden.ndim == 3 else hidden
+        if hidden.ndim != 4 or any(x not in (1, y) for x, y in zip(hidden.shape, w.shape)):
+            hidden = None  # not the weights' cells: every 0 taken as masked
+    trace.extra["head_patterns"] = hs.name_heads(w, queries, first, keys, masked=hidden)
 
 
 def page_was_all(opts: View, problem: Any) -> bool:

@@ -432,11 +432,14 @@ class _Plain:
     sinks: None = None
 
 
-def weights_sums(weights: np.ndarray, seqs: list[Sequence],
-                 keys: list[Sequence] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def weights_sums(weights: np.ndarray, seqs: list[Sequence], keys: list[Sequence] | None = None,
+                 masked: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The sums and counts (B, H, S) of a layer's whole weights (B, H, m, n) (rows that sum to 1; masked keys at 0),
     by the same definitions as :func:`layer_sums`: the weights are the softmax of their logarithms, so they go
-    through :func:`_block_sums` as one block of scores ln a_ij (masked keys at -inf)."""
+    through :func:`_block_sums` as one block of scores ln a_ij (masked keys at -inf). ``masked`` (broadcast to the
+    weights): the keys the mask hid; a weight that is 0 without being masked (underflow) is then still a key the
+    query may attend (entropy_norm's ln of the keys), at a finite score whose exponential is 0. Without it every 0
+    counts as masked."""
     a = np.asarray(weights, dtype=np.float64)
     B, _, m, n = a.shape
     if len(seqs) != B:
@@ -445,15 +448,18 @@ def weights_sums(weights: np.ndarray, seqs: list[Sequence],
     pos = _layer_positions(seqs, keys, m, n, B, cross)
     with np.errstate(divide="ignore"):
         s = np.log(a)
+    if masked is not None:
+        s = np.where((a == 0) & ~np.broadcast_to(np.asarray(masked, dtype=bool), a.shape), -1e300, s)
     return _block_sums(_Plain(), s, 0, 0, m, 0, pos, False, False, cross)  # type: ignore[arg-type]
 
 
 def name_heads(weights: np.ndarray, seqs: list[Sequence], first_label: str | None = None,
-               keys: list[Sequence] | None = None, limits: dict[str, float] | None = None) -> list[dict[str, Any]]:
+               keys: list[Sequence] | None = None, limits: dict[str, float] | None = None,
+               masked: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Each head of one layer's weights (B, H, m, n) that passes a pattern (the thresholds of ``heads``), over the
     valid queries of every entry: ``head``, ``patterns``, each pattern's statistic (``values``) and one sentence
     ("head 3: sink — 0.83 of its weight on `<s>`"). A head that passes nothing is left out (never guessed)."""
-    sums, counts = weights_sums(weights, seqs, keys)
+    sums, counts = weights_sums(weights, seqs, keys, masked)
     total = Sums.zeros(1, sums.shape[1])
     total.add_layer(0, sums, counts)
     mean = total.mean()[0]
