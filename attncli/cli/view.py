@@ -70,23 +70,42 @@ def view_command(
     else:
         built = build_problem(inputs, problem, reader)
         layers, model = [(f"layer {layer}" if layer is not None else "attention", built)], False
-    said = verified(layers)
-    serve(layers, model, serving.port, serving.open, said)
+    said, named = checked(layers)
+    serve(layers, model, serving.port, serving.open, said, named)
 
 
 def verified(layers: list[tuple[str, Any]]) -> str:
     """Each layer built from a capture, compared with the model's own attention (a difference beyond the bound is
     refused in one line, unless --keep-going): what the viewer's header says of it ('' when nothing was)."""
+    return checked(layers)[0]
+
+
+def checked(layers: list[tuple[str, Any]]) -> tuple[str, list[list[dict[str, Any]]]]:
+    """What ``verified`` says, and per layer the heads that pass a pattern (the diagnostics' ``head_patterns`` of
+    ``self`` on the same layer, by attncli.cli.run.name_heads on the same trace; [] for a layer not run here: one
+    not from a capture, or one whose capture kept no attention of the model's own, beyond its budget)."""
     from attncli.cli.inputs import agreement, captured
+    from attncli.cli.run import name_heads
     from attncli.core.engine import run
 
     said = []
+    named: list[list[dict[str, Any]]] = []
     for _, p in layers:
         c = captured(p)
+        heads: list[dict[str, Any]] = []
         if c is not None and c.own is not None:
-            a = agreement(p, run(p))
+            trace = run(p)
+            a = agreement(p, trace)
             if a is not None:
                 said.append(a)
+            name_heads(p, trace)
+            heads = list(trace.extra.get("head_patterns", []))
+        named.append(heads)
+    return summary(said), named
+
+
+def summary(said: list[Any]) -> str:
+    """The header's line on how the layers compare with the model's own attention ('' when none was)."""
     if not said:
         return ""
     if len(said) == 1:
@@ -151,14 +170,18 @@ def model_layers(inputs: list[str], opts: ProblemArgs, reader: Any) -> list[tupl
     return out
 
 
-def serve(layers: list[tuple[str, Any]], model: bool, port: int, open_browser: bool, said: str = "") -> None:
+def serve(layers: list[tuple[str, Any]], model: bool, port: int, open_browser: bool, said: str = "",
+          named: list[list[dict[str, Any]]] | None = None) -> None:
     """Start the viewer, print its URL, open it, and serve until Ctrl-C (then exit 0). ``said``: how the layers
-    compare with the model's own attention (a capture's), for the header."""
+    compare with the model's own attention (a capture's), for the header; ``named``: per layer, its named heads
+    (the diagnostics' ``head_patterns``)."""
     import secrets
 
     from attncli.render.viewer import Layer, Server, Viewer
 
     computed = [Layer(p, name) for name, p in layers]
+    for layer, heads in zip(computed, named or []):
+        layer.named = heads
     viewer = Viewer(computed, secrets.token_urlsafe(24), model=model,
                     title="attncli view: " + ("model" if model else layers[0][0]) + (f" · {said}" if said else ""))
     try:

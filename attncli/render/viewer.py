@@ -148,6 +148,7 @@ class Layer:
         self._steps64: list[Step] | None = None
         self._inputs64: dict[str, Any] = {}
         self._patterns: list[dict[str, Any]] | None = None
+        self.named: list[dict[str, Any]] = []  # the diagnostics' head_patterns of this layer (set by the CLI)
 
     def patterns(self) -> list[dict[str, Any]]:
         """Per query head: the patterns it passes and its statistics (attncli.core.headstats, over every valid query
@@ -413,6 +414,8 @@ class Viewer:
                 "query_labels": _labels(t.query_labels, layer.m, "q"), "key_labels": _labels(t.key_labels, layer.n, "k"),
                 "score": t.meta.score,
                 "patterns": layer.patterns() if self.model else [],  # per query head: the model view's badges
+                "head_patterns": [{"head": int(h["head"]), "patterns": list(h["patterns"]), "sentence": str(h["sentence"])}
+                                  for h in layer.named],  # the named heads' sentences, as self's diagnostics
             })
         return {"title": self.title, "model": self.model, "layers": out, "head_view_max": HEAD_VIEW_MAX,
                 "exact_rows": EXACT_ROWS}

@@ -27,6 +27,7 @@ button.tab { border: 1px solid var(--line); background: #fff; padding: 4px 10px;
 button.tab.on { background: var(--accent); color: #fff; border-color: var(--accent); }
 main { padding: 12px 14px; }
 #status { color: var(--muted); }
+#diagnostics { font-size: 13px; margin: -6px 0 10px; }
 #grid { display: grid; gap: 10px; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr)); }
 #grid figure, #model figure { margin: 0; cursor: pointer; text-align: center; }
 #grid img { width: 160px; height: 160px; image-rendering: pixelated; border: 1px solid var(--line); background: #eee; }
@@ -79,8 +80,17 @@ JS = r"""
   function L() { return S.meta.layers[S.layer]; }
   function entryKey(e) { return e.index.join(","); }
 
+  // the named heads of the layer being viewed (self's diagnostics, one line each); nothing when none is named
+  function showDiagnostics() {
+    const box = $("diagnostics"), named = (S.view === "model" ? [] : L().head_patterns) || [];
+    box.textContent = "";
+    for (const h of named) box.appendChild(el("div", { className: "named", textContent: "· " + h.sentence }));
+    box.hidden = named.length === 0;
+  }
+
   function setView(v) {
     S.view = v;
+    showDiagnostics();
     for (const name of ["model", "grid", "focus", "heads"]) {
       $(name + "-section").hidden = name !== v;
       const b = $("tab-" + name); if (b) b.classList.toggle("on", name === v);
@@ -392,6 +402,7 @@ BODY = """<!doctype html>
 </header>
 <main>
   <p id="status"></p>
+  <div id="diagnostics" hidden></div>
   <section id="model-section" hidden><div id="model"></div></section>
   <section id="grid-section" hidden><div id="grid"></div></section>
   <section id="focus-section" hidden>
