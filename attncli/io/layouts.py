@@ -535,14 +535,37 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     if not fam.causal:
         c.facts.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
-    lt = _layer_type(c)
-    cfg = c.config or {}
+    layer_options(c, fam, a)
+
+
+# ---- the resolver: (family, config.json, layer) -> the layer's options -------------------------------------------
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What config.json says of one layer, before any option is set: its layer_types entry, and whether the family
+    leaves it without rotary (NoPE); and the attention module's prefix (its gate and sub-norm tensors)."""
+    type: str | None
+    nope: bool
+    module: str
+
+
+def layer_kind(fam: Family, config: dict[str, Any] | None, layer: int, source: str, module: str) -> LayerKind:
+    """The layer's type and NoPE flag as the family's row declares them (layer_types required, nope rule)."""
+    cfg = config or {}
+    types = cfg.get("layer_types")
+    lt = str(types[layer]) if isinstance(types, list) and layer < len(types) else None
     if fam.layer_types and lt is None:  # save_pretrained writes them; a config without them is not guessed
-        raise c.fail(f"{fam.model_type}: config.json has no layer_types entry for layer {c.layer}, which says whether "
-                     "it slides (and, for some families, has rotary)")
-    nope = fam.nope is not None and fam.nope(c.layer, cfg, lt)
-    if fam.rope is not None and not nope:
-        _rope(c, fam.rope, layer_type=lt)
+        raise InputError(f"{fam.model_type}: config.json has no layer_types entry for layer {layer}, which says "
+                         "whether it slides (and, for some families, has rotary)", source)
+    return LayerKind(lt, fam.nope is not None and fam.nope(layer, cfg, lt), module)
+
+
+def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """Rotary: the family's style, theta / scaling / partial width from the config (per layer type), HunYuan's NTK
+    alpha, full-head rotary, Granite SWA's theta per layer; a NoPE layer has none."""
+    cfg = c.config or {}
+    if fam.rope is not None and not k.nope:
+        _rope(c, fam.rope, layer_type=k.type)
         if fam.rope_alpha:
             _ntk_alpha(c)
         _full_rotary(c, fam)
@@ -553,8 +576,51 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             c.facts.given(rope_base=float(thetas[c.layer]))
     elif fam.rope is not None:
         c.facts.notes["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
-    _llama_extras(c, fam, a, lt, nope)
-    _window(c)
+
+
+def _opt_clip(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """OLMo's clip_qkv: q, k, v clamped to [-C, C]."""
+    if "clip_qkv" in fam.reads():
+        c.conf(clip_qkv=("clip_qkv",), cast=float)
+
+
+def _opt_chunk(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """Llama 4's chunked layers: attention_chunk_size (required on them)."""
+    if fam.chunked is not None and fam.chunked(c.layer, c.config or {}, k.type):
+        size, key = _cfg(c.config, "attention_chunk_size")
+        if key is None:
+            raise c.fail(f"{fam.model_type}: layer {c.layer} is a chunked-attention layer but config.json has no "
+                         "attention_chunk_size")
+        c.facts.given(chunk=int(size))
+
+
+def _opt_tuning(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """Llama 4's temperature tuning of q on its NoPE layers."""
+    if "attn_temperature_tuning" in fam.reads() and k.nope and (c.config or {}).get("attn_temperature_tuning"):
+        c.conf(tuning_scale=("attn_scale",), default=0.1, cast=float)  # Llama4TextConfig's defaults
+        c.conf(tuning_floor=("floor_scale",), default=8192.0, cast=float)
+
+
+def _opt_tensors(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """The tensors the family's row adds around the attention: an output gate (AFMoE, Laguna, LFM3, Qwen3-Next),
+    BitNet's attn_sub_norm (an RMSNorm of the concatenated heads before o_proj)."""
+    if fam.gate is not None and ("use_attention_gate" not in fam.reads()
+                                 or (c.config or {}).get("use_attention_gate", True) is not False):
+        _gate(c, fam, k.module)  # LFM3: use_attention_gate false builds no gate
+    if fam.sub_norm is not None:
+        name = f"{k.module}{fam.sub_norm}.weight"
+        c.put("sub_norm", c.get(name), name)
+        c.facts.sub_norm = "rms"
+        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
+
+
+def _opt_window(c: Ctx, fam: Family, k: LayerKind) -> None:
+    _window(c)  # after the chunk: a chunked layer without one is refused there
+
+
+def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """The score scale from the config key the family names (Gemma's query_pre_attn_scalar, Granite's
+    attention_multiplier), then the soft-cap."""
     if fam.scale == "query_pre_attn_scalar":
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
         if key is not None:
@@ -565,6 +631,20 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
         c.facts.given(scale=float(mult))
     c.conf(softcap=("attn_logit_softcapping",), cast=float)
+
+
+# The resolver's steps, in the order their facts depend on each other (the window reads the chunk)
+RESOLVE_STEPS: tuple[Callable[[Ctx, Family, LayerKind], None], ...] = (
+    _opt_rope, _opt_clip, _opt_chunk, _opt_tuning, _opt_tensors, _opt_window, _opt_scale)
+
+
+def layer_options(c: Ctx, fam: Family, module: str) -> None:
+    """The one resolver: (family, config.json, layer) -> the layer's options (rotary, clamp, chunk, tuning, window,
+    scale, soft-cap), each step reading only the family's row and the config, after the reader has set the tensors,
+    heads and norm."""
+    k = layer_kind(fam, c.config, c.layer, c.ckpt.source, module)
+    for step in RESOLVE_STEPS:
+        step(c, fam, k)
 
 
 def _full_rotary(c: Ctx, fam: Family) -> None:
@@ -582,30 +662,6 @@ def _full_rotary(c: Ctx, fam: Family) -> None:
     if f.rope_scaling is not None and (kind != "linear" or sc.get("partial_rotary_factor") is not None):
         raise c.fail(f"{fam.model_type}: rope_parameters rope_type {printable(str(kind), 30)} (rotary scaling) is not "
                      "supported on its layers")
-
-
-def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> None:
-    """What a few families add around a Llama-style attention, as their declaration says: OLMo's clip_qkv, Llama 4's
-    chunked layers and temperature tuning (NoPE layers), BitNet's attn_sub_norm (a tensor after ``a``)."""
-    cfg, reads = c.config or {}, fam.reads()
-    if "clip_qkv" in reads:
-        c.conf(clip_qkv=("clip_qkv",), cast=float)
-    if fam.chunked is not None and fam.chunked(c.layer, cfg, lt):
-        size, key = _cfg(c.config, "attention_chunk_size")
-        if key is None:
-            raise c.fail(f"{fam.model_type}: layer {c.layer} is a chunked-attention layer but config.json has no "
-                         "attention_chunk_size")
-        c.facts.given(chunk=int(size))
-    if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
-        c.conf(tuning_scale=("attn_scale",), default=0.1, cast=float)  # Llama4TextConfig's defaults
-        c.conf(tuning_floor=("floor_scale",), default=8192.0, cast=float)
-    if fam.gate is not None and ("use_attention_gate" not in reads or cfg.get("use_attention_gate", True) is not False):
-        _gate(c, fam, a)  # LFM3: use_attention_gate false builds no gate
-    if fam.sub_norm is not None:
-        name = f"{a}{fam.sub_norm}.weight"
-        c.put("sub_norm", c.get(name), name)
-        c.facts.sub_norm = "rms"
-        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
 
 
 def _layer_heads(c: Ctx, key: str) -> None:
