@@ -636,14 +636,18 @@ def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
 # The resolver's steps, in the order their facts depend on each other (the window reads the chunk)
 RESOLVE_STEPS: tuple[Callable[[Ctx, Family, LayerKind], None], ...] = (
     _opt_rope, _opt_clip, _opt_chunk, _opt_tuning, _opt_tensors, _opt_window, _opt_scale)
+# The layouts whose config decides only the rotary (GPT-J, GPT-NeoX, Persimmon, LFM2): their rows read no window,
+# scale, clamp, chunk or gate key (a non-neutral one is refused before reading: families.unsupported_key)
+ROTARY_ONLY = (_opt_rope,)
 
 
-def layer_options(c: Ctx, fam: Family, module: str) -> None:
+def layer_options(c: Ctx, fam: Family, module: str,
+                  steps: tuple[Callable[[Ctx, Family, LayerKind], None], ...] = RESOLVE_STEPS) -> None:
     """The one resolver: (family, config.json, layer) -> the layer's options (rotary, clamp, chunk, tuning, window,
     scale, soft-cap), each step reading only the family's row and the config, after the reader has set the tensors,
     heads and norm."""
     k = layer_kind(fam, c.config, c.layer, c.ckpt.source, module)
-    for step in RESOLVE_STEPS:
+    for step in steps:
         step(c, fam, k)
 
 
@@ -913,8 +917,8 @@ def _persimmon(c: Ctx) -> None:
     fam = c.family or FAMILIES["persimmon"]
     _layernorm_qk(c, a, fam)
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
+    layer_options(c, fam, a, ROTARY_ONLY)
     if fam.rope is not None:
-        _rope(c, fam.rope)
         _partial_default(c, 0.5)
 
 
@@ -994,8 +998,7 @@ def _gptj(c: Ctx) -> None:
     fam = c.family or FAMILIES["gptj"]  # without config.json the read is refused (CONFIG_DECIDES)
     c.facts.causal = fam.causal
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_epsilon",))
-    if fam.rope is not None:
-        _rope(c, fam.rope)
+    layer_options(c, fam, a, ROTARY_ONLY)
 
 
 @layout("gpt_neo", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.attention\.q_proj\.weight$",
@@ -1151,8 +1154,7 @@ def _neox(c: Ctx) -> None:
     fam = c.family or FAMILIES["gpt_neox"]  # without config.json the read is refused (CONFIG_DECIDES)
     c.facts.causal = fam.causal
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
-    if fam.rope is not None:
-        _rope(c, fam.rope)
+    layer_options(c, fam, a, ROTARY_ONLY)
     if not (c.config or {}).get("use_parallel_residual", True):
         c.facts.notes["parallel_residual"] = "false: attention and MLP in sequence (outside attention)"
 
@@ -1335,7 +1337,7 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
     if not f.config_gave("pre_norm_eps") and c.config and c.config.get("norm_eps") is None:
         f.pre_norm_eps = 1e-5  # Lfm2Config's default
-    _rope(c, "half", layer_type=_layer_type(c))
+    layer_options(c, fam, a, ROTARY_ONLY)  # its row: rope "half"
 
 
 @layout("modernbert", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attn\.Wo\.weight$",
