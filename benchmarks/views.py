@@ -1,8 +1,16 @@
 """attncli benchmarks for the views of issue 21 (pictures, pages and the viewer at a real layer's size),
 each measured in one run, before and after where the "before" code can still be run.
 
-    python benchmarks/views.py                # everything (about a minute on 2 cores)
-    python benchmarks/views.py --only plot    # one section: plot, page, viewer (repeatable)
+    python benchmarks/views.py                # everything but the grid (about a minute on 2 cores)
+    python benchmarks/views.py --only plot    # one section: plot, page, viewer, grid (repeatable)
+    python benchmarks/views.py --only grid    # issue 32's grid at T = 2048 × 32 query heads (~30 min on 2 cores)
+    python benchmarks/views.py --only grid --reduced --before 55fbf7f   # the "before" of a reduced grid
+
+The grid: grouped-query (8 K/V heads) or not × causal or not × --explain-row or not × float32/float64 ×
+batch 1/2, each cell `attncli run Q K V -q --html` and (--explain-row aside) `--plot` and `attncli view`'s
+first paint, with its wall time, CPU time (user + system: what a busy machine does not inflate), the
+child's peak memory (VmHWM) and the file's size. --before REV runs the code of commit REV (git archive)
+under a memory cap (GRID_CAP), so a "before" that grows without bound is stopped and said so.
 
 Every figure comes from a child process: its wall time and its own peak RSS (ru_maxrss of that
 child alone, read by a small wrapper process). "before" runs the code of the commit named by
@@ -15,6 +23,8 @@ Targets
   page    `attncli run X --html a.html`, T = 2048 × 32 heads: <= 10 s, <= 25 MB.
   viewer  `attncli view` on a 32-head, 2048-token layer: the grid's first tiles served <= 3 s after
           the URL is printed; server peak <= 1.5 GB.
+  grid    every cell: --html <= 10 s per batch entry, <= 1.5 GB, <= 25 MB; --plot <= 3 s per panel,
+          <= 400 MB; the viewer's first paint <= 3 s.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,22 +45,26 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE = "0836ede"  # the commit before issue 21's views
 # runs argv[1:] as a child and prints its wall time and peak RSS (kB) as JSON on the last line
-WRAP = ("import json, resource, subprocess, sys, time; t = time.perf_counter(); "
-        "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE); "
-        "print(json.dumps({'s': time.perf_counter() - t, 'rss_kb': "
-        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, 'rc': r.returncode, "
-        "'err': r.stderr.decode()[-300:]}))")
+WRAP = ("import json, os, resource, subprocess, sys, time; t = time.perf_counter(); cap = int(os.environ.get('CAP', 0)); "
+        "lim = (lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap))) if cap else None; "
+        "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lim); "
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+        "print(json.dumps({'s': time.perf_counter() - t, 'rss_kb': u.ru_maxrss, 'cpu': u.ru_utime + u.ru_stime, "
+        "'rc': r.returncode, 'err': r.stderr.decode()[-300:]}))")
+GRID_T, GRID_H, GRID_KV, GRID_D = 2048, 32, 8, 64
+GRID_CAP = 6 << 30  # address space of one child of the grid (a "before" that grows past it is stopped)
 
 
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def measure(cmd: list[str], timeout: float = 900) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, env=env(),
-                         timeout=timeout)
+def measure(cmd: list[str], timeout: float = 900, cap: int = 0, root: Path = ROOT,
+            check: bool = True) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True,
+                         env={**env(), "PYTHONPATH": str(root), "CAP": str(cap)}, timeout=timeout)
     res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    if res["rc"] != 0:
+    if res["rc"] != 0 and check:
         raise SystemExit(f"failed: {' '.join(cmd)}: {res['err']}")
     return res
 
@@ -201,18 +216,165 @@ def viewer_section(tmp: Path) -> None:
     row("  server peak RSS", f"{peak / 1024:.0f} MB", "<= 1536 MB", peak / 1024 <= 1536)
 
 
-SECTIONS = {"plot": plot_section, "page": page_section, "viewer": viewer_section}
+def first_paint(cmd: list[str], root: Path, heads: int, batch: int, cap: int = 0) -> tuple[float, int] | str:
+    """`attncli view ...`: seconds from the printed URL to every entry's first tile, and the server's VmHWM
+    (kB); or why it did not serve."""
+    import signal
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    def limit() -> None:
+        if cap:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env(), "PYTHONPATH": str(root)}, preexec_fn=limit)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if ": " not in line:
+        proc.kill()
+        return "did not start: " + (proc.stderr.read() if proc.stderr else "")[-200:]
+    url = line.split(": ", 1)[1].strip()
+    t0 = time.perf_counter()
+    base, token = url.split("/?token=")
+
+    def get(path: str) -> bytes:
+        with urllib.request.urlopen(f"{base}{path}&token={token}", timeout=600) as r:
+            return bytes(r.read())
+
+    try:
+        get("/api/meta?")
+        entries = [f"{b},{h}" for b in range(batch) for h in range(heads)]
+        tiles = [f"/api/tile?layer=0&entry={e}&step=weights&r0=0&r1={GRID_T}&c0=0&c1={GRID_T}&w=160&h=160"
+                 for e in entries]
+        with ThreadPoolExecutor(6) as ex:  # as a browser: 6 connections to one host
+            list(ex.map(get, tiles))
+        took = time.perf_counter() - t0
+        peak = int(next(x.split()[1] for x in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                        if x.startswith("VmHWM")))
+    except Exception as e:  # noqa: BLE001 (a "before" that ran out of memory: said in the table)
+        return f"failed: {type(e).__name__}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return took, peak
+
+
+def code_of(rev: str | None, tmp: Path) -> Path:
+    """The tree whose attncli runs: this one, or commit ``rev``'s attncli/ (git archive) under tmp."""
+    if rev is None:
+        return ROOT
+    dest = tmp / f"at-{rev}"
+    if not dest.exists():
+        dest.mkdir()
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "attncli"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    return dest
+
+
+GRID: list[dict[str, Any]] = []
+
+
+def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, cells: str | None = None) -> None:
+    """Issue 32's grid: every cell's --html, --plot and viewer, measured one after the other."""
+    import itertools
+
+    root = code_of(before, tmp)
+    label = f"before ({before})" if before else "after"
+    print(f"grid, {label}: T = {GRID_T}, {GRID_H} query heads, d = {GRID_D}"
+          + (" (reduced: float32, batch 1, causal)" if reduced else ""))
+    rng = np.random.default_rng(0)
+    files: dict[tuple[int, str, int], Path] = {}
+
+    def array(batch: int, dtype: str, heads: int) -> Path:
+        key = (batch, dtype, heads)
+        if key not in files:
+            files[key] = tmp / f"g{batch}{dtype}{heads}.npy"
+            np.save(files[key], rng.standard_normal((batch, heads, GRID_T, GRID_D)).astype(dtype))
+        return files[key]
+
+    dims = list(itertools.product([False, True], [True] if reduced else [False, True], [False, True],
+                                  ["float32"] if reduced else ["float32", "float64"], [1] if reduced else [1, 2]))
+    print(f"  {'cell':<44} {'what':<6} {'wall s':>8} {'cpu s':>7} {'peak MB':>8} {'size MB':>8}  verdict")
+    for gqa, causal, row, dtype, batch in dims:
+        q = array(batch, dtype, GRID_H)
+        kv = array(batch, dtype, GRID_KV) if gqa else q
+        args = [str(q), str(kv), str(kv)] + (["--causal"] if causal else [])
+        name = (f"{'GQA 32/8' if gqa else 'MHA 32'} {'causal' if causal else 'full'} {dtype} B={batch}"
+                + (" --explain-row 777" if row else ""))
+        if cells is not None and not re.search(cells, name):
+            continue
+        out = tmp / "g.html"
+        explain = ["--explain-row", f"0,5:{min(777, GRID_T - 1)}"] if row else []  # batch 0, head 5
+        r = measure(cli("run", *args, "-q", *explain, "--html", str(out)), cap=GRID_CAP, root=root, check=False,
+                    timeout=1800)
+        report(name, "html", r, out, 10 * batch, 1536, 25, gqa=gqa, causal=causal, row=row, dtype=dtype, batch=batch,
+               before=before)
+        if row:
+            continue
+        out = tmp / "g.png"
+        r = measure(cli("run", *args, "-q", "--plot", str(out)), cap=GRID_CAP, root=root, check=False, timeout=1800)
+        report(name, "plot", r, out, 3 * GRID_H * batch, 400, None, gqa=gqa, causal=causal, row=row, dtype=dtype,
+               batch=batch, before=before)
+        v = first_paint(cli("view", *args, "--no-open"), root, GRID_H, batch, cap=GRID_CAP)
+        if isinstance(v, str):
+            print(f"  {name:<44} {'view':<6} {v}", flush=True)
+            GRID.append({"cell": name, "what": "view", "error": v, "before": before})
+        else:
+            ok = v[0] <= 3 and v[1] / 1024 <= 1536
+            print(f"  {name:<44} {'view':<6} {v[0]:>8.2f} {'':>7} {v[1] / 1024:>8.0f} {'':>8}  "
+                  f"{'ok' if ok else 'MISSED'}", flush=True)
+            GRID.append({"cell": name, "what": "view", "s": v[0], "peak_mb": v[1] / 1024, "ok": ok, "before": before})
+
+
+def report(name: str, what: str, r: dict[str, Any], out: Path, seconds: float, mb: float, size_mb: float | None,
+           **cell: Any) -> None:
+    size = out.stat().st_size / 1e6 if r["rc"] == 0 and out.exists() else None
+    peak = r["rss_kb"] / 1024
+    if r["rc"] != 0:
+        verdict = f"FAILED (exit {r['rc']}): {r['err'].strip().splitlines()[-1][:80] if r['err'].strip() else ''}"
+    else:
+        ok = r["s"] <= seconds and peak <= mb and (size_mb is None or (size or 0) <= size_mb)
+        verdict = "ok" if ok else "MISSED"
+    if out.exists():
+        out.unlink()
+    print(f"  {name:<44} {what:<6} {r['s']:>8.2f} {r['cpu']:>7.2f} {peak:>8.0f} "
+          f"{'' if size is None else f'{size:.2f}':>8}  {verdict}", flush=True)
+    GRID.append({"cell": name, "what": what, "s": r["s"], "cpu": r["cpu"], "peak_mb": peak, "size_mb": size,
+                 "rc": r["rc"], "verdict": verdict, **cell})
+    ROWS.append((f"{name} {what}", f"{r['s']:.1f} s", "", "MISSED" if verdict != "ok" and not cell.get("before")
+                 else ""))
+
+
+SECTIONS = {"plot": plot_section, "page": page_section, "viewer": viewer_section, "grid": grid_section}
 
 
 def main() -> None:
+    global GRID_T
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=sorted(SECTIONS))
+    ap.add_argument("--before", metavar="REV", help="grid: run the code of commit REV (the 'before')")
+    ap.add_argument("--reduced", action="store_true", help="grid: float32, batch 1, causal only")
+    ap.add_argument("--json", metavar="PATH", help="grid: write every cell's figures there")
+    ap.add_argument("--cells", metavar="REGEX", help="grid: only the cells whose name matches, e.g. 'GQA.*float32 B=1'")
+    ap.add_argument("--tokens", type=int, default=2048, help="grid: T (2048; smaller only to try the script)")
     args = ap.parse_args()
+    GRID_T = args.tokens
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
-        for name in args.only or list(SECTIONS):
-            SECTIONS[name](Path(d))
+        for name in args.only or [s for s in SECTIONS if s != "grid"]:
+            if name == "grid":
+                grid_section(Path(d), args.before, args.reduced, args.cells)
+            else:
+                SECTIONS[name](Path(d))
+    if args.json and GRID:
+        Path(args.json).write_text(json.dumps({"load": os.getloadavg(), "cells": GRID}, indent=1))
     print(f"load average after: {os.getloadavg()[0]:.2f}; {time.perf_counter() - start:.0f} s in all")
     if any(r[3] == "MISSED" for r in ROWS):
         sys.exit(1)

@@ -60,7 +60,7 @@ def main() -> None:
           "bias) is converted the same way (`attncli.io.model.numbers`: bfloat16/float8 -> float32, exact). "
           f"{b['agrees']} agree, {b['refused']} refused, {b['partly refused']} partly refused, "
           f"{b['wrong'] + b['broken'] + b['harness']} wrong, {b['skipped']} skipped; the slow test "
-          "`test_bfloat16_checkpoint_agrees_or_refuses` asserts the families of its `BF16` list.\n\n"
+          "`test_bfloat16_checkpoint_verdict_is_the_documented_one` asserts the verdicts of its `BF16` list.\n\n"
           + table(bf16, "model_type (bf16)") + "\n")
     doc = re.sub(r"## bfloat16 .*?(?=## Specifications)", lambda m: bf, doc, flags=re.S)
     buf = io.StringIO()

@@ -394,8 +394,9 @@ def test_cross_attention_agrees_with_the_model(models: dict[str, Path], tmp_path
     enc = tok(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
         ref = model(**enc, decoder_input_ids=torch.tensor(cap.decoder.input_ids), output_attentions=True)
-    for layer in (0, 1):
-        d = self_json(out, "--weights", models[name], "--layer", layer, "--prefix", prefix, "--cross")
+    for layer in (0, 1):  # layer 0 without --prefix: --cross reads the stack whose blocks hold a cross-attention
+        stack = ("--prefix", prefix) if layer else ()
+        d = self_json(out, "--weights", models[name], "--layer", layer, *stack, "--cross")
         assert d["model_attention"]["agrees"] is True
         got, want = np.asarray(d["weights"]), ref.cross_attentions[layer].numpy()
         real = enc["attention_mask"].numpy().astype(bool)

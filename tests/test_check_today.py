@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from halfbounds import assert_rounds_as
 from typer.testing import CliRunner
 
 from attncli.check.verdict import Tolerance, check
@@ -367,12 +368,15 @@ def _plain_llama(a: dict[str, np.ndarray], dtype: str, rms_wide: bool = False) -
     return naive_run(layer, dtype)
 
 
-def _same_output(plain: Any, a: dict[str, np.ndarray]) -> None:
-    # the emulation's output is the module's, cell for cell (measured: all equal; float32 sums in another order
-    # may round a cell the other way): not just an error of the same size
+def _same_output(plain: Any, a: dict[str, np.ndarray], dtype: str = "bfloat16") -> None:
+    # the emulation's output is the module's up to float32 sums taken in another order (every cell equal on one
+    # CPU, 96% on another: tests/halfbounds.py): each cell within 2 units of its row's largest, and the same
+    # error against float64; and not just an error of the same size: the emulation's difference from the module is
+    # under a fifth of the module's own error (0 here in bfloat16, 0.12 where 4% of the float16 cells round the other
+    # way; the emulations that rounded elsewhere differed by 0.26-0.42)
+    assert_rounds_as(plain["output"], a["y_half"], dtype, exact=a["y_f64"], cell_ulps=2, rows=True, what="output")
     module, emulated = a["y_half"] - a["y_f64"], plain["output"] - a["y_f64"]
-    assert np.mean(plain["output"] == a["y_half"]) > 0.97
-    assert np.linalg.norm(module - emulated) < 0.1 * np.linalg.norm(module)
+    assert np.linalg.norm(module - emulated) < 0.2 * np.linalg.norm(module)
 
 
 def test_plain_bfloat16_rounds_where_transformers_rounds() -> None:
@@ -385,8 +389,8 @@ def test_plain_bfloat16_rounds_where_transformers_rounds() -> None:
     for seed in range(4):
         a = _llama_half(seed)
         plain = _plain_llama(a, "bfloat16")
-        assert np.array_equal(plain["x_norm"], a["x_norm_half"])
-        assert np.array_equal(plain["q_rot"], a["q_rot_half"])
+        assert_rounds_as(plain["x_norm"], a["x_norm_half"], "bfloat16", what="x_norm")
+        assert_rounds_as(plain["q_rot"], a["q_rot_half"], "bfloat16", cell_ulps=2, what="q_rot")
         _same_output(plain, a)
 
 
@@ -400,11 +404,12 @@ def test_plain_half_with_biases_and_each_rms_norm_is_the_modules(dtype: str, nor
     for seed in range(2):
         a = _llama_half(seed, getattr(torch, dtype), bias=True, norm_cls=norm_cls)
         plain = _plain_llama(a, dtype, rms_wide=wide)
-        assert np.array_equal(plain["x_norm"], a["x_norm_half"])
-        assert np.mean(plain["q_rot"] == a["q_rot_half"]) > 0.99
-        _same_output(plain, a)
         other = _plain_llama(a, dtype, rms_wide=not wide)["x_norm"]  # the other RMSNorm: not the module's
-        assert np.mean(other == a["x_norm_half"]) < 0.9
+        assert_rounds_as(plain["x_norm"], a["x_norm_half"], dtype, others=[("the other RMSNorm", other)],
+                         what="x_norm")
+        # q_rot: q_proj's float32 sum (one unit the other way at most), carried by the rotation's products and sum
+        assert_rounds_as(plain["q_rot"], a["q_rot_half"], dtype, cell_ulps=2, what="q_rot")
+        _same_output(plain, a, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -441,9 +446,8 @@ def test_plain_half_rotates_as_the_familys_rotary(dtype: str, family: str, mode:
     def rotated(how: str) -> np.ndarray:
         return np.asarray(ops.rotate(xp, x, c32, s32, mode, rounding=how), dtype=np.float64)
 
-    assert np.mean(rotated(rounding) == want) > 0.99
-    for other in {"each", "once", "once-float32"} - {rounding}:
-        assert np.mean(rotated(other) == want) < 0.95, other
+    assert_rounds_as(rotated(rounding), want, dtype, what=f"{family} rotary",
+                     others=[(other, rotated(other)) for other in sorted({"each", "once", "once-float32"} - {rounding})])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -468,13 +472,13 @@ def test_plain_half_rotates_and_tunes_as_llama_4(dtype: str) -> None:
     xp, x = RoundingNamespace(dtype), rounded(q[0].transpose(0, 1).double().numpy(), dtype)  # (H, T, d)
     got = {how: np.asarray(ops.rotate(xp, x, c32, s32, "interleaved", rounding=how), dtype=np.float64)
            for how in ("each", "once", "once-float32")}
-    assert np.mean(got["once-float32"] == want) > 0.99 and np.mean(got["each"] == want) < 0.95
+    assert_rounds_as(got["once-float32"], want, dtype, others=[("each", got["each"])], what="llama4 rotary")
     scales = torch.log1p(torch.floor((torch.arange(T).float() + 1.0) / 4.0)) * 0.3 + 1.0  # attn_scale 0.3, floor 4
     want_t = (q * scales.view(1, T, 1, 1)).to(q.dtype)[0].transpose(0, 1).double().numpy()
     factors = ops.tuning_factors(np.arange(T), 0.3, 4.0)
-    assert np.array_equal(np.asarray(ops.tuned(xp, x, factors), dtype=np.float64), want_t)
     twice = np.asarray(x * rounded(factors[:, None], dtype), dtype=np.float64)  # the factors rounded first: not it
-    assert np.mean(twice == want_t) < 0.95
+    assert_rounds_as(np.asarray(ops.tuned(xp, x, factors), dtype=np.float64), want_t, dtype,
+                     others=[("the factors rounded first", twice)], what="llama4 tuning")
 
 
 def test_plain_bfloat16_layer_norm_rounds_once_as_torch() -> None:
@@ -491,8 +495,7 @@ def test_plain_bfloat16_layer_norm_rounds_once_as_torch() -> None:
     layer = Layer.build(h.double().numpy(), projections=Projections(eye, eye, eye), heads=4,
                         pre_norm=Norm("layernorm", w.double().numpy(), b.double().numpy(), eps=1e-5))
     got = naive_run(layer, "bfloat16")["x_norm"]
-    assert np.mean(got == want) > 0.99  # float32 sums in another order may round a cell the other way
-    assert np.allclose(got, want, rtol=2**-7, atol=0)
+    assert_rounds_as(got, want, "bfloat16", what="layer norm")  # float32 sums in another order: one unit at most
 
 
 def test_a_bug_in_bfloat16_is_named_against_the_precision() -> None:
@@ -592,6 +595,7 @@ def test_bad_tolerances_and_precisions_exit_2(tmp_path: Path, args: list[str], w
                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
         assert r.returncode == 2, r.stderr
         assert where in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert r.stdout == "", (fmt, r.stdout)  # one rule for check's own options: nothing on stdout, any format
 
 
 def test_expected_of_a_shape_no_step_has_names_the_steps(tmp_path: Path) -> None:

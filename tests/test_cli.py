@@ -239,19 +239,21 @@ def test_usage_errors_are_one_line_from_the_shell(files: Path, args: list[str], 
     assert message in res.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "self", "check"])
+@pytest.mark.parametrize("command", ["run", "self", "check", "examples"])
 def test_entry_point_builds_only_the_invoked_command(command: str) -> None:
     """main() hands Typer the one command named first (start-up): its help is the whole app's,
-    and the app itself keeps every command."""
-    from attncli.cli import invoked
+    and the app itself keeps every command. Anything else gets the commands' names and summaries."""
+    from attncli.cli import COMMANDS, invoked
 
     one = invoked([command, "--help"])
-    assert [c.name for c in one.registered_commands] == [command] and one.registered_groups == []
+    assert [c.name for c in one.registered_commands] + [g.name for g in one.registered_groups] == [command]
     assert runner.invoke(one, [command, "--help"]).stdout == runner.invoke(app, [command, "--help"]).stdout
-    assert {c.name for c in app.registered_commands} == {"run", "self", "view", "check", "inspect", "capture"} \
+    assert {c.name for c in app.registered_commands} == {"run", "self", "view", "check", "inspect", "capture",
+                                                          "heads"} \
         and app.registered_groups
-    for args in ([], ["--version"], ["examples", "run"], ["rnu"]):
-        assert invoked(args) is app
+    for args in ([], ["--version"], ["rnu"], ["--help", "run"]):
+        listed = invoked(args)
+        assert [c.name for c in listed.registered_commands] == list(COMMANDS) and listed.registered_groups == []
 
 
 def test_cuda_without_gpu_is_one_line(files: Path) -> None:

@@ -30,6 +30,12 @@ ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "
        "PYTHONPATH": ROOT}
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX descriptors, limits and signals")
 
+
+def default_signals() -> None:
+    """In the child: SIGINT and SIGHUP at their default action, whatever the suite inherited (tests/test_signals.py)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
 X = np.array([[0, 2, 2, 0], [0, 1, 3, 0], [0, 2, 2, 0], [0, 0, 4, 0]], dtype=np.float64)
 
 
@@ -143,7 +149,8 @@ def test_signals_at_random_moments(tmp_path: Path) -> None:
         sig = rng.choice(list(CODES))
         out = tmp_path / f"out{trial}.json"
         proc = subprocess.Popen([ATTNCLI, "examples", "run", "cat_milk_sweet", "--save", out.name, "--format", "json"],
-                                cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=default_signals)
         time.sleep(rng.uniform(0.0, 0.6))
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=120)
@@ -230,11 +237,12 @@ def test_sighup_while_saving_removes_the_temporary(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE,
                              str(marker), "k.npy", "--save", "out.npz", "-q"], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
+        assert marker.exists(), proc.communicate()[1]  # the state: halfway through writing the file
         assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.npz.")]  # the temporary exists now
         proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=60)

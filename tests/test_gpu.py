@@ -1,5 +1,7 @@
 """The CUDA path, on a machine that has one: every path (explicit, blocked, SDPA, half precision,
-the corner rows of a big view, the command line) on the GPU against numpy's float64 on the CPU.
+the corner rows of a big view, the command line) on the GPU against numpy's float64 on the CPU, and
+against torch's own F.scaled_dot_product_attention run on the device (float32/float64 to rounding; half
+precision by its error bound against float64, not its bits).
 
 Skipped where torch.cuda.is_available() is False, which is CI's case (device selection there
 is tested with faked availability, in test_device.py). Run `pytest tests/test_gpu.py` on a
@@ -91,3 +93,63 @@ def test_cli_device_cuda(examples_dir: Path) -> None:
     data = json.loads(res.stdout)
     assert data["device"].startswith("cuda") and data["backend"] == "torch"
     np.testing.assert_allclose(data["output"][2], [0, 1.25, 2.75, 0], atol=1e-6)
+
+
+# ---- against torch's own SDPA on the device ----------------------------------------------------------------
+
+DEVICE = "cuda"
+
+
+def sdpa_on_device(case: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """torch's own F.scaled_dot_product_attention on the device, in ``dtype``, on the case's Q, K, V (the causal case
+    on a square problem, Q = K = V, where top-left and bottom-right alignment are one) and the inputs it used."""
+    import torch.nn.functional as F
+
+    q, k, v = (torch.from_numpy(a).to(dtype).to(DEVICE) for a in ((Q, Q, Q) if case == "causal" else (Q, K, V)))
+    if case == "causal":
+        v = v[..., :8]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v
+    mask = None
+    if case == "valid-lens":  # keep key j of batch entry b where j < VALID[b] (d2l's valid lengths), every query
+        mask = (torch.arange(K.shape[1], device=DEVICE)[None, :] < torch.from_numpy(VALID).to(DEVICE)[:, None])[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), q, k, v
+
+
+def _ours(case: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> np.ndarray:
+    opts = {"causal": True} if case == "causal" else {"valid_lens": VALID} if case == "valid-lens" else {}
+    return np.asarray(attend(q, k, v, backend="torch", device=DEVICE, keep_weights=False, **opts, **kw).output,
+                      dtype=np.float64)
+
+
+@pytest.mark.parametrize("case", ["scaled-dot", "causal", "valid-lens"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_equals_torchs_own_sdpa_on_the_device(case: str, dtype: torch.dtype) -> None:
+    """attncli's torch backend on the GPU against F.scaled_dot_product_attention run there by torch itself, on the
+    same inputs: float64 to 1e-10, float32 to 1e-5 (two kernels' float32 sums)."""
+    want, q, k, v = sdpa_on_device(case, dtype)
+    got = _ours(case, q, k, v)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    np.testing.assert_allclose(got, want.double().cpu().numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("case", ["scaled-dot", "causal", "valid-lens"])
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_cuda_half_is_as_near_the_truth_as_torchs_own_sdpa(case: str, half: torch.dtype) -> None:
+    """Half inputs: attncli's output on the GPU is no farther from float64 (on the same rounded inputs) than torch's
+    own SDPA in the same dtype on the device, within a factor 2 (the error bound, not the bits: the kernels differ),
+    and within two of the dtype's units of SDPA's output (relative to the output's scale)."""
+    want, q, k, v = sdpa_on_device(case, half)
+    q64, k64, v64 = (t.double() for t in (q, k, v))  # the rounded inputs, exactly
+    import torch.nn.functional as F
+
+    mask = None
+    if case == "valid-lens":
+        mask = (torch.arange(K.shape[1], device=DEVICE)[None, :] < torch.from_numpy(VALID).to(DEVICE)[:, None])[:, None]
+    exact_np = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask, is_causal=case == "causal").cpu().numpy()
+    got = _ours(case, q, k, v)
+    sdpa = want.double().cpu().numpy()
+    assert not np.isnan(got).any()
+    err_ours, err_sdpa = np.abs(got - exact_np).max(), np.abs(sdpa - exact_np).max()
+    assert err_ours <= 2 * err_sdpa + 1e-6, (err_ours, err_sdpa)
+    unit = torch.finfo(half).eps * float(np.abs(exact_np).max())
+    assert np.abs(got - sdpa).max() <= 2 * unit + 2 * err_sdpa, (np.abs(got - sdpa).max(), unit)

@@ -12,7 +12,7 @@ import pytest
 
 from attncli.cli import app
 
-COMMANDS = [[], ["run"], ["self"], ["check"], ["inspect"], ["examples"], ["examples", "run"], ["examples", "show"]]
+COMMANDS = [[], ["run"], ["self"], ["check"], ["inspect"], ["heads"], ["examples"], ["examples", "run"], ["examples", "show"]]
 HELP_ALL = [["run"], ["self"], ["check"], ["inspect"], ["examples", "run"], ["examples", "show"]]  # the commands
 # (not the groups); those declaring options through attncli.cli.options show the essentials in --help
 ESSENTIAL = {

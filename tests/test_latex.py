@@ -8,6 +8,7 @@ against a float64 softmax computed here by hand from the notes' matrix (Q = K = 
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -37,10 +38,15 @@ console.log(JSON.stringify(bad));
 """
 
 
+# node finds KaTeX where .ci/run installs it (npm install --prefix .ci-node katex), or on its own NODE_PATH
+NODE_ENV = {**os.environ, "NODE_PATH": os.pathsep.join(
+    p for p in (str(ROOT / ".ci-node" / "node_modules"), os.environ.get("NODE_PATH", "")) if p)}
+
+
 def have_katex() -> bool:
     if NODE is None:
         return False
-    return subprocess.run([NODE, "-e", "require.resolve('katex')"], capture_output=True).returncode == 0
+    return subprocess.run([NODE, "-e", "require.resolve('katex')"], capture_output=True, env=NODE_ENV).returncode == 0
 
 
 KATEX = have_katex()
@@ -52,7 +58,7 @@ def katex_errors(blocks: list[str]) -> list[str]:
     import json
 
     proc = subprocess.run([str(NODE), "-e", KATEX_CHECK], input=json.dumps(blocks), capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=NODE_ENV)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -193,7 +199,8 @@ def test_markdown_math_is_the_same_latex(tmp_path: Path) -> None:
     compiles(tex, tmp_path, "md")
 
 
-@pytest.mark.skipif(not KATEX, reason="KaTeX is not installed for node (npm install katex)")
+@pytest.mark.skipif(not KATEX, reason="KaTeX is not installed for node (.ci/run installs it: npm install --prefix "
+                                       ".ci-node katex)")
 def test_markdown_renders_with_katex() -> None:
     for args in (["cat_milk_sweet", "-x", "milk,cat", "--explain-row", "it"],
                  ["d2l_masked_softmax", "-x", "1:0,2", "--explain-row", "0:1"], ["multihead_cat_milk", "-x", "1:it,milk"]):

@@ -8,6 +8,7 @@ on the map is found by looking its colour up in matplotlib's table, not in ours.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -88,12 +89,34 @@ def test_masked_cells_differ_from_zero_weights(tmp_path: Path) -> None:
     assert grey_pixels(a) > 5000 and grey_pixels(b) < 200, (grey_pixels(a), grey_pixels(b))
 
 
+def glyphs(svg: str, text: str) -> list[list[str]]:
+    """The glyphs matplotlib's SVG draws for each text element ``text`` (each follows a ``<!-- text -->``
+    comment; its glyphs are ``<use xlink:href="#FONT-GLYPH">``), in drawing order."""
+    out = []
+    for m in re.finditer(re.escape(f"<!-- {text} -->"), svg):
+        end = svg.find("<!--", m.end())
+        out.append(re.findall(r'xlink:href="#(DejaVu[^"]+)"', svg[m.end():end if end >= 0 else None]))  # not tick marks
+    return out
+
+
 @pytest.mark.parametrize("labels", [r"$\frac,b,c", "$x^{$,b,c", "$$,b,c", r"a_1,\alpha,{"])
 def test_labels_are_drawn_literally(tmp_path: Path, labels: str) -> None:
+    # every tick label of the SVG is drawn with the glyphs matplotlib itself draws for the label's characters as
+    # plain text (parse_math=False): one glyph per character, the dollars and backslashes included (mathtext
+    # would drop the dollars, set the rest in italics, or fail on "$\frac")
+    from matplotlib.figure import Figure
+
     x = tmp_path / "x.json"
     x.write_text(json.dumps([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
-    out = plot(["run", str(x), "--labels", labels], tmp_path / "l.png")
-    assert out.stat().st_size > 1000
+    svg = plot(["run", str(x), "--labels", labels], tmp_path / "l.svg").read_text()
+    for label in labels.split(","):
+        ref = Figure()
+        ref.text(0.5, 0.5, label, parse_math=False)
+        ref.savefig(tmp_path / "ref.svg")
+        want = glyphs((tmp_path / "ref.svg").read_text(), label)[0]
+        assert len(want) == len(label.replace(" ", ""))
+        drawn = glyphs(svg, label)
+        assert len(drawn) == 2 and all(g == want for g in drawn), (label, drawn, want)  # a key and a query tick
 
 
 def test_dpi_and_figsize_give_the_pixel_size(tmp_path: Path) -> None:

@@ -343,7 +343,7 @@ def test_each_stage_is_defined_once() -> None:
     assert shifted.search(code)  # the pattern does see a copy
 
 
-LAYERS = ["attncli.errors", "attncli.lazy", "attncli.core", "attncli.io", "attncli.library", "attncli.check",
+LAYERS = ["attncli.errors", "attncli.lazy", "attncli.core", "attncli.io", "attncli.check", "attncli.library",
           "attncli.render", "attncli.cli", "attncli.__main__"]
 # low to high (DESIGN.md, "Layers"): a module imports only from its own layer or below
 

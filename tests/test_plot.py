@@ -58,7 +58,10 @@ def test_svg_and_pdf(tmp_path: Path) -> None:
     text = svg.read_text()
     # matplotlib writes SVG sizes in points: 4 x 3.5 inches = 288 x 252 pt
     assert re.search(r'width="288(\.0+)?pt"', text) and re.search(r'height="252(\.0+)?pt"', text)
-    assert "milk" in text or "<path" in text
+    # every word is drawn twice, as a key and as a query tick (matplotlib's SVG puts each text's string in a comment
+    # before its glyphs), and the title names the step
+    assert all(text.count(f"<!-- {w} -->") == 2 for w in ("cat", "milk", "it", "sweet")), re.findall("<!-- .* -->", text)
+    assert "<!-- attention weights" in text
     assert pdf.read_bytes().startswith(b"%PDF")
 
 

@@ -11,12 +11,26 @@ from pathlib import Path
 import numpy as np
 
 from attncli import attend
+from attncli.core.trace import Trace
 from attncli.render import RenderOptions
-from attncli.render.terminal import render_to_string
+from attncli.render.terminal import print_rich
 
 GOLDEN = Path(__file__).parent / "golden"
 CAT_MILK = np.array([[0, 2, 2, 0], [0, 1, 3, 0], [0, 2, 2, 0], [0, 0, 4, 0]], dtype=float)
 LABELS = ["cat", "milk", "it", "sweet"]
+
+
+def render_to_string(trace: Trace, opts: RenderOptions | None = None, width: int = 100) -> str:
+    """The terminal view as plain text (no colour) at a fixed width, as a script's pipe gets it."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False,
+                      markup=False, emoji=False)
+    print_rich(trace, opts or RenderOptions(), console)
+    return buf.getvalue()
 
 
 def check_golden(name: str, text: str) -> None:

@@ -73,26 +73,35 @@ def test_stdin_npy_bytes_and_npz_out_on_stdout(work: Path) -> None:
 
 # ---- Ctrl-C -------------------------------------------------------------------------------
 
-def wait_until_reading_a_pipe(pid: int, limit: float = 20.0) -> None:
-    """Until the process sleeps in a pipe read (Linux: /proc/PID/wchan names it), so the signal
-    lands in attncli's code and not while Python is still importing it; elsewhere, or if the
-    kernel hides wchan, give up waiting after ``limit`` seconds."""
+def wait_until_reading_a_pipe(pid: int, limit: float = 120.0) -> None:
+    """Until the process sleeps reading its stdin pipe (Linux: /proc/PID/wchan names a pipe read, or
+    /proc/PID/syscall shows read(0, ...) on x86-64), so the signal lands in attncli's read and not while
+    Python is still importing it: the state itself, however slow a loaded machine makes start-up."""
     start = time.monotonic()
     while time.monotonic() - start < limit:
         try:
-            if "pipe" in Path(f"/proc/{pid}/wchan").read_text():
-                time.sleep(0.1)
+            if "pipe" in Path(f"/proc/{pid}/wchan").read_text() \
+                    or Path(f"/proc/{pid}/syscall").read_text().startswith("0 0x0 "):
                 return
         except OSError:
             pass
-        time.sleep(0.05)
+        time.sleep(0.02)
+    pytest.fail(f"process {pid} was not seen reading its stdin pipe within {limit:.0f} s")
+
+
+def default_signals() -> None:
+    """In the child, before it runs: SIGINT and SIGHUP at their default action. A suite started where they are
+    ignored (nohup, `pytest &` in a script, some CI runners) passes the ignoring on to every child, and attncli
+    keeps an ignored signal ignored (as nohup asks): the tests of its handlers would wait for nothing."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @posix_only
 def test_sigint_while_reading_stdin_exits_130_and_saves_nothing(work: Path) -> None:
     """Ctrl-C while attncli waits for piped input: exit 130, one line, no output file."""
     proc = subprocess.Popen([ATTNCLI, "run", "-", "--save", "out.npz"], cwd=work, env=ENV, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         wait_until_reading_a_pipe(proc.pid)
         proc.send_signal(signal.SIGINT)
@@ -138,9 +147,10 @@ def test_signal_while_saving_leaves_no_partial_file(work: Path, sig: int, code: 
     the file nor its temporary remain."""
     marker = work / "marker"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(marker), "k.npy", "--save", "out.npz", "-q"],
-                            cwd=work, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=work, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert marker.exists(), proc.communicate()[1]

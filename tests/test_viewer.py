@@ -236,7 +236,8 @@ def start_view(args: list[str], cwd: Path) -> tuple[subprocess.Popen[str], str]:
     """`attncli view ARGS --no-open` as a process; its URL once printed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "attncli", "view", *args, "--no-open"], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even if the suite ignores it
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("attncli view: http://127.0.0.1:"), (line, proc.stderr.read() if proc.stderr else "")

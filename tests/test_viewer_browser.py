@@ -44,7 +44,8 @@ def explanation(page: Any, i: int, j: int | None) -> list[str]:
     page.wait_for_function(f"() => document.getElementById('explain').dataset.i === '{i}' && "
                            f"document.getElementById('explain').dataset.j === '{'' if j is None else j}'",
                            timeout=60_000)
-    return [page.inner_text("#explain-heading"), *page.eval_on_selector("#explain", "e => e.textContent").split("\n")]
+    return [page.inner_text("#explain-heading"),
+            *page.eval_on_selector("#explain", "e => [...e.children].map((line) => line.textContent)")]
 
 
 def click_cell(page: Any, i: int, j: int) -> None:
@@ -96,6 +97,38 @@ def test_a_real_size_layer_grid_zoom_and_a_cells_arithmetic(tmp_path: Path, brow
     assert r.exit_code == 0, r.output
     e = json.loads(r.stdout)["explanations"][0]
     assert shown[1:] == e["lines"]
+
+
+def test_the_arithmetic_panel_wraps_at_word_boundaries(tmp_path: Path, browser: Any) -> None:
+    """With RoPE a cell's arithmetic has lines of 1,000+ pixels: the panel wraps them (no sideways scroll),
+    never inside a token, and its lines are --explain's lines."""
+    x = np.random.default_rng(3).standard_normal((1, 2, 16, 64))
+    np.save(tmp_path / "x.npy", x)
+    proc, url = start_view([str(tmp_path / "x.npy"), "--dtype", "float64", "--rope", "half", "--causal"], tmp_path)
+    try:
+        page, errors = opened(browser, url)
+        page.wait_for_selector("#grid figure")
+        page.click('#grid figure[data-entry="1"]')
+        page.wait_for_selector("#focus-section:not([hidden])")
+        page.wait_for_function("() => document.getElementById('focus').dataset.ready !== undefined", timeout=60_000)
+        click_cell(page, 12, 5)
+        shown = explanation(page, 12, 5)
+        panel = page.eval_on_selector("#explain", "e => ({scroll: e.scrollWidth, client: e.clientWidth, "
+                                                  "rows: [...e.children].map((d) => d.getClientRects().length && "
+                                                  "Math.round(d.getBoundingClientRect().height))})")
+        # every token drawn whole: a span's box stays on one row
+        split = page.eval_on_selector_all("#explain .t", "ts => ts.filter((t) => t.getClientRects().length > 1).length")
+        assert errors == []
+    finally:
+        stop(proc)
+    assert panel["scroll"] <= panel["client"] + 1, panel  # no sideways scrolling
+    assert max(panel["rows"]) > 20, "some line is long enough to wrap"
+    assert split == 0
+    np.save(tmp_path / "h1.npy", x[:, 1:2])
+    r = runner.invoke(app, ["run", str(tmp_path / "h1.npy"), "--dtype", "float64", "--rope", "half", "--causal",
+                            "-f", "json", "--explain", "0,0:12,5"])
+    assert r.exit_code == 0, r.output
+    assert shown[1:] == json.loads(r.stdout)["explanations"][0]["lines"]
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -193,8 +193,11 @@ class Context:
         if not self.heads:
             with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
                 return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
-        v = self.ref["v_clip" if "v_clip" in self.ref else "v"]  # (B, S, d_v) or unbatched (S, d_v); OLMo: clamped
-        vh = ops.split_heads(np, v if v.ndim == 3 else v[None], self.multi().heads)  # (B, H, S, d_v/H)
+        v = self.ref["v_clip" if "v_clip" in self.ref else "v"]  # (B, S, G·d) or unbatched (S, G·d); OLMo: clamped
+        layer = self.multi()
+        G = layer.kv_heads or layer.heads  # grouped-query: G K/V heads, query head h reads K/V head h // (H / G)
+        vh = ops.split_heads(np, v if v.ndim == 3 else v[None], G)  # (B, G, S, d)
+        vh = np.repeat(vh, layer.heads // G, axis=1) if G != layer.heads else vh  # (B, H, S, d), as HF repeat_kv
         vh = vh if v.ndim == 3 else vh[0]
         return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
 
@@ -807,6 +810,14 @@ def rope_other_convention(c: Context) -> Result:
     return c.rerun(rope="interleaved" if c.options.rope == "half" else "half")
 
 
+@variant("alibi-added", "ALiBi (the paper's slopes, -slope_h·(i - j)) was added although this problem has none")
+def alibi_added(c: Context) -> Result:
+    """softmax(S - slope_h·(i - j))·V for a problem without ALiBi"""
+    if c.options.alibi or c.problem.alibi_slopes is not None:
+        raise NotApplicable("ALiBi is there already")
+    return c.rerun(alibi=True)
+
+
 @variant("rope-missing", "the rotary position embedding was left out: q and k were not rotated")
 def rope_missing(c: Context) -> Result:
     """softmax(QKᵀ / √d)·V without RoPE"""
@@ -916,15 +927,38 @@ def rope_freqs_float16(c: Context) -> Result:
                               "within {W} positions on both sides, the later ones too")
 def window_not_causal(c: Context) -> Result:
     """softmax(S masked where |i - j| >= W)·V"""
+    return _remask(c, _with_window_mask(c, lambda i, j, w: np.abs(i - j) < w))  # both sides of the query
+
+
+def _with_window_mask(c: Context, keep_of: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> Subject:
+    """The problem with its sliding window (and causal mask) replaced by the boolean keep-mask
+    ``keep_of(i, j, W)`` (query positions i (m, 1), key positions j (1, n)), ANDed with a boolean keep-mask given."""
     p, w = c.problem, c.options.window
     if w is None:
         raise NotApplicable("no sliding window")
     if p.mask is not None and (p.mask.dtype != bool or c.options.mask_convention != "keep"):
         raise NotApplicable("a mask of another kind is there too")
     i, j = p.query_offset + np.arange(p.m)[:, None], np.arange(p.n)[None, :]
-    keep = np.abs(i - j) < w  # (m, n): both sides of the query
+    keep = keep_of(i, j, int(w))  # (m, n)
     mask = keep if p.mask is None else p.mask & keep
-    return _remask(c, replace(p, mask=mask, options=replace(c.options, window=None, causal=False)))
+    return replace(p, mask=mask, options=replace(c.options, window=None, causal=False))
+
+
+@variant("window-not-causal-off-by-one", "the sliding window was not combined with the causal mask and its bound was "
+                                         "inclusive: each query saw the keys with |i - j| <= W = {W} on both sides "
+                                         "(HF's sliding_window_bidirectional_mask_function(W): window-not-causal "
+                                         "plus window-off-by-one) instead of the W keys up to itself")
+def window_not_causal_off_by_one(c: Context) -> Result:
+    """softmax(S masked where |i - j| > W)·V"""
+    return _remask(c, _with_window_mask(c, lambda i, j, w: np.abs(i - j) <= w))
+
+
+@variant("window-causal-bound-dropped", "the sliding window's causal bound was dropped: each query saw the keys "
+                                        "j > i - W (W = {W}), the W - 1 before it, itself and every later key "
+                                        "(HF's sliding_window_overlay without causal_mask_function)")
+def window_causal_bound_dropped(c: Context) -> Result:
+    """softmax(S masked where j <= i - W)·V"""
+    return _remask(c, _with_window_mask(c, lambda i, j, w: j > i - w))
 
 
 @variant("softcap-after-mask", "the soft-cap c·tanh(s / c) (c = {cap}) was applied after the mask: masked scores "
@@ -945,25 +979,29 @@ def softcap_after_mask(c: Context) -> Result:
 @variant("qk-norm-model-width", "QK-norm took the mean of squares over all the heads' features (the model width) "
                                 "instead of over each head's {d}")
 def qk_norm_model_width(c: Context) -> Result:
-    """q / sqrt(mean over every head of q²) instead of over each head's features"""
-    p = c.single()
-    o = c.options
+    """q / sqrt(mean over every head of q²) · w (w tiled over the heads) instead of over each head's features"""
+    o, p = c.options, c.problem
     if o.qk_norm is None:
         raise NotApplicable("no QK-norm")
     if o.qk_norm not in ("rms", "rms1p"):
         raise NotApplicable(f"QK-norm {o.qk_norm}: not a per-head RMSNorm")
-    if o.qk_norm_at != "before-rope" and o.rope is not None:
-        raise NotApplicable("the QK-norm comes after RoPE")
-    if p.q.ndim < 3 or p.q.shape[-3] == 1:
+    H, G = p.head_count, p.kv_heads or p.head_count
+    if H == 1:
         raise NotApplicable("one head: its width is the model width")
-    plus = o.qk_norm == "rms1p"
+    if isinstance(p, Problem) and p.k.ndim < 3:
+        raise NotApplicable("K has no head axis")
+    d, plus = c.d, o.qk_norm == "rms1p"
 
-    def norm(a: np.ndarray, w: np.ndarray | None) -> np.ndarray:
-        ms = np.mean(np.square(a), axis=(-3, -1), keepdims=True)  # (..., 1, T, 1): every head's features of a token
-        wt = (0.0 if plus else 1.0) if w is None else (w[:, None, :] if w.ndim == 2 else w)  # (H, d) -> (H, 1, d)
-        return a / np.sqrt(ms + o.norm_eps) * ((1.0 + wt) if plus else wt)
+    def wide(w: np.ndarray | None, heads: int) -> np.ndarray | None:
+        """The per-head weight as a port writes it for the H·d width: tiled over the heads ((d,) -> (heads, d)),
+        1 + w for rms1p (rms-full multiplies by the weight itself)."""
+        if w is None:
+            return None if not plus else np.ones((heads, d))
+        w = np.asarray(w, dtype=np.float64)
+        w = 1.0 + w if plus else w
+        return np.broadcast_to(w.reshape(-1, d), (heads, d)).copy()
 
-    return c.rerun(replace(p, q=norm(p.q, p.q_norm), k=norm(p.k, p.k_norm)), qk_norm=None)
+    return c.rerun(replace(p, q_norm=wide(p.q_norm, H), k_norm=wide(p.k_norm, G)), qk_norm="rms-full")
 
 
 @variant("qk-norm-other-side-of-rope", "the QK-norm was applied on the other side of RoPE (Qwen3, Gemma 3 and OLMo 2 "
@@ -993,7 +1031,7 @@ def qk_norm_per_head(c: Context) -> Result:
 NEAREST_FACTOR = 4.0  # a near miss is shown only when its largest error is this many times smaller than no change's
 # variants that are an option the user did not give (or gave wrongly): the words that make the problem match
 OPTION_HINTS: dict[str, str] = {
-    "causal-added": "--causal", "causal-added-bottom-right": "--causal --causal-align bottom-right",
+    "causal-added": "--causal", "alibi-added": "--alibi", "causal-added-bottom-right": "--causal --causal-align bottom-right",
     "causal-missing": "without --causal", "causal-bottom-right": "--causal-align bottom-right",
     "no-scaling": "--scaling none", "scaled-unscaled-score": "--scaling sqrt-d", "scale-by-d": "--scale 1/d",
     "rope-missing": "without --rope", "rope-other-convention": "the other --rope",
@@ -1001,6 +1039,7 @@ OPTION_HINTS: dict[str, str] = {
     "kv-heads-tiled": "K/V heads tiled (no option: fix the code)", "mask-inverted": "the other --mask-convention",
     "rope-freqs-bfloat16": "--rope-freqs bfloat16", "rope-freqs-float16": "--rope-freqs float16",
 }
+MAX_OPTION_SETS = 64  # sets of forgotten options tried at most (each one run of the pipeline)
 MAX_PAIR_RUNS = 600  # pairs of mistakes tried at most (each one run of the pipeline, or one variant on it)
 PAIR_CELL_BUDGET = 1 << 25  # ...and at most this many score cells computed over all of them
 
@@ -1198,6 +1237,9 @@ def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, 
     runs = 0
     if not out.matches and pairs:
         runs = _pairs(work, changes, out, misses, screen)
+    if not out.matches and pairs:  # options forgotten together that no pair of entries reproduces (rope-added fits
+        forgotten = _forgotten(work, out, screen)  # its base alone, so it is no second mistake of a pair)
+        out.search = "; ".join(x for x in (out.search, forgotten) if x)
     if screen is not None:
         out.search = screen.sentence(len(out.tried), runs) + (f"; {out.search}" if out.search else "")
     out.candidates.sort(key=lambda e: e.max_abs_error)
@@ -1207,6 +1249,100 @@ def diagnose(problem: Subject, expected: np.ndarray, what: str, tol: Tolerance, 
                              key=lambda e: e.max_abs_error)[:nearest]
         out.baseline = base
     return out
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """One option a problem could have been computed with: the words that say it, the change of the options, and
+    the catalogue entry that is this option alone (with the detail its sentence takes)."""
+
+    words: str
+    change: dict[str, Any]
+    entry: str
+    detail: str = ""
+
+
+def option_groups(c: Context) -> list[list[Forgotten]]:
+    """The options this problem could have been computed with and was not (or the other way round), one group per
+    option, each a list of its alternatives (RoPE at the problem's base, ALiBi with the paper's slopes)."""
+    o, p = c.options, c.problem
+    groups: list[list[Forgotten]] = []
+    if not o.causal:
+        alts = [Forgotten("--causal", {"causal": True, "causal_align": "top-left"}, "causal-added")]
+        if p.m != p.n:
+            alts.append(Forgotten("--causal --causal-align bottom-right", {"causal": True, "causal_align": "bottom-right"},
+                                  "causal-added-bottom-right"))
+        groups.append(alts)
+    elif o.window is None and o.chunk is None:
+        alts = [Forgotten("without --causal", {"causal": False}, "causal-missing")]
+        if o.causal_align == "top-left" and p.m != p.n:
+            alts.append(Forgotten("--causal-align bottom-right", {"causal_align": "bottom-right"}, "causal-bottom-right"))
+        groups.append(alts)
+    if o.rope is None:
+        if c.d % 2 == 0:
+            base = f"{p.rope_settings()[0]:g}"
+            groups.append([Forgotten(f"--rope {mode}", {"rope": mode}, "rope-added", f"{mode} pairs, base {base}")
+                           for mode in ("half", "interleaved")])
+    else:
+        alts = [Forgotten("without --rope", {"rope": None, "rotary_dim": None, "rope_scaling": None}, "rope-missing")]
+        if o.rope in ("half", "interleaved"):
+            other = "interleaved" if o.rope == "half" else "half"
+            alts.append(Forgotten(f"--rope {other}", {"rope": other}, "rope-other-convention"))
+        groups.append(alts)
+    if o.scale is None and (o.scaling or get_score(o.score).scaling) == "sqrt-d":
+        groups.append([Forgotten("--scaling none", {"scaling": "none"}, "no-scaling")])
+    if not o.alibi and p.alibi_slopes is None:
+        groups.append([Forgotten("--alibi", {"alibi": True}, "alibi-added")])
+    return groups
+
+
+def _forgotten(c: Context, out: Diagnosis, screen: _Screen | None = None) -> str:
+    """Several forgotten options at once: every set of two or more of :func:`option_groups` (at most one alternative
+    of each), smallest sets first, one run each; the sets of the smallest size that reproduces the numbers are
+    named, as 'a + b + ...' of their catalogue entries with the options that make the problem match (so each option
+    named is needed: no smaller set reproduced them). Bounded by ``MAX_OPTION_SETS`` runs and ``PAIR_CELL_BUDGET``
+    score cells. Returns how the search went ('' when there was nothing to combine)."""
+    groups = option_groups(c)
+    if len(groups) < 2:
+        return ""
+    p = c.problem
+    cells = max(1, int(np.prod(p.batch_shape)) * len(c.rows or range(p.m)) * p.n)
+    budget = min(MAX_OPTION_SETS, PAIR_CELL_BUDGET // cells)
+    sets = [combo for size in range(2, len(groups) + 1) for chosen in itertools.combinations(groups, size)
+            for combo in itertools.product(*chosen)]
+    runs, found_size = 0, 0
+    for combo in sets:
+        if runs >= budget or (found_size and len(combo) > found_size):
+            break
+        runs += 1
+        words = " ".join(f.words for f in combo)
+        change: dict[str, Any] = {}
+        for f in combo:
+            change.update(f.change)
+        changed = replace(p, options=replace(c.options, **change))
+
+        def with_options(ctx: Context, q: Subject = changed) -> Result:
+            return ctx.rerun(q)
+
+        with_options.__doc__ = f"this problem computed with {words}"
+        v = Variant("forgotten-options", with_options, "", pairable=False)
+        t = _try(v, c)
+        if screen is not None and t.explanation is not None:
+            t = screen.confirm(v, t) if screen.survives(t) else _Try()  # a change: its output computed in full
+        if t.explanation is None or not t.match:
+            continue
+        found_size = len(combo)
+        err = t.explanation.max_abs_error
+        each = [_explain(VARIANTS[f.entry], c, err, f.detail) for f in combo]
+        ex = Explanation(" + ".join(e.name for e in each), ", and ".join(e.formula for e in each),
+                         f"{len(combo)} options forgotten (or given wrongly) together: "
+                         + "; ".join(e.explanation for e in each), err, option=words)
+        out.matches.append(ex)
+        out.candidates.append(ex)
+    out.tried.append("forgotten-options")
+    return (f"forgotten options together: {runs} of {len(sets)} sets tried (every set of two or more of "
+            f"{', '.join(' | '.join(f.words for f in g) for g in groups)}; at most {MAX_OPTION_SETS} sets and "
+            f"{PAIR_CELL_BUDGET:.3g} score cells)")
 
 
 def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, misses: list[Explanation],
@@ -1244,8 +1380,10 @@ def _pairs(c: Context, changes: list[tuple[Variant, Subject]], out: Diagnosis, m
             e = t.explanation
             assert e is not None
             first = _explain(a, c, e.max_abs_error)
+            hints = (OPTION_HINTS.get(a.name), e.option)
             pair = Explanation(f"{a.name} + {b.name}", f"{a.formula}, and {b.formula}",
-                               f"two mistakes together: {first.explanation}; and {e.explanation}", e.max_abs_error)
+                               f"two mistakes together: {first.explanation}; and {e.explanation}", e.max_abs_error,
+                               option=" ".join(h for h in hints if h) if all(hints) else None)
             if t.match:
                 out.matches.append(pair)
                 out.candidates.append(pair)

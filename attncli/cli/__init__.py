@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -21,17 +21,77 @@ from attncli.cli import process
 from attncli.errors import MESSAGE_LIMIT, AttnError, printable
 from attncli.io import session
 
-app = typer.Typer(
+# The commands, in the order --help lists them: name -> (the module that registers it, the summary --help lists:
+# the start of its own help). ``attncli NAME ...`` imports that one module (it registers its command on the app with
+# ``@app.command(NAME)`` or ``app.add_typer``); the top-level --help lists these paragraphs and imports none
+# (tests/test_startup.py checks that they are the commands' own). A new command is one row here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("attncli.cli.run", "Compute attention on Q, K, V and show every step."),
+    "self": ("attncli.cli.selfattn", "Self-attention and multi-head attention: project X, split into heads, "
+                                     "attend, concatenate."),
+    "view": ("attncli.cli.view", "Look at every head of a layer in the browser: a local viewer on 127.0.0.1."),
+    "capture": ("attncli.cli.capture", "Run a model on some text with its own tokenizer (transformers) and save what "
+                                       "it did, for every command that takes X or HIDDEN with --weights MODEL."),
+    "heads": ("attncli.cli.heads", "What every head does: statistics over every valid query of every input, and the "
+                                   "patterns they pass."),
+    "check": ("attncli.cli.check", "Compare expected numbers with the computed attention, and name the mistake "
+                                   "if they differ."),
+    "inspect": ("attncli.cli.inspect", "Show what a checkpoint holds: its attention layers, their tensors (shape, "
+                                       "dtype), the layout detected and the facts from config.json."),
+    "examples": ("attncli.cli.examples", "The textbook examples: list them, show one, or run one step by step."),
+}
+
+_app = typer.Typer(
     name="attncli",
     help="Compute attention on matrices you supply, and explain every step.\n\n"
+         "Environment: ATTNCLI_NPZ_MEMBER_MAX caps the bytes one .npz member may inflate to (default 4G; e.g. "
+         "512M, 16G; the free memory caps it too); ATTNCLI_DEBUG=1 shows an internal error's traceback.\n\n"
          "Examples:\n\n  attncli examples run cat_milk_sweet\n\n"
          "  attncli run q.npy k.npy v.npy --valid-lens 2,3 --format json\n\n"
          "  attncli examples\n\n  attncli run --help",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help, as every command's (attncli.cli.options.HelpCommand): no rich.markdown to import
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+_registering = False  # a command module being imported gets the app as it is (see __getattr__)
+
+if TYPE_CHECKING:
+    app: typer.Typer  # the whole app (module __getattr__ below)
+
+
+def __getattr__(name: str) -> Any:
+    """``attncli.cli.app`` is the whole app: every command of COMMANDS, imported on first use (PEP 562).
+    A command module importing it while it registers gets the app as it is."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _app if _registering else load(*COMMANDS)
+
+
+def load(*names: str) -> typer.Typer:
+    """Import the modules of the commands ``names`` (each registers its command on the app) and return the
+    app; the commands keep COMMANDS' order, whatever the order of the imports."""
+    import importlib
+
+    global _registering
+    before, _registering = _registering, True
+    try:
+        for name in names:
+            importlib.import_module(COMMANDS[name][0])
+    finally:
+        _registering = before
+    from attncli.cli.options import use_help_layout
+
+    order = list(COMMANDS)
+    _app.registered_commands.sort(key=lambda c: order.index(c.name) if c.name in order else len(order))
+    infos: list[Any] = [*_app.registered_commands, *_app.registered_groups]
+    for info in infos:  # the listing says the table's summary
+        if info.name in COMMANDS and not info.short_help:  # None, or typer's Default(None) for a group
+            info.short_help = COMMANDS[info.name][1]
+    use_help_layout(_app)  # --help fits 80 columns: long option names on a line of their own
+    return _app
+
 
 EXIT_OK, EXIT_INPUT, EXIT_INTERRUPTED = 0, 2, 130
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, told apart from check's mismatch (1)
@@ -107,7 +167,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def main_callback(
     version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
@@ -118,34 +178,30 @@ def main_callback(
     """
 
 
-from attncli.cli import run as _run  # noqa: E402,F401  (registers the run command)
-from attncli.cli import selfattn as _selfattn  # noqa: E402,F401  (registers the self command)
-from attncli.cli import view as _view  # noqa: E402,F401  (registers the view command)
-
-# commands are listed in --help in registration order: run, self, check, examples
-# isort: split
-from attncli.cli import capture as _capture  # noqa: E402,F401  (registers the capture command)
-from attncli.cli import check as _check  # noqa: E402,F401  (registers the check command)
-from attncli.cli import examples as _examples  # noqa: E402,F401  (registers the examples command)
-from attncli.cli import inspect as _inspect  # noqa: E402,F401  (registers the inspect command)
-from attncli.cli.options import use_help_layout  # noqa: E402
-
-use_help_layout(app)  # --help fits 80 columns: long option names on a line of their own
-
-
 def invoked(args: list[str]) -> typer.Typer:
-    """The app, with only the command ``args`` start with when they name one: Typer turns every
-    command's signature into options on each start (~20 ms for all of them), and a run uses one.
-    Anything else (no command, an option first, a command group, a typo) gets the whole app."""
+    """The app for a command line ``args``: only the command they start with when they name one (its module
+    alone is imported, and Typer turns only its signature into options); for anything else (no command, an
+    option first, a typo) an app whose commands are COMMANDS' names and paragraphs, with no options to build;
+    the whole app for shell completion, which reads the command line from the environment."""
     import copy
 
+    if "_ATTNCLI_COMPLETE" in os.environ:
+        return load(*COMMANDS)
     name = args[0] if args else None
-    chosen = [c for c in app.registered_commands if c.name == name]
-    if not chosen:
-        return app
-    one = copy.copy(app)  # the original keeps every command (tests invoke it in the same process)
-    one.registered_commands, one.registered_groups = chosen, []
+    one = copy.copy(_app)  # the app itself keeps whatever is registered (tests invoke it in the same process)
+    if name in COMMANDS:
+        load(name)
+        one.registered_commands = [c for c in _app.registered_commands if c.name == name]
+        one.registered_groups = [g for g in _app.registered_groups if g.name == name]
+        return one
+    one.registered_commands, one.registered_groups = [], []
+    for command, (_, summary) in COMMANDS.items():
+        one.command(command, help=summary, short_help=summary, add_help_option=False)(_listed)
     return one
+
+
+def _listed() -> None:
+    """A command as the top-level --help lists it (never run: a command line naming it gets the real one)."""
 
 
 def main() -> None:
@@ -159,7 +215,8 @@ def main() -> None:
     try:
         code = invoked(sys.argv[1:])(standalone_mode=False)  # usage errors come here, to be said in one line
         sys.stdout.flush()  # here, not at exit: a full disk or a closed pipe is said, not ignored
-    except NoArgsIsHelpError as e:  # `attncli` alone: the help is already printed
+    except NoArgsIsHelpError as e:  # `attncli` alone: the help, on stdout as --help prints it
+        sys.stdout.write(e.format_message() + "\n")
         sys.exit(e.exit_code)
     except UsageError as e:  # an unknown option, a bad choice, a missing argument
         ctx = e.ctx

@@ -11,7 +11,8 @@ Exit codes, like cmp/diff: 0 match (or consistent with the precision), 1 mismatc
 or not a mistake is named), 2 bad input or usage, 70 an internal error (one line on stderr,
 'attncli: error: internal error ...'). A mismatch prints its verdict (first line 'MISMATCH',
 or ``"verdict": "mismatch"`` in JSON); with ``--format json`` an error prints
-``{"verdict": "error" | "internal-error", "errors": [...]}``.
+``{"verdict": "error" | "internal-error", "errors": [...]}`` -- except a refusal of check's own options
+(--atol, --rtol, --precision-of, --format, ...), which, in every format, writes nothing on stdout.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def check_command(
 ) -> None:
     args = list(args or [])
     fmt = opts.format
+    own_options(problem, opts)  # check's own options refused: one line on stderr, nothing on stdout (every format)
     try:
         verdict, cells = compute_verdict(args, problem, opts)
     except AttnError as e:
@@ -153,6 +155,22 @@ def _print_error(kind: str, message: str) -> None:
     sys.stdout.flush()
 
 
+def own_options(problem: ProblemArgs, opts: Verify) -> dict[str, float]:
+    """``check``'s own options, refused before anything is read (the command then writes nothing on stdout, in
+    every format: as typer's own refusals of them): the tolerances given, as numbers."""
+    given: dict[str, float] = {f: float(v) for f, v in (("atol", opts.atol), ("rtol", opts.rtol)) if v is not None}
+    for name, x in given.items():
+        if not (math.isfinite(x) and x >= 0):
+            raise InputError(f"must be a finite number >= 0, got {x:g}", f"--{name}")
+    if opts.precision_of is not None and given:
+        raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
+                         "not both", "--precision-of")
+    if problem.layer is not None and problem.layer.strip().lower() == "all" and opts.explain:
+        raise InputError("is not offered with --layer all (which layer's cell?); check one layer with "
+                         "--layer N to explain its cells", "--explain")
+    return given
+
+
 def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tuple[Any, list[dict[str, Any]]]:
     """Split the arguments, read the expected numbers and the problem, and check: (the verdict, the arithmetic of
     the cells ``--explain`` names, each as ``run --explain`` gives it)."""
@@ -165,21 +183,11 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tupl
     from attncli.render.explain import explanations
 
     reader = Reader()  # reads stdin once, bounded, and keeps the text of each input (for the precision)
-    given: dict[str, float] = {f: float(v) for f, v in (("atol", opts.atol), ("rtol", opts.rtol)) if v is not None}
-    for name, x in given.items():
-        if not (math.isfinite(x) and x >= 0):
-            raise InputError(f"must be a finite number >= 0, got {x:g}", f"--{name}")
-    precision = opts.precision_of
-    if precision is not None and given:
-        raise InputError("--precision-of judges the error against the precision's own; give it or --atol/--rtol, "
-                         "not both", "--precision-of")
+    given = own_options(problem, opts)
     captured = capture_verdict(args, problem, opts, reader)
     if captured is not None:
         return captured, []
     if problem.layer is not None and problem.layer.strip().lower() == "all":
-        if opts.explain:
-            raise InputError("is not offered with --layer all (which layer's cell?); check one layer with "
-                             "--layer N to explain its cells", "--explain")
         return check_all_layers(args, problem, opts, reader, given), []
     spec, inputs = split_arguments(args, opts.expected, reader)
     steps = [opts.what] if opts.what is not None else expected_steps(spec, reader) or ["output"]

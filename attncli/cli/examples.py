@@ -140,7 +140,7 @@ def examples_run(
 
       attncli examples run cat_milk_sweet
 
-      attncli examples run cat_milk_sweet --explain it --steps weights,output
+      attncli examples run cat_milk_sweet --explain it,milk --steps weights,output
 
       attncli examples run multihead_cat_milk --head 1 --explain-row it
     """

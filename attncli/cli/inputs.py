@@ -339,8 +339,11 @@ def layer_number(text: str | None) -> int | None:
 
 def _checkpoint_path(spec: str) -> bool:
     """A model folder, a .safetensors file or a sharded index: read as a checkpoint, layer by layer."""
-    p = Path(spec)
-    return p.is_dir() or spec.lower().endswith((".safetensors", ".index.json"))
+    try:
+        folder = Path(spec).is_dir()
+    except (OSError, ValueError):  # a name too long, a NUL byte: the reader says so, naming it
+        folder = False
+    return folder or spec.lower().endswith((".safetensors", ".index.json"))
 
 
 def checkpoint_layer(spec: str, layer: int | None, prefix: str | None, heads: int | None,

@@ -51,16 +51,52 @@ def run_command(
 
 def execute(problem: Any, opts: View, protect: list[str]) -> None:
     """Plan what the options need, run the pipeline, and show or save the trace (``--head``: one head
-    in the terminal view, every head in the files)."""
+    in the terminal view, every head in the files). A page or a plot beyond what a trace of every weight
+    holds is made first, from blocks of queries, and written last (nothing is written when the run fails)."""
+    picture_options(opts)  # every picture option checked before anything is computed
+    made: list[tuple[Path, bytes]] = []
+    if opts.html is not None:
+        from attncli.render.bigpage import page_for_problem  # here: only a page needs it (and its viewer code)
+
+        text = page_for_problem(problem, list(opts.explain or []), list(opts.explain_row or []), opts.precision)
+        if text is not None:  # beyond a page of tables: written from blocks of queries, never all weights
+            made.append((opts.html, text.encode()))
+            opts = replace(opts, html=None)
+    if opts.plot is not None:
+        data = big_plot(problem, opts)
+        if data is not None:
+            made.append((opts.plot, data))
+            opts = replace(opts, plot=None)
+    if not (made and page_was_all(opts, problem)):
+        compute_and_emit(problem, opts, protect)
+    if made:
+        from attncli.io.files import atomic_write
+
+        for path, data in made:
+            with atomic_write(path, protect=protect) as f:
+                f.write(data)
+
+
+def big_plot(problem: Any, opts: View) -> bytes | None:
+    """--plot of a problem whose maps are larger than their panels, drawn from blocks of queries; None when
+    the maps fit (drawn from the trace)."""
+    import io
+
+    from attncli.render.bigplot import plot_problem
+    from attncli.render.plot import PLOT_FORMATS
+
+    assert opts.plot is not None
+    buf = io.BytesIO()
+    drawn = plot_problem(problem, buf, PLOT_FORMATS[opts.plot.suffix.lower()], picture_options(opts).plot)
+    return None if drawn is None else buf.getvalue()
+
+
+def compute_and_emit(problem: Any, opts: View, protect: list[str]) -> None:
+    """The run the options need (see attncli.core.plan), shown and saved."""
     from attncli.cli.inputs import agreement
     from attncli.core.engine import run, select_head
     from attncli.core.plan import Needs, plan
-    if opts.html is not None:
-        from attncli.render.bigpage import write_for_problem  # here: only a page needs it (and its viewer code)
 
-        if write_for_problem(problem, opts.html, list(opts.explain or []), list(opts.explain_row or []),
-                             opts.precision, protect):
-            opts = replace(opts, html=None)  # beyond a page of tables: written from blocks of queries, never all weights
     needs = Needs(weights=not output_only(opts), view_rows=corner_queries if default_view(opts) else None)
     how = plan(problem, needs)
     with progress_bar(opts.quiet) as progress:
@@ -85,6 +121,16 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
     if opts.save is not None:  # the file keeps every head; the terminal shows one
         emit(trace, replace(opts, quiet=True, svg=None, html=None, plot=None), protect=protect)
     emit(view, replace(opts, save=None), protect=protect, first=first)
+
+
+def page_was_all(opts: View, problem: Any) -> bool:
+    """Whether nothing but the pictures already made was asked for: --quiet, the terminal format, nothing
+    else saved or drawn, and no capture whose model attention the run must agree with. Then --explain /
+    --explain-row were the page's, and the run (every weight, for them) is not made."""
+    from attncli.cli.inputs import captured
+
+    return (opts.quiet and opts.format == "rich" and opts.save is None and not opts.steps
+            and not (opts.svg or opts.plot or opts.similarity) and captured(problem) is None)
 
 
 OUTPUT_ONLY_STEPS = {"q", "k", "v", "output", "x", "memory", "values", "head_output", "concat",

@@ -31,6 +31,8 @@ most 256 MB of exact rows.
 
 Examples:
 
+  attncli examples show multihead_cat_milk | attncli view - --no-open
+
   attncli view q.npy k.npy v.npy --causal
 
   attncli view x.npy --weights MODEL_FOLDER --layer 3 --from-residual

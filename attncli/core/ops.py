@@ -828,12 +828,46 @@ def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset:
     where = f"query {i + offset[0]}, key {j + offset[1]}" + (f" (batch {', '.join(map(str, b))})" if b else "")
     dtype = problem.dtype
     hint = "use --dtype float64 or rescale the inputs" if dtype != "float64" else "rescale the inputs"
-    o = problem.options  # an option that took part is named: it, not the inputs, may be what overflows
-    given = [f"--{n} {v:g}" for n, v in (("scale", o.scale), ("temperature", o.temperature)) if v is not None]
-    hint = f"check {' and '.join(given)}, or {hint}" if given else hint
-    raise InputError(f"scores overflow {dtype} at {where}: the score is "
-                     f"{float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])} "
-                     f"(largest |input| {problem.largest_input():.3g}); {hint}", problem.where("q"))
+    given = _overflow_options(problem)  # an option that took part may be what overflows, not the inputs
+    score = float(raw_np[idx]) if bool(raw_bad_np[idx]) else float(s_np[idx])
+    rope_gain = next((g[1] for g in given if g[0] == "rope_scaling"), 1.0)  # q, k here are rotated, scaled
+    largest = problem.largest_input() / rope_gain  # by the rope scaling's attention factor: undone
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = 2 * np.float64(largest) * np.float64(largest) * problem.d_qk  # |q·k| (rotated or not) at most this
+    if given and bool(bound < np.finfo(np.dtype(dtype)).max / 2):  # Q·K alone stays finite: an option is the culprit,
+        _, _, origin, said, fix = given[0]  # the one that multiplies the scores most
+        raise InputError(f"{said} makes the scores overflow {dtype} at {where}: the score is {score} though the "
+                         f"inputs' largest |value| is {largest:.3g}; give {fix}", origin)
+    words = [f"{g[2]} {g[3]}" if g[2].startswith("--") and g[0] != "alibi_slopes" else f"{g[2]}: {g[3]}" for g in given]
+    hint = f"check {' and '.join(words)}, or {hint}" if given else hint
+    raise InputError(f"scores overflow {dtype} at {where}: the score is {score} (largest |input| {largest:.3g}); "
+                     f"{hint}", problem.where("q"))
+
+
+def _overflow_options(problem: Problem) -> list[tuple[str, float, str, str, str]]:
+    """The options that multiply (or shift) the scores, largest effect first: (the option, its gain, where it came
+    from, its value in words, what to give instead). --scale s: |s|; --temperature T: 1/|T|; ALiBi slopes: the largest |slope|
+    times the keys; rope scaling: its attention factor (or mscale), which multiplies cos and sin of q and k."""
+    o = problem.options
+    found: list[tuple[str, float, str, str, str]] = []
+    with np.errstate(over="ignore", divide="ignore"):
+        if o.scale is not None:
+            found.append(("scale", abs(o.scale), problem.origin("scale"), f"{o.scale:g}", "a smaller --scale"))
+        if o.temperature is not None:
+            found.append(("temperature", float(np.float64(1.0) / abs(o.temperature)), problem.origin("temperature"),
+                          f"{o.temperature:g}", "a larger --temperature"))
+        if problem.alibi_slopes is not None:
+            top = float(np.abs(problem.alibi_slopes).max())
+            where = problem.where("alibi_slopes")
+            found.append(("alibi_slopes", top * problem.n, "--alibi-slopes" if where == "input" else where,
+                          f"--alibi-slopes (largest |slope| {top:g})", "smaller slopes"))
+        sc = o.rope_scaling or {}
+        gains = [abs(float(sc[k])) for k in ("attention_factor", "mscale", "mscale_all_dim")
+                 if isinstance(sc.get(k), (int, float)) and not isinstance(sc.get(k), bool)]
+        if o.rope is not None and gains and max(gains) > 1:
+            found.append(("rope_scaling", max(gains), problem.origin("rope_scaling"),
+                          f"rope scaling with attention factor {max(gains):g}", "a smaller attention factor"))
+    return sorted(found, key=lambda f: -f[1])
 
 
 def _check_fill(problem: Problem, xp: Any, s: Any, keep: Any, offset: tuple[int, int]) -> None:

@@ -352,16 +352,37 @@ def _check_rope_scaling(value: Any, where: str) -> Mapping[str, Any]:
         if not (x >= low if included else x > low) or x > high:
             raise _Bad(f"{k} must be {what}, got {_short(v)}")
         numbers_[k] = x
+    if (missing := rope_scaling_missing(value)) is not None:
+        raise _Bad(missing)
     lo, hi = numbers_.get("low_freq_factor"), numbers_.get("high_freq_factor")
     if lo is not None and hi is not None and not hi > lo:  # llama3 divides by high - low
         raise _Bad(f"high_freq_factor ({hi:g}) must be above low_freq_factor ({lo:g})")
     return dict(value)
 
 
+# what each rope_type cannot be computed without (transformers.modeling_rope_utils reads them unguarded)
+ROPE_SCALING_NEEDS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",), "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+ROPE_FACTOR_MIN = 1e-30  # the rotary frequencies (at most 1) are divided by the factor: below this they overflow
+
+
+def rope_scaling_missing(value: Mapping[str, Any]) -> str | None:
+    """What a rope_scaling mapping lacks for its rope_type ("rope_type 'linear' needs 'factor'"), or None."""
+    kind = value.get("rope_type", value.get("type", "default"))
+    missing = [k for k in ROPE_SCALING_NEEDS.get(str(kind), ()) if value.get(k) is None]
+    if not missing:
+        return None
+    verb = "is" if len(missing) == 1 else "are"
+    return f"rope_type {_short(kind)} needs {', '.join(repr(k) for k in missing)}, which {verb} not given"
+
+
 # key: (lowest, whether the lowest itself is allowed, highest, in words); 0 for beta_* and mscale* means "not
 # set" as in transformers (``rope_scaling.get("beta_fast") or 32``)
 ROPE_SCALING_RANGES: dict[str, tuple[float, bool, float, str]] = {
-    "factor": (0, False, math.inf, "a number above 0"),
+    "factor": (ROPE_FACTOR_MIN, True, math.inf, f"a number >= {ROPE_FACTOR_MIN:g} (the rotary frequencies are "
+                                                 "divided by it)"),
     "original_max_position_embeddings": (1, True, MAX_POSITION, f"a length from 1 to {MAX_POSITION:,}"),
     "max_position_embeddings": (1, True, MAX_POSITION, f"a length from 1 to {MAX_POSITION:,}"),
     "low_freq_factor": (0, False, math.inf, "a number above 0 (llama3 divides by it)"),

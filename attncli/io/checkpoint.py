@@ -412,6 +412,8 @@ def file_kind(path: Path) -> str | None:
         return "missing" if not os.path.islink(path) else "a broken link"
     except OSError as e:
         return f"unreadable ({e.strerror or _one_line(e)})"
+    except ValueError:  # a NUL byte in the name
+        return "unreadable (a file name holds a NUL byte)"
     return None if stat.S_ISREG(mode) else file_kinds(mode)
 
 
@@ -430,7 +432,7 @@ def _sharded(index: Path, keep: dict[Path, dict[str, Any]]) -> tuple[dict[str, T
     files: list[Path] = []
     for shard in sorted(by_shard):
         names = by_shard[shard]
-        if not shard or Path(shard).name != shard or shard in (".", ".."):
+        if not shard or "\x00" in shard or Path(shard).name != shard or shard in (".", ".."):
             raise InputError(f"names shard {shard[:80]!r}, which is not a file name in its folder", str(index))
         p = index.parent / shard
         kind = file_kind(p)
@@ -497,6 +499,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     """Headers of a checkpoint file or folder (and its config.json); no tensor data is read."""
     p = Path(path)
     source = str(path)
+    kind = file_kind(p)  # stat alone; a name too long or holding a NUL byte is said here, naming it
+    if kind is not None and kind.startswith("unreadable"):
+        raise InputError(f"cannot be read ({kind.removeprefix('unreadable (').removesuffix(')')})", source)
     if not p.exists():
         raise InputError("no such file or folder", source)
     folder = p if p.is_dir() else p.parent

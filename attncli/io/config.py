@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attncli.core.options import ROPE_FACTOR_MIN, rope_scaling_missing
 from attncli.errors import InputError
 from attncli.io.files import open_regular
 
@@ -109,10 +110,11 @@ KEYS: dict[str, Check] = {
                             "global_attn_every_n_layers")},
     "max_window_layers": whole(0),
     **{k: real() for k in ("rope_theta", "rotary_emb_base", "rope_base", "rope_local_base_freq", "attention_multiplier",
-                           "query_pre_attn_scalar", "attn_logit_softcapping", "clip_qkv", "factor", "beta_fast",
+                           "query_pre_attn_scalar", "attn_logit_softcapping", "clip_qkv", "beta_fast",
                            "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor", "mscale",
                            "mscale_all_dim", "logit_scale", "floor_scale", "attn_scale", "global_rope_theta",
                            "local_rope_theta")},
+    "factor": real(ROPE_FACTOR_MIN, open_lo=False),  # rope_scaling's: the rotary frequencies are divided by it
     **{k: real(0.0, 1.0) for k in ("partial_rotary_factor", "rotary_pct")},
     **{k: real(0.0, 1.0, open_lo=False) for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps",
                                                     "norm_epsilon")},
@@ -128,6 +130,10 @@ KEYS: dict[str, Check] = {
     "rope_parameters": _mapping,
     "rope_scaling": _mapping,
 }
+
+
+KV_PAIRS = (("num_attention_heads", "num_key_value_heads"), ("num_attention_heads", "num_kv_heads"),
+            ("n_head", "num_kv_heads"), ("n_heads", "n_kv_heads"), ("num_heads", "num_kv_heads"))
 
 
 def problem(key: str, v: Any) -> str | None:
@@ -157,6 +163,13 @@ def check_config(cfg: dict[str, Any], source: str) -> None:
             for key, v in params.items():
                 if (what := problem(key, v)) is not None:
                     raise _fail(f"{outer}.{key}", v, what, source)
+            if (missing := rope_scaling_missing(params)) is not None:  # config.json's, not a flag's
+                raise InputError(f"{outer}: {missing}", source)
+    for heads_key, kv_key in KV_PAIRS:  # grouped-query heads: the K/V heads divide the query heads
+        h, g = cfg.get(heads_key), cfg.get(kv_key)
+        if isinstance(h, int) and isinstance(g, int) and g >= 1 and h % g:
+            raise InputError(f"{kv_key} is {g}, which does not divide {heads_key} ({h}): grouped-query attention "
+                             f"needs a divisor of {h} (query head h reads K/V head h // (H_q / H_kv))", source)
     types, n = cfg.get("layer_types"), cfg.get("num_hidden_layers")
     if isinstance(types, list) and isinstance(n, int) and len(types) < n:
         raise InputError(f"layer_types has {len(types)} entries; expected one per layer ({n}, num_hidden_layers)",

@@ -38,8 +38,25 @@ CROSS_READERS = {
 }
 
 
+def decoder_prefix(ckpt: Any) -> str | None:
+    """The prefix of the blocks that hold a cross-attention module (``model.decoder.layers.`` of BART,
+    ``decoder.block.`` of T5), read off the tensor names; None when no name or more than one stack has one."""
+    found = set()
+    for name in ckpt.tensors:
+        for reader in CROSS_READERS.values():
+            at = name.find("." + reader.module)
+            if at > 0:
+                head, _, number = name[:at].rpartition(".")
+                if number.isdigit():
+                    found.add(head + ".")
+    return found.pop() if len(found) == 1 else None
+
+
 def load_cross_layer(path: str, layer: int | None, prefix: str | None = None, *, heads: int | None = None) -> CheckpointLayer:
-    """The cross-attention of decoder layer ``layer`` as a CheckpointLayer (projections, heads, options)."""
+    """The cross-attention of decoder layer ``layer`` as a CheckpointLayer (projections, heads, options).
+    Without ``prefix``, the stack whose blocks hold a cross-attention module (the decoder's) is read."""
+    if prefix is None:
+        prefix = decoder_prefix(open_checkpoint(path))
     own = load_layer(path, layer, prefix, heads=heads)
     reader = CROSS_READERS.get(own.layout)
     if reader is None:

@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import re
 import struct
 import sys
 import tempfile
@@ -91,6 +92,26 @@ def memory_limit() -> int:
     except (ImportError, OSError, ValueError):
         return free
     return free if cap == resource.RLIM_INFINITY or cap <= 0 else min(free, cap)
+
+
+NPZ_MEMBER_ENV = "ATTNCLI_NPZ_MEMBER_MAX"  # bytes one .npz member may inflate to: 4G, 512M, 100000, ...
+NPZ_MEMBER_DEFAULT = 4 << 30
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def npz_member_limit() -> tuple[int, str]:
+    """Bytes one .npz member may inflate to (its .npy header included), and where that came from: the environment
+    variable ATTNCLI_NPZ_MEMBER_MAX (a number of bytes, or with K, M, G, T: binary units), else 4 GiB. The free
+    memory bounds it further (:func:`memory_limit`)."""
+    text = os.environ.get(NPZ_MEMBER_ENV)
+    if text is None or not text.strip():
+        return NPZ_MEMBER_DEFAULT, f"4 GiB by default; {NPZ_MEMBER_ENV} sets it"
+    m = re.fullmatch(r"\s*([0-9]{1,15})\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if m is None or int(m.group(1)) == 0:
+        raise InputError(f"is {printable(text, 40)!r}; expected a size in bytes above 0, e.g. 4G, 512M or 1000000",
+                         NPZ_MEMBER_ENV)
+    size = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    return size, f"{NPZ_MEMBER_ENV}={printable(text.strip(), 40)}"
 
 
 MAX_DIMS = 32  # numpy's limit before 2.0 and the most any attention input needs
@@ -238,6 +259,12 @@ def read_npz(f: IO[bytes], source: str) -> dict[str, Any]:
                     raise InputError(f"holds two arrays named {printable(name, 60)!r}; each name may appear once", source)
                 seen.add(name)
             total, free = 0, memory_limit()
+            cap, said = npz_member_limit()
+            for info, name in zip(infos, names):  # the sizes the archive declares, before any member is inflated
+                if info.file_size > cap:
+                    raise InputError(f"holds a member {printable(name, 60)!r} that inflates to {info.file_size:,} "
+                                     f"bytes, more than the {cap:,} bytes ({said}) a member may; save large arrays "
+                                     "as .npy, which are memory-mapped", source)
             for info, name in zip(infos, names):
                 with zf.open(info) as member:
                     total += check_npy_header(member, info.file_size, f"{source}[{name}]", "array", memory=free)
@@ -839,12 +866,18 @@ def atomic_write(path: str | os.PathLike[str], protect: Iterable[str] = ()) -> I
         if p != STDIN:
             session.record_read(p)
     session.claim_output(target, name)
-    if target.is_dir():
-        raise InputError("is a directory; give a file name to save to", name)
     folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise InputError(f"cannot be written: folder {printable(str(folder))!r} {what}", name)
+    try:
+        if target.is_dir():
+            raise InputError("is a directory; give a file name to save to", name)
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise InputError(f"cannot be written: folder {printable(str(folder))!r} {what}", name)
+    except InputError:
+        raise
+    except (OSError, ValueError) as e:  # a folder name too long (ENAMETOOLONG), a NUL byte
+        why = e.strerror if isinstance(e, OSError) and e.strerror else "its name holds a NUL byte"
+        raise InputError(f"cannot be written ({why})", name) from None
     prefix = f".{target.name}." if len(base) + 1 + TEMP_SUFFIX_BYTES <= NAME_MAX else ".attncli."
     try:
         mode = target.stat().st_mode & 0o7777 if target.exists() else None

@@ -40,20 +40,15 @@ def exceeds(lead: tuple[int, ...], m: int, n: int) -> bool:
     return m > MAX_SIDE or n > MAX_SIDE or math.prod(lead) > MAX_ENTRIES
 
 
-def write_for_problem(problem: Any, path: Any, cells: list[str], rows: list[str], precision: int,
-                      protect: list[str]) -> bool:
-    """--html of a problem too big for a page of tables, written from blocks of queries (never every
-    weight at once); False (nothing written) when a page of tables holds it."""
-    from attncli.io.files import atomic_write
+def page_for_problem(problem: Any, cells: list[str], rows: list[str], precision: int) -> str | None:
+    """--html of a problem too big for a page of tables, made from blocks of queries (never every weight
+    at once); None when a page of tables holds it."""
     from attncli.render.viewer import Layer
 
     layer = Layer(problem, "attention", overview=PIXELS)
     if not exceeds(layer.lead, layer.m, layer.n):
-        return False
-    text = layer_page(layer, cells, rows, precision)
-    with atomic_write(path, protect=protect) as f:
-        f.write(text.encode())
-    return True
+        return None
+    return layer_page(layer, cells, rows, precision)
 
 
 def heatmaps(trace: Trace, pixels: int = PIXELS) -> tuple[list[tuple[str, str]], float, float, tuple[int, int]]:
@@ -129,6 +124,9 @@ def layer_page(layer: Any, cells: list[str], rows: list[str], precision: int = 4
     from attncli.render.page import header_lines
 
     step = layer.weights_step
+    shape = layer.row_trace(0)  # the problem's shape, for parsing QUERY,KEY by labels or indices
+    asked = [(parse_cell(shape, spec, precision), True) for spec in cells] + \
+        [(parse_row(shape, spec, precision), False) for spec in rows]  # a bad name refused before the sweep
     layer.sweep(step)
     if layer.failed:
         raise RuntimeError(layer.failed)
@@ -138,14 +136,10 @@ def layer_page(layer: Any, cells: list[str], rows: list[str], precision: int = 4
     t = layer.p.trace
     maps = [(panel_title(t, e, layer.lead) or "weights",
              "data:image/png;base64," + base64.b64encode(png(colour(ov.values[e], lo, hi))).decode()) for e in entries]
-    shape = layer.row_trace(0)  # the problem's shape, for parsing QUERY,KEY by labels or indices
     shown: list[dict[str, Any]] = []
-    for spec in cells:
-        c = parse_cell(shape, spec, precision)
-        shown.append({"what": "cell", "batch": list(c.batch), "query": c.i, **layer.explain(c.batch, c.i, c.j, precision)})
-    for spec in rows:
-        c = parse_row(shape, spec, precision)
-        shown.append({"what": "row", "batch": list(c.batch), "query": c.i, **layer.explain(c.batch, c.i, None, precision)})
+    for c, is_cell in asked:
+        shown.append({"what": "cell" if is_cell else "row", "batch": list(c.batch), "query": c.i,
+                      **layer.explain(c.batch, c.i, c.j if is_cell else None, precision)})
     named = bool(shown)
     if not named:
         for e in entries:

@@ -40,6 +40,42 @@ def table(size: int = 256) -> np.ndarray:
     return np.array([rgb(k / (size - 1)) for k in range(size)], dtype=np.uint8)
 
 
+def luminance(r: int, g: int, b: int) -> float:
+    """WCAG 2's relative luminance of an sRGB colour (0: black, 1: white)."""
+    def lin(c: int) -> float:
+        x = c / 255
+        return x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+
+
+def contrast(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    """WCAG 2's contrast ratio of two colours, 1 to 21 (4.5 is its minimum for text)."""
+    la, lb = sorted((luminance(*a), luminance(*b)))
+    return (lb + 0.05) / (la + 0.05)
+
+
+WHITE, BLACK = (255, 255, 255), (0, 0, 0)
+
+
 def dark(r: int, g: int, b: int) -> bool:
-    """Whether text on this background should be white (the background is dark)."""
-    return 0.299 * r + 0.587 * g + 0.114 * b <= 140
+    """Whether text on this background should be white: white contrasts more with it than black does
+    (the better of the two is at least 4.58:1 for every colour)."""
+    return contrast((r, g, b), WHITE) >= contrast((r, g, b), BLACK)
+
+
+def text_on(r: int, g: int, b: int) -> tuple[int, int, int]:
+    """The text colour for a cell of this background: white or black, whichever contrasts more. An exact
+    colour, never a terminal's named one (a theme maps "white" to its own grey)."""
+    return WHITE if dark(r, g, b) else BLACK
+
+
+def palette_js(size: int = 256) -> str:
+    """The map as a JavaScript array of [background, text] CSS colours, entry k for k / (size - 1): what
+    the pages colour their cells with (the text colour chosen here, by contrast)."""
+    out = []
+    for k in range(size):
+        c = rgb(k / (size - 1))
+        fg = "#fff" if dark(*c) else "#000"
+        out.append(f'["rgb({c[0]},{c[1]},{c[2]})","{fg}"]')
+    return "[" + ",".join(out) + "]"

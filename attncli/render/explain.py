@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,43 +30,51 @@ from attncli.core.scoring import SCALINGS
 from attncli.core.trace import KEYS, QUERIES, Trace
 from attncli.errors import InputError
 from attncli.render import RenderOptions
-from attncli.render.numbers import num  # the tables' notation: one rounding everywhere
+from attncli.render.numbers import num  # noqa: F401  (tests read it here: the tables' notation, one rounding everywhere)
 from attncli.render.terminal import EXPLAINERS, axis_labels
+from attncli.render.terms import (
+    MAX_FEATURES,
+    Fn,
+    Formula,
+    Gap,
+    Label,
+    Line,
+    Name,
+    Num,
+    Root,
+    ScoreFormula,
+    Sub,
+    Term,
+    Words,
+    joined,
+    vector,
+)
 from attncli.render.wrap import say
 
 MAX_TERMS = 8  # products / exponentials / value rows written out before eliding the middle
-MAX_FEATURES = 6  # vector entries written out before eliding the middle
 OVERFLOW_SAFE = 50.0  # above this row max, exp(x) is shown only in its shifted (stable) form
 
 
-def fac(x: float, p: int = 4) -> str:
-    """A number as a factor or subtrahend: negatives in parentheses, 2×(-0.5)."""
-    t = num(x, p)
-    return f"({t})" if t.startswith("-") else t
-
-
-def vec(v: np.ndarray, p: int = 4) -> str:
-    """(1.25, 2.75), with the middle elided for long vectors."""
-    items = [num(x, p) for x in v]
-    if len(items) > MAX_FEATURES:
-        items = [*items[:3], "…", *items[-2:]]
-    return "(" + ", ".join(items) + ")"
-
-
-def elide(terms: list[str], total: int | None = None, joiner: str = " + ") -> str:
+def elide(terms: list[list[Term]], total: int | None = None, joiner: Term = " + ") -> list[Term]:
     """Join terms, writing only the first and last few when there are many."""
     if len(terms) <= MAX_TERMS:
-        return joiner.join(terms)
+        return joined(terms, joiner)
     total = total or len(terms)
-    return joiner.join([*terms[:4], "…", *terms[-2:]]) + f"   ({total} terms)"
+    return [*joined([*terms[:4], ["…"], *terms[-2:]], joiner), Gap(), "(", Words(f"{total} terms"), ")"]
 
 
-def elide_each(values: Any, fmt: Callable[[Any], str], joiner: str = " + ") -> str:
+def elide_each(values: Any, fmt: Callable[[Any], list[Term]], joiner: Term = " + ") -> list[Term]:
     """:func:`elide` of ``fmt(v)`` for each value, formatting only the terms it shows (a row of 10⁵ keys: six)."""
     n = len(values)
     if n <= MAX_TERMS:
         return elide([fmt(v) for v in values], n, joiner)
-    return joiner.join([*(fmt(v) for v in values[:4]), "…", *(fmt(v) for v in values[-2:])]) + f"   ({n} terms)"
+    shown: list[list[Term]] = [*(fmt(v) for v in values[:4]), ["…"], *(fmt(v) for v in values[-2:])]
+    return [*joined(shown, joiner), Gap(), "(", Words(f"{n} terms"), ")"]
+
+
+def _pad(s: str, width: int) -> str:
+    """The spaces that right-align ``s`` in ``width`` characters (as f"{s:>width}")."""
+    return " " * max(0, width - len(s))
 
 
 @dataclass
@@ -78,6 +86,7 @@ class Cell:
     i: int
     j: int
     precision: int = 4
+    _rows: dict[str, np.ndarray | None] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def query(self) -> str:
@@ -89,21 +98,40 @@ class Cell:
 
     def input_row(self, name: str, row: int) -> np.ndarray | None:
         """Row ``row`` of input ``name`` (q, k, v) in this cell's batch entry, or None if absent."""
+        a = self.input_rows(name)
+        return None if a is None else a[row]
+
+    def input_rows(self, name: str) -> np.ndarray | None:
+        """Every row of input ``name`` (q, k, v) in this cell's batch entry, (T, d) as float64, or None if
+        absent. Only that entry is read (and converted): a row's output reads every value row, and
+        copying (B, H, T, d) once per row would cost T times the input."""
+        cache = self._rows
+        if name not in cache:
+            cache[name] = self._entry_rows(name)
+        return cache[name]
+
+    def _entry_rows(self, name: str) -> np.ndarray | None:
         t = self.trace
         if t.meta.heads and name in t:
-            return self._head_row(name, row)
+            return self._head_rows(name)
         if name not in t.inputs:
             return None
-        a = np.asarray(t.inputs_numpy()[name], dtype=np.float64)
+        a = t.inputs_numpy()[name]
+        lead = t.weights.shape[:-2]
+        if a.ndim - 2 > len(lead):  # more leading axes than the weights: indexed as they are
+            return np.asarray(a[self.batch], dtype=np.float64)
         r = t.meta.rep
-        if r > 1 and name in ("k", "v") and a.ndim >= 3 and t.meta.head is None:
-            a = ops.expand_kv(np, a, r)  # grouped-query: query head h reads K/V head h // r (the core's map)
-        w = self.trace.weights
-        lead = w.shape[:-2]
-        a = np.broadcast_to(a, lead + a.shape[-2:]) if a.ndim - 2 <= len(lead) else a
-        return np.asarray(a[self.batch][row])
+        grouped = r > 1 and name in ("k", "v") and a.ndim >= 3 and t.meta.head is None
+        off = len(lead) - (a.ndim - 2)  # the input's leading axes are the weights' last ones (broadcasting)
+        idx = []
+        for ax, size in enumerate(a.shape[:-2]):
+            b = self.batch[off + ax]
+            if grouped and ax == a.ndim - 3:
+                b //= r  # grouped-query: query head h reads K/V head h // r (the core's map, stages.expand_kv)
+            idx.append(0 if size == 1 else b)
+        return np.asarray(a[tuple(idx)], dtype=np.float64)
 
-    def _head_row(self, name: str, row: int) -> np.ndarray | None:
+    def _head_rows(self, name: str) -> np.ndarray | None:
         """Multi-head: this head's slice of the projected ``name`` (q, k, v steps of width heads × d_h)."""
         t = self.trace
         axis, widths = t.meta.head_axis, t.meta.head_width or {}
@@ -119,23 +147,23 @@ class Cell:
         if name in ("k", "v"):
             h //= t.meta.rep  # grouped-query: query head h reads K/V head h // r
         src = f"{name}_clip" if f"{name}_clip" in t else name  # OLMo: the heads read the clamped projection
-        a = np.asarray(t[src], dtype=np.float64)[..., h * dh:(h + 1) * dh]  # (..., T, d_h)
+        a = np.asarray(t[src])
         if a.ndim - 2 != len(rest):
             return None
-        return np.asarray(a[rest][row])
+        return np.asarray(a[rest][..., h * dh:(h + 1) * dh], dtype=np.float64)  # (T, d_h)
 
     def vector(self, name: str, *idx: int) -> np.ndarray | None:
         """The last axis of step ``name`` at this batch entry and ``idx`` (e.g. q_proj row i, features [i, j])."""
         if name not in self.trace:
             return None
-        a = np.asarray(self.trace[name], dtype=np.float64)
+        a = np.asarray(self.trace[name])
         lead = self.trace.weights.shape[:-2]
         core = a.ndim - len(lead)
         if core != len(idx) + 1 or core < 1:
             return None
         try:
             a = np.broadcast_to(a, lead + a.shape[len(lead):] if len(lead) <= a.ndim else a.shape)
-            return np.asarray(a[self.batch][idx])
+            return np.asarray(a[self.batch][idx], dtype=np.float64)  # this entry alone converted
         except (ValueError, IndexError):
             return None
 
@@ -174,7 +202,7 @@ class Cell:
 
 # ---- per-score explanations: how one raw score is made --------------------------------------
 
-ScoreExplainer = Callable[[Cell], list[str]]
+ScoreExplainer = Callable[[Cell], list[Line]]
 SCORE_EXPLAINERS: dict[str, ScoreExplainer] = {}
 
 
@@ -189,55 +217,70 @@ def explains(*names: str) -> Callable[[ScoreExplainer], ScoreExplainer]:
     return deco
 
 
+def _of(name: str, label: str) -> list[Term]:
+    """q(milk): a step's (or input's) row at a label."""
+    return [Name(name), "(", Label(label), ")"]
+
+
+def _at(fn: str, c: Cell) -> list[Term]:
+    """sim(milk, cat): a function of this cell's query and key."""
+    return [Fn(fn), "(", Label(c.query), ", ", Label(c.key), ")"]
+
+
+def _step_formula(t: Trace, name: str) -> Formula:
+    return Formula(name, t.step(name).formula)
+
+
 @explains("dot", "scaled-dot")
-def explain_dot(c: Cell) -> list[str]:
+def explain_dot(c: Cell) -> list[Line]:
     """sim(q, k) = Σ_t q_t × k_t, written term by term (terms with a zero factor left out, as the notes do)."""
     (qn, q), (kn, k), p = c.scored("q", c.i), c.scored("k", c.j), c.precision
     s = c.step("scores")
     pre = position_lines(c)
+    head = [*_at("sim", c), " = ", *_of(qn, c.query), " · ", *_of(kn, c.key)]
     if q is None or k is None:
-        return [*pre, f"sim({c.query}, {c.key}) = {qn}({c.query}) · {kn}({c.key}) = {num(s, p)}"]
-    terms = [f"{fac(a, p)}×{fac(b, p)}" for a, b in zip(q, k) if a != 0 and b != 0]
+        return [*pre, Line(head, " = ", Num(s, p))]
+    terms: list[list[Term]] = [[Num(a, p, True), "×", Num(b, p, True)] for a, b in zip(q, k) if a != 0 and b != 0]
     skipped = len(q) - len(terms)
     if not terms:
-        return [*pre, f"sim({c.query}, {c.key}) = {qn}({c.query}) · {kn}({c.key}) = {num(s, p)}   "
-                      "(every product has a zero factor)"]
-    lines = [*pre, f"sim({c.query}, {c.key}) = {qn}({c.query}) · {kn}({c.key}) = {elide(terms, len(terms))} = {num(s, p)}"]
+        return [*pre, Line(head, " = ", Num(s, p), Gap(), "(", Words("every product has a zero factor"), ")")]
+    lines = [*pre, Line(head, " = ", elide(terms, len(terms)), " = ", Num(s, p))]
     if skipped:
-        lines.append(f"    ({skipped} of the {len(q)} products have a zero factor and are left out)")
+        lines.append(Line("    (", Words(f"{skipped} of the {len(q)} products have a zero factor and are left out"), ")"))
     return lines
 
 
-def position_lines(c: Cell) -> list[str]:
+def position_lines(c: Cell) -> list[Line]:
     """Grouped-query heads, QK-norm and RoPE before the score: which K/V head, the normalised and rotated rows."""
     t, p = c.trace, c.precision
     lines = []
     r = t.meta.rep
     if r > 1:
         h = c.head()
-        lines.append(f"grouped-query: query head {h} reads K/V head {h // r} (= {h} // {r})")
+        lines.append(Line(Words(f"grouped-query: query head {h} reads K/V head {h // r}"), f" (= {h} // {r})"))
     for name, row, label in (("q", c.i, c.query), ("k", c.j, c.key)):
         for step in (f"{name}_norm", f"{name}_rot", f"{name}_temp"):
             if step in t:
                 v = c.vector(step, row)
                 if v is not None:
-                    lines.append(f"{step}({label}) = {vec(v, p)}   [{t.step(step).formula}]")
+                    lines.append(Line(_of(step, label), " = ", vector(v, p), Gap(), "[", _step_formula(t, step), "]"))
     rope = t.step("q_rot").params if "q_rot" in t else None
     if isinstance(rope, Rotation):
         pq = rope.q_offset + c.i
-        lines.append(f"    query {c.query} is at position {pq}, key {c.key} at {c.j}: the rotated score depends on "
-                     f"{pq} - {c.j} = {pq - c.j} only")
+        lines.append(Line("    ", Words("query "), Label(c.query), Words(f" is at position {pq}, key "), Label(c.key),
+                          Words(f" at {c.j}: the rotated score depends on "), f"{pq} - {c.j} = {pq - c.j}",
+                          Words(" only")))
     return lines
 
 
-def _terms(a: np.ndarray, b: np.ndarray, p: int) -> str:
+def _terms(a: np.ndarray, b: np.ndarray, p: int) -> list[Term]:
     """'a1×b1 + a2×b2 + …' (products with a zero factor left out)."""
-    terms = [f"{fac(x, p)}×{fac(y, p)}" for x, y in zip(a, b) if x != 0 and y != 0]
-    return elide(terms, len(terms)) if terms else "0"
+    terms: list[list[Term]] = [[Num(x, p, True), "×", Num(y, p, True)] for x, y in zip(a, b) if x != 0 and y != 0]
+    return elide(terms, len(terms)) if terms else ["0"]
 
 
 @explains("additive")
-def explain_additive(c: Cell) -> list[str]:
+def explain_additive(c: Cell) -> list[Line]:
     """w_vᵀ act(q W_q + k W_k + b): the two projections, the activated sum, the dot with w_v."""
     t, p = c.trace, c.precision
     qh, kh, f = c.vector("q_proj", c.i), c.vector("k_proj", c.j), c.vector("features", c.i, c.j)
@@ -245,82 +288,104 @@ def explain_additive(c: Cell) -> list[str]:
     if qh is None or kh is None or f is None or wv is None:
         return explain_generic(c)
     par = t.step("features").params
-    feat = f"{par.activation}(q W_q + k W_k{' + b' if par.bias else ''})" if isinstance(par, Features) else "features"
-    return [f"q({c.query}) W_q = {vec(qh, p)}",
-            f"k({c.key}) W_k = {vec(kh, p)}",
-            f"{feat} = {vec(f, p)}   (h = {len(f)})",
-            f"score({c.query}, {c.key}) = w_v · that = {_terms(wv, f, p)} = {num(c.step('scores'), p)}"]
+    feat: list[Term] = ([Fn(par.activation), "(q ", Sub("W", "q"), " + k ", Sub("W", "k"), " + b" if par.bias else "", ")"]
+                        if isinstance(par, Features) else [Name("features")])
+    return [Line(_of("q", c.query), " ", Sub("W", "q"), " = ", vector(qh, p)),
+            Line(_of("k", c.key), " ", Sub("W", "k"), " = ", vector(kh, p)),
+            Line(feat, " = ", vector(f, p), Gap(), f"(h = {len(f)})"),
+            Line(_at("score", c), " = ", Sub("w", "v"), " · ", Words("that"), " = ", _terms(wv, f, p), " = ",
+                 Num(c.step("scores"), p))]
 
 
 @explains("general")
-def explain_general(c: Cell) -> list[str]:
+def explain_general(c: Cell) -> list[Line]:
     """q · (W k (+ b)): the key brought into query space, then a dot product."""
     p = c.precision
     q, kw = c.input_row("q", c.i), c.vector("k_proj", c.j)
     if q is None or kw is None:
         return explain_generic(c)
-    return [f"W k({c.key}) = {vec(kw, p)}   ({c.trace.step('k_proj').formula})",
-            f"score({c.query}, {c.key}) = q({c.query}) · W k({c.key}) = {_terms(q, kw, p)} = {num(c.step('scores'), p)}"]
+    return [Line("W ", _of("k", c.key), " = ", vector(kw, p), Gap(), "(", _step_formula(c.trace, "k_proj"), ")"),
+            Line(_at("score", c), " = ", _of("q", c.query), " · W ", _of("k", c.key), " = ", _terms(q, kw, p), " = ",
+                 Num(c.step("scores"), p))]
 
 
 @explains("cosine")
-def explain_cosine(c: Cell) -> list[str]:
+def explain_cosine(c: Cell) -> list[Line]:
     """cos(q, k) = q·k / (‖q‖ ‖k‖)."""
     p = c.precision
     q, k = c.input_row("q", c.i), c.input_row("k", c.j)
     if q is None or k is None:
         return explain_generic(c)
     nq, nk = float(np.linalg.norm(q)), float(np.linalg.norm(k))
-    return [f"q({c.query}) · k({c.key}) = {_terms(q, k, p)} = {num(float(q @ k), p)}",  # (d,) x (d,) -> ()
-            f"‖q({c.query})‖ = {num(nq, p)},  ‖k({c.key})‖ = {num(nk, p)}",
-            f"cos({c.query}, {c.key}) = {num(float(q @ k), p)} / ({num(nq, p)} × {num(nk, p)}) = {num(c.step('scores'), p)}"]
+    qk = float(q @ k)  # (d,) x (d,) -> ()
+    return [Line(_of("q", c.query), " · ", _of("k", c.key), " = ", _terms(q, k, p), " = ", Num(qk, p)),
+            Line("‖", _of("q", c.query), "‖ = ", Num(nq, p), ",", Gap(2), "‖", _of("k", c.key), "‖ = ", Num(nk, p)),
+            Line(_at("cos", c), " = ", Num(qk, p), " / (", Num(nq, p), " × ", Num(nk, p), ") = ",
+                 Num(c.step("scores"), p))]
 
 
 @explains("gaussian")
-def explain_gaussian(c: Cell) -> list[str]:
+def explain_gaussian(c: Cell) -> list[Line]:
     """-‖q - k‖² / (2σ²): the squared distance, then the kernel's exponent."""
     p = c.precision
     q, k = c.input_row("q", c.i), c.input_row("k", c.j)
     if q is None or k is None or "sq_dist" not in c.trace:
         return explain_generic(c)
     d2 = c.step("sq_dist")
-    diff = " + ".join(f"({num(a, p)} − {fac(b, p)})²" for a, b in zip(q, k)) if len(q) <= MAX_FEATURES else "Σ_t (q_t − k_t)²"
-    return [f"{c.trace.step('sq_dist').formula}: ‖q({c.query}) − k({c.key})‖² = {diff} = {num(d2, p)}",
-            f"score({c.query}, {c.key}) = -{num(d2, p)} / (2σ²) = {num(c.step('scores'), p)}"]
+    diff: list[Term] = (joined([["(", Num(a, p), " − ", Num(b, p, True), ")²"] for a, b in zip(q, k)]) if len(q) <= MAX_FEATURES
+            else [Sub("Σ", "t"), " (", Sub("q", "t"), " − ", Sub("k", "t"), ")²"])
+    return [Line(_step_formula(c.trace, "sq_dist"), ": ‖", _of("q", c.query), " − ", _of("k", c.key), "‖² = ", diff,
+                 " = ", Num(d2, p)),
+            Line(_at("score", c), " = -", Num(d2, p), " / (2σ²) = ", Num(c.step("scores"), p))]
 
 
 @explains("location")
-def explain_location(c: Cell) -> list[str]:
+def explain_location(c: Cell) -> list[Line]:
     """act(Wᵀ k + b): a score per key, the same for every query."""
     p = c.precision
     if "key_scores" not in c.trace:
         return explain_generic(c)
-    return [f"{c.trace.step('key_scores').formula} for key {c.key} = {num(c.step('scores'), p)}",
-            f"    (location-based: no query takes part; every query, {c.query} included, gets this score)"]
+    return [Line(_step_formula(c.trace, "key_scores"), Words(" for key "), Label(c.key), " = ", Num(c.step("scores"), p)),
+            Line("    (", Words("location-based: no query takes part; every query, "), Label(c.query),
+                 Words(" included, gets this score"), ")")]
 
 
-def explain_generic(c: Cell) -> list[str]:
+def explain_generic(c: Cell) -> list[Line]:
     """Any score without its own explainer: its formula, its intermediate steps at this cell, its value."""
     t, p = c.trace, c.precision
-    lines = [f"score({c.query}, {c.key}): {t.meta.score_formula or t.meta.score}"]
+    lines = [Line(_at("score", c), ": ", ScoreFormula(str(t.meta.score), str(t.meta.score_formula or t.meta.score)))]
     for st in t.steps:
         if st.name == "scores":
             break
         a = st.numpy()
         if st.axes == (QUERIES, KEYS) and a.shape[-2:] == t.weights.shape[-2:]:
-            lines.append(f"    {st.name} = {num(float(np.broadcast_to(a, t.weights.shape)[c.batch][c.i, c.j]), p)}"
-                         f"   [{st.formula}]")
+            x = float(np.broadcast_to(a, t.weights.shape)[c.batch][c.i, c.j])
+            lines.append(Line("    ", Name(st.name), " = ", Num(x, p), Gap(), "[", _step_formula(t, st.name), "]"))
         elif a.ndim >= 3 and a.shape[-3:-1] == t.weights.shape[-2:]:  # (..., m, n, h): e.g. additive features
             v = np.asarray(a[c.batch] if a.ndim - 3 == len(c.batch) else a)[c.i, c.j]
-            lines.append(f"    {st.name} = {vec(v, p)}   [{st.formula}]")
-    lines.append(f"score({c.query}, {c.key}) = {num(c.step('scores'), p)}")
+            lines.append(Line("    ", Name(st.name), " = ", vector(v, p), Gap(), "[", _step_formula(t, st.name), "]"))
+    lines.append(Line(_at("score", c), " = ", Num(c.step("scores"), p)))
     return lines
 
 
 # ---- the steps every score shares: scaling, mask, softmax -----------------------------------
 
 
-def scaling_lines(c: Cell) -> list[str]:
+def _scaling_terms(name: str, s: Num, d: int, n: int) -> list[Term]:
+    """The scaling rule ``name`` applied to the score ``s``, as terms (attncli.core.scoring's rules; a rule
+    registered without terms here is written as its display text)."""
+    if name == "none":
+        return [s]
+    if name == "sqrt-d":
+        return [s, " / ", Root(str(d))]
+    if name == "seq":
+        return [s, " / (", Root(str(d)), "·", Root(str(n)), ")"]
+    if name == "norm":
+        return [s, " / ", Sub("‖S‖", "F")]
+    return [Words(SCALINGS[name].expr(s.text(), d, n))]
+
+
+def scaling_lines(c: Cell) -> list[Line]:
     if "scaled" not in c.trace:
         return []
     p = c.precision
@@ -329,16 +394,18 @@ def scaling_lines(c: Cell) -> list[str]:
     if info is None:
         return []
     plain = info.name == "none"  # the temperature alone
+    expr: list[Term]
     if info.name == "scale":
-        expr = f"{num(s, p)} · {num(info.factor or 0.0, p)}"
+        expr = [Num(s, p), " · ", Num(info.factor or 0.0, p)]
     else:
-        expr = SCALINGS[info.name].expr(num(s, p), info.d, info.n)
+        expr = _scaling_terms(info.name, Num(s, p), info.d, info.n)
     if info.factor is None and not plain:  # a factor that depends on the matrix (e.g. its norm)
-        expr += f" (= {num(s, p)} × {num(x / s if s else 0, p)})"
+        expr += [" (= ", Num(s, p), " × ", Num(x / s if s else 0, p), ")"]
     if info.temperature is not None:
-        t = num(info.temperature, p)
-        expr = f"({expr}) / T = ({expr}) / {t}" if not plain else f"{num(s, p)} / T = {num(s, p)} / {t}"
-    return [f"scaled: {expr} = {num(x, p)}"]
+        t = Num(info.temperature, p)
+        expr = (["(", *expr, ") / T = (", *expr, ") / ", t] if not plain
+                else [Num(s, p), " / T = ", Num(s, p), " / ", t])
+    return [Line(Words("scaled: "), expr, " = ", Num(x, p))]
 
 
 SCORE_CHAIN = chain.LOGIT_STEPS  # the steps from the score to the softmax's input, in the chain's order
@@ -350,17 +417,18 @@ def _before(t: Trace, name: str) -> str:
     return done[done.index(name) - 1] if name in done and done.index(name) > 0 else "scores"
 
 
-def cap_lines(c: Cell) -> list[str]:
+def cap_lines(c: Cell) -> list[Line]:
     """Soft-capping: c·tanh(s / c) of this cell."""
     if "capped" not in c.trace:
         return []
     par = c.trace.step("capped").params  # the cap itself (chain.Cap), never read back from the formula
     p, cap = c.precision, f"{par.c:g}" if isinstance(par, chain.Cap) else "c"
     s = c.step(_before(c.trace, "capped"))
-    return [f"capped: {cap} · tanh({num(s, p)} / {cap}) = {num(c.step('capped'), p)}   (soft-capping, after the scale)"]
+    return [Line(Words("capped: "), cap, " · ", Fn("tanh"), "(", Num(s, p), " / ", cap, ") = ", Num(c.step("capped"), p),
+                 Gap(), "(", Words("soft-capping, after the scale"), ")")]
 
 
-def alibi_lines(c: Cell) -> list[str]:
+def alibi_lines(c: Cell) -> list[Line]:
     """ALiBi: the bias added to this cell, recomputed from the step's parameters in its form (chain.Alibi)."""
     if "alibi" not in c.trace:
         return []
@@ -369,32 +437,38 @@ def alibi_lines(c: Cell) -> list[str]:
     par = c.trace.step("alibi").params
     al = par.alibi if isinstance(par, chain.Bias) else None
     pq = (al.q_offset if al else 0) + c.i
-    where = f"(key {c.key} is {pq - c.j} position(s) before query {c.query})"
+    where: list[Term] = ["(", Words("key "), Label(c.key), Words(f" is {pq - c.j} position(s) before query "),
+                         Label(c.query), ")"]
+    head: list[Term] = [Words("alibi: "), Num(s, p), " + "]
     if al is None:
-        return [f"alibi: {num(s, p)} + slope · ({c.j} - {pq}) = {num(a, p)}   {where}"]
+        return [Line(head, Words("slope"), f" · ({c.j} - {pq}) = ", Num(a, p), Gap(), where)]
     h = c.head()
     slope, b = al.slopes[h], al.value(h, c.i, c.j)
     if al.form == "relative":
         if al.r is None:
-            return [f"alibi: {num(s, p)} + slope {num(slope, 6)} · ({c.j} - {pq}) = {num(a, p)}   {where}"]
-        term = f"{slope:.9g} · ({c.j} - {pq}) / {chain.divisor_text(al.r)}"
-        return [f"alibi: {num(s, p)} + {term} = {num(s, p)} + {b!r} = {num(a, p)}   {where}"]
-    term = chain.alibi_term(al).replace("slope_h", f"{slope:.9g}").replace("j)", f"{c.j})")
-    return [f"alibi: {num(s, p)} + {term} = {num(s, p)} + {b!r} = {num(a, p)}   (ALiBi {al.form}: key {c.key} at "
-            f"absolute position {c.j}, the same for every query; query {c.query} is at {pq})"]
+            return [Line(head, Words("slope "), Num(slope, 6), f" · ({c.j} - {pq}) = ", Num(a, p), Gap(), where)]
+        term: list[Term] = [f"{slope:.9g} · ({c.j} - {pq}) / {chain.divisor_text(al.r)}"]
+        return [Line(head, term, " = ", Num(s, p), " + ", f"{b!r}", " = ", Num(a, p), Gap(), where)]
+    text = chain.alibi_term(al).replace("slope_h", f"{slope:.9g}").replace("j)", f"{c.j})")
+    return [Line(head, Words(text), " = ", Num(s, p), " + ", f"{b!r}", " = ", Num(a, p), Gap(), "(",
+                 Words(f"ALiBi {al.form}: key "), Label(c.key),
+                 Words(f" at absolute position {c.j}, the same for every query; query "), Label(c.query),
+                 Words(f" is at {pq}"), ")")]
 
 
-def mask_lines(c: Cell) -> list[str]:
+def mask_lines(c: Cell) -> list[Line]:
     if "masked" not in c.trace:
         return []
     p = c.precision
     before = c.step(_before(c.trace, "masked"))
     after = c.step("masked")
+    key: list[Term] = [Words("mask: key "), Label(c.key)]
     if after == before:
-        return [f"mask: key {c.key} takes part for query {c.query} (unchanged: {num(after, p)})"]
+        return [Line(key, Words(" takes part for query "), Label(c.query), " (", Words("unchanged: "), Num(after, p), ")")]
     if math.isinf(after) and after < 0:
-        return [f"mask: key {c.key} is masked for query {c.query}: {num(before, p)} → -inf, so its weight is exactly 0"]
-    return [f"mask: key {c.key} is masked for query {c.query}: {num(before, p)} → {num(after, p)}"]
+        return [Line(key, Words(" is masked for query "), Label(c.query), ": ", Num(before, p), " → ", Num(after, p),
+                     Words(", so its weight is exactly 0"))]
+    return [Line(key, Words(" is masked for query "), Label(c.query), ": ", Num(before, p), " → ", Num(after, p))]
 
 
 def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float]:
@@ -407,36 +481,50 @@ def row_exponentials(c: Cell) -> tuple[str, np.ndarray, float, np.ndarray, float
     return pre, x, float(mx[0]), e, float(z[0])
 
 
-def softmax_lines(c: Cell) -> list[str]:
+def _exp(*arg: Term) -> list[Term]:
+    return [Fn("exp"), "(", *arg, ")"]
+
+
+SUM_EXP_ROW: list[Term] = ["Σ ", *_exp(Words("row"))]
+
+
+def softmax_lines(c: Cell) -> list[Line]:
     """weight = exp(x_j) / Σ_k exp(x_k), with the row's exponentials and their sum (stable form too)."""
     t, p = c.trace, c.precision
     pre, x, mx, e, z = row_exponentials(c)
     w = c.step(_softmax_step(t))
     if not np.isfinite(x).any():
-        return [f"weight = 0: every key of query {c.query} is masked, so the row has no weights"]
+        return [Line(Words("weight"), " = 0: ", Words("every key of query "), Label(c.query),
+                     Words(" is masked, so the row has no weights"))]
+    weight: list[Term] = [Words("weight"), " = "]
     sink = sink_logit(c)
     if sink is not None:
         top = max(mx, sink)
         es, ex = math.exp(sink - top), np.exp(np.where(np.isfinite(x), x, -np.inf) - top)
         zz = es + float(np.sum(ex))
-        return [f"weight = exp({num(x[c.j], p)}) / (exp(sink) + Σ exp(row)) with this head's sink logit {num(sink, p)}",
-                f"    stable form (the max {num(top, p)} of the row and the sink subtracted): "
-                f"{num(float(ex[c.j]), p)} / ({num(es, p)} + {num(float(np.sum(ex)), p)}) = {num(w, p)}",
-                f"    the sink takes {num(es / zz, p)} of the row: its weights sum to {num(1 - es / zz, p)}"]
+        return [Line(weight, _exp(Num(x[c.j], p)), " / (", _exp(Words("sink")), " + ", SUM_EXP_ROW, ")",
+                     Words(" with this head's sink logit "), Num(sink, p)),
+                Line("    ", Words("stable form (the max "), Num(top, p), Words(" of the row and the sink subtracted): "),
+                     Num(float(ex[c.j]), p), " / (", Num(es, p), " + ", Num(float(np.sum(ex)), p), ") = ", Num(w, p)),
+                Line("    ", Words("the sink takes "), Num(es / zz, p), Words(" of the row: its weights sum to "),
+                     Num(1 - es / zz, p))]
     xj = x[c.j]
-    terms_x = elide_each(x, lambda v: f"exp({num(v, p)})")
-    lines = [f"weight = exp({num(xj, p)}) / Σ exp(row) over the {len(x)} keys of {c.query}"]
+    terms_x = elide_each(x, lambda v: _exp(Num(v, p)))
+    lines = [Line(weight, _exp(Num(xj, p)), " / ", SUM_EXP_ROW, Words(f" over the {len(x)} keys of "), Label(c.query))]
     if mx <= OVERFLOW_SAFE:
         ex = np.exp(np.where(np.isfinite(x), x, -np.inf))
-        lines.append(f"    Σ exp(row) = {terms_x}")
-        lines.append(f"               = {elide_each(ex, lambda v: num(v, p))} = {num(float(np.sum(ex)), p)}")
-        lines.append(f"    weight = {num(float(ex[c.j]), p)} / {num(float(np.sum(ex)), p)} = {num(w, p)}")
-    lines.append(f"    stable form: the row max {num(mx, p)} is subtracted first (the weights stay the same)")
-    lines.append(f"        exp({num(xj, p)} − {fac(mx, p)}) / Σ exp(row − {fac(mx, p)})")
-    lines.append(f"        = {num(float(e[c.j]), p)} / {num(z, p)} = {num(w, p)}")
+        total = Num(float(np.sum(ex)), p)
+        lines.append(Line("    ", SUM_EXP_ROW, " = ", terms_x))
+        lines.append(Line("               = ", elide_each(ex, lambda v: [Num(v, p)]), " = ", total))
+        lines.append(Line("    ", weight, Num(float(ex[c.j]), p), " / ", total, " = ", Num(w, p)))
+    lines.append(Line("    ", Words("stable form: the row max "), Num(mx, p),
+                      Words(" is subtracted first (the weights stay the same)")))
+    lines.append(Line("        ", _exp(Num(xj, p), " − ", Num(mx, p, True)), " / Σ ",
+                      _exp(Words("row"), " − ", Num(mx, p, True))))
+    lines.append(Line("        = ", Num(float(e[c.j]), p), " / ", Num(z, p), " = ", Num(w, p)))
     for st in _after_weights(t):
         v = float(np.broadcast_to(st.numpy(), t.weights.shape)[c.batch][c.i, c.j])
-        lines.append(f"then {st.formula}: {num(v, p)}")
+        lines.append(Line(Words("then "), _step_formula(t, st.name), ": ", Num(v, p)))
     return lines
 
 
@@ -467,7 +555,7 @@ def _weighted_sum_step(t: Trace) -> Any:
     return None
 
 
-def explain_cell(c: Cell) -> list[str]:
+def explain_cell(c: Cell) -> list[Line]:
     """Every line of one cell's explanation: score arithmetic, scaling, mask, softmax."""
     score = str(c.trace.meta.score)
     fn = SCORE_EXPLAINERS.get(score, explain_generic)
@@ -477,58 +565,64 @@ def explain_cell(c: Cell) -> list[str]:
     return [*lines, *scaling_lines(c), *cap_lines(c), *alibi_lines(c), *mask_lines(c), *softmax_lines(c)]
 
 
-def explain_row(c: Cell) -> list[str]:
+def explain_row(c: Cell) -> list[Line]:
     """One query row: its softmax key by key, and its output as the weighted sum of value rows."""
     t, p = c.trace, c.precision
     pre, x, mx, e, z = row_exponentials(c)
     w = c.row(t.meta.weights_step or "weights")  # the weights that multiplied V
     klab = axis_labels(t, KEYS, len(x))
-    lines = [f"softmax of row {c.query} ({pre}; row max {num(mx, p)} subtracted, Σ exp(x − max) = {num(z, p)}):"]
+    lines = [Line(Words("softmax of row "), Label(c.query), " (", Name(pre), Words("; row max "), Num(mx, p),
+                  Words(" subtracted, "), "Σ ", _exp("x − ", Fn("max")), " = ", Num(z, p), "):")]
     sink = sink_logit(c)
     if sink is not None:
         share = 1.0 - float(np.sum(w))
-        lines[0] = (f"softmax of row {c.query} with this head's sink logit {num(sink, p)} in the denominator ({pre}; "
-                    f"the sink takes {num(share, p)} of the row):")
+        lines[0] = Line(Words("softmax of row "), Label(c.query), Words(" with this head's sink logit "), Num(sink, p),
+                        Words(" in the denominator ("), Name(pre), Words("; the sink takes "), Num(share, p),
+                        Words(" of the row):"))
     top = strongest(w)
     for j in top:
-        lines.append(f"    {klab[j]:>12}: {pre} {num(x[j], p):>10}   exp(x − max) {num(float(e[j]), p):>10}   "
-                     f"weight {num(float(w[j]), p)}")
+        xs, es = Num(float(x[j]), p), Num(float(e[j]), p)
+        lines.append(Line("    ", _pad(klab[j], 12), Label(klab[j]), ": ", Name(pre), " ", _pad(xs.text(), 10), xs, Gap(),
+                          _exp("x − ", Fn("max")), " ", _pad(es.text(), 10), es, Gap(), Words("weight "),
+                          Num(float(w[j]), p)))
     if len(top) < len(x):
         rest = np.delete(w, top)
         if float(np.max(rest)) == 0:
-            lines.append(f"    … and {len(rest)} more keys with weight 0")
+            lines.append(Line("    … ", Words(f"and {len(rest)} more keys with weight 0")))
         else:
-            lines.append(f"    … and {len(rest)} more keys with smaller weights (together {num(float(np.sum(rest)), p)}; "
-                         f"each at most {num(float(np.max(rest)), p)})")
-    lines.append(f"    the weights sum to {num(float(np.sum(w)), p)}")
+            lines.append(Line("    … ", Words(f"and {len(rest)} more keys with smaller weights (together "),
+                              Num(float(np.sum(rest)), p), Words("; each at most "), Num(float(np.max(rest)), p), ")"))
+    lines.append(Line("    ", Words("the weights sum to "), Num(float(np.sum(w)), p)))
     st = _weighted_sum_step(t)
     if st is None:
         return lines
     o = st.numpy()
     out = np.asarray(np.broadcast_to(o, t.weights.shape[:-1] + o.shape[-1:])[c.batch][c.i])
-    rows = [c.input_row("v", j) for j in range(len(w))]
-    if any(r is None for r in rows):
-        lines.append(f"{st.name}({c.query}) = Σ_j weight_j · v_j = {vec(out, p)}   [{st.formula}]")
+    rows = c.input_rows("v")
+    if rows is None:
+        lines.append(Line(_of(st.name, c.query), " = ", Sub("Σ", "j"), " ", Sub("weight", "j"), " · ", Sub("v", "j"),
+                          " = ", vector(out, p), Gap(), "[", _step_formula(t, st.name), "]"))
         return lines
-    v = np.asarray(rows, dtype=np.float64)  # (n, d_v): this batch entry's (and head's) value rows
+    v = rows  # (n, d_v): this batch entry's (and head's) value rows
     nz = [j for j in range(len(w)) if w[j] != 0]
     zero = len(w) - len(nz)
-    more = ""
+    more: list[Term] = []
     if len(nz) > MAX_TERMS:  # the strongest terms, in key order, and the rest summed up
         shown_terms = [j for j in strongest(w) if w[j] != 0]
         shown_set = set(shown_terms)
         others = [j for j in nz if j not in shown_set]
         part = np.asarray(w)[others] @ v[others]  # (r,) x (r, d_v) -> (d_v,)
-        more = f" + [{len(others)} smaller terms: {vec(part, p)}]"
+        more = [" + [", Words(f"{len(others)} smaller terms: "), vector(part, p), "]"]
         nz = shown_terms
-    sym = [f"{num(float(w[j]), p)}·v({klab[j]})" for j in nz]
-    num_terms = [f"{num(float(w[j]), p)}·{vec(v[j], p)}" for j in nz]
+    sym: list[list[Term]] = [[Num(float(w[j]), p), "·", *_of("v", klab[j])] for j in nz]
+    num_terms: list[list[Term]] = [[Num(float(w[j]), p), "·", vector(v[j], p)] for j in nz]
     name = "out" if st.name == "output" else st.name
-    lines.append(f"{name}({c.query}) = {' + '.join(sym) or '0'}" + (f" + … ({len(w) - zero - len(nz)} more)" if more else ""))
-    lines.append(f"    = {' + '.join(num_terms) or '0'}{more}")
-    lines.append(f"    = {vec(out, p)}")
+    lines.append(Line(_of(name, c.query), " = ", joined(sym) or ["0"],
+                      [" + … (", Words(f"{len(w) - zero - len(nz)} more"), ")"] if more else []))
+    lines.append(Line("    = ", joined(num_terms) or ["0"], more))
+    lines.append(Line("    = ", vector(out, p)))
     if zero:
-        lines.append(f"    ({zero} keys with weight 0 are left out)")
+        lines.append(Line("    (", Words(f"{zero} keys with weight 0 are left out"), ")"))
     return lines
 
 
@@ -546,7 +640,7 @@ def strongest(w: np.ndarray) -> list[int]:
 PLURAL = {"query": "queries", "key": "keys"}
 
 
-def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> int:
+def _index(token: str, labels: list[str], what: str, count: int, spec: str, option: str = "--explain") -> int:
     """A label (as given, then without its surrounding spaces; ␣ stands for a token's own space) or a position. A
     label that occurs more than once is ambiguous: named with its positions, never silently the first."""
     whats = PLURAL.get(what, f"{what}s")
@@ -555,13 +649,13 @@ def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> i
         if len(hits) > 1:
             raise InputError(f"{spec!r}: {what} {name!r} is ambiguous: it is at positions "
                              f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position",
-                             "--explain")
+                             option)
         if hits:
             return hits[0]
     hits = [k for k, label in enumerate(labels) if label.replace("␣", " ").strip() == token.strip()]  # cat: ␣cat
     if len(hits) > 1:
         raise InputError(f"{spec!r}: {what} {token.strip()!r} is ambiguous: it is at positions "
-                         f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position", "--explain")
+                         f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position", option)
     if hits:
         return hits[0]
     token = token.strip()
@@ -570,24 +664,24 @@ def _index(token: str, labels: list[str], what: str, count: int, spec: str) -> i
     except ValueError:
         shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
         raise InputError(f"{spec!r}: no {what} named {token!r}; {whats} are {shown} (or an index 0..{count - 1})",
-                         "--explain") from None
+                         option) from None
     if not 0 <= i < count:
         raise InputError(f"{spec!r}: {what} index {i} is out of range (there are {count} {whats}: 0..{count - 1})",
-                         "--explain")
+                         option)
     return i
 
 
-def _batch(prefix: str | None, lead: tuple[int, ...], spec: str) -> tuple[int, ...]:
+def _batch(prefix: str | None, lead: tuple[int, ...], spec: str, option: str = "--explain") -> tuple[int, ...]:
     if prefix is None:
         return (0,) * len(lead)
     if not lead:
-        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", "--explain")
+        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", option)
     try:
         idx = tuple(int(x) for x in prefix.split(","))
     except ValueError:
-        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", "--explain") from None
+        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", option) from None
     if len(idx) != len(lead) or any(not 0 <= a < n for a, n in zip(idx, lead)):
-        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", "--explain")
+        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", option)
     return idx
 
 
@@ -609,19 +703,21 @@ def parse_row(trace: Trace, spec: str, precision: int = 4) -> Cell:
     w = trace.weights
     m = int(w.shape[-2])
     prefix, _, rest = spec.rpartition(":")
-    i = _index(rest, axis_labels(trace, QUERIES, m), "query", m, spec)
-    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec), i, 0, precision)
+    i = _index(rest, axis_labels(trace, QUERIES, m), "query", m, spec, "--explain-row")
+    return Cell(trace, _batch(prefix or None, w.shape[:-2], spec, "--explain-row"), i, 0, precision)
 
 
-def heading(c: Cell, what: str) -> str:
+def heading(c: Cell, what: str | list[Term]) -> Line:
+    """'Explain weight(it, milk) (batch 0)': ``what`` as terms (or text), and the batch entry."""
     names = c.trace.meta.batch_axes
+    head: list[Term] = [Words("Explain "), *([Words(what)] if isinstance(what, str) else what)]
     if not c.batch:
-        return f"Explain {what}"
+        return Line(head)
     if isinstance(names, list) and len(names) == len(c.batch):
         where = ", ".join(f"{n} {i}" for n, i in zip(names, c.batch))
     else:
         where = "batch " + ", ".join(map(str, c.batch))
-    return f"Explain {what} ({where})"
+    return Line(head, Words(f" ({where})"))
 
 
 def explanations(trace: Trace, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -634,11 +730,11 @@ def explanations(trace: Trace, opts: RenderOptions) -> list[dict[str, Any]]:
     for spec in opts.explain:
         c = parse_cell(trace, spec, opts.precision)
         out.append({"what": "cell", "spec": spec, "batch": list(c.batch), "query": c.i, "key": c.j,
-                    "heading": heading(c, f"weight({c.query}, {c.key})"), "lines": explain_cell(c)})
+                    "heading": heading(c, _at("weight", c)), "lines": explain_cell(c)})
     for spec in opts.explain_rows:
         c = parse_row(trace, spec, opts.precision)
         out.append({"what": "row", "spec": spec, "batch": list(c.batch), "query": c.i,
-                    "heading": heading(c, f"row {c.query}"), "lines": explain_row(c)})
+                    "heading": heading(c, [Words("row "), Label(c.query)]), "lines": explain_row(c)})
     return out
 
 

@@ -14,8 +14,8 @@ The LaTeX document needs amsmath only (pdflatex, tectonic); the Markdown puts th
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import groupby
 from typing import IO, Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from attncli.render.explain import explanations
 from attncli.render.numbers import all_whole, column_format
 from attncli.render.plot import panel_title
 from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note, shown
+from attncli.render.terms import Fn, Formula, Gap, Label, Line, Name, Num, Root, ScoreFormula, Sub, Term, Vector, Words, term_text
 
 MAX_SIDE = 8  # rows / columns written before eliding the middle (\cdots, \vdots)
 MAX_ENTRIES = 4  # batch entries / heads written
@@ -44,19 +45,6 @@ MATH_SYMBOLS = {"·": r"\cdot ", "×": r"\times ", "−": "-", "→": r"\to ", "
                 "∗": "*", "⋅": r"\cdot ", "–": "-", "—": "-", "“": "``", "”": "''", "’": "'"}
 FUNCTIONS = {"exp": r"\exp", "max": r"\max", "min": r"\min", "cos": r"\cos", "tanh": r"\tanh", "ln": r"\ln",
              "softmax": r"\operatorname{softmax}", "sqrt": r"\sqrt"}
-LETTER = "A-Za-z\u00c0-\u024f"  # Latin letters: words of these are text; σ, ² and other scripts are math
-# a word: two letters or more (not a subscript's: s_ij, d_model), or a one-letter English word before a word
-_WORD = rf"(?<![\w\x05])[{LETTER}]{{2,}}[{LETTER}0-9]*(?:-[{LETTER}]{{2,}}[{LETTER}0-9]*)*[',;:.]?"  # scaled-dot too
-_ONE_LETTER_WORD = rf"(?<![\w(\x05])[aAI](?=\s+[{LETTER}]{{2}})"
-WORDS = re.compile(rf"((?:\s*(?:{_WORD}|{_ONE_LETTER_WORD}))+\s*)")
-ROOT = re.compile(r"√\(?([\w.]+)\)?")
-SUB_SUP = re.compile(r"([_^])(?![\w(\x05\x07])")
-SUBSCRIPT = re.compile(r"(?<=[A-Za-z0-9)])_([A-Za-z0-9]+)")  # s_ij, d_model: a subscript of letters and digits
-SUPERSCRIPT = re.compile(r"\^\(([^()]*)\)")  # 10000^(-2k/8): the whole parenthesis is the exponent
-SCIENTIFIC = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([+-]?\d+)(?![\w.])")  # 5.989e-6, -1e+06
-INFINITY = re.compile(r"(?<![\w.])inf(?![\w])")
-ASCII_MATH = (("->", "→"), ("<=", "≤"), (">=", "≥"), ("...", "…"), (") x (", ") × ("))
-SQRT = re.compile(r"\bsqrt\(([\w.]+)\)")  # sqrt(d) -> √(d), then \sqrt{d}
 
 
 def text(s: str) -> str:
@@ -78,127 +66,79 @@ def in_math(s: str) -> str:
     return "".join(out) + (r"\text{" + text(run) + "}" if run else "")
 
 
-def _normalised(line: str) -> str:
-    """An --explain line or a formula with its ASCII math spelled as the symbols it means (-> is →, sqrt(d) is
-    √(d), 5.989e-6 a power of ten, inf ∞), after escaping the terminal's controls."""
-    line = escape.terminal(line)
-    for a, b in ASCII_MATH:
-        line = line.replace(a, b)
-    line = SQRT.sub(r"√(\1)", line)
-    line = INFINITY.sub("∞", line)
-    return SCIENTIFIC.sub(lambda m: f"{m.group(1)}\x0e{int(m.group(2))}\x0f", line)
+# ---- the terms of an --explain line (attncli.render.terms) as LaTeX: each term written from its type ----
 
 
-def _labelled(line: str, labels: tuple[str, ...]) -> list[tuple[bool, str]]:
-    """``line`` cut into (is a label, text) pieces: a label (from a file: data, whatever its characters, such as
-    u_alpha or c^hotel) is set as text, never read as math. Labels that are numbers or one letter are left to the
-    formula (they cannot be told from it)."""
-    names = sorted({x for x in labels if len(x) > 1 and not _number(x)}, key=len, reverse=True)
-    if not names:
-        return [(False, line)]
-    pattern = re.compile(r"(?<![\w])(" + "|".join(map(re.escape, names)) + r")(?![\w])")
-    out: list[tuple[bool, str]] = []
-    last = 0
-    for m in pattern.finditer(line):
-        out += [(False, line[last:m.start()]), (True, m.group(1))]
-        last = m.end()
-    return [*out, (False, line[last:])]
+def symbols(s: str) -> str:
+    """Symbols and punctuation (a plain ``str`` term: ' = ', '×', '‖', 'σ²', a one-letter variable) as math,
+    character by character: no text is read as anything but itself."""
+    return "".join(MATH_SYMBOLS[c] if c in MATH_SYMBOLS else (r"\text{" + text(c) + "}" if not c.isascii() else c)
+                   for c in escape.terminal(s))
 
 
-def _number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
+def _number(t: Num) -> str:
+    s = _cell(t.text().strip("()"))
+    return f"({s})" if t.text().startswith("(") else s
 
 
-def math_text(line: str, labels: tuple[str, ...] = ()) -> str:
-    """A line of --explain (or a formula) as LaTeX math: words and ``labels`` in \\text{}, symbols as commands,
-    subscripts braced, e-notation as powers of ten."""
-    return "".join(in_math(part) if label else _math(_normalised(part))
-                   for label, part in _labelled(escape.terminal(line), labels))
+def _sub_base(base: str) -> str:
+    return r"\text{" + text(base) + "}" if len(base) > 1 and base.isalpha() else symbols(base)
 
 
-def _math(line: str) -> str:
-    line = ROOT.sub(lambda m: f"\x00{m.group(1)}\x01", line)  # √4 -> \sqrt{4}
-    line = SUPERSCRIPT.sub(lambda m: f"\x07{m.group(1)}\x08", line)
-    line = SUBSCRIPT.sub(lambda m: f"\x05{m.group(1)}\x06", line)
-    line = re.sub(r"\s{2,}", "\x02", line)  # a gap between the text's columns: \quad
-    out = []
-    for k, part in enumerate(WORDS.split(line)):
-        if k % 2 and part.strip() in FUNCTIONS:  # exp, max, softmax: operators, with their spaces
-            out.append(" " + FUNCTIONS[part.strip()] + " ")
-            continue
-        if k % 2:  # words
-            out.append(in_math(part.replace("\x00", "√").replace("\x01", "")))
-            continue
-        part = SUB_SUP.sub(lambda m: "\x03" if m.group(1) == "_" else "\x04", part)  # put back after the symbols
-        s = "".join(MATH_SYMBOLS.get(c, c) if not (c.isascii() and c not in "\\$%&#{}~") or c in MATH_SYMBOLS
-                    else c for c in part)
-        s = "".join(c if c.isascii() or c in "\x00\x01" else r"\text{" + text(c) + "}" for c in s)
-        out.append(s.replace("\x00", r"\sqrt{").replace("\x01", "}").replace("\x02", r"\quad ")
-                   .replace("\x03", r"\_").replace("\x04", r"\hat{}").replace("\x07", "^{").replace("\x08", "}")
-                   .replace("\x0e", r"\times 10^{").replace("\x0f", "}"))
-    return re.sub("\x05([^\x06]*)\x06", _subscript, "".join(out))
+def term_tex(t: Term, trace: Trace | None) -> str:
+    """One term of an explanation line as LaTeX math."""
+    if isinstance(t, str):
+        return symbols(t) if t.strip() or not t else r"\ "  # a column's padding: one space
+    if isinstance(t, (Words, Label)):
+        return in_math(t.text)
+    if isinstance(t, Num):
+        return _number(t)
+    if isinstance(t, Name):
+        return step_symbol(t.text)
+    if isinstance(t, Fn):
+        return FUNCTIONS.get(t.text, r"\operatorname{" + text(t.text) + "}") + " "
+    if isinstance(t, Sub):
+        return _sub_base(t.base) + "_{" + (r"\text{" + text(t.sub) + "}" if len(t.sub) > 2 else text(t.sub)) + "}"
+    if isinstance(t, Root):
+        return r"\sqrt{" + text(t.arg) + "}"
+    if isinstance(t, Formula):
+        if trace is not None and t.step in trace.names():
+            k = trace.names().index(t.step)
+            return step_tex(trace.step(t.step), trace.steps[k - 1].name if k else "x", trace)
+        return in_math(t.text)
+    if isinstance(t, ScoreFormula):
+        return SCORE_ELEMENT[t.name] if t.name in SCORE_ELEMENT else in_math(t.text)
+    if isinstance(t, Vector):
+        return "(" + ", ".join(r"\dots " if x == "…" else _cell(x) for x in t.items()) + ")"
+    return r"\quad "  # Gap
 
 
-def _subscript(m: re.Match[str]) -> str:
-    body = m.group(1)
-    return "_{" + (r"\text{" + body + "}" if len(body) > 2 and body.isalpha() else body) + "}"
+def line_tex(terms: Sequence[Term], trace: Trace | None) -> str:
+    """An explanation line (its terms) as LaTeX math; its leading indent is the layout's business."""
+    terms = list(terms)
+    while terms and isinstance(terms[0], str) and not terms[0].strip():
+        terms.pop(0)
+    if terms and isinstance(terms[0], str):
+        terms[0] = terms[0].lstrip()
+    return "".join(term_tex(t, trace) for t in terms)
 
 
-MATHY = re.compile(r"[A-Za-z=+\-*/^_<>|\\\x00-\x1f]|[^\x00-\x7f]")  # a piece with these is a formula
-
-
-IDENTIFIER = re.compile(r"(?<![\w\\])([A-Za-z]{2,}_[A-Za-z0-9_]+)(?![\w])")  # a step's name: avg_weights, head_0
-
-
-def _identifiers(part: str) -> list[tuple[bool, str]]:
-    """``part`` cut into (False, text) pieces, a step's name (avg_weights) a piece of its own."""
-    return [(False, x) for x in IDENTIFIER.split(part) if x]
-
-
-def mixed(s: str, labels: tuple[str, ...] = ()) -> str:
-    """Text with formulas in it (a step's title, the score's formula) for LaTeX's text mode: the words (and
-    ``labels``) as text, breakable, the formulas between them in math mode ($...$)."""
+def heading_tex(line: str | Line, trace: Trace | None) -> str:
+    """A heading for LaTeX's text mode: words and labels as (breakable) text, the terms between them as $math$."""
+    if not isinstance(line, Line):
+        return breakable(line)
     out: list[str] = []
-    formula = ""  # the formula being gathered (raw), set in math when text follows
-
-    def flush() -> None:
-        nonlocal formula
-        if formula.strip():
-            body = formula.rstrip()
-            out.append("$" + _math(body) + "$" + formula[len(body):])
+    run: list[Term] = []
+    for t in line.terms:
+        if isinstance(t, (Words, Label, Fn)) or (isinstance(t, str) and t.isascii()):  # text, punctuation
+            if run:
+                out.append("$" + "".join(term_tex(x, trace) for x in run) + "$")
+                run = []
+            out.append(breakable(term_text(t)))
         else:
-            out.append(formula)
-        formula = ""
-
-    for label, part in (x for y, p in _labelled(escape.terminal(s), labels)
-                        for x in ([(y, p)] if y else _identifiers(p))):
-        if label or IDENTIFIER.fullmatch(part):
-            flush()
-            out.append(breakable(part))
-            continue
-        for k, piece in enumerate(WORDS.split(_normalised(part))):
-            if k % 2 and piece.strip() in FUNCTIONS:  # softmax(...), exp(...): part of the formula
-                formula += piece
-            elif k % 2 or not MATHY.search(piece):
-                if formula and not piece.strip():
-                    formula += piece
-                    continue
-                flush()
-                out.append(breakable(piece))
-            else:
-                lead, body, trail = re.fullmatch(r"(\s*)(.*?)([\s,;:.]*)", piece, flags=re.S).groups()  # type: ignore[union-attr]
-                if not formula:
-                    out.append(lead)
-                    lead = ""
-                formula += lead + body
-                if trail:
-                    flush()
-                    out.append(breakable(trail))
-    flush()
+            run.append(t)
+    if run:
+        out.append("$" + "".join(term_tex(x, trace) for x in run) + "$")
     return "".join(out)
 
 
@@ -207,7 +147,7 @@ LONG_WORD = 24  # characters of a word without spaces (a long label) before LaTe
 
 def breakable(s: str) -> str:
     """Text for LaTeX's text mode, words longer than LONG_WORD characters allowed to break every 16."""
-    words = re.split(r"(\s+)", s)
+    words = ["".join(g) for _, g in groupby(s, key=str.isspace)]  # words and the spaces between them
     return "".join(r"\allowbreak{}".join(text(w[i:i + 16]) for i in range(0, len(w), 16))
                    if len(w) > LONG_WORD else text(w) for w in words)
 
@@ -329,11 +269,22 @@ def _norm(of: str) -> Callable[[Any, str, Trace], str | None]:
 def _rotation(of: str) -> Callable[[Any, str, Trace], str | None]:
     def rule(p: Any, x: str, t: Trace) -> str | None:
         r = p if isinstance(p, Rotation) else None
+        x = _rotated(of, x, t)
         base = _num(r.base) if r is not None else r"\theta_0"
         turn = r"\operatorname{rotate\_half}" if r is None or r.mode == "half" else r"\operatorname{rotate\_pairs}"
         return (rf"{x} \odot \cos\theta + {turn}({x}) \odot \sin\theta,\ \theta_{{i,k}} = (P + i)\, "
                 rf"{base}^{{-2k/r}}")
     return rule
+
+
+def _rotated(of: str, x: str, t: Trace) -> str:
+    """The row RoPE turns: the last of ``of``'s steps before ``of``_rot (q, q_clip, q_norm), not the step written
+    just before it (k_norm comes between q_norm and q_rot); ``x`` when the trace has none."""
+    names = list(t.names())
+    if f"{of}_rot" not in names:
+        return x
+    before = names[:names.index(f"{of}_rot")]
+    return next((step_symbol(n) for n in reversed(before) if n == of or n.startswith(of + "_")), x)
 
 
 def _tuning(p: Any, x: str, t: Trace) -> str | None:
@@ -518,15 +469,14 @@ def short_labels(labels: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def latex_document(trace: Trace, opts: RenderOptions) -> str:
-    labels = trace_labels(trace)
     parts = [r"\documentclass[11pt]{article}", r"\usepackage[utf8]{inputenc}", r"\usepackage{amsmath,amssymb}",
              r"\usepackage[margin=1.5cm]{geometry}", r"\allowdisplaybreaks",
              r"\sloppy", r"\begin{document}"]  # \sloppy: a paragraph of long labels breaks, never overflows
     for kind, content in blocks(trace, opts):
         if kind == "heading":
-            parts.append(r"\section*{" + mixed(content, labels) + "}")
+            parts.append(r"\section*{" + heading_tex(content, trace) + "}")
         elif kind == "heading2":
-            parts.append(r"\subsection*{" + mixed(content, labels) + "}")
+            parts.append(r"\subsection*{" + heading_tex(content, trace) + "}")
         elif kind == "input":  # an input: Q, K, V (its title is text), or a score weight by name (math)
             name, title = content
             parts.append(r"\subsection*{" + (breakable(title) if name in ("q", "k", "v") else
@@ -543,49 +493,47 @@ def latex_document(trace: Trace, opts: RenderOptions) -> str:
             display = "\\[\n" + content + "\n\\]"
             parts.append(display if size is None else "{" + size + "\n" + display + "\\par}")
         elif kind == "lines":
-            parts.append("{\\small\n\\begin{align*}\n" + aligned_lines(content, labels) + "\n\\end{align*}}")
+            parts.append("{\\small\n\\begin{align*}\n" + aligned_lines(content, trace) + "\n\\end{align*}}")
     parts.append(r"\end{document}")
     return "\n".join(parts) + "\n"
 
 
-def trace_labels(trace: Trace) -> tuple[str, ...]:
-    """The query and key labels an explanation may name (given, or the q0, k1 the views write)."""
-    if "weights" not in trace:
-        return tuple(trace.query_labels or ()) + tuple(trace.key_labels or ())
-    m, n = trace.weights.shape[-2:]
-    return tuple(axis_labels(trace, QUERIES, m)) + tuple(axis_labels(trace, KEYS, n))
-
-
 LINE_CHARS = 92  # characters of an --explain line set on one line of the page (\small, A4 less 3 cm)
-BREAKS = (" = ", " + ", "; ", ", ", " ")  # where a long line is broken, best first (outside parentheses first)
+BREAKS = (" = ", " + ", "    = ", " / ")  # terms a long line is broken before, best first
 
 
-def split_line(line: str, limit: int = LINE_CHARS) -> list[str]:
-    """A long --explain line as pieces of at most ``limit`` characters where it can be: broken before '=' or
-    '+', else after a comma, else at a space, outside parentheses when it can; a piece starts with its operator."""
-    pieces = []
-    while len(line) > limit:
-        depth, spots = 0, []
-        for i, c in enumerate(line):
-            depth += (c in "([") - (c in ")]")
-            for rank, d in enumerate(BREAKS):
-                if line.startswith(d, i) and limit // 3 <= i <= limit:
-                    spots.append((depth > 0, rank, -i, i + (len(d) if d in ("; ", ", ") else 0)))
+def split_terms(terms: Sequence[Term], limit: int = LINE_CHARS) -> list[list[Term]]:
+    """A long --explain line's terms as pieces of at most ``limit`` characters where it can be: broken before a
+    ' = ' or ' + ' term, outside parentheses when it can (a piece starts with its operator)."""
+    pieces: list[list[Term]] = []
+    rest = list(terms)
+    while sum(len(term_text(t)) for t in rest) > limit:
+        spots, depth, pos = [], 0, 0
+        for k, t in enumerate(rest):
+            tx = term_text(t)
+            if k and isinstance(t, str) and limit // 3 <= pos <= limit:
+                spots += [(depth > 0, rank, -pos, k) for rank, d in enumerate(BREAKS) if tx.startswith(d)]
+            if k and isinstance(t, (Vector, Gap, Label, Words)) and limit // 3 <= pos <= limit:  # else between terms
+                spots.append((depth > 0, len(BREAKS), -pos, k + isinstance(t, Gap)))
+            if isinstance(t, str):
+                depth += tx.count("(") + tx.count("[") - tx.count(")") - tx.count("]")
+            pos += len(tx)
         if not spots:
             break
         cut = min(spots)[3]
-        pieces.append(line[:cut].rstrip())
-        line = line[cut:].lstrip()
-    return [*pieces, line]
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    return [*pieces, rest]
 
 
-def aligned_lines(content: list[str], labels: tuple[str, ...]) -> str:
-    """The lines of an explanation as the rows of an align*/aligned block, long ones broken (continued
-    indented by a \\qquad)."""
+def aligned_lines(content: list[Line], trace: Trace | None) -> str:
+    """The lines of an explanation as the rows of an align*/aligned block, each written from its terms, long ones
+    broken (continued indented by a \\qquad)."""
     rows = []
     for line in content:
-        for k, piece in enumerate(split_line(line.strip())):
-            rows.append(("& " if k == 0 else r"& \qquad ") + math_text(piece, labels))
+        terms = line.terms if isinstance(line, Line) else (Words(str(line)),)
+        for k, piece in enumerate(split_terms(terms)):
+            rows.append(("& " if k == 0 else r"& \qquad ") + line_tex(piece, trace))
     return " \\\\\n".join(rows)
 
 
@@ -619,8 +567,8 @@ def display_width(tex: str) -> tuple[float, float]:
             w = _cell_width(cell.strip())
             columns += [0.0] * (j + 1 - len(columns))
             columns[j] = max(columns[j], w)
-    label_texts = re.findall(r"\\text\{((?:[^{}]|\{[^{}]*\})*)\}", labels)
-    label_w = max((_plain_width(x) for x in label_texts), default=0.0)
+    label_texts = labels.partition("\\begin{matrix}")[2].partition("\\end{matrix}")[0].split(" \\\\ ")
+    label_w = max((_plain_width(x) - 5.5 * x.count("\\text{") for x in label_texts), default=0.0)
     return _plain_width(head) + sum(columns) + 15.0 + label_w, 10.0 * len(columns) + 20.0
 
 
@@ -633,11 +581,22 @@ def _cell_width(cell: str) -> float:
 
 def _plain_width(tex: str) -> float:
     """About 5.5 pt per character written (commands and braces not counted, a command as one character)."""
-    return 5.5 * len(re.sub(r"\\[A-Za-z]+\s*", "x", tex).replace("{", "").replace("}", "").replace(";", ""))
+    count, i = 0, 0
+    while i < len(tex):
+        if tex[i] == "\\" and tex[i + 1:i + 2].isascii() and tex[i + 1:i + 2].isalpha():  # a command: one character
+            i += 1
+            while i < len(tex) and tex[i].isascii() and tex[i].isalpha():
+                i += 1
+            while i < len(tex) and tex[i].isspace():
+                i += 1
+            count += 1
+            continue
+        count += tex[i] not in "{};"
+        i += 1
+    return 5.5 * count
 
 
 def markdown_document(trace: Trace, opts: RenderOptions) -> str:
-    labels = trace_labels(trace)
     parts = []
     for kind, content in blocks(trace, opts):
         if kind == "heading":
@@ -658,7 +617,7 @@ def markdown_document(trace: Trace, opts: RenderOptions) -> str:
         elif kind == "math":
             parts.append("$$\n" + escape.markdown_math(content) + "\n$$\n")
         elif kind == "lines":
-            parts.append("$$\n" + escape.markdown_math("\\begin{aligned}\n" + aligned_lines(content, labels)
+            parts.append("$$\n" + escape.markdown_math("\\begin{aligned}\n" + aligned_lines(content, trace)
                                                        + "\n\\end{aligned}") + "\n$$\n")
     return "\n".join(parts)
 

@@ -19,7 +19,7 @@ import numpy as np
 from attncli import __version__
 from attncli.core.diagnostics import masked_cells
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
-from attncli.render import escape
+from attncli.render import colours, escape
 from attncli.render.explain import Cell, explain_cell, explain_row, heading
 from attncli.render.numbers import MASKED, all_whole, column_format, num
 from attncli.render.plot import panel_title
@@ -143,7 +143,8 @@ def page(trace: Trace, precision: int = 4) -> str:
     data = json.dumps(escape.terminal_tree(page_data(trace, precision)), ensure_ascii=False, allow_nan=False)
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # no tag inside the script
     title = html.escape(f"attncli · {trace.meta.score or 'attention'}")
-    return TEMPLATE.replace("{title}", title).replace("{data}", data).replace("{css}", CSS).replace("{js}", JS)
+    js = JS.replace("__PALETTE__", colours.palette_js())
+    return TEMPLATE.replace("{title}", title).replace("{data}", data).replace("{css}", CSS).replace("{js}", js)
 
 
 TEMPLATE = """<!DOCTYPE html>
@@ -208,15 +209,9 @@ JS = r"""
                                    sel.appendChild(o); });
   if (D.entries.length < 2) $("entry-label").style.display = "none";
   let pinned = null;
-  // viridis, the colour map of every view (attncli/render/colours.py)
-  const STOPS = [[68,1,84], [72,24,106], [71,45,123], [66,64,134], [59,82,139], [51,99,141], [44,114,142], [38,130,142],
-                 [33,145,140], [31,160,136], [40,174,128], [63,188,115], [94,201,98],
-                 [132,212,75], [173,220,48], [216,226,25], [253,231,37]];
-  function colour(t) {
-    const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2);
-    const f = x - i, c = STOPS[i].map((a, k) => Math.round(a + (STOPS[i + 1][k] - a) * f));
-    return [`rgb(${c.join(",")})`, 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] <= 140 ? "#fff" : "#000"];
-  }
+  // [background, text] of 256 levels: the text colour chosen by WCAG contrast (attncli/render/colours.py)
+  const PALETTE = __PALETTE__;
+  function colour(t) { return PALETTE[Math.round(Math.min(Math.max(Number(t) || 0, 0), 1) * 255)]; }
   function show(lines, el) {
     const box = $("explain");
     box.textContent = "";

@@ -151,6 +151,11 @@ def colour_range(a: np.ndarray, hidden: np.ndarray, opts: PlotOptions) -> tuple[
     drawn = a[~hidden & np.isfinite(a)]
     lo = float(np.min(drawn)) if drawn.size else 0.0
     hi = float(np.max(drawn)) if drawn.size else 1.0
+    return range_of(lo, hi, opts)
+
+
+def range_of(lo: float, hi: float, opts: PlotOptions) -> tuple[float, float]:
+    """The colour scale from the smallest and largest drawn values, --vmin/--vmax fixing either end."""
     lo = opts.vmin if opts.vmin is not None else lo
     hi = opts.vmax if opts.vmax is not None else hi
     if opts.vmax is None and hi <= lo:
@@ -160,56 +165,91 @@ def colour_range(a: np.ndarray, hidden: np.ndarray, opts: PlotOptions) -> tuple[
     return lo, hi
 
 
+def fit_title(text: str, inches: float, points: float) -> str:
+    """``text`` wrapped at word boundaries to the figure's width (a centred title wider than the figure is
+    cut at both edges)."""
+    import textwrap
+
+    width = max(20, int(inches * 72 * 0.95 / (points * CHAR_WIDTH)))
+    return "\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in text.split("\n"))
+
+
 STEP_LABELS = {"weights": "attention weight", "scores": "score", "scaled": "scaled score",
                "masked": "masked score"}
 
 
-def plot_weights(trace: Trace, out: IO[bytes], fmt: str = "png") -> None:
-    """The weights alone, with the default options (kept for callers of the library)."""
-    plot_steps(trace, out, fmt, PlotOptions())
+@dataclass
+class StepPanels:
+    """One step as drawn: per drawn entry its cells (NaN: masked or not finite), already shrunk to the
+    panel's pixels, and the block (fr, fc) each pixel stands for; the colour range; whether any cell is masked."""
+
+    cells: list[np.ndarray]
+    block: tuple[int, int]
+    lo: float
+    hi: float
+    masked: bool
 
 
 def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> list[tuple[int, int, int, int]]:
     """Draw ``opts.steps`` (each (..., m, n)) as heatmaps into ``out`` in ``fmt`` (png, svg, pdf):
     per step a near-square grid of panels (batch entries × heads) and one colour bar. Returns each
     drawn panel's image area in the picture's pixels, (left, top, right, bottom), in drawing order."""
+    w = np.asarray(trace.weights)
+    lead = tuple(w.shape[:-2])
+    _, cols, count = grid(lead)
+    entries = list(np.ndindex(*lead)) if lead else [()]
+    size = opts.figsize or figure_size(w.shape, len(opts.steps))
+    px = panel_pixels(size, cols, opts.dpi)
+    masked = masked_cells(trace)
+    hidden = masked if masked is not None else np.zeros(w.shape, dtype=bool)
+    panels = []
+    for name in opts.steps:
+        a = np.broadcast_to(np.asarray(trace[name], dtype=np.float64), w.shape)
+        lo, hi = colour_range(a, hidden, opts)
+        cells, block, any_masked = [], (1, 1), False
+        for idx in entries[:count]:
+            c, fr, fc = downsample(a[idx], hidden[idx], px, px)
+            cells.append(c)
+            block = max(block, (fr, fc))
+            any_masked = any_masked or bool(hidden[idx].any())
+        panels.append(StepPanels(cells, block, lo, hi, any_masked))
+    return draw(trace, lead, w.shape[-2], w.shape[-1], panels, out, fmt, opts)
+
+
+def panel_pixels(size: tuple[float, float], cols: int, dpi: int) -> int:
+    """The most pixels a panel's image can show each way."""
+    return max(8, int((size[0] - BAR) / cols * dpi))
+
+
+def draw(trace: Trace, lead: tuple[int, ...], m: int, n: int, panels: list[StepPanels], out: IO[bytes], fmt: str,
+         opts: PlotOptions) -> list[tuple[int, int, int, int]]:
+    """The figure of ``panels`` (one per step of opts.steps), saved to ``out``; each panel's image area."""
     import matplotlib as mpl
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed (Agg)
     from matplotlib.patches import Patch
 
-    w = np.asarray(trace.weights)
-    lead = tuple(w.shape[:-2])
     rows, cols, count = grid(lead)
     entries = list(np.ndindex(*lead)) if lead else [()]
     drawn = entries[:count]
-    size = opts.figsize or figure_size(w.shape, len(opts.steps))
+    size = opts.figsize or figure_size(lead + (m, n), len(opts.steps))
     fig = Figure(figsize=size, dpi=opts.dpi, layout="constrained", facecolor="white")
     subs = fig.subfigures(len(opts.steps), 1, squeeze=False)[:, 0] if len(opts.steps) > 1 else [fig]
-    m, n = w.shape[-2:]
     qlab, klab = trace.query_labels or [str(i) for i in range(m)], trace.key_labels or [str(j) for j in range(n)]
-    masked = masked_cells(trace)
-    any_masked = False
     panel_width = (size[0] - BAR) / cols
-    panel_px = max(8, int(panel_width * opts.dpi))  # the most pixels a panel's image can show each way
     fit = labels_fit(klab, panel_width)
     cmap = mpl.colormaps[CMAP].with_extremes(bad=MASKED_COLOUR)
     areas: list[Any] = []
-    for name, sub in zip(opts.steps, subs):
-        a = np.broadcast_to(np.asarray(trace[name], dtype=np.float64), w.shape)
-        hidden = masked if masked is not None else np.zeros(w.shape, dtype=bool)
-        lo, hi = colour_range(a, hidden, opts)
+    any_masked = any(p.masked for p in panels)
+    for name, sub, step in zip(opts.steps, subs, panels):
         axes = sub.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
-        image, block = None, (1, 1)
+        image = None
         for k, ax in enumerate(axes.flat):
             if k >= len(drawn):
                 ax.set_visible(False)
                 continue
             idx = drawn[k]
-            cells, fr, fc = downsample(a[idx], hidden[idx], panel_px, panel_px)
-            block = max(block, (fr, fc))
-            any_masked = any_masked or bool(hidden[idx].any())
             # one image: masked and non-finite cells are its "bad" cells (grey), whatever their number
-            image = ax.imshow(np.ma.masked_invalid(cells), cmap=cmap, vmin=lo, vmax=hi, aspect="auto",
+            image = ax.imshow(np.ma.masked_invalid(step.cells[k]), cmap=cmap, vmin=step.lo, vmax=step.hi, aspect="auto",
                               interpolation="nearest", extent=(-0.5, n - 0.5, m - 0.5, -0.5))
             areas.append(ax)
             title = panel_title(trace, idx, lead)
@@ -228,10 +268,10 @@ def plot_steps(trace: Trace, out: IO[bytes], fmt: str, opts: PlotOptions) -> lis
         sub_title = f"{head} ({trace.meta.score or 'attention'})"
         if len(drawn) < len(entries):
             sub_title += f": first {len(drawn)} of {len(entries)} panels"
-        if block != (1, 1):
+        if step.block != (1, 1):
             sub_title += (f"\n{m}×{n} cells downsampled to the picture's pixels: each pixel shows the largest value "
-                          f"of {block[0]}×{block[1]} cells")
-        sub.suptitle(sub_title, fontsize=10, parse_math=False)
+                          f"of {step.block[0]}×{step.block[1]} cells")
+        sub.suptitle(fit_title(sub_title, size[0], 10), fontsize=10, parse_math=False)
         if image is not None:
             bar = sub.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
             bar.set_label(STEP_LABELS.get(name, name), parse_math=False)

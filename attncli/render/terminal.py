@@ -74,7 +74,7 @@ def heat_style(w: float, strongest: bool) -> Style:
     if not math.isfinite(w) or w <= 0:
         return Style(dim=True)
     r, g, b = colours.rgb(w)
-    return Style(bgcolor=Color.from_rgb(r, g, b), color="white" if colours.dark(r, g, b) else "black", bold=strongest)
+    return Style(bgcolor=Color.from_rgb(r, g, b), color=Color.from_rgb(*colours.text_on(r, g, b)), bold=strongest)
 
 
 def truncation_note(rows: int, cols: int, axes: Sequence[str], opts: RenderOptions,
@@ -467,16 +467,3 @@ def print_rich(trace: Trace, opts: RenderOptions, console: Console) -> None:
 
 # Extra sections after the steps (explanations of cells and rows); filled by attncli.render.explain.
 EXPLAINERS: list[Callable[[Trace, RenderOptions, Console], None]] = []
-
-
-def render_to_string(trace: Trace, opts: RenderOptions | None = None, width: int = 100) -> str:
-    """The terminal view as plain text (no colour) at a fixed width: for goldens and --svg."""
-    import io
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False,
-                      markup=False, emoji=False)
-    print_rich(trace, opts or RenderOptions(), console)
-    return buf.getvalue()
-
-

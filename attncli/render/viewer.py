@@ -120,6 +120,7 @@ class Overview:
     lo: float = math.inf
     hi: float = -math.inf
     top: float = -math.inf  # the CLIP percentile of the overview's values: the colour scale's bright end
+    masked: bool = False  # whether the mask hid any cell
 
 
 class Layer:
@@ -132,24 +133,77 @@ class Layer:
         self.k = expand_kv(be.xp, self.p.k, core.n_rep) if core.n_rep > 1 else self.p.k
         if be.name == "numpy":  # K as the transpose of a C-contiguous Kᵀ: numpy's batched q @ Kᵀ then runs in BLAS
             self.k = np.swapaxes(np.ascontiguousarray(np.swapaxes(self.k, -1, -2)), -1, -2)  # (~25x faster)
-        self.v = expand_kv(be.xp, self.p.v, core.n_rep) if core.n_rep > 1 else self.p.v
+        self._v: Any = None  # V with a value head per query head: made when a row's output is first explained
         self.m, self.n = core.m, core.n
         self.unbatch = self.p.projected and not problem.batched  # as the engine: no batch axis in any step
         probe, _ = self._compute(np.arange(1))
         self.steps = list(probe)
         self.lead: tuple[int, ...] = tuple(probe[self.steps[0]].shape[:-2])
         self.weights_step = self._weights_step
-        heads = int(np.prod(self.lead)) if self.lead else 1
-        size = self.m and max(1, heads * self.n * 4 * len(self.steps))
-        self.block = max(1, min(self.m, BLOCK_BYTES // size))
-        self.fr, self.fc = max(1, math.ceil(self.m / overview)), max(1, math.ceil(self.n / overview))
-        self.block = max(self.fr, self.block // self.fr * self.fr)  # whole blocks of the overview
+        self.resize(overview)
         self.overviews: dict[str, Overview] = {}
         self.ready = {s: threading.Event() for s in self.steps}
         self.lock = threading.Lock()
         self.failed: str | None = None
         self._steps64: list[Step] | None = None
         self._inputs64: dict[str, Any] = {}
+        self._patterns: list[dict[str, Any]] | None = None
+
+    def patterns(self) -> list[dict[str, Any]]:
+        """Per query head: the patterns it passes and its statistics (attncli.core.headstats, over every valid query
+        of the batch, default thresholds), for the model view's badges (cross-attention: those needing no shared
+        positions); [] for a path without the blocked pass."""
+        if self._patterns is None:
+            from attncli.core import headstats as hs
+            from attncli.errors import AttnError
+
+            core = self.p.core
+            out: list[dict[str, Any]] = []
+            sums = None
+            if len(core.batch_shape) == 2:
+                pad = core.padding
+                B = int(core.batch_shape[0])
+                valid = np.ones((B, core.n), bool) if pad is None or pad.dtype != bool else \
+                    ~np.broadcast_to(pad, (B, 1, 1, core.n))[:, 0, 0, :]
+                labels = core.key_labels
+                punct = None if labels is None else np.array([hs.is_punctuation(t) for t in labels])
+                keyed = [hs.Sequence(valid[b], punctuation=punct) for b in range(B)]
+                cross = core.m != core.n or (getattr(self.problem, "memory", None) is not None
+                                             and not self.problem.self_attention)  # a layer with a memory
+                try:
+                    sums, counts = hs.layer_sums(self.p, [hs.Sequence.plain(core.m)] * B if cross else keyed,
+                                                 keys=keyed if cross else None)
+                except AttnError:
+                    sums = None
+                if sums is not None:
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        mean = np.where(counts.sum(0) > 0, sums.sum(0) / np.maximum(counts.sum(0), 1), np.nan)
+                    limits = hs.thresholds()
+                    for h in range(mean.shape[0]):
+                        stats = {n: None if np.isnan(mean[h, k]) else round(float(mean[h, k]), 4)
+                                 for k, n in enumerate(hs.STATS)}
+                        out.append({"patterns": hs.patterns(stats, limits), "stats": stats})
+            self._patterns = out
+        return self._patterns
+
+    def v(self) -> Any:
+        """V, grouped-query heads expanded (query head h reads value head h // n_rep)."""
+        if self._v is None:
+            core = self.p.core
+            self._v = expand_kv(self.p.backend.xp, self.p.v, core.n_rep) if core.n_rep > 1 else self.p.v
+        return self._v
+
+    def resize(self, overview: int) -> None:
+        """Overviews of at most ``overview`` values per axis (before any is made), and the block of queries
+        computed at a time: whole blocks of the overview within BLOCK_BYTES."""
+        heads = int(np.prod(self.lead)) if self.lead else 1
+        item = int(getattr(self.p.q.dtype, "itemsize", 4))  # float64 blocks hold twice float32's bytes
+        size = self.m and max(1, heads * self.n * item * (len(self.steps) + 1))  # a row's steps and its mask
+        self.block = max(1, min(self.m, BLOCK_BYTES // WORKERS // size))
+        self.fr, self.fc = max(1, math.ceil(self.m / overview)), max(1, math.ceil(self.n / overview))
+        self.block = max(self.fr, self.block // self.fr * self.fr)  # whole blocks of the overview
+        # blocks side by side within BLOCK_BYTES (one at a time when a block of the overview is larger)
+        self.workers = max(1, min(WORKERS, BLOCK_BYTES // max(1, self.block * size)))
 
     # ---- computing ----
 
@@ -184,32 +238,49 @@ class Layer:
 
     def sweep(self, step: str) -> None:
         """Every row once, a block at a time: the overview of ``step`` (once; other threads wait)."""
+        self.sweep_all([step])
+
+    def sweep_all(self, steps: list[str]) -> None:
+        """The overviews of ``steps`` not made yet, from one pass over the rows (a block at a time)."""
         with self.lock:
-            if self.ready[step].is_set():
+            todo = list(dict.fromkeys(s for s in steps if not self.ready[s].is_set()))
+            if not todo:
                 return
             try:
                 M, N = math.ceil(self.m / self.fr), math.ceil(self.n / self.fc)
-                ov = Overview(np.full(self.lead + (M, N), np.nan, np.float32), self.fr, self.fc)
+                ovs = {s: Overview(np.full(self.lead + (M, N), np.nan, np.float32), self.fr, self.fc) for s in todo}
 
-                def one(r0: int) -> tuple[float, float]:  # numpy lets go of the GIL: blocks run side by side
+                def one(r0: int) -> dict[str, tuple[float, float, bool]]:  # numpy lets go of the GIL: side by side
                     r1 = min(self.m, r0 + self.block)
                     arrays, hidden = self._compute(np.arange(r0, r1))
-                    a = arrays[step]
-                    shown = a if hidden is None else np.where(hidden, np.nan, a)
-                    ov.values[..., r0 // self.fr:math.ceil(r1 / self.fr), :] = pool(shown, self.fr, self.fc)
-                    kept = shown[np.isfinite(shown)]
-                    return (float(kept.min()), float(kept.max())) if kept.size else (math.inf, -math.inf)
+                    out = {}
+                    for s, ov in ovs.items():
+                        a = arrays[s]
+                        shown = a if hidden is None else np.where(hidden, np.nan, a)
+                        ov.values[..., r0 // self.fr:math.ceil(r1 / self.fr), :] = pool(shown, self.fr, self.fc)
+                        kept = shown[np.isfinite(shown)]
+                        out[s] = ((float(kept.min()), float(kept.max())) if kept.size else (math.inf, -math.inf)) + (
+                            hidden is not None and bool(hidden.any()),)
+                    return out
 
-                with ThreadPoolExecutor(WORKERS) as pool_:
-                    for lo, hi in pool_.map(one, range(0, self.m, self.block)):
-                        ov.lo, ov.hi = min(ov.lo, lo), max(ov.hi, hi)
-                finite = ov.values[np.isfinite(ov.values)]
-                ov.top = float(np.percentile(finite, CLIP)) if finite.size else ov.hi
-                self.overviews[step] = ov
+                from threadpoolctl import threadpool_limits
+
+                # the blocks run side by side, each with one BLAS thread: BLAS's own threads on top of them
+                # (or on a busy machine) wait on each other, up to 40x slower
+                with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(self.workers) as pool_:
+                    for res in pool_.map(one, range(0, self.m, self.block)):
+                        for s, (lo, hi, masked) in res.items():
+                            ov = ovs[s]
+                            ov.lo, ov.hi, ov.masked = min(ov.lo, lo), max(ov.hi, hi), ov.masked or masked
+                for s, ov in ovs.items():
+                    finite = ov.values[np.isfinite(ov.values)]
+                    ov.top = float(np.percentile(finite, CLIP)) if finite.size else ov.hi
+                    self.overviews[s] = ov
             except Exception as e:  # said on the page, never a half-drawn map
                 self.failed = f"{type(e).__name__}: {e}"
             finally:
-                self.ready[step].set()
+                for s in todo:
+                    self.ready[s].set()
 
     def range(self, step: str) -> tuple[float, float]:
         """The colour scale of ``step``: its smallest value to the CLIP percentile of its overview (a few
@@ -241,7 +312,7 @@ class Layer:
                 a = np.broadcast_to(a, a.shape[:-2] + (self.m,) + a.shape[-1:])
             t.steps.append(Step(s.name, s.formula, a, s.axes, list(s.notes), params=s.params))
         w = part.step(part.meta.weights_step or "weights").values
-        out = to_numpy(weighted_sum(w, self.v))  # (..., 1, n) x (..., n, d_v) -> (..., 1, d_v)
+        out = to_numpy(weighted_sum(w, self.v()))  # (..., 1, n) x (..., n, d_v) -> (..., 1, d_v)
         name = "head_output" if self.p.projected else "output"
         t.steps.append(Step(name, f"{name} = {t.meta.weights_step or 'weights'} · V",
                             np.broadcast_to(out, out.shape[:-2] + (self.m,) + out.shape[-1:]), (QUERIES, FEATURES)))
@@ -341,6 +412,7 @@ class Viewer:
                 "head_axis": head_axis if isinstance(head_axis, int) else None,
                 "query_labels": _labels(t.query_labels, layer.m, "q"), "key_labels": _labels(t.key_labels, layer.n, "k"),
                 "score": t.meta.score,
+                "patterns": layer.patterns() if self.model else [],  # per query head: the model view's badges
             })
         return {"title": self.title, "model": self.model, "layers": out, "head_view_max": HEAD_VIEW_MAX,
                 "exact_rows": EXACT_ROWS}

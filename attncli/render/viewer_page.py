@@ -32,14 +32,17 @@ main { padding: 12px 14px; }
 #grid img { width: 160px; height: 160px; image-rendering: pixelated; border: 1px solid var(--line); background: #eee; }
 figcaption { font-size: 12px; color: var(--muted); }
 #model table { border-collapse: collapse; }
+#model .badge { font-size: 10px; color: var(--muted); max-width: 66px; overflow-wrap: anywhere; }
 #model th { font-weight: normal; color: var(--muted); font-size: 12px; padding: 2px 6px; }
 #model img { width: 64px; height: 64px; image-rendering: pixelated; border: 1px solid var(--line); cursor: pointer;
              background: #eee; }
 #focus-wrap { display: flex; gap: 16px; align-items: flex-start; flex-wrap: wrap; }
 #focus { border: 1px solid var(--line); background: #fff; cursor: crosshair; touch-action: none; }
 #side { flex: 1; min-width: 320px; }
-#explain { white-space: pre; font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; background: #fff;
-           border: 1px solid var(--line); padding: 8px; overflow: auto; max-height: 70vh; }
+#explain { white-space: pre-wrap; font: 12px/1.45 ui-monospace, Menlo, Consolas, monospace; background: #fff;
+           border: 1px solid var(--line); padding: 8px; overflow: auto; max-height: 70vh; overflow-wrap: normal; }
+#explain > div { min-height: 1.45em; }
+#explain .t { white-space: pre; }
 #explain-heading { font-weight: 600; margin: 6px 0; }
 .hint { color: var(--muted); font-size: 12px; }
 #heads svg text { font: 11px ui-monospace, Menlo, Consolas, monospace; cursor: default; }
@@ -65,11 +68,9 @@ JS = r"""
     if (!r.ok) throw new Error((await r.text()).trim());
     return r.json();
   }
-  function colour(t) {
-    const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2);
-    const f = x - i, c = STOPS[i].map((a, k) => Math.round(a + (STOPS[i + 1][k] - a) * f));
-    return [`rgb(${c.join(",")})`, 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] <= 140 ? "#fff" : "#000"];
-  }
+  // [background, text] of 256 levels: the text colour chosen by WCAG contrast (attncli/render/colours.py)
+  const PALETTE = __PALETTE__;
+  function colour(t) { return PALETTE[Math.round(Math.min(Math.max(Number(t) || 0, 0), 1) * 255)]; }
   $("legend-bar").style.background = `linear-gradient(to right, ${STOPS.map((c) => `rgb(${c.join(",")})`).join(",")})`;
 
   const S = { meta: null, layer: 0, step: null, entry: null, view: "grid" };
@@ -106,13 +107,18 @@ JS = r"""
     S.meta.layers.forEach((layer, li) => {
       const tr = tab.insertRow(); tr.appendChild(el("th", { textContent: layer.name }));
       layer.entries.forEach((e, k) => {
-        const img = el("img", { alt: `${layer.name} ${e.title}`, title: `${layer.name}, ${e.title}` });
+        const ph = (layer.patterns || [])[e.index.length ? e.index[e.index.length - 1] : 0];
+        const stats = ph ? Object.entries(ph.stats).filter(([, v]) => v !== null).map(([n, v]) => `${n} ${v}`) : [];
+        const img = el("img", { alt: `${layer.name} ${e.title}`,
+                                title: [`${layer.name}, ${e.title}`, ph && ph.patterns.length ? "patterns: " +
+                                         ph.patterns.join(", ") : "", ...stats].filter(Boolean).join("\n") });
         img.dataset.layer = li; img.dataset.entry = k;
         img.src = url("/api/tile", { layer: li, entry: entryKey(e), step: layer.weights_step, r0: 0, r1: layer.m,
                                      c0: 0, c1: layer.n, w: 64, h: 64 });
         img.addEventListener("click", () => { S.layer = li; $("layer").value = li; fillSteps(); S.entry = k;
                                               resetZoom(); setView("focus"); });
-        tr.insertCell().appendChild(img);
+        const cell = tr.insertCell(); cell.appendChild(img);
+        if (ph && ph.patterns.length) cell.appendChild(el("div", { className: "badge", textContent: ph.patterns.join(" ") }));
       });
     });
     root.appendChild(tab);
@@ -246,6 +252,37 @@ JS = r"""
       else if (c.x >= 0 && c.y >= 0 && c.j < l.n) explain(c.i, c.j);
     });
   }
+  // A line of the arithmetic, wrapped to the panel at word boundaries as --explain wraps it in the terminal
+  // (attncli/render/wrap.py): never inside a short bracketed group such as (0, 1.25) or exp(4 − 4), never
+  // after an operator alone; continuation lines hang 4 columns past the line's own indent.
+  const OPS = "=+-−×·/÷Σ∑→<>≤≥≈*^|";
+  function wrapped(line) {
+    const glued = new Array(line.length).fill(false), stack = [];
+    for (let i = 0; i < line.length; i++) {
+      if ("([{".includes(line[i])) stack.push(i);
+      else if (")]}".includes(line[i]) && stack.length) {
+        const s = stack.pop();
+        if (i - s < 32) for (let k = s; k < i; k++) glued[k] = true;
+      }
+    }
+    const div = document.createElement("div"), indent = line.length - line.trimStart().length;
+    div.style.paddingLeft = `${indent + 4}ch`; div.style.textIndent = `-${indent + 4}ch`;
+    if (indent) div.appendChild(document.createTextNode(line.slice(0, indent)));
+    let token = "";
+    const flush = () => {
+      if (!token) return;
+      const span = document.createElement("span"); span.className = "t"; span.textContent = token;
+      div.appendChild(span); token = "";
+    };
+    for (let i = indent; i < line.length; i++) {
+      const c = line[i];
+      const opAlone = token !== "" && [...token].every((x) => OPS.includes(x));
+      if (c === " " && !glued[i] && !opAlone) { flush(); div.appendChild(document.createTextNode(" ")); }
+      else token += c;
+    }
+    flush();
+    return div;
+  }
   async function explain(i, j) {
     const l = L(), e = l.entries[S.entry || 0], box = $("explain");
     $("explain-heading").textContent = "computing…"; box.textContent = "";
@@ -254,7 +291,8 @@ JS = r"""
     try {
       const d = await api("/api/explain", params);
       $("explain-heading").textContent = d.heading;
-      box.textContent = d.lines.join("\n");
+      box.textContent = "";
+      for (const line of d.lines) box.appendChild(wrapped(line));
       box.dataset.i = i; box.dataset.j = j === null ? "" : j;
     } catch (err) { $("explain-heading").textContent = String(err.message || err); }
   }
@@ -379,4 +417,5 @@ BODY = """<!doctype html>
 def page() -> str:
     """The viewer's page (the same for every layer: it asks the server for the data)."""
     stops = "[" + ", ".join(f"[{r},{g},{b}]" for r, g, b in colours.STOPS) + "]"
-    return BODY.replace("__CSS__", CSS).replace("__JS__", JS.replace("__STOPS__", stops))
+    return BODY.replace("__CSS__", CSS).replace("__JS__", JS.replace("__STOPS__", stops).replace("__PALETTE__",
+                                                                                       colours.palette_js()))

@@ -97,10 +97,6 @@ def wrap(line: str, width: int, hang: int = HANG, align: bool = False) -> list[s
     return [line[a:b].rstrip() if k == 0 else " " * indent + line[a:b].rstrip() for k, (a, b) in enumerate(where)]
 
 
-def wrap_all(lines: list[str], width: int, hang: int = HANG) -> list[str]:
-    return [piece for line in lines for part in line.split("\n") for piece in wrap(part, width, hang)]
-
-
 def say(console: Any, line: Any, style: str | None = None, hang: int = HANG, align: bool = False) -> None:
     """Print ``line`` (a str, or a rich Text whose styles are kept) wrapped to ``console``'s width:
     rich's own wrapping would lose the indent and may break inside a token. A str is plain text
