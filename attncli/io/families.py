@@ -77,7 +77,7 @@ class Family:
     nope: Rule | None = None  # the layers without rotary (NoPE)
     pre_norm: str | None = "rms"  # rms | rms1p | layernorm | layernorm1p | layernorm-weightless | rms-weightless
     # | None (nothing before attention)
-    norm_name: str = "input_layernorm"  # the pre-norm's tensor after the layer's prefix (llama layout)
+    norm_name: str = "input_layernorm"  # the pre-norm's tensor after the layer's prefix (without .weight), every layout
     norm_at: str = "before"  # where pre_norm sits: "before" the attention module | "inside" it, first (pre-LN BERTs,
     # ESM); either way X is the query projection's input, and --from-residual applies the norm
     qk_norm: str | None = "rms"  # the QK-norm kind (attncli.core.options.QkNorm) when its tensors are there
@@ -463,13 +463,14 @@ declare("xlm-roberta-xl", layout="bert", rope=None, pre_norm="layernorm", norm_n
         norm_at="inside", causal=False)
 declare("megatron-bert", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.ln", norm_at="inside",
         causal=False)
-declare("gpt2", "gpt-sw3", layout="gpt2", rope=None, pre_norm="layernorm")
-declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", keys=frozenset({"multi_query"}), fused="linear",
+declare("gpt2", "gpt-sw3", layout="gpt2", rope=None, pre_norm="layernorm", norm_name="ln_1")
+declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", norm_name="ln_1", keys=frozenset({"multi_query"}),
+        fused="linear",
         notes="c_attn nn.Linear: multi_query [Q; k; v] by rows, else (H, 3, d) per head")
-declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, notes="post-LN: ln_1 after attention")
+declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, norm_name="ln_1", notes="post-LN: ln_1 after attention")
 declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm", norm_name="ln_1")
 declare("gpt_neox", "gpt_neox_japanese", layout="neox", pre_norm="layernorm")
-declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", keys=frozenset({"alibi"}))
+declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", norm_name="input_layernorm", keys=frozenset({"alibi"}))
 # Falcon: query_key_value rows (G, H/G + 2, d) (new_decoder_architecture: G = num_kv_heads; multi_query: G = 1;
 # else G = H); rotary half, or ALiBi scaled with the scores; pre-norm ln_attn or input_layernorm (parallel block)
 declare("falcon", layout="bloom", pre_norm="layernorm", fused="groups",
@@ -484,9 +485,10 @@ for mt in ("phi", "persimmon"):
     declare(mt, layout=mt, pre_norm="layernorm", qk_norm="layernorm", qk_names=("q_layernorm", "k_layernorm"),
             qk_key="qk_layernorm", keys=frozenset({"layer_norm_eps"}))
 # GPT-Neo: no score scaling, local layers (attention_layers / attention_types) with window_size
-declare("gpt_neo", layout="gpt_neo", rope=None, pre_norm="layernorm",
+declare("gpt_neo", layout="gpt_neo", rope=None, pre_norm="layernorm", norm_name="ln_1",
         keys=frozenset({"attention_layers", "attention_types", "window_size", "layer_norm_epsilon"}))
-declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False)
+declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False, pre_norm="rms",
+        norm_name="layer.0.layer_norm")
 # BART-style self_attn.{q,k,v,out}_proj (nn.Linear, biases; Whisper: k_proj without), q · head_dim^-0.5 before the
 # product, no positions inside attention (learned / sinusoidal ones are added to the embeddings, in hidden_states[N]).
 # Decoder stacks are causal, encoder stacks (encoder.layers) bidirectional. Pre-norm families apply

@@ -41,7 +41,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -106,11 +106,28 @@ class AttentionFacts:
             if n not in self.from_config:
                 self.from_config.append(n)
 
+    def config_gave(self, name: ConfigFact) -> bool:
+        """Whether config.json gave the fact ``name`` (listed in from_config)."""
+        return name in self.from_config
+
+    def mark_config(self, *names: ConfigFact) -> None:
+        """List facts set elsewhere from config.json's values in from_config."""
+        self.from_config.extend(n for n in names if n not in self.from_config)
+
+    def unmark_config(self, name: ConfigFact) -> None:
+        """The fact ``name`` no longer comes from config.json (the layout or the family decided it)."""
+        self.from_config = [n for n in self.from_config if n != name]
+
     def options(self) -> dict[str, Any]:
         """The facts that are :class:`~attncli.core.options.Options` fields, by the same names (a partial Options):
         those set (not None, not False)."""
         return {n: v for n in OPTION_FACTS if (v := getattr(self, n)) is not None and v is not False}
 
+
+# The facts whose origin (config.json or not) a reader asks or changes by name; spelled as a Literal so that mypy
+# checks every call, and each one a field of AttentionFacts (asserted at import)
+ConfigFact = Literal["heads", "kv_heads", "head_dim", "rotary_dim", "rope_scaling", "pre_norm_eps"]
+assert set(get_args(ConfigFact)) <= {f.name for f in fields(AttentionFacts)}
 
 # The facts that are options: the fields AttentionFacts and Options share (the rest is structure: heads, norms, ...)
 OPTION_FACTS = tuple(f.name for f in fields(AttentionFacts) if f.name in {o.name for o in fields(Options)})
@@ -268,8 +285,7 @@ def _heads(c: Ctx, *keys: str, kv_keys: tuple[str, ...] = ("num_key_value_heads"
     heads = c.conf(heads=keys, cast=int)
     if c.heads_hint is not None:
         c.facts.heads = heads = c.heads_hint
-        if "heads" in c.facts.from_config:
-            c.facts.from_config.remove("heads")
+        c.facts.unmark_config("heads")
     c.conf(kv_heads=kv_keys, default=heads, cast=int)
     d = c.conf(head_dim=("head_dim", "d_kv"), cast=int)
     if d is None and heads and width is not None:
@@ -300,7 +316,7 @@ def _check_shapes(c: Ctx) -> None:
         want = {"W_q": f.heads * f.head_dim, "W_k": kv * f.head_dim, "W_v": kv * f.head_dim}
         for k, cols in want.items():
             if k in a and a[k].shape[1] != cols:
-                src = "config.json" if "heads" in f.from_config else "the layout"
+                src = "config.json" if f.config_gave("heads") else "the layout"
                 raise c.fail(f"{c.origin[k]} gives {a[k].shape[1]} features but {src} says "
                              f"{f.heads if k == 'W_q' else kv} heads x head_dim {f.head_dim} = {cols}")
     if "W_o" in a and a["W_o"].shape[0] != a["W_q"].shape[1]:
@@ -331,6 +347,12 @@ def _check_shapes(c: Ctx) -> None:
     if "sub_norm" in a and "W_o" in a and a["sub_norm"].shape != (a["W_o"].shape[0],):
         raise c.fail(f"{c.origin['sub_norm']} has shape {a['sub_norm'].shape}; expected ({a['W_o'].shape[0]},), the "
                      f"width {c.origin['W_o']} takes")
+
+
+def _norm_tensor(c: Ctx, default: str) -> str:
+    """The layer's pre-attention norm tensor (without .weight) as its family declares it (Family.norm_name); bare
+    weights (no config.json) take the ``default`` family's declaration."""
+    return c.block + (c.family or FAMILIES[default]).norm_name
 
 
 def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, ...] = (), eps: float | None = None) -> None:
@@ -495,7 +517,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
                       else width // f.heads if f.heads and width % f.heads == 0 else None)
     if f.heads is None and f.head_dim:
         f.heads = width // f.head_dim
-    if "kv_heads" not in f.from_config and f.head_dim:  # grouped-query heads follow from k_proj's width
+    if not f.config_gave("kv_heads") and f.head_dim:  # grouped-query heads follow from k_proj's width
         f.kv_heads = kv_width // f.head_dim
     if "q_norm" in c.arrays or _weightless_qk(c, fam):
         if fam.qk_norm is None:
@@ -513,14 +535,37 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     if not fam.causal:
         c.facts.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
-    lt = _layer_type(c)
-    cfg = c.config or {}
+    layer_options(c, fam, a)
+
+
+# ---- the resolver: (family, config.json, layer) -> the layer's options -------------------------------------------
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What config.json says of one layer, before any option is set: its layer_types entry, and whether the family
+    leaves it without rotary (NoPE); and the attention module's prefix (its gate and sub-norm tensors)."""
+    type: str | None
+    nope: bool
+    module: str
+
+
+def layer_kind(fam: Family, config: dict[str, Any] | None, layer: int, source: str, module: str) -> LayerKind:
+    """The layer's type and NoPE flag as the family's row declares them (layer_types required, nope rule)."""
+    cfg = config or {}
+    types = cfg.get("layer_types")
+    lt = str(types[layer]) if isinstance(types, list) and layer < len(types) else None
     if fam.layer_types and lt is None:  # save_pretrained writes them; a config without them is not guessed
-        raise c.fail(f"{fam.model_type}: config.json has no layer_types entry for layer {c.layer}, which says whether "
-                     "it slides (and, for some families, has rotary)")
-    nope = fam.nope is not None and fam.nope(c.layer, cfg, lt)
-    if fam.rope is not None and not nope:
-        _rope(c, fam.rope, layer_type=lt)
+        raise InputError(f"{fam.model_type}: config.json has no layer_types entry for layer {layer}, which says "
+                         "whether it slides (and, for some families, has rotary)", source)
+    return LayerKind(lt, fam.nope is not None and fam.nope(layer, cfg, lt), module)
+
+
+def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """Rotary: the family's style, theta / scaling / partial width from the config (per layer type), HunYuan's NTK
+    alpha, full-head rotary, Granite SWA's theta per layer; a NoPE layer has none."""
+    cfg = c.config or {}
+    if fam.rope is not None and not k.nope:
+        _rope(c, fam.rope, layer_type=k.type)
         if fam.rope_alpha:
             _ntk_alpha(c)
         _full_rotary(c, fam)
@@ -531,8 +576,51 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
             c.facts.given(rope_base=float(thetas[c.layer]))
     elif fam.rope is not None:
         c.facts.notes["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
-    _llama_extras(c, fam, a, lt, nope)
-    _window(c)
+
+
+def _opt_clip(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """OLMo's clip_qkv: q, k, v clamped to [-C, C]."""
+    if "clip_qkv" in fam.reads():
+        c.conf(clip_qkv=("clip_qkv",), cast=float)
+
+
+def _opt_chunk(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """Llama 4's chunked layers: attention_chunk_size (required on them)."""
+    if fam.chunked is not None and fam.chunked(c.layer, c.config or {}, k.type):
+        size, key = _cfg(c.config, "attention_chunk_size")
+        if key is None:
+            raise c.fail(f"{fam.model_type}: layer {c.layer} is a chunked-attention layer but config.json has no "
+                         "attention_chunk_size")
+        c.facts.given(chunk=int(size))
+
+
+def _opt_tuning(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """Llama 4's temperature tuning of q on its NoPE layers."""
+    if "attn_temperature_tuning" in fam.reads() and k.nope and (c.config or {}).get("attn_temperature_tuning"):
+        c.conf(tuning_scale=("attn_scale",), default=0.1, cast=float)  # Llama4TextConfig's defaults
+        c.conf(tuning_floor=("floor_scale",), default=8192.0, cast=float)
+
+
+def _opt_tensors(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """The tensors the family's row adds around the attention: an output gate (AFMoE, Laguna, LFM3, Qwen3-Next),
+    BitNet's attn_sub_norm (an RMSNorm of the concatenated heads before o_proj)."""
+    if fam.gate is not None and ("use_attention_gate" not in fam.reads()
+                                 or (c.config or {}).get("use_attention_gate", True) is not False):
+        _gate(c, fam, k.module)  # LFM3: use_attention_gate false builds no gate
+    if fam.sub_norm is not None:
+        name = f"{k.module}{fam.sub_norm}.weight"
+        c.put("sub_norm", c.get(name), name)
+        c.facts.sub_norm = "rms"
+        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
+
+
+def _opt_window(c: Ctx, fam: Family, k: LayerKind) -> None:
+    _window(c)  # after the chunk: a chunked layer without one is refused there
+
+
+def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """The score scale from the config key the family names (Gemma's query_pre_attn_scalar, Granite's
+    attention_multiplier), then the soft-cap."""
     if fam.scale == "query_pre_attn_scalar":
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
         if key is not None:
@@ -545,6 +633,24 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
     c.conf(softcap=("attn_logit_softcapping",), cast=float)
 
 
+# The resolver's steps, in the order their facts depend on each other (the window reads the chunk)
+RESOLVE_STEPS: tuple[Callable[[Ctx, Family, LayerKind], None], ...] = (
+    _opt_rope, _opt_clip, _opt_chunk, _opt_tuning, _opt_tensors, _opt_window, _opt_scale)
+# The layouts whose config decides only the rotary (GPT-J, GPT-NeoX, Persimmon, LFM2): their rows read no window,
+# scale, clamp, chunk or gate key (a non-neutral one is refused before reading: families.unsupported_key)
+ROTARY_ONLY = (_opt_rope,)
+
+
+def layer_options(c: Ctx, fam: Family, module: str,
+                  steps: tuple[Callable[[Ctx, Family, LayerKind], None], ...] = RESOLVE_STEPS) -> None:
+    """The one resolver: (family, config.json, layer) -> the layer's options (rotary, clamp, chunk, tuning, window,
+    scale, soft-cap), each step reading only the family's row and the config, after the reader has set the tensors,
+    heads and norm."""
+    k = layer_kind(fam, c.config, c.layer, c.ckpt.source, module)
+    for step in steps:
+        step(c, fam, k)
+
+
 def _full_rotary(c: Ctx, fam: Family) -> None:
     """After _rope, for the families whose rotary covers the whole head (ModernBERT, UltraBERT: their own
     compute_default_rope_parameters takes head_dim, whatever partial_rotary_factor says): rotary_dim = head_dim;
@@ -554,37 +660,12 @@ def _full_rotary(c: Ctx, fam: Family) -> None:
     if not fam.full_rotary or f.rope is None:
         return
     f.rotary_dim = f.head_dim
-    if "rotary_dim" in f.from_config:
-        f.from_config.remove("rotary_dim")
+    f.unmark_config("rotary_dim")
     sc = f.rope_scaling or {}
     kind = sc.get("rope_type", sc.get("type"))
     if f.rope_scaling is not None and (kind != "linear" or sc.get("partial_rotary_factor") is not None):
         raise c.fail(f"{fam.model_type}: rope_parameters rope_type {printable(str(kind), 30)} (rotary scaling) is not "
                      "supported on its layers")
-
-
-def _llama_extras(c: Ctx, fam: Family, a: str, lt: str | None, nope: bool) -> None:
-    """What a few families add around a Llama-style attention, as their declaration says: OLMo's clip_qkv, Llama 4's
-    chunked layers and temperature tuning (NoPE layers), BitNet's attn_sub_norm (a tensor after ``a``)."""
-    cfg, reads = c.config or {}, fam.reads()
-    if "clip_qkv" in reads:
-        c.conf(clip_qkv=("clip_qkv",), cast=float)
-    if fam.chunked is not None and fam.chunked(c.layer, cfg, lt):
-        size, key = _cfg(c.config, "attention_chunk_size")
-        if key is None:
-            raise c.fail(f"{fam.model_type}: layer {c.layer} is a chunked-attention layer but config.json has no "
-                         "attention_chunk_size")
-        c.facts.given(chunk=int(size))
-    if "attn_temperature_tuning" in reads and nope and cfg.get("attn_temperature_tuning"):
-        c.conf(tuning_scale=("attn_scale",), default=0.1, cast=float)  # Llama4TextConfig's defaults
-        c.conf(tuning_floor=("floor_scale",), default=8192.0, cast=float)
-    if fam.gate is not None and ("use_attention_gate" not in reads or cfg.get("use_attention_gate", True) is not False):
-        _gate(c, fam, a)  # LFM3: use_attention_gate false builds no gate
-    if fam.sub_norm is not None:
-        name = f"{a}{fam.sub_norm}.weight"
-        c.put("sub_norm", c.get(name), name)
-        c.facts.sub_norm = "rms"
-        c.conf(pre_norm_eps=("rms_norm_eps",), default=1e-6, cast=float)
 
 
 def _layer_heads(c: Ctx, key: str) -> None:
@@ -636,7 +717,7 @@ def _ntk_alpha(c: Ctx) -> None:
         raise c.fail(f"rope_parameters alpha needs a head_dim above 2 (head_dim {d})")
     f.rope_base = float(f.rope_base or 10000.0) * float(sc["alpha"]) ** (d / (d - 2))
     f.rope_scaling = None
-    f.from_config = [k for k in f.from_config if k != "rope_scaling"]
+    f.unmark_config("rope_scaling")
     f.notes["rope"] = f"rope_parameters alpha {sc['alpha']:g}: base theta · alpha^(d/(d-2)) = {f.rope_base:g}"
 
 
@@ -720,7 +801,7 @@ def _family_norm(c: Ctx, fam: Family, w: str, eps_keys: tuple[str, ...]) -> None
 def _partial_default(c: Ctx, default: float) -> None:
     """After _rope: the family's partial_rotary_factor ``default`` when config.json says none (Phi and
     Persimmon: 0.5, set by their config classes), rotary on the first head_dim · default features."""
-    if "rotary_dim" not in c.facts.from_config and c.facts.head_dim:
+    if not c.facts.config_gave("rotary_dim") and c.facts.head_dim:
         c.facts.rotary_dim = int(c.facts.head_dim * default)
         c.facts.notes["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
 
@@ -792,7 +873,7 @@ def _mla(c: Ctx) -> None:
             raise c.fail(f"{c.origin[t]} gives {c.arrays[t].shape[1]} features; config.json's widths say {want[1]}")
     f = c.facts
     f.heads, f.head_dim = H, n + r  # K and V: one per query head (kv_heads left unset: not an option here)
-    f.from_config += ["heads", "head_dim"]
+    f.mark_config("heads", "head_dim")
     f.latent = (n, r, 1e-6)
     f.causal = True
     kind = fam.rope
@@ -836,8 +917,8 @@ def _persimmon(c: Ctx) -> None:
     fam = c.family or FAMILIES["persimmon"]
     _layernorm_qk(c, a, fam)
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
+    layer_options(c, fam, a, ROTARY_ONLY)
     if fam.rope is not None:
-        _rope(c, fam.rope)
         _partial_default(c, 0.5)
 
 
@@ -869,9 +950,10 @@ def _gpt2(c: Ctx) -> None:
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head", "num_attention_heads"), width=E)
     c.facts.causal = True
     if c.family is not None and c.family.pre_norm is None:  # OpenAI GPT: post-LN, ln_1 comes after attention
-        _post_norm(c, f"{c.block}ln_1")
+        _post_norm(c, _norm_tensor(c, "gpt2"))
     else:
-        _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+        ln = _norm_tensor(c, "gpt2")
+        _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
     cfg = c.config or {}
     by_d = cfg.get("scale_attn_weights", True)
     by_layer = cfg.get("scale_attn_by_inverse_layer_idx", False)
@@ -900,7 +982,8 @@ def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
         f.kv_heads = H
     c.linear("W_o", a + "c_proj.weight", a + "c_proj.bias")
     f.causal = True
-    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    ln = _norm_tensor(c, "gpt_bigcode")
+    _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
     if not cfg.get("scale_attn_weights", True):
         f.given(scale=1.0)
     c.name = "gpt_bigcode"
@@ -915,8 +998,7 @@ def _gptj(c: Ctx) -> None:
     fam = c.family or FAMILIES["gptj"]  # without config.json the read is refused (CONFIG_DECIDES)
     c.facts.causal = fam.causal
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_epsilon",))
-    if fam.rope is not None:
-        _rope(c, fam.rope)
+    layer_options(c, fam, a, ROTARY_ONLY)
 
 
 @layout("gpt_neo", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.attention\.q_proj\.weight$",
@@ -930,7 +1012,8 @@ def _gpt_neo(c: Ctx) -> None:
     f.causal = True
     f.scale = 1.0  # GPTNeoSelfAttention._attn: q·k, never divided by sqrt(d)
     f.notes["scale"] = "1: GPT-Neo does not scale the scores (computed in float32)"
-    _norm(c, "layernorm", c.block + "ln_1.weight", c.block + "ln_1.bias", ("layer_norm_epsilon",), 1e-5)
+    ln = _norm_tensor(c, "gpt_neo")
+    _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
     kinds = cfg.get("attention_layers")
     if kinds is None and cfg.get("attention_types") is not None:  # [[["global", "local"], 12]] -> per layer
         try:
@@ -1071,8 +1154,7 @@ def _neox(c: Ctx) -> None:
     fam = c.family or FAMILIES["gpt_neox"]  # without config.json the read is refused (CONFIG_DECIDES)
     c.facts.causal = fam.causal
     _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
-    if fam.rope is not None:
-        _rope(c, fam.rope)
+    layer_options(c, fam, a, ROTARY_ONLY)
     if not (c.config or {}).get("use_parallel_residual", True):
         c.facts.notes["parallel_residual"] = "false: attention and MLP in sequence (outside attention)"
 
@@ -1098,8 +1180,8 @@ def _bloom(c: Ctx) -> None:
     c.facts.alibi, c.facts.alibi_form = True, "absolute-f32"
     c.facts.notes["alibi"] = ("added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py), "
                               "alibi = fl32(slope_h · j) at key j's absolute position (build_alibi_tensor)")
-    _norm(c, "layernorm", c.block + "input_layernorm.weight", c.block + "input_layernorm.bias",
-          ("layer_norm_epsilon",), 1e-5)
+    ln = _norm_tensor(c, "bloom")
+    _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
 
 
 def _falcon(c: Ctx, a: str) -> None:
@@ -1125,10 +1207,10 @@ def _falcon(c: Ctx, a: str) -> None:
     elif cfg.get("new_decoder_architecture"):
         G = int(cfgcheck.value(cfg, "num_kv_heads", "config.json") or H)
         what = f"new_decoder_architecture, num_kv_heads {G}"
-        f.from_config.append("kv_heads")
+        f.mark_config("kv_heads")
     elif cfg.get("multi_query", True):
         G, what = 1, "multi_query"
-        f.from_config.append("kv_heads")
+        f.mark_config("kv_heads")
     else:
         G, what = H, "per-head (multi_query false)"
         kv = cfg.get("num_kv_heads")
@@ -1192,7 +1274,7 @@ def _t5(c: Ctx) -> None:
     c.facts.rel_buckets = int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0])
     c.facts.rel_max_distance = int(cfg.get("relative_attention_max_distance") or 128)
     c.facts.rel_bidirectional = not decoder
-    _norm(c, "rms", c.block + "layer.0.layer_norm.weight", eps_keys=("layer_norm_epsilon",), eps=1e-6)
+    _norm(c, "rms", _norm_tensor(c, "t5") + ".weight", eps_keys=("layer_norm_epsilon",), eps=1e-6)
     c.facts.notes["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
 
 
@@ -1245,7 +1327,7 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
     _heads(c, "num_attention_heads", width=c.arrays["W_q"].shape[1])
     f = c.facts
-    if f.head_dim and "kv_heads" not in f.from_config:
+    if f.head_dim and not f.config_gave("kv_heads"):
         f.kv_heads = c.arrays["W_k"].shape[1] // f.head_dim
     for ours, theirs in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
         c.put(ours, c.get(f"{a}{theirs}.weight"), f"{a}{theirs}.weight")
@@ -1253,9 +1335,9 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     c.conf(norm_eps=("norm_eps",), default=1e-5, cast=float)
     f.causal = True
     _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
-    if "pre_norm_eps" not in f.from_config and c.config and c.config.get("norm_eps") is None:
+    if not f.config_gave("pre_norm_eps") and c.config and c.config.get("norm_eps") is None:
         f.pre_norm_eps = 1e-5  # Lfm2Config's default
-    _rope(c, "half", layer_type=_layer_type(c))
+    layer_options(c, fam, a, ROTARY_ONLY)  # its row: rope "half"
 
 
 @layout("modernbert", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attn\.Wo\.weight$",
@@ -1295,8 +1377,7 @@ def _modernbert(c: Ctx) -> None:
     if width % f.heads:
         raise c.fail(f"{f.heads} heads do not divide the {width} query features of {c.origin['W_q']}")
     f.head_dim, f.kv_heads = width // f.heads, f.heads  # hidden_size // num_attention_heads, whatever head_dim says
-    if "head_dim" in f.from_config:
-        f.from_config.remove("head_dim")
+    f.unmark_config("head_dim")
     cfg = c.config or {}
     f.causal = fam.causal
     if not fam.causal:
