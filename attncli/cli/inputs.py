@@ -427,7 +427,7 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
     """The layer ``--layer N`` of ``--weights MODEL`` on a capture's residual stream entering it (``--from-residual``
     implied): tokens as labels, padding as the key padding mask; remembered in CAPTURED with the model's own
     attention of that layer, to compare with once computed."""
-    from attncli.io.capture import capture_from, provenance_mismatch, visible
+    from attncli.io.capture import capture_from
 
     if cap is None:
         if len(inputs) != 1:
@@ -454,10 +454,7 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
         raise InputError(f"--prefix {opts.prefix} names a decoder, but the capture holds none (capture with --target)",
                          source)
     spec = str(opts.weights)
-    changed = provenance_mismatch(cap, spec)
-    if changed and not opts.keep_going:
-        raise InputError(f"does not match the capture {source} any more: {changed}; capture again, or --keep-going",
-                         spec)
+    changed = _unchanged_since(cap, spec, bool(opts.keep_going))
     model = checkpoint_layer(spec, number, opts.prefix, opts.heads, opts.layout).model
     assert model is not None
     if number >= model.layers:
@@ -472,11 +469,7 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
     _option_origins(sources, flags, _flag)
     options = model.config_options(Options()).merged(flags, "command line", flags=True)
     labels = [list(row) for row in stack.labels]
-    same = all(row == labels[0] for row in labels)
-    # the views' labels: a token's own spaces made visible (␣ cat), which a table, a page or a plot would lose;
-    # entries that differ share one label per position ("cat | dog"); JSON keeps each entry's (agreement())
-    shown = [visible(t) for t in labels[0]] if same else \
-        [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*labels)]
+    shown = _shown(labels)
     pad = stack.padding if stack.padded else None
     problem = model.problem(x, options=options, heads=opts.heads, from_residual=True, batch_first=True,
                             query_labels=shown, key_labels=shown, sources=sources, padding=pad,
@@ -487,10 +480,31 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
     return problem
 
 
+def _unchanged_since(cap: Any, spec: str, keep_going: bool) -> str | None:
+    """What changed in the model ``spec`` since the capture was taken (config.json keys, weights' headers), or None;
+    a change refuses the read unless ``keep_going``."""
+    from attncli.io.capture import provenance_mismatch
+
+    changed = provenance_mismatch(cap, spec)
+    if changed and not keep_going:
+        raise InputError(f"does not match the capture {cap.source} any more: {changed}; capture again, or --keep-going",
+                         spec)
+    return changed
+
+
+def _shown(rows: list[list[str]]) -> list[str]:
+    """The views' labels of a batch's token rows: a token's own spaces made visible (␣ cat), which a table, a page or
+    a plot would lose; entries that differ share one label per position ("cat | dog"); JSON keeps each entry's."""
+    from attncli.io.capture import visible
+
+    if all(r == rows[0] for r in rows):
+        return [visible(t) for t in rows[0]]
+    return [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*rows)]
+
+
 def _cross(cap: Any, number: int, opts: ProblemArgs, reader: Reader) -> Layer:
     """``--cross``: decoder layer ``number``'s cross-attention, its queries from the input the capture kept of it,
     its keys and values from the encoder's last hidden state (attncli.io.cross reads the projections)."""
-    from attncli.io.capture import provenance_mismatch, visible
     from attncli.io.cross import load_cross_layer
 
     source, dec = cap.source, cap.decoder
@@ -498,10 +512,7 @@ def _cross(cap: Any, number: int, opts: ProblemArgs, reader: Reader) -> Layer:
         raise InputError("holds no decoder: --cross needs a capture of an encoder-decoder model taken with --target",
                          source)
     spec = str(opts.weights)
-    changed = provenance_mismatch(cap, spec)
-    if changed and not opts.keep_going:
-        raise InputError(f"does not match the capture {source} any more: {changed}; capture again, or --keep-going",
-                         spec)
+    changed = _unchanged_since(cap, spec, bool(opts.keep_going))
     model = load_cross_layer(spec, number, opts.prefix, heads=opts.heads)
     kept = list(dec.state_layers) if dec.state_layers is not None else list(range(dec.hidden_states.shape[0] - 1))
     if number not in kept:
@@ -515,15 +526,9 @@ def _cross(cap: Any, number: int, opts: ProblemArgs, reader: Reader) -> Layer:
     _option_origins(sources, flags, _flag)
     options = model.config_options(Options()).merged(flags, "command line", flags=True)
     qlab, klab = [list(r) for r in dec.labels], [list(r) for r in cap.labels]
-
-    def shown(rows: list[list[str]]) -> list[str]:
-        if all(r == rows[0] for r in rows):
-            return [visible(t) for t in rows[0]]
-        return [" | ".join(dict.fromkeys(visible(t) for t in col)) for col in zip(*rows)]
-
     pad = cap.stack.padding if cap.stack.padded else None
     problem = model.problem(x, memory, options=options, heads=opts.heads, batch_first=True,
-                            query_labels=shown(qlab), key_labels=shown(klab), sources=sources, padding=pad,
+                            query_labels=_shown(qlab), key_labels=_shown(klab), sources=sources, padding=pad,
                             mask=_padded_queries(dec.padding, options, sources, source))
     own = None
     if cap.cross_attentions is not None and number in dec.attention_layers:
