@@ -193,6 +193,47 @@ def test_rollout_against_a_float64_product(model: Any, files: Path, tmp_path: Pa
     assert "approximat" in json.loads(r.stdout)["rollout"]["caveat"]
 
 
+def _means(doc: dict[str, Any], stat: str) -> np.ndarray:
+    return np.array([[r[stat]["mean"] for r in doc["statistics"] if r["layer"] == L] for L in (0, 1)], dtype=float)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 2e-6), ("float64", 1e-10)])
+def test_heads_on_torch_agree_with_the_models_own_weights_and_numpy(model: Any, files: Path, tmp_path: Path,
+                                                                    dtype: str, tol: float) -> None:
+    """--backend torch (on the CPU here; --device cuda in tests/test_gpu.py) computes the projections and scores
+    with torch: its statistics are those of the model's own eager weights (transformers, float32) by a plain loop,
+    and equal the numpy path's to float rounding; its rollout too."""
+    folder, m = model
+    ids = np.random.default_rng(0).integers(3, 50, size=(4, 10))
+    _, att = states(m, ids)
+    a = att.astype(np.float64)  # (layers, B, H, T, T), causal: row i holds keys 0..i
+    T = a.shape[-1]
+    prev = a[..., np.arange(1, T), np.arange(T - 1)]  # each query's weight on the previous position (i >= 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(a > 0, a * np.log(a), 0.0).sum(axis=-1)
+    ref = {"first": a[..., 0].mean(axis=(1, 3)), "self": np.diagonal(a, axis1=-2, axis2=-1).mean(axis=(1, 3)),
+           "previous": prev.mean(axis=(1, 3)), "max": a.max(axis=-1).mean(axis=(1, 3)), "entropy": ent.mean(axis=(1, 3))}
+    docs = {}
+    for backend in ("numpy", "torch"):
+        out = tmp_path / f"{backend}.npy"
+        r = cli(str(files / "all.npy"), "-w", str(folder), "--format", "json", "--backend", backend, "--dtype", dtype,
+                "--rollout", str(out))
+        assert r.exit_code == 0, r.output
+        docs[backend] = json.loads(r.stdout)
+    for stat, want in ref.items():  # the model's own weights are float32: the reference holds to ~1e-6
+        np.testing.assert_allclose(_means(docs["torch"], stat), want, rtol=0, atol=2e-6, err_msg=stat)
+        np.testing.assert_allclose(_means(docs["torch"], stat), _means(docs["numpy"], stat), rtol=0, atol=tol,
+                                   err_msg=stat)
+    np.testing.assert_allclose(np.load(tmp_path / "torch.npy"), np.load(tmp_path / "numpy.npy"), rtol=0, atol=tol)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: tests/test_gpu.py runs --device cuda")
+def test_heads_device_cuda_without_cuda_is_one_line(model: Any, files: Path) -> None:
+    r = cli(str(files / "all.npy"), "-w", str(model[0]), "--device", "cuda")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "--device cuda" in lines[0] and "Traceback" not in r.output
+
+
 def test_model_view_badges_are_what_heads_says(model: Any, files: Path) -> None:
     """The model view (attncli view --layer all) badges each head with the patterns and statistics heads reports."""
     from attncli.io.model import load_layer
