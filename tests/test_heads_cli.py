@@ -291,6 +291,50 @@ def test_a_capture_brings_ids_labels_padding_and_special_tokens(model: Any, tmp_
                 assert row[name]["mean"] == pytest.approx(total[h, k] / count[h, k], rel=1e-5, abs=1e-6), name
 
 
+def test_model_view_badges_of_a_capture_use_its_token_ids(model: Any, tmp_path: Path) -> None:
+    """attncli view CAPTURE --layer all: the badges' statistics come with the capture's token ids and special tokens
+    (induction, duplicate, special, punctuation: absent before), each against the plain-loop reference on the model's
+    own eager weights, and the badges name the patterns `heads CAPTURE` names."""
+    from test_heads import reference
+
+    from attncli.cli.options import ProblemArgs
+    from attncli.cli.view import model_layers, viewer_layers
+    from attncli.core import headstats as hs
+    from attncli.io.files import Reader
+    from attncli.render.viewer import Viewer
+
+    folder, m = model
+    ids = np.array([[1, 5, 6, 7, 5, 6, 7, 8, 9, 3, 4, 5], [1, 9, 8, 3, 9, 8, 3, 4, 9, 8, 3, 4]])
+    words = {3: ",", 4: "."}
+    labels = np.array([[words.get(int(t), f" w{t}") for t in row] for row in ids])
+    with torch.no_grad():
+        out = m(torch.as_tensor(ids), output_hidden_states=True, output_attentions=True)
+    mask = np.ones_like(ids)
+    cap = tmp_path / "cap.npz"
+    np.savez(cap, format=np.array("attncli-capture/1"), hidden_states=np.stack([h.numpy() for h in out.hidden_states]),
+             input_ids=ids, labels=labels, tokens=labels, attention_mask=mask,
+             special_tokens_mask=(ids == 1).astype(np.int64), provenance=np.array(json.dumps({"model_type": "llama"})))
+    layers = model_layers([str(cap)], ProblemArgs(weights=folder), Reader())
+    badges = [x["patterns"] for x in Viewer(viewer_layers(layers), "t" * 32, model=True).meta()["layers"]]
+    rows = json.loads(cli(str(cap), "-w", str(folder), "--format", "json").stdout)["statistics"]
+    for layer in (0, 1):
+        att = out.attentions[layer].double().numpy()
+        total, count = np.zeros((4, hs.S)), np.zeros((4, hs.S))
+        for b in range(2):
+            s_, c_ = reference(att[b], mask[b] == 1, ids[b], ids[b] == 1, np.isin(ids[b], [3, 4]))
+            total += s_
+            count += c_
+        for h in range(4):
+            for k, name in enumerate(hs.STATS):
+                got = badges[layer][h]["stats"][name]
+                if count[h, k] == 0:
+                    assert got is None, name
+                else:  # the badges' statistics are rounded to 4 decimals
+                    assert got == pytest.approx(total[h, k] / count[h, k], abs=6e-5), (layer, h, name)
+            assert badges[layer][h]["patterns"] == rows[4 * layer + h]["patterns"]
+    assert all(badges[L][h]["stats"]["induction"] is not None for L in (0, 1) for h in range(4))
+
+
 def test_the_table_names_each_head_with_its_evidence(model: Any, files: Path) -> None:
     args = [str(files / "all.npy"), "-w", str(model[0])]
     rows = json.loads(cli(*args, "--format", "json").stdout)["statistics"]
