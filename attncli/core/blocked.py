@@ -133,11 +133,12 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
                 ops.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
             # 6) softmax, folded into the product with V, normalised at the end
             acc.add(lg.s, v1[..., cols, :], reuse=lg.s is lg.raw and lg.folded)
+        top = acc.top()  # the keys' row max, before the sinks: a row whose every key is masked is dead, whatever its sink
         if problem.sinks is not None:  # 6) with sinks: exp(sink_h) joins each row's sum
             acc.add_sinks(ops.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device))
         out[..., i0:i1, :] = acc.finish()
         if rows.keep is not None or rows.bias is not None:  # without a running max (boolean masks only): no key kept
-            dead[..., i0:i1] |= to_numpy(ops.row_dead(xp, acc.top(), kept))
+            dead[..., i0:i1] |= to_numpy(ops.row_dead(xp, top, kept))
         return i1
 
     starts = range(0, m, step)
