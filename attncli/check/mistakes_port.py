@@ -165,5 +165,5 @@ def rope_q_positions_not_offset(c: Context) -> Result:
     if o.qk_norm is not None:
         raise NotApplicable("with QK-norm the rotation comes after the norm")
     rope = ops.rope_of(p)  # the engine's tables (its --rope-freqs, rounding, dtype, scaling, width)
-    q, k = rope.rotate(np, p.q, np.arange(p.m)), rope.rotate(np, p.k, np.arange(p.n))  # queries from 0, not P
+    q, k = rope.rotate_input(p, p.q, np.arange(p.m)), rope.rotate_input(p, p.k, np.arange(p.n))  # queries from 0, not P
     return c.rerun(replace(p, q=q, k=k), rope=None, rotary_dim=None, rope_scaling=None)

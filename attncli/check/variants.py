@@ -883,7 +883,7 @@ def rope_on_v(c: Context) -> Result:
     p = _plain_rope(c)
     if int(p.v.shape[-1]) != p.d_qk:
         raise NotApplicable("V's width differs from the rotated width")
-    return c.rerun(replace(p, v=ops.rope_of(p).rotate(np, p.v, np.arange(p.n))))  # the engine's rotation of K
+    return c.rerun(replace(p, v=ops.rope_of(p).rotate_input(p, p.v, np.arange(p.n))))  # the engine's rotation of K
 
 
 @variant("rope-base-default", "RoPE used the default base 10000 instead of the model's {base} (config rope_theta "

@@ -168,6 +168,9 @@ def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
     # dynamic
     if max_positions is None:
         raise InputError("rope_type 'dynamic' needs max_position_embeddings (the config's)", "--rope-scaling")
+    if dim <= 2:  # the grown base is base · ratio^(d / (d - 2)): transformers' own formula divides by zero
+        raise InputError(f"rope_type 'dynamic' needs a rotary width above 2 (its base grows as ratio^(d/(d-2))), "
+                         f"got {dim}", "--rope-scaling")
     n = max_positions if seq_len is None else max(seq_len, max_positions)
     f32 = np.float32  # HF computes the grown base from a tensor sequence length: in float32
     ratio = f32(f32(factor) * f32(n)) / f32(max_positions) - f32(factor - 1)
@@ -343,6 +346,12 @@ class Rope:
         """``a`` (..., T, d) rotated at ``positions`` (T,): the engine's q_rot and k_rot, and every RoPE of ``check``."""
         c, s = self.cos_sin(positions)
         return rotate(xp, a, c, s, self.mode, self.dim, self.rounding)
+
+    def rotate_input(self, problem: Problem, a: np.ndarray, positions: Any) -> np.ndarray:
+        """One of ``problem``'s inputs ``a`` rotated as the engine rotates it: held in the problem's computing dtype
+        first (the engine's ``be.asarray(q, dtype)``; a float32 or float16 input of a float64 run is rotated in
+        float64), then :meth:`rotate`. What check's variants and port mistakes call on a problem's q, k or v."""
+        return self.rotate(np, np.asarray(a, dtype=problem.dtype), positions)
 
 
 def rope_of(problem: Problem) -> Rope:
