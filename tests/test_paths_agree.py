@@ -195,3 +195,28 @@ def test_a_row_masked_by_a_float_mask_is_dead_whatever_its_sink() -> None:
         t = run(build(p, backend), plan)
         assert t.dead is not None and np.array_equal(np.broadcast_to(t.dead, (1, 3)), [[False, True, False]]), plan
         assert len(t.warnings) == 1 and "query 1" in t.warnings[0], (backend, plan, t.warnings)
+
+
+@pytest.mark.parametrize("mask", [{"causal": True}, {"window": 2}, {"chunk": 3, "q_offset": 4}])
+def test_a_half_inputs_overflow_warning_counts_every_score_on_every_path(mask: dict[str, Any]) -> None:
+    # float16 inputs whose raw scores q·k pass float16's 65504: the warning names the largest (the first of equals)
+    # and counts every raw score beyond it, masked keys included, as the explicit path does over its whole score
+    # matrix. Reference: the count and the largest of |q·k| over all (head, query, key), in float64 (grouped-query:
+    # query head h reads K head h // 2). Before, the blocked path counted only the keys its blocks could see.
+    rng = np.random.default_rng(4)
+    q = (rng.normal(size=(1, 4, 7, 4)) * 300).astype(np.float16)
+    k = (rng.normal(size=(1, 2, 12, 4)) * 300).astype(np.float16)
+    v = rng.normal(size=(1, 2, 12, 3)).astype(np.float16)
+    raw = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), np.repeat(k, 2, axis=1).astype(np.float64))
+    count = int((np.abs(raw) > 65504).sum())
+    b, h, i, j = np.unravel_index(int(np.argmax(np.abs(raw))), raw.shape)
+    assert 1 < count < raw.size
+    want = f"score query {i} · key {j} (batch {b}, {h}) = {raw[b, h, i, j]:.6g}"
+    warned = {}
+    for backend, plan in (("numpy", None), ("numpy", Plan("blocked")), ("torch", Plan("blocked"))):
+        t = run(Problem.build(q, k, v, options=Options(**mask, backend=backend)), plan)
+        found = [w for w in t.warnings if "overflows float16" in w]
+        assert len(found) == 1 and f"({count} scores in all)" in found[0], (plan, found)
+        warned[(backend, plan)] = found[0]
+    assert len(set(warned.values())) == 1
+    assert next(iter(warned.values())).startswith(want[:30])
