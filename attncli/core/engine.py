@@ -53,6 +53,7 @@ from attncli.core.trace import FEATURES, HEAD, KEYS, QUERIES, Trace
 from attncli.core.trace import StepName as N
 from attncli.core.validate import mapping
 from attncli.core.weights import DEFAULT_SEED
+from attncli.errors import InputError
 
 Progress = Callable[[int, int], None]
 WEIGHT_AXES = ("inputs", "projected")  # rows of W are input features, columns projected features
@@ -61,7 +62,8 @@ BIAS_AXES = ("bias", "projected")
 
 def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask: Any = None,
            query_labels: list[str] | None = None, key_labels: list[str] | None = None,
-           params: dict[str, Any] | None = None, sinks: Any = None, alibi_slopes: Any = None, **options: Any) -> Trace:
+           score_weights: dict[str, Any] | None = None, sinks: Any = None, alibi_slopes: Any = None,
+           params: dict[str, Any] | None = None, **options: Any) -> Trace:
     """Attention of queries ``q`` over keys ``k`` and values ``v``, returned as a :class:`Trace`.
 
     ``k`` and ``v`` default to ``q`` (self-attention). Keyword options are the fields of
@@ -71,13 +73,20 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     fused SDPA) without ever holding the ``(..., m, n)`` weights: for long sequences.
     Today's models: K/V with fewer heads than Q on axis -3 (grouped-query), ``rope=``, ``alibi=``,
     ``window=``, ``softcap=``, ``qk_norm=`` (options), ``sinks`` (H,) and ``alibi_slopes`` (H,).
+    ``score_weights``: the learned weights of the score (additive's ``W_q``, ``W_k``, ``w_v``; general's ``W``);
+    ``params`` is its former name, still accepted.
 
     >>> import numpy as np
     >>> attend(np.eye(2), score="dot").weights.sum(axis=-1).tolist()
     [1.0, 1.0]
     """
+    if params is not None and score_weights is not None:
+        raise InputError("give the score's weights once: score_weights= (params= is its former name)",
+                         "attend(score_weights=...)")
+    weights = score_weights if score_weights is not None else params
     problem = Problem.build(q, k, v, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
-                            key_labels=key_labels, params=dict(mapping(params, "attend() params")), sinks=sinks,
+                            key_labels=key_labels, score_weights=dict(mapping(weights, "attend() score_weights")),
+                            sinks=sinks,
                             alibi_slopes=alibi_slopes,
                             options=Options().merged(options, "attend()"), sources=_api_sources())
     return run(problem)
@@ -118,7 +127,7 @@ def run(problem: Problem | Layer, how: Plan | None = None, backend: Backend | No
     how = how or plan(problem)
     p = prepare(problem, backend)
     trace, be = p.trace, p.backend
-    out = _attention(p.core, be, p.q, p.k, p.v, p.params, trace, how, progress,
+    out = _attention(p.core, be, p.q, p.k, p.v, p.score_weights, trace, how, progress,
                      "head_output" if p.projected else "output")
     if isinstance(problem, Layer):
         _merge(problem, be, trace, out, p.w)
@@ -140,7 +149,7 @@ class Prepared:
     q: Any
     k: Any
     v: Any
-    params: dict[str, Any]
+    score_weights: dict[str, Any]  # the score's learned weights, on the backend
     trace: Trace
     projected: bool
     w: dict[str, Any]
@@ -169,9 +178,9 @@ def prepare(problem: Problem | Layer, backend: Backend | None = None) -> Prepare
     core, q, k = _before_scores(core, be, q, k, trace)
     if core.n_rep > 1:
         m.kv_heads, m.n_rep = core.kv_heads, core.n_rep
-    params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
-    record_params(problem, params, trace)
-    return Prepared(core, be, q, k, v, params, trace, projected, w)
+    weights = {name: be.asarray(a, dt) for name, a in problem.score_weights.items()}
+    record_score_weights(problem, weights, trace)
+    return Prepared(core, be, q, k, v, weights, trace, projected, w)
 
 
 def _index(trace: Trace, name: str) -> int:
@@ -700,7 +709,7 @@ def _split_note(H: int, dh: int, dvh: int) -> str:
     return f"each head takes its own {dh} feature(s) of Q and K: {shown}{', …' if H > 8 else ''}"
 
 
-def record_params(problem: Problem | Layer, params: dict[str, Any], trace: Trace) -> None:
+def record_score_weights(problem: Problem | Layer, params: dict[str, Any], trace: Trace) -> None:
     """The score weights used: in ``trace.inputs`` (NPZ) and ``trace.extra["params"]`` (JSON)."""
     if not params:
         return
@@ -724,8 +733,6 @@ def _notes(par: Any) -> list[str] | None:
 
 def select_head(trace: Trace, head: int) -> Trace:
     """A view of ``trace`` with only head ``head`` of the per-head steps (for the terminal)."""
-    from attncli.errors import InputError
-
     H = trace.meta.heads or 1
     if not 0 <= head < H:
         raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")

@@ -234,7 +234,7 @@ class Layer:
         be = self.p.backend
         qr = be.xp.take(self.p.q, be.asarray(rows, "int64") if be.name == "torch" else rows, axis=-2)  # (..., r, d)
         part = Trace(query_labels=self.problem.query_labels, key_labels=self.problem.key_labels)
-        attention_weights(self.p.core, be, qr, self.k, self.p.params, part, rows=rows)
+        attention_weights(self.p.core, be, qr, self.k, self.p.score_weights, part, rows=rows)
         return part
 
     def sweep(self, step: str) -> None:
