@@ -481,7 +481,7 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
 
     def record(st: chain.Stage, s: Any, par: Any) -> None:  # each stage of the chain: a step
         if st.name == N.SCORES:
-            trace.add(N.SCORES, s, params=Scores(score.name))
+            trace.add(N.SCORES, s, params=Scores(score.name, score.symbol))
             return
         if isinstance(par, chain.Scale):  # for explanations
             trace.meta.scaling = Scaling(text(par.rule), par.factor if isinstance(par.factor, (int, float)) else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from attncli.core.formula import Data, Fn, Formula, Head, Name, Num, Piece, Sub, Sup, Words, formula, plus, terms
+from attncli.core.formula import Data, Fn, Formula, Head, Name, Num, Piece, Sub, Sup, Term, Words, formula, plus, terms
 
 WEIGHT_OUT = {"W_q": "Q", "W_k": "K", "W_v": "V", "W_o": "output", "W_qa": "q_latent", "W_kva": "kv_latent"}
 
@@ -323,12 +323,11 @@ class Scores:
     """scores = the score's matrix (Q Kᵀ, ...); ``heads``: grouped-query heads, which K/V head each query head reads."""
 
     score: str  # a key of attncli.core.scoring.SCORES
+    symbol: tuple[Term, ...]  # its matrix in symbols (the registry's Score.symbol): Q Kᵀ
     heads: HeadMap | None = None
 
     def formula(self) -> Formula:
-        from attncli.core.scoring import get_score
-
-        return formula([Name("scores"), " = ", get_score(self.score).symbol])
+        return formula([Name("scores"), " = ", self.symbol])
 
 
 @dataclass(frozen=True)
