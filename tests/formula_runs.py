@@ -135,7 +135,7 @@ def runs() -> dict[str, Trace]:
                 sub_norm=Norm("rms", np.ones(8), None, 1e-6, "attn_sub_norm.weight"),
             )
             out[f"layer-gate-{act}-{width}"] = run(L)
-    for kind in ("layernorm", "rms1p", "layernorm1p"):
+    for kind in ("layernorm", "rms1p"):
         L = Layer.build(
             x,
             projections=Projections(**w),
