@@ -35,7 +35,7 @@ else:
 
 from attncli.core import alibi, heads, ops
 from attncli.core.backend import Backend
-from attncli.core.formula import Fn, Formula, Name, Num, Sub, Sym, Term, Words, formula, terms
+from attncli.core.formula import Fn, Formula, Name, Num, Root, Sub, Sym, Term, Words, formula, terms
 from attncli.core.ops import Rows
 from attncli.core.scoring import CONSTANT_SCALINGS, SCALINGS, get_score
 from attncli.core.trace import StepName as N
@@ -401,7 +401,7 @@ def _bias(b: Block, s: Any) -> tuple[Any, Bias]:
 def divisor(r: float) -> Term:
     """The divisor of a form added before the scale as the scale's rule writes it: 8, √12, 0.5."""
     sq = round(r * r)
-    return Num(r) if r == round(r) or abs(r * r - sq) > 1e-9 * sq else Sym(f"√{sq}")
+    return Num(r) if r == round(r) or abs(r * r - sq) > 1e-9 * sq else Root(str(sq))
 
 
 def alibi_terms(a: Alibi, slope: Term = Sub("slope", "h"), key: Term = Sym("j")) -> tuple[Term, ...]:

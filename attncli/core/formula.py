@@ -9,6 +9,7 @@ module reads a formula back out of its text.
     Name    a step's or an input's symbol: q_rot, scores, X, W_q (LaTeX: q_{rot}; HTML: q<sub>rot</sub>)
     Sub     a symbol with a subscript: slope_h, w_q[h] (base w, sub q, then "[h]" as Sym)
     Sup     a power: 10000^(-2k/8)
+    Root    a square root: √d, √4
     Hat     a symbol with a hat: Q̂
     Fn      a function's name before its parenthesis: tanh, softmax, sqrt, clamp
     Num     a number, written with ``%g`` (or the format given)
@@ -50,6 +51,13 @@ class Sup:
 
 
 @dataclass(frozen=True)
+class Root:
+    """A square root: √4, √d."""
+
+    arg: str
+
+
+@dataclass(frozen=True)
 class Hat:
     """A symbol with a hat: Q̂ (unit rows)."""
 
@@ -85,7 +93,7 @@ class Head:
     """One head's symbol (head_h): its index in a view of one head."""
 
 
-Term = Sym | Name | Sub | Sup | Hat | Fn | Num | Words | Data | Head
+Term = Sym | Name | Sub | Sup | Root | Hat | Fn | Num | Words | Data | Head
 # what :func:`terms` takes: terms, plain strs (symbols), None (left out) and sequences of these, nested
 Piece: TypeAlias = "Term | str | None | Sequence[Piece]"
 
@@ -98,7 +106,7 @@ def terms(*parts: Piece) -> tuple[Term, ...]:
             continue
         if isinstance(p, str):
             out.append(Sym(p))
-        elif isinstance(p, (Sym, Name, Sub, Sup, Hat, Fn, Num, Words, Data, Head)):
+        elif isinstance(p, (Sym, Name, Sub, Sup, Root, Hat, Fn, Num, Words, Data, Head)):
             out.append(p)
         else:
             out.extend(terms(*p))
@@ -132,6 +140,8 @@ def term_text(t: Term, head: int | None = None) -> str:
         return f"{t.base}^({t.exp})"
     if isinstance(t, Num):
         return t.text()
+    if isinstance(t, Root):
+        return f"√{t.arg}"
     if isinstance(t, Hat):
         return t.base + "\u0302"
     return "head_h" if head is None else f"head_{head}"

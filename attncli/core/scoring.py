@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from attncli.core.formula import Fn, Hat, Name, Sub, Term, terms, text
+from attncli.core.formula import Fn, Hat, Name, Root, Sub, Term, terms, text
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.errors import InputError
 
@@ -331,13 +331,14 @@ def _no_scaling(xp: Any, s: Any, d: int, n: int) -> float:
     return 1.0
 
 
-@scaling("sqrt-d", terms(S, " / √d"), lambda x, d, n: terms(x, f" / √{d}"))
+@scaling("sqrt-d", terms(S, " / ", Root("d")), lambda x, d, n: terms(x, " / ", Root(str(d))))
 def _sqrt_d(xp: Any, s: Any, d: int, n: int) -> float:
     """Divide by the square root of the query width: S / sqrt(d)."""
     return 1.0 / math.sqrt(d)
 
 
-@scaling("seq", terms(S, " / (√d·√n)"), lambda x, d, n: terms(x, f" / (√{d}·√{n})"))
+@scaling("seq", terms(S, " / (", Root("d"), "·", Root("n"), ")"), lambda x, d, n: terms(x, " / (", Root(str(d)), "·",
+                                                                                       Root(str(n)), ")"))
 def _seq(xp: Any, s: Any, d: int, n: int) -> float:
     """Divide by sqrt(d)·sqrt(n), for long sequences."""
     return 1.0 / (math.sqrt(d) * math.sqrt(n))

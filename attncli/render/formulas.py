@@ -34,6 +34,8 @@ def term_html(t: f.Term, head: int | None = None) -> str:
         return f"head<sub>{'h' if head is None else head}</sub>"
     if isinstance(t, f.Hat):
         return esc(t.base) + "&#x302;"
+    if isinstance(t, f.Root):
+        return "√" + esc(t.arg)
     return esc(f.term_text(t))  # symbols, functions, numbers, words, data: text, escaped
 
 

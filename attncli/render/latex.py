@@ -254,6 +254,8 @@ def formula_term_tex(t: f.Term, head: int | None = None) -> str:
         return symbols(t.base) + "^{" + symbols(t.exp) + "}"
     if isinstance(t, f.Hat):
         return r"\hat{" + symbols(t.base) + "}"
+    if isinstance(t, f.Root):
+        return r"\sqrt{" + symbols(t.arg) + "}"
     if isinstance(t, f.Fn):
         return FORMULA_FUNCTIONS.get(t.text, r"\operatorname{" + text(t.text) + "}")
     if isinstance(t, f.Num):
