@@ -281,9 +281,9 @@ def remark_tex(terms: Sequence[f.Term], head: int | None = None) -> str:
     return "".join(out)
 
 
-def step_tex(st: Step, prev: str = "", trace: Trace | None = None) -> str:
+def step_tex(st: Step) -> str:
     """``st``'s formula as LaTeX math: the equation its parameters write (attncli.core.params, attncli.core.chain),
-    never its display text (``prev``, ``trace``: unused, kept for callers)."""
+    never its display text."""
     return formula_tex(st.terms().eq, st.head)
 
 
@@ -325,8 +325,7 @@ def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
         if hid is not None:
             hid = hid & (a == 0)  # a finite fill leaves masked keys a weight: written as it is
         sym = STEP_SYMBOLS.get(st.name, in_math(st.name))
-        prev = trace.steps[trace.steps.index(st) - 1].name if trace.steps.index(st) else "x"
-        out.extend(_step_blocks(trace, ("step", k, st, prev), sym, a, st.axes, p, hid, opts))
+        out.extend(_step_blocks(trace, ("step", k, st), sym, a, st.axes, p, hid, opts))
     for e in explanations(trace, opts) if "weights" in trace else []:
         out.append(("heading2", e["heading"]))
         out.append(("lines", e["lines"]))
@@ -389,7 +388,7 @@ def latex_document(trace: Trace, opts: RenderOptions) -> str:
             parts.append(r"\subsection*{" + (breakable(title) if name in ("q", "k", "v") else
                                                "$" + step_symbol(name) + "$") + "}")
         elif kind == "step":  # a step: its name, and its formula written from its parameters (step_tex)
-            k, st, prev = content
+            k, st = content
             parts.append(r"\subsection*{" + f"{k}. $" + step_tex(st) + "$" + remark_tex(st.terms().remark, st.head) + "}")
         elif kind == "score":
             parts.append(f"Score: {text(content)}, $s_{{ij}} = {SCORE_ELEMENT.get(content, SCORE_ANY)}$\n")
@@ -514,7 +513,7 @@ def markdown_document(trace: Trace, opts: RenderOptions) -> str:
             name, title = content
             parts.append(f"### {_md(title)}\n")
         elif kind == "step":
-            k, st, prev = content
+            k, st = content
             parts.append(f"### {k}. $" + escape.markdown_math(step_tex(st)) + "$" + _md(f.text(st.terms().remark, st.head))
                          + "\n")
         elif kind == "para":
