@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,8 +51,7 @@ WHOLE_MATRIX_SCALINGS: dict[str, Callable[..., Any]] = {}
 # ---- the typed parameters of the steps: what a renderer or a check reads (never the formula text) ----
 
 
-@dataclass(frozen=True)
-class Scale:
+class Scale(NamedTuple):
     """scaled = scores · factor / temperature (``factor`` None: no rule; an array for 'norm')."""
 
     factor: Any
@@ -75,8 +74,7 @@ class Scale:
         return formula([Name("scaled"), " = S / T = S / ", Num(t)])
 
 
-@dataclass(frozen=True)
-class Cap:
+class Cap(NamedTuple):
     """capped = c · tanh(s / c)."""
 
     c: float
@@ -88,8 +86,7 @@ class Cap:
                        [": ", Words("scores squashed into "), "(-", c, ", ", c, ")"])
 
 
-@dataclass(frozen=True)
-class Alibi:
+class Alibi(NamedTuple):
     """ALiBi's bias in the form ``form`` (attncli.core.alibi.FORMS): slope_h · (j - (P + i)) per query head h,
     query i at position P + i, or a model's rounding of slope_h · j; ``r``: what it is divided by when the model
     adds it before the scale (--alibi-scaled: the scale's reciprocal, √d for Falcon), else None."""
@@ -106,8 +103,7 @@ class Alibi:
         return float(b[0, 0, 0])
 
 
-@dataclass(frozen=True)
-class RelativeBias:
+class RelativeBias(NamedTuple):
     """T5's bias b[bucket(j - (P + i)), h] of each query head h."""
 
     heads: int
@@ -117,8 +113,7 @@ class RelativeBias:
     q_offset: int = 0
 
 
-@dataclass(frozen=True)
-class Bias:
+class Bias(NamedTuple):
     """The biases added to the scores: ALiBi and/or T5's relative position bias."""
 
     alibi: Alibi | None = None
@@ -146,8 +141,7 @@ class Bias:
                                     "buckets)")])
 
 
-@dataclass(frozen=True)
-class Mask:
+class Mask(NamedTuple):
     """masked = s (+ float mask), the keys that no mask keeps at ``fill``."""
 
     fill: float

@@ -414,7 +414,7 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
     for name, y in (("q", q), ("k", k)):
         t.add(f"{name}_rot", y if name == "q" else _shown(problem, be, y), (QUERIES if name == "q" else KEYS, FEATURES),
               notes=(kv_note if name == "k" else []) + held or None,
-              params=replace(rotation, of=name, before=f"{name}_norm" if normed else name))
+              params=rotation._replace(of=name, before=f"{name}_norm" if normed else name))
     t.meta.rope = rotation
 
 
@@ -489,7 +489,8 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         if isinstance(par, chain.Bias) and par.alibi is not None:
             trace.meta.alibi = AlibiFacts(par.alibi.q_offset, par.alibi.slopes, par.alibi.form, par.alibi.r)
         if hasattr(par, "before"):  # the step it follows in this run (the chain's stages that apply)
-            par = replace(par, before=trace.steps[-1].name)
+            prev = trace.steps[-1].name  # a NamedTuple (attncli's) or a dataclass (a stage added elsewhere)
+            par = par._replace(before=prev) if hasattr(par, "_replace") else replace(par, before=prev)
         trace.add(st.step(problem), s, notes=_notes(par), params=par)
 
     # the chain before the softmax: chain.logits, its stages in chain.STAGES's order
@@ -566,7 +567,7 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
             s.notes = [*s.notes, split]
             if problem.kv_heads:
                 r = problem.n_rep
-                s.params = replace(s.params, heads=HeadMap(H, problem.kv_heads, r))
+                s.params = s.params._replace(heads=HeadMap(H, problem.kv_heads, r))
                 s.notes.append(f"grouped-query: K and V have {problem.kv_heads} heads of {proj.d_k // H} and "
                                f"{proj.d_v // H} features; query head h reads K/V head h // {r} (as SDPA enable_gqa, "
                                "HF repeat_kv)")

@@ -24,53 +24,44 @@ A :class:`Formula` is its equation (``eq``) and a remark after it (``remark``: "
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 
-@dataclass(frozen=True)
-class Sym:
+class Sym(NamedTuple):
     text: str
 
 
-@dataclass(frozen=True)
-class Name:
+class Name(NamedTuple):
     text: str
 
 
-@dataclass(frozen=True)
-class Sub:
+class Sub(NamedTuple):
     base: str
     sub: str
 
 
-@dataclass(frozen=True)
-class Sup:
+class Sup(NamedTuple):
     base: str
     exp: str
 
 
-@dataclass(frozen=True)
-class Root:
+class Root(NamedTuple):
     """A square root: √4, √d."""
 
     arg: str
 
 
-@dataclass(frozen=True)
-class Hat:
+class Hat(NamedTuple):
     """A symbol with a hat: Q̂ (unit rows)."""
 
     base: str
 
 
-@dataclass(frozen=True)
-class Fn:
+class Fn(NamedTuple):
     text: str
 
 
-@dataclass(frozen=True)
-class Num:
+class Num(NamedTuple):
     value: float
     fmt: str = "g"
 
@@ -78,18 +69,15 @@ class Num:
         return format(self.value, self.fmt)
 
 
-@dataclass(frozen=True)
-class Words:
+class Words(NamedTuple):
     text: str
 
 
-@dataclass(frozen=True)
-class Data:
+class Data(NamedTuple):
     text: str
 
 
-@dataclass(frozen=True)
-class Head:
+class Head(NamedTuple):
     """One head's symbol (head_h): its index in a view of one head."""
 
 
@@ -113,8 +101,7 @@ def terms(*parts: Piece) -> tuple[Term, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Formula:
+class Formula(NamedTuple):
     """A step's formula: ``eq`` the equation, ``remark`` what follows it (prose, with its leading separator)."""
 
     eq: tuple[Term, ...]

@@ -7,16 +7,15 @@ attncli.core.formula): the text that JSON and NPZ carry, LaTeX and HTML are all 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
 
 from attncli.core.formula import Data, Fn, Formula, Head, Name, Num, Piece, Sub, Sup, Term, Words, formula, plus, terms
 
 WEIGHT_OUT = {"W_q": "Q", "W_k": "K", "W_v": "V", "W_o": "output", "W_qa": "q_latent", "W_kva": "kv_latent"}
 
 
-@dataclass(frozen=True)
-class Input:
+class Input(NamedTuple):
     """x, memory, values: X (the input, or with --from-residual the residual stream), Y, Z as given."""
 
     symbol: str  # X, Y or Z
@@ -32,8 +31,7 @@ class Input:
         return formula(Name(self.symbol), [": ", Words(what)])
 
 
-@dataclass(frozen=True)
-class Projection:
+class Projection(NamedTuple):
     """q, k or v = input · W (+ b): which input, which weight and bias, where the weight came from."""
 
     input: str  # "X", "Y" (the memory) or "Z" (the values' input), or the step it reads (q_latent_norm)
@@ -59,8 +57,7 @@ class Projection:
         return formula(eq, None if remark is None else [": ", Words(remark)])
 
 
-@dataclass(frozen=True)
-class SharedRopeKey:
+class SharedRopeKey(NamedTuple):
     """DeepSeek's MLA: K = each head's [k_pe | k_nope_h], k_pe the same for every head."""
 
     d_rope: int
@@ -70,8 +67,7 @@ class SharedRopeKey:
                                                  "features) the same for every head")])
 
 
-@dataclass(frozen=True)
-class Clip:
+class Clip(NamedTuple):
     """q_clip, k_clip, v_clip = clamp(q, -c, c) (OLMo clip_qkv): of ``before``, the projection."""
 
     c: float
@@ -84,8 +80,7 @@ class Clip:
                         Words(" (clip_qkv)")])
 
 
-@dataclass(frozen=True)
-class Tuning:
+class Tuning(NamedTuple):
     """q_temp = q_i · (log(floor((P + i + 1) / floor) + 1) · scale + 1) (Llama 4's temperature tuning)."""
 
     scale: float
@@ -104,8 +99,7 @@ class Tuning:
                                     f"{self.last:.6g})")])
 
 
-@dataclass(frozen=True)
-class Weight:
+class Weight(NamedTuple):
     """A weight or bias step (W_q, b_q, ...): where it came from."""
 
     origin: str | None = None
@@ -119,8 +113,7 @@ class Weight:
         return formula([Name(self.name)], [where, ", ", Words("textbook convention (in, out)"), gate])
 
 
-@dataclass(frozen=True)
-class Features:
+class Features(NamedTuple):
     """Additive's features = act(q W_q + k W_k (+ b)): h numbers per (query, key)."""
 
     activation: str
@@ -131,8 +124,7 @@ class Features:
                         " + b" if self.bias else None, ")"], [": ", Words("h numbers per (query, key)")])
 
 
-@dataclass(frozen=True)
-class KeyInQuerySpace:
+class KeyInQuerySpace(NamedTuple):
     """General's k_proj = W k (+ b): each key in query space."""
 
     bias: bool
@@ -141,8 +133,7 @@ class KeyInQuerySpace:
         return formula(["W k", " + b" if self.bias else None], [": ", Words("each key in query space")])
 
 
-@dataclass(frozen=True)
-class Projected:
+class Projected(NamedTuple):
     """Additive's q_proj = q W_q, k_proj = k W_k (``of``: q or k)."""
 
     of: str
@@ -151,8 +142,7 @@ class Projected:
         return formula([f"{self.of} ", Sub("W", self.of)])
 
 
-@dataclass(frozen=True)
-class UnitRows:
+class UnitRows(NamedTuple):
     """Cosine's q / ‖q‖, k / ‖k‖ (``of``: q or k)."""
 
     of: str
@@ -161,8 +151,7 @@ class UnitRows:
         return formula([f"{self.of} / ‖{self.of}‖"])
 
 
-@dataclass(frozen=True)
-class SquaredDistance:
+class SquaredDistance(NamedTuple):
     """Gaussian's ‖q - k‖² (``sigma`` its bandwidth), or ‖(q - k)⊙w‖² with learned w (``sigma`` None)."""
 
     sigma: float | None
@@ -173,8 +162,7 @@ class SquaredDistance:
         return formula([Words("squared distance "), "‖q - k‖², σ = ", Num(self.sigma)])
 
 
-@dataclass(frozen=True)
-class KeyScores:
+class KeyScores(NamedTuple):
     """Location's act(k W (+ b)): one score per key."""
 
     activation: str
@@ -185,8 +173,7 @@ class KeyScores:
                        [": ", Words("one score per key")])
 
 
-@dataclass(frozen=True)
-class Normalise:
+class Normalise(NamedTuple):
     """x_norm, q_norm, k_norm: LayerNorm (``kind`` layernorm) or RMSNorm (rms; rms1p: the weight is 1 + w;
     rms-full: over the token's features of every head at once, OLMo 2's norm before the head split)."""
 
@@ -250,8 +237,7 @@ class Normalise:
         return formula([Name(self.step), " = ", body], [Words(over), Words(said)])
 
 
-@dataclass(frozen=True)
-class Gating:
+class Gating(NamedTuple):
     """gate = act(input · W_g) and gated = concat ⊙ gate (AFMoE, Laguna): one gate per feature of the
     concatenated heads, or one per head (``per_head``) shared by its features."""
 
@@ -266,8 +252,7 @@ class Gating:
                        [": ", Words(f"one gate per {'head' if self.per_head else 'feature of the concatenated heads'}")])
 
 
-@dataclass(frozen=True)
-class Gated:
+class Gated(NamedTuple):
     """gated = concat ⊙ gate: each feature, or each head's features (``per_head``), times its gate."""
 
     per_head: bool
@@ -278,8 +263,7 @@ class Gated:
                         Words(", before W_o")])
 
 
-@dataclass(frozen=True)
-class Rotation:
+class Rotation(NamedTuple):
     """RoPE on q_rot and k_rot: query i at position q_offset + i, key j at j."""
 
     mode: str  # half (rotate_half) or interleaved
@@ -309,8 +293,7 @@ class Rotation:
                        [", ", Words(f"position {where}{part}{scaled} (RoPE, {self.mode})")])
 
 
-@dataclass(frozen=True)
-class HeadMap:
+class HeadMap(NamedTuple):
     """Grouped-query heads: query head h reads K/V head h // n_rep."""
 
     heads: int
@@ -318,8 +301,7 @@ class HeadMap:
     n_rep: int
 
 
-@dataclass(frozen=True)
-class Scores:
+class Scores(NamedTuple):
     """scores = the score's matrix (Q Kᵀ, ...); ``heads``: grouped-query heads, which K/V head each query head reads."""
 
     score: str  # a key of attncli.core.scoring.SCORES
@@ -330,8 +312,7 @@ class Scores:
         return formula([Name("scores"), " = ", self.symbol])
 
 
-@dataclass(frozen=True)
-class Sink:
+class Sink(NamedTuple):
     """gpt-oss's sinks: one logit per query head in the softmax's denominator."""
 
     values: tuple[float, ...]
@@ -343,8 +324,7 @@ class Sink:
                        [": ", Words("the sink's share of each row"), " = 1 - ", Sub("Σ", "j"), " ", Sub("weights", "ij")])
 
 
-@dataclass(frozen=True)
-class Softmax:
+class Softmax(NamedTuple):
     """softmax (or weights) over the keys of ``before``; ``sinks``: with a sink logit per head."""
 
     before: str
@@ -361,8 +341,7 @@ class Softmax:
                         Words(", the sink's column dropped")])
 
 
-@dataclass(frozen=True)
-class Hard:
+class Hard(NamedTuple):
     """One-hot at each row's largest weight (ties: the first key)."""
 
     before: str
@@ -372,8 +351,7 @@ class Hard:
                        [Words(" (ties: the first key)")])
 
 
-@dataclass(frozen=True)
-class Dropout:
+class Dropout(NamedTuple):
     """weights · keep / (1 - p), keep from numpy.random.default_rng(seed)."""
 
     p: float
@@ -386,8 +364,7 @@ class Dropout:
                         f"({self.seed})"])
 
 
-@dataclass(frozen=True)
-class WeightedSum:
+class WeightedSum(NamedTuple):
     """output (or one head's output, head_h) = weights · V."""
 
     out: str  # output or head_output
@@ -397,8 +374,7 @@ class WeightedSum:
         return formula([Head() if self.out == "head_output" else Name(self.out), " = ", Name(self.weights), " · V"])
 
 
-@dataclass(frozen=True)
-class Concat:
+class Concat(NamedTuple):
     """concat (output without W_o) = the heads side by side, in order."""
 
     out: str
@@ -409,8 +385,7 @@ class Concat:
                         Sub("head", str(self.heads - 1)), ")"], [": ", Words("the heads side by side, in order")])
 
 
-@dataclass(frozen=True)
-class HeadMean:
+class HeadMean(NamedTuple):
     """avg_weights = the mean over the heads of the weights (as nn.MultiheadAttention returns them)."""
 
     def formula(self) -> Formula:
@@ -418,8 +393,7 @@ class HeadMean:
                        [Words(" (as nn.MultiheadAttention returns them)")])
 
 
-@dataclass(frozen=True)
-class Scaling:
+class Scaling(NamedTuple):
     """The scaling rule as the explanations show it: ``factor`` None when it depends on the scores."""
 
     rule: str
@@ -433,8 +407,7 @@ class Scaling:
         return {"rule": self.rule, "factor": self.factor, "temperature": self.temperature}
 
 
-@dataclass(frozen=True)
-class AlibiFacts:
+class AlibiFacts(NamedTuple):
     q_offset: int
     slopes: tuple[float, ...]
     form: str = "relative"  # a key of attncli.core.alibi.FORMS
@@ -444,8 +417,7 @@ class AlibiFacts:
         return {"q_offset": self.q_offset, "slopes": list(self.slopes), "form": self.form, "divisor": self.divisor}
 
 
-@dataclass(frozen=True)
-class Initialised:
+class Initialised(NamedTuple):
     """Score weights drawn from a seed, not given."""
 
     names: tuple[str, ...]
@@ -503,5 +475,5 @@ class Meta:
         for f in fields(self):
             v = getattr(self, f.name)
             if v is not None:
-                out[f.name] = v.as_json() if is_dataclass(v) and hasattr(v, "as_json") else v
+                out[f.name] = v.as_json() if hasattr(v, "as_json") else v
         return out
