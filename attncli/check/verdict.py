@@ -296,7 +296,7 @@ def absent_step(problem: Subject, what: str) -> str | None:
             continue
         if st in needed and (st.name != StepName.BIAS or what == st.step(core)):
             return None
-        has = [n for t in needed if t.name not in (StepName.HARD, StepName.DROPOUT)
+        has = [str(n) for t in needed if t.name not in (StepName.HARD, StepName.DROPOUT)
                for n in (t.step(core), *_STAGE_STEPS.get(t.name, ())[:1 if t.name != StepName.BIAS else 0])]
         after = [t.name.value for t in needed if t.name in (StepName.HARD, StepName.DROPOUT)]  # the softmax's own step
         has += ["softmax", *after] if after else []
