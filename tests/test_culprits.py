@@ -112,6 +112,16 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
     "config rope_parameters dynamic without max_position_embeddings (transformers 5)": (
         lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})],
         2, ["config.json", "rope_parameters", "max_position_embeddings"], ["--rope-scaling", "rope_scaling"]),
+    # an option config.json gives under another name: that key, never the option's name or its flag
+    "config query_pre_attn_scalar 1e-320 (a scale of 1e160 that overflows)": (
+        lambda t: [*SELF, model(t / "m", model_type="gemma2", head_dim=D, query_pre_attn_scalar=1e-320)],
+        2, ["config.json", "query_pre_attn_scalar", "overflow"], ["--scale", "option scale", "x.npy"]),
+    "config rope_theta 1e-320": (
+        lambda t: [*SELF, model(t / "m", rope_theta=1e-320)],
+        2, ["config.json", "rope_theta", "larger than 1"], ["rope_base", "--rope-base"]),
+    "config rope_parameters rope_theta 0.5 (transformers 5)": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "default", "rope_theta": 0.5})],
+        2, ["config.json", "rope_parameters.rope_theta", "larger than 1"], ["rope_base", "--rope-base"]),
     "--rope-scaling yarn without original_max_position_embeddings": (
         lambda t: [*RUN, "--rope", "half", "--rope-scaling", '{"rope_type": "yarn", "factor": 2}'],
         2, ["--rope-scaling", "original_max_position_embeddings"], ["config.json"]),

@@ -855,7 +855,9 @@ def _overflow_options(problem: Problem) -> list[tuple[str, float, str, str, str]
     found: list[tuple[str, float, str, str, str]] = []
     with np.errstate(over="ignore", divide="ignore"):
         if o.scale is not None:
-            found.append(("scale", abs(o.scale), problem.origin("scale"), f"{o.scale:g}", "a smaller --scale"))
+            origin = problem.origin("scale")
+            found.append(("scale", abs(o.scale), origin, f"{o.scale:g}",
+                          "a smaller --scale" if origin.startswith("--") else "a smaller scale there"))
         if o.temperature is not None:
             found.append(("temperature", float(np.float64(1.0) / abs(o.temperature)), problem.origin("temperature"),
                           f"{o.temperature:g}", "a larger --temperature"))

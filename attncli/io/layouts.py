@@ -272,8 +272,11 @@ class Ctx:
         value, key = _cfg(self.config, *keys)
         if key is None:
             value = default
-        elif name not in self.facts.from_config:
-            self.facts.from_config.append(name)
+        else:
+            if name not in self.facts.from_config:
+                self.facts.from_config.append(name)
+            if key != name:
+                self.facts.keys[name] = key  # the culprit a refusal of the option's value names
         if value is not None and cast is not None:
             value = cast(value)
         setattr(self.facts, name, value)
@@ -385,6 +388,7 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
         params = params[layer_type]
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         f.given(rope_base=float(params["rope_theta"]))
+        f.keys["rope_base"] = "rope_parameters.rope_theta"
     else:
         c.conf(rope_base=("rope_theta", "rotary_emb_base", "rope_base"), default=default_base, cast=float)
     if layer_type == "sliding_attention" and cfg.get("rope_local_base_freq") is not None:  # Gemma 3, transformers 4
@@ -633,11 +637,13 @@ def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
         if key is not None:
             c.facts.given(scale=float(scalar) ** -0.5)
+            c.facts.keys["scale"] = f"query_pre_attn_scalar {printable(str(scalar), 20)} (the scale is its ^-½)"
     elif fam.scale == "attention_multiplier":
         mult, key = _cfg(c.config, "attention_multiplier")  # required (Family.requires): set when there is a config
         if key is None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
         c.facts.given(scale=float(mult))
+        c.facts.keys["scale"] = "attention_multiplier"
     c.conf(softcap=("attn_logit_softcapping",), cast=float)
 
 

@@ -61,7 +61,8 @@ class CheckpointLayer:
 
     def config_options(self, base: Options | None = None) -> Options:
         """``base`` (default: Options()) with config.json's facts over it."""
-        return (base or Options()).merged(self.options, self.config_source) if self.options else (base or Options())
+        return (base or Options()).merged(self.options, self.config_source, origin=self.option_origin) if self.options \
+            else (base or Options())
 
     def problem(self, x: Any, memory: Any = None, values: Any = None, *, options: Options | None = None,
                 heads: int | None = None, from_residual: bool = False, **kw: Any) -> Layer:
