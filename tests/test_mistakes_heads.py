@@ -187,3 +187,96 @@ def test_rope_q_only_with_qk_norm_before_rope() -> None:
 
     assert check(layer, out(True), tolerance=TOL).match
     assert names(layer, out(False)) == ["rope-q-only"]
+
+
+# ---- the same mistakes in transformers' own Llama module (patched in), read as a checkpoint layer and by flags ----
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def llama(folder: Any) -> tuple[Any, Any]:
+    """A tiny Llama checkpoint: 4 query heads, 2 K/V heads (grouped-query), head_dim 8, eager attention."""
+    from hf_random import randomise
+
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=8, max_position_embeddings=64, vocab_size=50,
+                                   rms_norm_eps=1e-6, attention_dropout=0.25)
+    cfg._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    randomise(model, seed=11)
+    model.save_pretrained(folder)
+    return model, cfg
+
+
+def hf_layer(model: Any, mistake: str | None, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
+    """Layer 1's attention input and output from transformers' LlamaAttention, with ``mistake`` patched into its
+    module: RoPE on q alone, RoPE on v too, dropout left on (the module in training mode), √(H·d) scaling."""
+    import transformers.models.llama.modeling_llama as hf
+
+    attn = model.model.layers[1].self_attn
+    tables: dict[str, Any] = {}
+    rotate = hf.apply_rotary_pos_emb
+
+    def rope_q_only(q: Any, k: Any, cos: Any, sin: Any, *a: Any, **kw: Any) -> Any:
+        return rotate(q, k, cos, sin)[0], k
+
+    def keep_tables(q: Any, k: Any, cos: Any, sin: Any, *a: Any, **kw: Any) -> Any:
+        tables.update(cos=cos, sin=sin)
+        return rotate(q, k, cos, sin)
+
+    eager = hf.eager_attention_forward
+
+    def rope_on_v(module: Any, query: Any, key: Any, value: Any, *a: Any, **kw: Any) -> Any:
+        cos, sin = tables["cos"].unsqueeze(1), tables["sin"].unsqueeze(1)  # (B, 1, S, d): every K/V head
+        return eager(module, query, key, value * cos + hf.rotate_half(value) * sin, *a, **kw)
+
+    if mistake == "rope-q-only":
+        monkeypatch.setattr(hf, "apply_rotary_pos_emb", rope_q_only)
+    elif mistake == "rope-on-v":
+        monkeypatch.setattr(hf, "apply_rotary_pos_emb", keep_tables)
+        monkeypatch.setattr(hf, "eager_attention_forward", rope_on_v)  # LlamaAttention's default interface
+    elif mistake == "dropout-at-eval":
+        attn.train()  # eager_attention_forward: dropout=self.attention_dropout (0.25) while training
+        torch.manual_seed(0)
+    elif mistake == "sqrt-heads-width":
+        monkeypatch.setattr(attn, "scaling", (4 * 8) ** -0.5)
+    seen: dict[str, Any] = {}
+    pre = attn.register_forward_pre_hook(lambda m, a, kw: seen.update(x=kw["hidden_states"]), with_kwargs=True)
+    post = attn.register_forward_hook(lambda m, a, out: seen.update(y=out[0]))
+    with torch.no_grad():
+        model(torch.tensor([[1, 7, 3, 9, 4, 2]]))
+    pre.remove()
+    post.remove()
+    attn.eval()
+    return seen["x"][0].numpy(), seen["y"][0].numpy()
+
+
+def cli(*args: str, cwd: Any) -> Any:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run([sys.executable, "-m", "attncli", "check", *args, "--format", "json"], capture_output=True,
+                       text=True, env=env, cwd=cwd, timeout=300)
+    doc = json.loads(r.stdout) if r.stdout else {}
+    return r.returncode, sorted(e["name"] for e in doc.get("explanations", [])), r.stderr
+
+
+@pytest.mark.parametrize("mistake", [None, "rope-q-only", "rope-on-v", "dropout-at-eval", "sqrt-heads-width"])
+def test_each_mistake_in_transformers_llama_is_named_on_the_checkpoint_layer_and_by_flags(
+        mistake: str | None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, cfg = llama(tmp_path / "llama")
+    x, y = hf_layer(model, mistake, monkeypatch)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    attn = model.model.layers[1].self_attn
+    np.savez(tmp_path / "w.npz", **{f"W_{n}": getattr(attn, f"{n}_proj").weight.detach().numpy().T for n in "qkvo"})
+    expected = {"sqrt-heads-width": ["sqrt-model-width"]}.get(str(mistake), [str(mistake)]) if mistake else []
+    for args in (["--weights", "llama", "--layer", "1"],  # the checkpoint layer, and the same layer by flags
+                 ["--weights", "w.npz", "--heads", "4", "--kv-heads", "2", "--rope", "half", "--causal"]):
+        code, names, err = cli("y.npy", "x.npy", *args, cwd=tmp_path)
+        assert (code, names) == ((1, expected) if mistake else (0, [])), (args, err[-300:])
