@@ -132,6 +132,23 @@ def test_each_mistake_is_named_on_a_multi_head_layer(mistake: str, heads: int, k
     assert names(layer, layer_output(x, x, w, heads, kv, port)) == [entry]
 
 
+def test_scaling_by_the_kv_heads_width_is_named_with_grouped_query_heads() -> None:
+    """√(G·d): K's width before the head split (a port's 1/sqrt(k.size(-1)) taken too early); none with G = H."""
+    heads, kv = 4, 2
+    r = np.random.default_rng(12)
+    x = r.normal(size=(T, E))
+    w = weights_of(heads, kv, 13)
+    layer = Layer.build(x, projections=Projections(**w), heads=heads, options=Options(rope="half", causal=True,
+                                                                                     kv_heads=kv))
+    assert names(layer, layer_output(x, x, w, heads, kv, Port(scale=1 / math.sqrt(kv * D)))) == ["sqrt-kv-width"]
+    q, k, v = four_d(heads, kv)
+    problem = Problem.build(q, k, v, options=Options(rope="half", causal=True))
+    wrong = heads_attention(q[0], k[0], v[0], Port(scale=1 / math.sqrt(kv * D)), 0)[None]
+    assert names(problem, wrong) == ["sqrt-kv-width"]
+    mha = Layer.build(x, projections=Projections(**weights_of(heads, heads, 13)), heads=heads, options=Options(rope="half"))
+    assert "sqrt-kv-width" in check(mha, np.zeros((T, E)), tolerance=TOL).skipped
+
+
 @pytest.mark.parametrize(("heads", "kv"), SHAPES, ids=["4-heads", "gqa-4-2"])
 def test_queries_rotated_from_zero_in_a_kv_cache_step_of_a_layer(heads: int, kv: int) -> None:
     r = np.random.default_rng(3)

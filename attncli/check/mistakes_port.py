@@ -7,6 +7,7 @@ tries them too).
 - ``rope-added``: RoPE applied although the problem has none (a forgotten ``--rope``);
 - ``causal-diagonal-excluded`` / ``causal-one-future``: the causal mask off by one (j < i; j <= i + 1);
 - ``sqrt-heads-width``: √(H·d) scaling of 4-D (B, H, T, d) inputs (of a layer: ``sqrt-model-width``);
+- ``sqrt-kv-width``: √(G·d) scaling with G grouped-query K/V heads (K's width before the head split);
 - ``rope-q-positions-not-offset``: in a KV-cache step, the new queries rotated at 0..m-1 while the
   mask still puts them at P..P+m-1 (every head's; single-head, 4-D, grouped-query and layers alike).
 
@@ -150,6 +151,19 @@ def sqrt_heads_width(c: Context) -> Result:
     H = int(p.q.shape[-3])
     c.note = str(H)
     return c.rerun(scale=1.0 / math.sqrt(H * c.d))
+
+
+@variant("sqrt-kv-width", "the scores were divided by √(G·d) = √({G}·{d}), the width of the {G} K/V heads together "
+                          "(K's last axis before the head split), instead of the head width's √d = {sqrt_d}")
+def sqrt_kv_width(c: Context) -> Result:
+    """softmax(QKᵀ / √(G·d))·V for G grouped-query K/V heads"""
+    c.requires_sqrt_d()
+    G = c.problem.kv_heads
+    if G is None:
+        raise NotApplicable("as many K/V heads as query heads: √(H·d) is sqrt-heads-width / sqrt-model-width")
+    if G == 1:
+        raise NotApplicable("one K/V head (multi-query): its width is d")
+    return c.rerun(scale=1.0 / math.sqrt(G * c.d))
 
 
 @variant("rope-q-positions-not-offset", "in a KV-cache step the new queries were rotated at positions 0..m-1 "
