@@ -287,7 +287,7 @@ def capture_verdict(args: list[str], problem: ProblemArgs, opts: Verify, reader:
         verdicts.append(a.verdict)
     if layers is None:
         return verdicts[0]
-    return LayerVerdicts(verdicts, str(problem.weights))
+    return LayerVerdicts(verdicts, str(problem.weights), what="weights", numbers=layers)
 
 
 def check_all_layers(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any, given: dict[str, float]) -> Any:
