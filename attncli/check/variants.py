@@ -174,7 +174,7 @@ class Context:
 
     def factor(self) -> Any:
         """The factor the engine multiplies the scores by (None: no scaling)."""
-        return ops.scale_factor(self.core, np, self.ref["scores"])[0]
+        return ops.scale_factor(self.core, np, self.ref["scores"])
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
@@ -325,7 +325,7 @@ def scale_after_softmax(c: Context) -> Result:
     if o.scale is None and (o.scaling or get_score(o.score).scaling) == "none":
         raise NotApplicable("the scores are not scaled here")
     t = c.rerun(scale=None, scaling="none")
-    f = ops.scale_factor(c.core, np, t["scores"])[0]  # the rerun's raw scores are the reference's: no reference run
+    f = ops.scale_factor(c.core, np, t["scores"])  # the rerun's raw scores are the reference's: no reference run
     return c.with_output(t["weights"] * f)  # (W·f)·V = (W·V)·f
 
 

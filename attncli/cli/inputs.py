@@ -214,9 +214,9 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
                             ("--layout", opts.layout)):
             if value:
                 raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)", flag)
-        params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
+        weights, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
         options = options.merged(flags, "command line", flags=True)
-        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
+        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), score_weights=weights, options=options, **common)
     given_heads = opts.heads if opts.heads is not None else doc.get("heads")
     heads_source = "--heads" if opts.heads is not None else file_source
     if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)

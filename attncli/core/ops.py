@@ -574,16 +574,15 @@ def score(problem: Problem, xp: Any, q: Any, k: Any, params: dict[str, Any], tra
     return get_score(problem.options.score).fn(ScoreInput(xp, q, k, params, trace, problem.options))
 
 
-def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
-    """The factor the raw scores are multiplied by (None for none) and its description."""
+def scale_factor(problem: Problem, xp: Any, s: Any) -> Any:
+    """The factor the raw scores are multiplied by (None for none)."""
     o = problem.options
-    d, n = problem.d_qk, problem.n
     if o.scale is not None:
-        return o.scale, f"S · {o.scale:g}"
+        return o.scale
     rule = SCALINGS[o.scaling or get_score(o.score).scaling]
     if rule.name == "none":
-        return None, "S"
-    return rule.factor(xp, s, d, n), rule.describe(d, n)
+        return None
+    return rule.factor(xp, s, problem.d_qk, problem.n)
 
 
 # ---- 5) mask ------------------------------------------------------------------------------------
