@@ -121,7 +121,9 @@ class Family:
     # rope_table), no partial factor or scaling read (RoFormer, ESM: their modeling files read none)
     partial_default: float | None = None  # partial_rotary_factor when config.json says none (Phi, Persimmon: 0.5)
     relative: str | None = None  # "t5": T5's bucketed relative position bias (relative_attention_num_buckets, ...)
-    alibi: str | None = None  # ALiBi added unscaled after the scale, in this form (attncli.core.alibi.FORMS): Bloom
+    alibi: str | None = None  # ALiBi in this form (attncli.core.alibi.FORMS), instead of rotary: Bloom, Falcon
+    alibi_key: str | None = None  # the config key that switches ALiBi on (Falcon: alibi; else rotary); None: always
+    alibi_scaled: bool = False  # ALiBi added to q·k before the scale (Falcon), else after it (Bloom)
     norm_switch: str | None = None  # a config key whose false makes the layer post-norm (OPT: do_layer_norm_before)
     norm_affine: str | None = None  # a config key whose false leaves the LayerNorm without weight and bias (OPT:
     # layer_norm_elementwise_affine)
@@ -516,7 +518,8 @@ declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", norm_name="inp
         alibi="absolute-f32")
 # Falcon: query_key_value rows (G, H/G + 2, d) (new_decoder_architecture: G = num_kv_heads; multi_query: G = 1;
 # else G = H); rotary half, or ALiBi scaled with the scores; pre-norm ln_attn or input_layernorm (parallel block)
-declare("falcon", layout="bloom", pre_norm="layernorm", fused="groups",
+declare("falcon", layout="bloom", pre_norm="layernorm", fused="groups", alibi="absolute-bf16", alibi_key="alibi",
+        alibi_scaled=True,
         keys=frozenset({"alibi", "multi_query", "new_decoder_architecture", "num_kv_heads", "num_ln_in_parallel_attn",
                         "parallel_attn", "bias"}),
         notes="alibi: (q·k + bf16(bf16(slope)·bf16(j)))/sqrt(d) (ALiBi form absolute-bf16, scaled); only `dense` after "

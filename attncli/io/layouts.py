@@ -349,12 +349,6 @@ def _check_shapes(c: Ctx) -> None:
                      f"width {c.origin['W_o']} takes")
 
 
-def _norm_tensor(c: Ctx, default: str) -> str:
-    """The layer's pre-attention norm tensor (without .weight) as its family declares it (Family.norm_name); bare
-    weights (no config.json) take the ``default`` family's declaration."""
-    return c.block + (c.family or FAMILIES[default]).norm_name
-
-
 def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, ...] = (), eps: float | None = None) -> None:
     """The layer's pre-attention norm (weight, bias) and its kind."""
     if not c.has(w):
@@ -472,11 +466,13 @@ class Row:
     notes: tuple[tuple[str, str], ...] = ()  # display notes (name, text)
 
 
-def read_row(c: Ctx, row: Row) -> None:
+def read_row(c: Ctx, row: Row, block: str | None = None) -> None:
     """One layer of a row layout: its projections (nn.Linear, or the fused per-head tensor), heads, relative bias
-    table, norm; then the family's options by the resolver."""
+    table, norm; then the family's options by the resolver. ``block``: the prefix of the module that runs this layer
+    when it is not the layer's own (ALBERT's shared groups)."""
     fam = c.family or FAMILIES[row.default]  # without config.json the read is refused where the tensors leave it open
-    a = c.block + row.module
+    block = c.block if block is None else block
+    a = block + row.module
     names = (row.fused,) if row.fused is not None else (row.q, row.k, row.v)
     if row.only:
         known = {f"{a}{n}.{p}" for n in (*names, row.o) for p in ("weight", "bias")}
@@ -513,20 +509,21 @@ def read_row(c: Ctx, row: Row) -> None:
         if "q_norm" in c.arrays:  # an nn.LayerNorm over each head's features (Phi, Persimmon)
             c.facts.qk_norm = fam.qk_norm
             c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
-    if row.cross is not None and c.has(c.block + row.cross):
-        c.facts.notes["cross_attention"] = f"{c.block}{row.cross.rsplit('.', 2)[0]} (cross-attention) is not read"
+    if row.cross is not None and c.has(block + row.cross):
+        c.facts.notes["cross_attention"] = f"{block}{row.cross.rsplit('.', 2)[0]} (cross-attention) is not read"
     c.facts.notes.update(row.notes)
-    _row_norm(c, fam, row.post_norm, row.eps)
+    _row_norm(c, fam, row.post_norm, row.eps, block)
     layer_options(c, fam, a)
 
 
-def _row_norm(c: Ctx, fam: Family, post: str | None, eps: tuple[str, ...]) -> None:
+def _row_norm(c: Ctx, fam: Family, post: str | None, eps: tuple[str, ...], block: str | None = None) -> None:
     """The family's norm: after the residual (post-norm: its row's pre_norm None, or its norm switch false, OPT's
     do_layer_norm_before), without weight and bias (its affine key false, OPT's layer_norm_elementwise_affine), or
     the pre-norm before (or inside) the attention module."""
-    cfg, ln = c.config or {}, c.block + fam.norm_name
+    block = c.block if block is None else block
+    cfg, ln = c.config or {}, block + fam.norm_name
     if fam.pre_norm is None or (fam.norm_switch is not None and cfg.get(fam.norm_switch, True) is False):
-        _post_norm(c, c.block + post if post is not None else ln)
+        _post_norm(c, block + post if post is not None else ln)
     elif fam.norm_affine is not None and cfg.get(fam.norm_affine) is False:  # nn.LayerNorm without parameters
         E = c.arrays["W_q"].shape[0]
         c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, {fam.norm_affine} false; w = 1)")
@@ -668,6 +665,8 @@ def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
     """Rotary: the family's style, theta / scaling / partial width from the config (per layer type), HunYuan's NTK
     alpha, full-head rotary, Granite SWA's theta per layer; a NoPE layer has none."""
     cfg = c.config or {}
+    if _alibi_on(c, fam):  # Falcon with alibi: no rotary
+        return
     if fam.rope is not None and not k.nope and fam.rope_whole:
         _bert_rope(c, fam)
     elif fam.rope is not None and not k.nope:
@@ -792,11 +791,26 @@ def _opt_relative(c: Ctx, fam: Family, k: LayerKind) -> None:
 def _opt_alibi(c: Ctx, fam: Family, k: LayerKind) -> None:
     """ALiBi added unscaled after the scale, in the family's form (Bloom: build_alibi_tensor, fl32(slope_h · j) at
     key j's absolute position, torch.baddbmm in modeling_bloom.py)."""
-    if fam.alibi is None:
+    if not _alibi_on(c, fam):
         return
-    c.facts.alibi, c.facts.alibi_form = True, fam.alibi
-    c.facts.notes["alibi"] = (f"added unscaled: scores = alibi + (q·k)/sqrt(d), ALiBi form {fam.alibi} at key j's "
-                              "absolute position")
+    f = c.facts
+    if fam.alibi_key is not None:
+        f.given(alibi=True)
+    f.alibi, f.alibi_form, f.alibi_scaled = True, fam.alibi, fam.alibi_scaled
+    if fam.alibi_scaled:  # Falcon: build_alibi_tensor in bfloat16, added before FalconAttention's 1/sqrt(d)
+        f.notes["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
+                            "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
+                            "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
+                            "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
+                            "adds it once")
+    else:
+        f.notes["alibi"] = (f"added unscaled: scores = alibi + (q·k)/sqrt(d), ALiBi form {fam.alibi} at key j's "
+                            "absolute position")
+
+
+def _alibi_on(c: Ctx, fam: Family) -> bool:
+    """ALiBi on this layer: the family has it, and its config switch (if any) is on (then no rotary)."""
+    return fam.alibi is not None and (fam.alibi_key is None or bool((c.config or {}).get(fam.alibi_key)))
 
 
 # The resolver's steps, in the order their facts depend on each other (the window reads the chunk)
@@ -972,15 +986,6 @@ def _partial_default(c: Ctx, default: float) -> None:
         c.facts.notes["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
 
 
-def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
-    """Phi / Persimmon's qk_layernorm: q_layernorm / k_layernorm, an nn.LayerNorm over each head's d features
-    (one weight (d,) and bias for every head), before the partial rotary; eps layer_norm_eps."""
-    _qk_tensors(c, a, fam)
-    if "q_norm" in c.arrays:
-        c.facts.qk_norm = "layernorm"
-        c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
-
-
 @layout("mla", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.kv_a_proj_with_mqa\.weight$",
         "DeepSeek-V2/V3 multi-head latent attention: self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj}, "
         "kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj")
@@ -1067,8 +1072,6 @@ def _phi(c: Ctx) -> None:
                      "inspect lists)")
     c.linears(a, "q_proj", "k_proj", "v_proj")
     _llama_rest(c, a, out="dense")  # q_layernorm / k_layernorm under the declaration's qk_names
-    if c.facts.rope is not None:
-        _partial_default(c, 0.5)
 
 
 row_layout("persimmon", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.query_key_value\.weight$",
@@ -1306,33 +1309,17 @@ def _falcon(c: Ctx, a: str) -> None:
                      f"(G, H/G + 2, d) rows for {H} heads of {d} ({what})")
     _split_groups(c, name, a + "query_key_value.bias", H, G, d)
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
-    f.head_dim, f.kv_heads, f.causal = d, G, True
+    f.head_dim, f.kv_heads = d, G
     cfg = cfg or {}
     new = bool(cfg.get("new_decoder_architecture"))
     if c.config is None:  # --layout falcon on bare weights: the norm the checkpoint has
         ln = "ln_attn" if c.has(c.block + "ln_attn.weight") else "input_layernorm"
     else:  # FalconDecoderLayer: ln_attn in the new decoder with two norms (num_ln_in_parallel_attn None or 2)
         ln = "ln_attn" if new and cfg.get("num_ln_in_parallel_attn") in (None, 2) else "input_layernorm"
-    if fam is not None:
-        _family_norm(c, fam, c.block + ln, ("layer_norm_epsilon",))
-    if cfg.get("alibi"):
-        _falcon_alibi(c, H, d)
-    else:
-        _rope(c, "half")
+    assert fam is not None  # Bloom's reader sends a declared Falcon here
+    _family_norm(c, fam, c.block + ln, ("layer_norm_epsilon",))
+    layer_options(c, fam, a)  # rotary half, or ALiBi (config.json alibi), scaled with the scores
     c.name = "falcon"
-
-
-def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
-    """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each float32 slope and each key position j to
-    bfloat16 and their product to bfloat16; FalconAttention adds it to q·k before the 1/sqrt(d) (Falcon-RW's own
-    code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16, scaled."""
-    c.facts.given(alibi=True)
-    c.facts.alibi_form, c.facts.alibi_scaled = "absolute-bf16", True
-    c.facts.notes["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
-                              "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
-                              "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
-                              "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
-                              "adds it once")
 
 
 row_layout("t5", r"^(?P<stack>(?:.*\.)?block\.)(?P<n>\d+)\.layer\.0\.SelfAttention\.q\.weight$",
@@ -1513,17 +1500,16 @@ def _albert_layers(ckpt: Checkpoint, found: Found) -> list[int]:
 def _albert(c: Ctx) -> None:
     g, i, shared = _albert_call(c.config, c.layer, c.ckpt.source)
     a = f"{c.stack}{g}.albert_layers.{i}.attention."
-    c.linears(a, "query", "key", "value", "dense")
+    read_row(c, ALBERT, f"{c.stack}{g}.albert_layers.{i}.")
     runs = f"layers {_layer_range(shared)}" if shared == list(range(shared[0], shared[-1] + 1)) else \
         "layers " + ", ".join(map(str, shared))
     for k in list(c.origin):
         c.origin[k] += f" (shared by {runs})"
     c.facts.notes["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
                                f"which {runs} share")
-    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
-    c.facts.causal = False
-    c.facts.notes["bidirectional"] = "albert: an encoder, every token sees every token"
-    _post_norm(c, f"{a}LayerNorm")
+
+
+ALBERT = Row("albert", "attention.", "query", "key", "value", "dense", post_norm="attention.LayerNorm")
 
 
 # Layouts whose layer numbers are not the indices in their tensor names (ALBERT: groups shared by the layers)
