@@ -34,6 +34,8 @@ def _row(fam: Family) -> tuple[str, ...]:
                          "stored sinusoidal rotary table checked" if fam.rope_table else "",
                          "rotary over the whole head, no scaling" if fam.rope_whole else "",
                          f"partial rotary {fam.partial_default} by default" if fam.partial_default else "",
+                         f"rotary style `{fam.rope_switch}`" if fam.rope_switch else "",
+                         f"rotary width `{fam.rotary_key}`" if fam.rotary_key else "",
                          f"layer types: {_rule(fam.layer_type)}" if fam.layer_type else "",
                          f"window `{fam.window_key}`" + (f" (default {fam.window_default})" if fam.window_default
                                                          else "") if fam.window_key != "sliding_window" else "",
@@ -44,10 +46,14 @@ def _row(fam: Family) -> tuple[str, ...]:
                          "requires " + ", ".join(f"`{k}`" for k, _ in fam.requires) if fam.requires else "") if x]
     keys = ", ".join(f"`{k}`" for k in sorted(fam.reads() - SHAPE_KEYS)) or "—"
     slides = "every layer" if fam.always_slides else _rule(fam.slides) if fam.slides else "—"
-    return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, {"none": "1", "gpt2": "`scale_attn_weights`, `scale_attn_by_inverse_layer_idx`"}.get(
-                fam.scale or "", fam.scale or "1/√d"),
-            {"is_decoder": "`is_decoder`", "decoder-stack": "the decoder's stack", "encoder-stack": "but the encoder's stack"
-             }.get(fam.causal_from or "", "yes" if fam.causal else "no"), slides, "; ".join(extra) or "—", keys)
+    scale = SCALES.get(fam.scale or "", fam.scale or "1/√d")
+    causal = CAUSAL.get(fam.causal_from or "", "yes" if fam.causal else "no")
+    return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, scale, causal, slides, "; ".join(extra) or "—",
+            keys)
+
+
+SCALES = {"none": "1", "gpt2": "`scale_attn_weights`, `scale_attn_by_inverse_layer_idx`", "mscale": "1/√d · mscale²"}
+CAUSAL = {"is_decoder": "`is_decoder`", "decoder-stack": "the decoder's stack", "encoder-stack": "but the encoder's stack"}
 
 
 def main() -> None:

@@ -89,7 +89,8 @@ class Family:
     rope_alpha: bool = False  # rope_parameters {rope_type: dynamic, alpha}: a fixed NTK base theta·alpha^(d/(d-2))
     qk_key: str | None = None  # the config key that switches it on (qk_layernorm, use_qk_norm): must agree with the tensors
     scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale;
-    # "none": no scaling (GPT-Neo, T5) | "gpt2": scale_attn_weights, scale_attn_by_inverse_layer_idx
+    # "none": no scaling (GPT-Neo, T5) | "gpt2": scale_attn_weights, scale_attn_by_inverse_layer_idx | "mscale": the
+    # rope scaling's mscale_all_dim, head_dim^-0.5 · mscale² (MLA's yarn_get_mscale)
     causal: bool = True
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
@@ -119,6 +120,9 @@ class Family:
     window_default: int | None = None  # the window of a sliding layer when config.json has none (GPT-Neo: 256)
     rope_whole: bool = False  # rotary over the whole head, base rope_theta (default 10000; the stored table where
     # rope_table), no partial factor or scaling read (RoFormer, ESM: their modeling files read none)
+    rope_switch: str | None = None  # a config key choosing the rotary style: false half, else interleaved (DeepSeek-V3's
+    # rope_interleave, default true)
+    rotary_key: str | None = None  # the config key of the rotary width, whatever the partial factor (MLA: qk_rope_head_dim)
     partial_default: float | None = None  # partial_rotary_factor when config.json says none (Phi, Persimmon: 0.5)
     relative: str | None = None  # "t5": T5's bucketed relative position bias (relative_attention_num_buckets, ...)
     alibi: str | None = None  # ALiBi in this form (attncli.core.alibi.FORMS), instead of rotary: Bloom, Falcon
@@ -146,7 +150,7 @@ class Family:
             keys.add(self.scale)
         if self.window_key != "sliding_window":
             keys.add(self.window_key)
-        for key in (self.norm_switch, self.norm_affine):
+        for key in (self.norm_switch, self.norm_affine, self.rope_switch, self.rotary_key):
             if key:
                 keys.add(key)
         if self.qk_key:
@@ -600,11 +604,12 @@ MLA_NEEDS = tuple((k, "which multi-head latent attention needs") for k in (
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "num_attention_heads"))
 MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
                       "attention_bias", "rms_norm_eps", "head_dim", "num_key_value_heads"})
-declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS,
-        rope_rounding="once-float32")  # view_as_complex(q.float()) · freqs_cis (float32), type_as(q)
-declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS)
-declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None, requires=MLA_NEEDS,
-        keys=MLA_KEYS | {"rope_interleave"})
+MLA_ROW: dict[str, Any] = dict(layout="mla", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS,
+                               rotary_key="qk_rope_head_dim", scale="mscale")
+declare("deepseek_v2", rope="interleaved", rope_rounding="once-float32", **MLA_ROW)  # view_as_complex(q.float()) ·
+# freqs_cis (float32), type_as(q)
+declare("minicpm3", rope="half", **MLA_ROW)
+declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", rope="interleaved", rope_switch="rope_interleave", **MLA_ROW)
 
 
 def family(model_type: str) -> Family | None:

@@ -670,7 +670,12 @@ def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
     if fam.rope is not None and not k.nope and fam.rope_whole:
         _bert_rope(c, fam)
     elif fam.rope is not None and not k.nope:
-        _rope(c, fam.rope, layer_type=k.type)
+        kind = fam.rope
+        if fam.rope_switch is not None:  # the config classes' default: true (interleaved)
+            kind = "half" if cfg.get(fam.rope_switch) is False else "interleaved"
+        _rope(c, kind, layer_type=k.type)
+        if fam.rotary_key is not None:  # MLA: the rotary turns qk_rope_head_dim features (required)
+            c.facts.rotary_dim = int(cfgcheck.value(cfg, fam.rotary_key, "config.json"))
         if fam.rope_alpha:
             _ntk_alpha(c)
         _full_rotary(c, fam)
@@ -737,6 +742,13 @@ def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
         if key is None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
         c.facts.given(scale=float(mult))
+    elif fam.scale == "mscale":  # yarn_get_mscale: any rope scaling with mscale_all_dim multiplies it by mscale²
+        sc, d = c.facts.rope_scaling or {}, c.facts.head_dim
+        mad = sc.get("mscale_all_dim")
+        if sc and mad and d:
+            factor = float(sc.get("factor", 1.0))
+            m = 0.1 * float(mad) * math.log(factor) + 1.0 if factor > 1 else 1.0
+            c.facts.given(scale=d ** -0.5 * m * m)
     elif fam.scale == "none":  # GPTNeoSelfAttention._attn, T5Attention: q·k, never divided by sqrt(d)
         c.facts.scale = 1.0
         c.facts.notes["scale"] = f"1: {fam.model_type} does not scale the scores"
@@ -1046,21 +1058,10 @@ def _mla(c: Ctx) -> None:
     f.heads, f.head_dim = H, n + r  # K and V: one per query head (kv_heads left unset: not an option here)
     f.mark_config("heads", "head_dim")
     f.latent = (n, r, 1e-6)
-    f.causal = True
-    kind = fam.rope
-    if "rope_interleave" in fam.reads():
-        kind = "half" if cfg.get("rope_interleave") is False else "interleaved"  # the config classes' default: true
-    _rope(c, kind or "interleaved")
-    f.rotary_dim = r
     f.notes["latent"] = (f"q {'q_a_proj, q_a_layernorm, q_b_proj' if 'W_qa' in c.arrays else 'q_proj'}; "
                          f"kv_lora_rank {r_kv}; per head q/k {n} + {r} rotary (placed first), v {dv}")
-    sc = f.rope_scaling or {}
-    mad = sc.get("mscale_all_dim")
-    if sc and mad:  # yarn_apply_mscale: any rope scaling with mscale_all_dim multiplies the scale by mscale²
-        factor = float(sc.get("factor", 1.0))
-        m = 0.1 * float(mad) * math.log(factor) + 1.0 if factor > 1 else 1.0
-        f.given(scale=(n + r) ** -0.5 * m * m)
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps",))
+    layer_options(c, fam, a)  # rotary on qk_rope_head_dim features (style: rope_interleave), the mscale
 
 
 @layout("phi", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.dense\.weight$",
