@@ -25,7 +25,13 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     modernbert        attn.Wqkv (3E, E) = [Q; K; V] by rows (decoder: attn.{q,k,v}_proj), attn.Wo   nn.Linear
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
-A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
+A layout is a declared :class:`Row` (its tensor names, a fused tensor, biases, the norm, the relative bias table)
+registered with :func:`row_layout` and read by :func:`read_row` with the generic slicers (gptj, gpt_neo, bert,
+neox, persimmon, t5, distilbert; bart, bloom and albert through it), or, where the tensors need more than slicing,
+a small reader registered with :func:`layout` (llama's QK-norm names and gates, phi3's and gpt2's fused splits,
+falcon's groups, mla's latents, modernbert, transformer-lens, mha). Either way the layer's options (rotary,
+causality, window, scale, ALiBi, relative bias) come from the family's row through the one resolver,
+:func:`layer_options` (modernbert, transformer-lens and mha excepted). :func:`load_layer` finds the layout
 whose marker tensor is present, picks the layer, and reads only that layer's tensors. The same
 registry, ``LAYOUTS``, holds the layouts of a weights file (one module's entries in memory,
 read from .npz/.yaml/.json/.pt: textbook, d2l, notes, mha-kdim, converted by attncli.io.weights;
