@@ -46,6 +46,7 @@ import numpy as np
 from attncli.core.backend import to_numpy
 from attncli.core.engine import Prepared, attention_weights, prepare
 from attncli.core.ops import expand_kv, weighted_sum
+from attncli.core.params import WeightedSum
 from attncli.core.problem import Problem
 from attncli.core.projections import LATENT
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
@@ -149,31 +150,24 @@ class Layer:
         self._inputs64: dict[str, Any] = {}
         self._patterns: list[dict[str, Any]] | None = None
         self.named: list[dict[str, Any]] = []  # the diagnostics' head_patterns of this layer (set by the CLI)
+        # a capture's positions (set by the CLI): per entry, the queries' and, for cross-attention, the keys'
+        # headstats.Sequence (token ids, special tokens, punctuation), as `self` and `heads` read them
+        self.sequences: tuple[list[Any], list[Any] | None] | None = None
 
     def patterns(self) -> list[dict[str, Any]]:
         """Per query head: the patterns it passes and its statistics (attncli.core.headstats, over every valid query
         of the batch, default thresholds), for the model view's badges (cross-attention: those needing no shared
-        positions); [] for a path without the blocked pass."""
+        positions); with a capture's ``sequences``, those needing token ids too (induction, duplicate, special);
+        [] for a path without the blocked pass."""
         if self._patterns is None:
             from attncli.core import headstats as hs
             from attncli.errors import AttnError
 
-            core = self.p.core
             out: list[dict[str, Any]] = []
-            sums = None
-            if len(core.batch_shape) == 2:
-                pad = core.padding
-                B = int(core.batch_shape[0])
-                valid = np.ones((B, core.n), bool) if pad is None or pad.dtype != bool else \
-                    ~np.broadcast_to(pad, (B, 1, 1, core.n))[:, 0, 0, :]
-                labels = core.key_labels
-                punct = None if labels is None else np.array([hs.is_punctuation(t) for t in labels])
-                keyed = [hs.Sequence(valid[b], punctuation=punct) for b in range(B)]
-                cross = core.m != core.n or (getattr(self.problem, "memory", None) is not None
-                                             and not self.problem.self_attention)  # a layer with a memory
+            if len(self.p.core.batch_shape) == 2:
+                queries, keys = self.sequences if self.sequences is not None else self._positions()
                 try:
-                    sums, counts = hs.layer_sums(self.p, [hs.Sequence.plain(core.m)] * B if cross else keyed,
-                                                 keys=keyed if cross else None)
+                    sums, counts = hs.layer_sums(self.p, queries, keys=keys)
                 except AttnError:
                     sums = None
                 if sums is not None:
@@ -186,6 +180,23 @@ class Layer:
                         out.append({"patterns": hs.patterns(stats, limits), "stats": stats})
             self._patterns = out
         return self._patterns
+
+    def _positions(self) -> tuple[list[Any], list[Any] | None]:
+        """Without a capture: the positions the problem itself knows (valid keys from its padding, punctuation from
+        its labels; no token ids): the queries' and, for cross-attention, the keys' headstats.Sequence."""
+        from attncli.core import headstats as hs
+
+        core = self.p.core
+        pad = core.padding
+        B = int(core.batch_shape[0])
+        valid = np.ones((B, core.n), bool) if pad is None or pad.dtype != bool else \
+            ~np.broadcast_to(pad, (B, 1, 1, core.n))[:, 0, 0, :]
+        labels = core.key_labels
+        punct = None if labels is None else np.array([hs.is_punctuation(t) for t in labels])
+        keyed = [hs.Sequence(valid[b], punctuation=punct) for b in range(B)]
+        cross = core.m != core.n or (getattr(self.problem, "memory", None) is not None
+                                     and not self.problem.self_attention)  # a layer with a memory
+        return ([hs.Sequence.plain(core.m)] * B, keyed) if cross else (keyed, None)
 
     def v(self) -> Any:
         """V, grouped-query heads expanded (query head h reads value head h // n_rep)."""
@@ -234,7 +245,7 @@ class Layer:
         be = self.p.backend
         qr = be.xp.take(self.p.q, be.asarray(rows, "int64") if be.name == "torch" else rows, axis=-2)  # (..., r, d)
         part = Trace(query_labels=self.problem.query_labels, key_labels=self.problem.key_labels)
-        attention_weights(self.p.core, be, qr, self.k, self.p.params, part, rows=rows)
+        attention_weights(self.p.core, be, qr, self.k, self.p.score_weights, part, rows=rows)
         return part
 
     def sweep(self, step: str) -> None:
@@ -311,16 +322,14 @@ class Layer:
             a = to_numpy(s.values)
             if s.axes[0] == QUERIES and a.ndim >= 2 and a.shape[-2] == 1:
                 a = np.broadcast_to(a, a.shape[:-2] + (self.m,) + a.shape[-1:])
-            t.steps.append(Step(s.name, s.formula, a, s.axes, list(s.notes), params=s.params))
+            t.steps.append(replace(s, values=a, notes=list(s.notes)))
         w = part.step(part.meta.weights_step or "weights").values
         out = to_numpy(weighted_sum(w, self.v()))  # (..., 1, n) x (..., n, d_v) -> (..., 1, d_v)
         name = "head_output" if self.p.projected else "output"
-        t.steps.append(Step(name, f"{name} = {t.meta.weights_step or 'weights'} · V",
-                            np.broadcast_to(out, out.shape[:-2] + (self.m,) + out.shape[-1:]), (QUERIES, FEATURES)))
+        t.steps.append(Step(name, np.broadcast_to(out, out.shape[:-2] + (self.m,) + out.shape[-1:]), (QUERIES, FEATURES),
+                            params=WeightedSum(name, t.meta.weights_step or "weights")))
         if self.unbatch:  # as the engine's merge: an unbatched input's batch axis dropped (not the weights')
-            t.steps = [s if s.name in PARAMETERS else Step(s.name, s.formula, to_numpy(s.values)[0], s.axes, s.notes,
-                                                              params=s.params)
-                       for s in t.steps]
+            t.steps = [s if s.name in PARAMETERS else replace(s, values=to_numpy(s.values)[0]) for s in t.steps]
         return t
 
     def _base64(self) -> tuple[list[Step], dict[str, Any]]:
@@ -328,8 +337,8 @@ class Layer:
         read them as float64 (a row's output reads every value row), and then read them without a copy."""
         if self._steps64 is None:
             base = self.p.trace
-            self._steps64 = [Step(s.name, s.formula, np.asarray(to_numpy(s.values), dtype=np.float64), s.axes,
-                                  list(s.notes), params=s.params) for s in base.steps]
+            self._steps64 = [replace(s, values=np.asarray(to_numpy(s.values), dtype=np.float64), notes=list(s.notes))
+                             for s in base.steps]
             self._inputs64 = {k: np.asarray(to_numpy(v), dtype=np.float64) for k, v in base.inputs.items()}
         return self._steps64, self._inputs64
 
