@@ -98,6 +98,19 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
         lambda t: [*RUN, "--scale", "1e308"], 2, ["--scale", "overflow"], ["q.npy", "rescale the inputs"]),
     "--temperature 1e-308": (
         lambda t: [*RUN, "--temperature", "1e-308"], 2, ["--temperature", "overflow"], ["q.npy", "rescale the inputs"]),
+    "--tuning-scale 1e308 (Llama 4's factors are float32, as HF's: inf there)": (
+        lambda t: [*RUN, "--tuning-scale", "1e308"], 2, ["--tuning-scale", "overflow"], ["q.npy", "rescale the inputs"]),
+    "--tuning-floor 1e-320 (the position divided by it overflows)": (
+        lambda t: [*RUN, "--tuning-scale", "2", "--tuning-floor", "1e-320"],
+        2, ["--tuning-floor", "overflow"], ["q.npy", "rescale the inputs"]),
+    "--softcap 1e39 in float32 (c itself is inf there: inf·tanh(s/inf) is nan)": (
+        lambda t: ["run", "x.npy", "x.npy", "x.npy", "--softcap", "1e39"],
+        2, ["--softcap", "overflow", "float32"], ["x.npy", "rescale the inputs"]),
+    "--plot --vmin 1e308 (1e308 + 1 rounds to 1e308: a colour scale of no width)": (
+        lambda t: [*RUN, "--plot", "p.png", "--vmin", "1e308"], 2, ["--vmin", "colour scale"], ["internal error"]),
+    "--plot --vmin -1e308 --vmax 1e308 (the width overflows)": (
+        lambda t: [*RUN, "--plot", "p.png", "--vmin", "-1e308", "--vmax", "1e308"],
+        2, ["--vmin", "colour scale"], ["internal error"]),
     "inputs that overflow by themselves (--scale 2 only took part)": (
         lambda t: ["run", "big.npy", "big.npy", "big.npy", "--scale", "2"],
         2, ["big.npy", "overflow", "rescale the inputs"], ["--scale:"]),
@@ -137,3 +150,4 @@ def test_the_culprit_is_named(name: str, tmp_path: Path) -> None:
     for w in not_named:
         assert w not in line, (w, line)
     assert not list(tmp_path.glob("*.npz")) and not list(tmp_path.glob(".*.tmp"))  # nothing half-written
+    assert not list(tmp_path.glob("p.*"))
