@@ -225,3 +225,17 @@ def test_a_long_label_leaves_room_for_the_reason(spec: str, tmp_path: Path) -> N
     assert "--explain" in line and "internal error" not in line
     assert ("no key named" in line and "give an index 0..999" in line) if spec.startswith("1,") else \
         "no query named" in line and "give an index 0..1" in line, line
+
+
+def test_explaining_a_row_of_100000_long_labels_is_fast(tmp_path: Path) -> None:
+    """10^5 key labels of 300 characters each (kept as 200 printable ones: only what is kept is read and escaped)."""
+    n = 100_000
+    r = np.random.default_rng(5)
+    labels = np.array([f"{j:06d}" + "é" * 294 for j in range(n)])
+    k, v, q = r.normal(size=(n, 4)), r.normal(size=(n, 4)), r.normal(size=(1, 4))
+    np.savez_compressed(tmp_path / "p.npz", q=q, k=k, v=v, key_labels=labels)
+    code, out, err, cpu = attncli("run", "p.npz", "--explain-row", "0", cwd=tmp_path)
+    assert code == 0, err
+    s = q @ k.T / 2.0  # (1, n): the row by hand, float64; its strongest key named by its label's first characters
+    assert f"{int(np.argmax(s)):06d}éé" in out
+    assert cpu <= CPU_CAP, f"{cpu:.2f} s of CPU to explain one row of {n} keys with long labels"
