@@ -78,6 +78,21 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
     "config rope_scaling llama3 without its factors": (
         lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "llama3", "factor": 8.0})],
         2, ["config.json", "rope_scaling", "low_freq_factor", "high_freq_factor"], ["--rope-scaling"]),
+    # transformers 5 reads rope_parameters["factor"] for yarn (KeyError without it: "Missing required keys")
+    "config rope_scaling yarn without factor": (
+        lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "yarn", "original_max_position_embeddings": 16})],
+        2, ["config.json", "rope_scaling", "factor"], ["--rope-scaling"]),
+    "config rope_parameters yarn without factor": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0})],
+        2, ["config.json", "rope_parameters", "factor"], ["--rope-scaling", "option rope_scaling"]),
+    "config rope_parameters of an unknown rope_type": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0})],
+        2, ["config.json", "rope_parameters", "longrope"], ["--rope-scaling", "option rope_scaling"]),
+    "config rope_parameters llama3 with high_freq_factor below low_freq_factor": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                                          "high_freq_factor": 1.0, "original_max_position_embeddings": 16,
+                                                          "rope_theta": 10000.0})],
+        2, ["config.json", "rope_parameters", "high_freq_factor"], ["--rope-scaling", "option rope_scaling"]),
     "config rope_scaling factor 1e-320": (
         lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "linear", "factor": 1e-320})],
         2, ["config.json", "rope_scaling.factor"], ["--rope-scaling", "overflow"]),
@@ -151,3 +166,14 @@ def test_the_culprit_is_named(name: str, tmp_path: Path) -> None:
         assert w not in line, (w, line)
     assert not list(tmp_path.glob("*.npz")) and not list(tmp_path.glob(".*.tmp"))  # nothing half-written
     assert not list(tmp_path.glob("p.*"))
+
+
+def test_transformers_itself_refuses_yarn_without_factor(tmp_path: Path) -> None:
+    """The origin of the yarn rows above: transformers builds no model from such a config.json (it reads
+    rope_parameters["factor"]), so attncli has no numbers of the model's own to agree with and must refuse."""
+    transformers = pytest.importorskip("transformers")
+    model(tmp_path / "m", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0}, vocab_size=8,
+          intermediate_size=8, max_position_embeddings=32)
+    with pytest.raises(KeyError, match="factor"):
+        cfg = transformers.AutoConfig.from_pretrained(tmp_path / "m")
+        transformers.AutoModelForCausalLM.from_config(cfg)

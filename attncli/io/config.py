@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attncli.core.options import ROPE_FACTOR_MIN, rope_scaling_missing
+from attncli.core.options import ROPE_FACTOR_MIN, rope_scaling_problem
 from attncli.errors import InputError
 from attncli.io.files import open_regular
 
@@ -158,13 +158,13 @@ def check_config(cfg: dict[str, Any], source: str) -> None:
         sub = cfg.get(outer)
         if not isinstance(sub, dict):
             continue
-        nested = sub.values() if sub and all(isinstance(x, dict) for x in sub.values()) else [sub]
-        for params in nested:  # Gemma 3: one rope_parameters per layer type
+        per_type = bool(sub) and all(isinstance(x, dict) for x in sub.values())
+        for params in sub.values() if per_type else [sub]:  # Gemma 3: one rope_parameters per layer type
             for key, v in params.items():
                 if (what := problem(key, v)) is not None:
                     raise _fail(f"{outer}.{key}", v, what, source)
-            if (missing := rope_scaling_missing(params)) is not None:  # config.json's, not a flag's
-                raise InputError(f"{outer}: {missing}", source)
+            if (wrong := rope_scaling_problem(params, kind_known=not per_type)) is not None:  # config.json's, not a flag's
+                raise InputError(f"{outer}: {wrong}", source)
     for heads_key, kv_key in KV_PAIRS:  # grouped-query heads: the K/V heads divide the query heads
         h, g = cfg.get(heads_key), cfg.get(kv_key)
         if isinstance(h, int) and isinstance(g, int) and g >= 1 and h % g:
