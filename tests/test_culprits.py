@@ -93,6 +93,12 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
                                                           "high_freq_factor": 1.0, "original_max_position_embeddings": 16,
                                                           "rope_theta": 10000.0})],
         2, ["config.json", "rope_parameters", "high_freq_factor"], ["--rope-scaling", "option rope_scaling"]),
+    # transformers' configs refuse None for these (StrictDataclassFieldValidationError): no model to agree with
+    "config num_attention_heads null": (
+        lambda t: [*SELF, model(t / "m", num_attention_heads=None)],
+        2, ["config.json", "num_attention_heads", "null"], ["--heads", "no config.json"]),
+    "config hidden_size null": (
+        lambda t: [*SELF, model(t / "m", hidden_size=None)], 2, ["config.json", "hidden_size", "null"], ["--hidden"]),
     "config rope_scaling factor 1e-320": (
         lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "linear", "factor": 1e-320})],
         2, ["config.json", "rope_scaling.factor"], ["--rope-scaling", "overflow"]),
@@ -177,3 +183,12 @@ def test_transformers_itself_refuses_yarn_without_factor(tmp_path: Path) -> None
     with pytest.raises(KeyError, match="factor"):
         cfg = transformers.AutoConfig.from_pretrained(tmp_path / "m")
         transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("key", ["num_attention_heads", "hidden_size"])
+def test_transformers_itself_refuses_a_null(key: str, tmp_path: Path) -> None:
+    """The origin of the null rows above: transformers' LlamaConfig refuses None for these keys."""
+    transformers = pytest.importorskip("transformers")
+    model(tmp_path / "m", **{key: None})
+    with pytest.raises(Exception, match=key):
+        transformers.AutoConfig.from_pretrained(tmp_path / "m")
