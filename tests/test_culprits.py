@@ -192,3 +192,53 @@ def test_transformers_itself_refuses_a_null(key: str, tmp_path: Path) -> None:
     model(tmp_path / "m", **{key: None})
     with pytest.raises(Exception, match=key):
         transformers.AutoConfig.from_pretrained(tmp_path / "m")
+
+
+def test_rope_scaling_beside_rope_parameters_is_refused_where_transformers_drops_a_value(tmp_path: Path) -> None:
+    """transformers 5 reads a config.json's rope_scaling *instead of* its rope_parameters (convert_rope_params_to_dict):
+    rope_parameters' rope_theta 500000 is dropped for the class default 10000. attncli refuses rather than pick one."""
+    transformers = pytest.importorskip("transformers")
+    files(tmp_path)
+    model(tmp_path / "m", rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+          rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "m").rope_parameters["rope_theta"] == 10000.0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "attncli", *SELF, "m", "-q"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120, preexec_fn=_cap)
+    line = r.stderr.strip()
+    assert r.returncode == 2 and r.stdout == "" and len(line.splitlines()) == 1 and len(line) < 300, r.stderr
+    for w in ("config.json", "rope_scaling", "rope_parameters", "rope_theta"):
+        assert w in line, (w, line)
+
+
+def test_gpt_neox_without_a_rotary_fraction_rotates_a_quarter_as_transformers(tmp_path: Path) -> None:
+    """A GPT-NeoX config.json whose rope_parameters gives no partial_rotary_factor (and no rotary_pct): transformers'
+    GPTNeoXConfig rotates 0.25 of each head; attncli's output of layer 1 equals the module's own."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     vocab_size=64, max_position_embeddings=64, rotary_pct=0.5)
+    torch.manual_seed(0)
+    transformers.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "neox")
+    path = tmp_path / "neox" / "config.json"
+    c = json.loads(path.read_text())
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}  # no partial_rotary_factor
+    c.pop("rotary_pct", None)
+    path.write_text(json.dumps(c))
+    m = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "neox", dtype=torch.float64).eval()
+    assert m.config.rope_parameters["partial_rotary_factor"] == 0.25
+    attn, seen = m.gpt_neox.layers[1].attention, {}
+    pre = attn.register_forward_pre_hook(lambda mod, a, kw: seen.__setitem__("x", kw.get("hidden_states", a[0] if a
+                                                                                       else None)), with_kwargs=True)
+    post = attn.register_forward_hook(lambda mod, a, out: seen.__setitem__("y", out[0]))
+    with torch.no_grad():
+        m(inputs_embeds=torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    pre.remove()
+    post.remove()
+    np.save(tmp_path / "x.npy", seen["x"][0].numpy())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "attncli", "self", "x.npy", "--weights", "neox", "--layer", "1",
+                        "--format", "json", "-q"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = np.asarray(json.loads(r.stdout)["output"]).reshape(7, 32)
+    np.testing.assert_allclose(out, seen["y"][0].numpy(), rtol=1e-5, atol=1e-6)
