@@ -215,9 +215,9 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
                             ("--layout", opts.layout)):
             if value:
                 raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)", flag)
-        params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
+        weights, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
         options = options.merged(flags, "command line", flags=True)
-        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
+        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), score_weights=weights, options=options, **common)
     given_heads = opts.heads if opts.heads is not None else doc.get("heads")
     heads_source = "--heads" if opts.heads is not None else file_source
     if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)
@@ -232,7 +232,7 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     sources["weights"] = layer.projections.source
     if layer.model is not None:  # config.json's facts over the file's options, under the flags
         config = layer.model.config_source
-        _option_origins(sources, layer.model.options, lambda n: f"{config}: {n}")
+        _option_origins(sources, layer.model.options, layer.model.option_origin)
         _option_origins(sources, flags, _flag)  # a flag wins over config.json
         sources["pre_norm"] = config
         options = layer.model.config_options(options).merged(flags, "command line", flags=True)
@@ -466,7 +466,7 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
         flags["rope_scaling"] = _rope_scaling(flags["rope_scaling"], reader)
     sources = {"q": f"{source} hidden_states[{number}]", "key_padding_mask": f"{source} attention_mask",
                "query_labels": f"{source} labels", "key_labels": f"{source} labels", "pre_norm": model.config_source}
-    _option_origins(sources, model.options, lambda n: f"{model.config_source}: {n}")
+    _option_origins(sources, model.options, model.option_origin)
     _option_origins(sources, flags, _flag)
     options = model.config_options(Options()).merged(flags, "command line", flags=True)
     labels = [list(row) for row in stack.labels]
