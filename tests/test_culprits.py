@@ -79,6 +79,27 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
     "config rope_scaling llama3 without its factors": (
         lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "llama3", "factor": 8.0})],
         2, ["config.json", "rope_scaling", "low_freq_factor", "high_freq_factor"], ["--rope-scaling"]),
+    # transformers 5 reads rope_parameters["factor"] for yarn (KeyError without it: "Missing required keys")
+    "config rope_scaling yarn without factor": (
+        lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "yarn", "original_max_position_embeddings": 16})],
+        2, ["config.json", "rope_scaling", "factor"], ["--rope-scaling"]),
+    "config rope_parameters yarn without factor": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0})],
+        2, ["config.json", "rope_parameters", "factor"], ["--rope-scaling", "option rope_scaling"]),
+    "config rope_parameters of an unknown rope_type": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0})],
+        2, ["config.json", "rope_parameters", "longrope"], ["--rope-scaling", "option rope_scaling"]),
+    "config rope_parameters llama3 with high_freq_factor below low_freq_factor": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                                          "high_freq_factor": 1.0, "original_max_position_embeddings": 16,
+                                                          "rope_theta": 10000.0})],
+        2, ["config.json", "rope_parameters", "high_freq_factor"], ["--rope-scaling", "option rope_scaling"]),
+    # transformers' configs refuse None for these (StrictDataclassFieldValidationError): no model to agree with
+    "config num_attention_heads null": (
+        lambda t: [*SELF, model(t / "m", num_attention_heads=None)],
+        2, ["config.json", "num_attention_heads", "null"], ["--heads", "no config.json"]),
+    "config hidden_size null": (
+        lambda t: [*SELF, model(t / "m", hidden_size=None)], 2, ["config.json", "hidden_size", "null"], ["--hidden"]),
     "config rope_scaling factor 1e-320": (
         lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "linear", "factor": 1e-320})],
         2, ["config.json", "rope_scaling.factor"], ["--rope-scaling", "overflow"]),
@@ -139,6 +160,19 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
         lambda t: [*RUN, "--scale", "1e308"], 2, ["--scale", "overflow"], ["q.npy", "rescale the inputs"]),
     "--temperature 1e-308": (
         lambda t: [*RUN, "--temperature", "1e-308"], 2, ["--temperature", "overflow"], ["q.npy", "rescale the inputs"]),
+    "--tuning-scale 1e308 (Llama 4's factors are float32, as HF's: inf there)": (
+        lambda t: [*RUN, "--tuning-scale", "1e308"], 2, ["--tuning-scale", "overflow"], ["q.npy", "rescale the inputs"]),
+    "--tuning-floor 1e-320 (the position divided by it overflows)": (
+        lambda t: [*RUN, "--tuning-scale", "2", "--tuning-floor", "1e-320"],
+        2, ["--tuning-floor", "overflow"], ["q.npy", "rescale the inputs"]),
+    "--softcap 1e39 in float32 (c itself is inf there: inf·tanh(s/inf) is nan)": (
+        lambda t: ["run", "x.npy", "x.npy", "x.npy", "--softcap", "1e39"],
+        2, ["--softcap", "overflow", "float32"], ["x.npy", "rescale the inputs"]),
+    "--plot --vmin 1e308 (1e308 + 1 rounds to 1e308: a colour scale of no width)": (
+        lambda t: [*RUN, "--plot", "p.png", "--vmin", "1e308"], 2, ["--vmin", "colour scale"], ["internal error"]),
+    "--plot --vmin -1e308 --vmax 1e308 (the width overflows)": (
+        lambda t: [*RUN, "--plot", "p.png", "--vmin", "-1e308", "--vmax", "1e308"],
+        2, ["--vmin", "colour scale"], ["internal error"]),
     "inputs that overflow by themselves (--scale 2 only took part)": (
         lambda t: ["run", "big.npy", "big.npy", "big.npy", "--scale", "2"],
         2, ["big.npy", "overflow", "rescale the inputs"], ["--scale:"]),
@@ -178,3 +212,74 @@ def test_the_culprit_is_named(name: str, tmp_path: Path) -> None:
     for w in not_named:
         assert w not in line, (w, line)
     assert not list(tmp_path.glob("*.npz")) and not list(tmp_path.glob(".*.tmp"))  # nothing half-written
+    assert not list(tmp_path.glob("p.*"))
+
+
+def test_transformers_itself_refuses_yarn_without_factor(tmp_path: Path) -> None:
+    """The origin of the yarn rows above: transformers builds no model from such a config.json (it reads
+    rope_parameters["factor"]), so attncli has no numbers of the model's own to agree with and must refuse."""
+    transformers = pytest.importorskip("transformers")
+    model(tmp_path / "m", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0}, vocab_size=8,
+          intermediate_size=8, max_position_embeddings=32)
+    with pytest.raises(KeyError, match="factor"):
+        cfg = transformers.AutoConfig.from_pretrained(tmp_path / "m")
+        transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("key", ["num_attention_heads", "hidden_size"])
+def test_transformers_itself_refuses_a_null(key: str, tmp_path: Path) -> None:
+    """The origin of the null rows above: transformers' LlamaConfig refuses None for these keys."""
+    transformers = pytest.importorskip("transformers")
+    model(tmp_path / "m", **{key: None})
+    with pytest.raises(Exception, match=key):
+        transformers.AutoConfig.from_pretrained(tmp_path / "m")
+
+
+def test_rope_scaling_beside_rope_parameters_is_refused_where_transformers_drops_a_value(tmp_path: Path) -> None:
+    """transformers 5 reads a config.json's rope_scaling *instead of* its rope_parameters (convert_rope_params_to_dict):
+    rope_parameters' rope_theta 500000 is dropped for the class default 10000. attncli refuses rather than pick one."""
+    transformers = pytest.importorskip("transformers")
+    files(tmp_path)
+    model(tmp_path / "m", rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+          rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "m").rope_parameters["rope_theta"] == 10000.0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "attncli", *SELF, "m", "-q"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120, preexec_fn=_cap)
+    line = r.stderr.strip()
+    assert r.returncode == 2 and r.stdout == "" and len(line.splitlines()) == 1 and len(line) < 300, r.stderr
+    for w in ("config.json", "rope_scaling", "rope_parameters", "rope_theta"):
+        assert w in line, (w, line)
+
+
+def test_gpt_neox_without_a_rotary_fraction_rotates_a_quarter_as_transformers(tmp_path: Path) -> None:
+    """A GPT-NeoX config.json whose rope_parameters gives no partial_rotary_factor (and no rotary_pct): transformers'
+    GPTNeoXConfig rotates 0.25 of each head; attncli's output of layer 1 equals the module's own."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     vocab_size=64, max_position_embeddings=64, rotary_pct=0.5)
+    torch.manual_seed(0)
+    transformers.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "neox")
+    path = tmp_path / "neox" / "config.json"
+    c = json.loads(path.read_text())
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}  # no partial_rotary_factor
+    c.pop("rotary_pct", None)
+    path.write_text(json.dumps(c))
+    m = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "neox", dtype=torch.float64).eval()
+    assert m.config.rope_parameters["partial_rotary_factor"] == 0.25
+    attn, seen = m.gpt_neox.layers[1].attention, {}
+    pre = attn.register_forward_pre_hook(lambda mod, a, kw: seen.__setitem__("x", kw.get("hidden_states", a[0] if a
+                                                                                       else None)), with_kwargs=True)
+    post = attn.register_forward_hook(lambda mod, a, out: seen.__setitem__("y", out[0]))
+    with torch.no_grad():
+        m(inputs_embeds=torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    pre.remove()
+    post.remove()
+    np.save(tmp_path / "x.npy", seen["x"][0].numpy())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "attncli", "self", "x.npy", "--weights", "neox", "--layer", "1",
+                        "--format", "json", "-q"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = np.asarray(json.loads(r.stdout)["output"]).reshape(7, 32)
+    np.testing.assert_allclose(out, seen["y"][0].numpy(), rtol=1e-5, atol=1e-6)

@@ -209,3 +209,33 @@ def test_explaining_a_row_of_100000_labelled_keys_is_fast(tmp_path: Path) -> Non
     y = (np.exp(s - s.max()) / np.exp(s - s.max()).sum()) @ v  # (1, n) x (n, 8) -> (1, 8)
     assert f"{y[0, 0]:.4f}" in out.split("= (")[-1]  # the output row as the sum of the value rows
     assert cpu <= CPU_CAP, f"{cpu:.2f} s of CPU to explain one row of {n} keys"
+
+
+@pytest.mark.parametrize("spec", ["1,LONG", "LONG,3", "1,nope"])
+def test_a_long_label_leaves_room_for_the_reason(spec: str, tmp_path: Path) -> None:
+    """Labels of 2,000 characters (kept as 200 printable ones): a label given to --explain that names no key is
+    refused in one line that still says why and what to give (the given text and the labels shown cut short)."""
+    n, long = 1_000, "x" * 2_000
+    r = np.random.default_rng(3)
+    np.savez(tmp_path / "p.npz", q=r.normal(size=(2, 8)), k=r.normal(size=(n, 8)), v=r.normal(size=(n, 8)),
+             key_labels=np.array([f"{long}{j}" for j in range(n)]))
+    code, out, err, _ = attncli("run", "p.npz", "-x", spec.replace("LONG", long + "77"), cwd=tmp_path)
+    line = err.strip()
+    assert code == 2 and out == "" and len(line.splitlines()) == 1 and len(line) < 300, err[-300:]
+    assert "--explain" in line and "internal error" not in line
+    assert ("no key named" in line and "give an index 0..999" in line) if spec.startswith("1,") else \
+        "no query named" in line and "give an index 0..1" in line, line
+
+
+def test_explaining_a_row_of_100000_long_labels_is_fast(tmp_path: Path) -> None:
+    """10^5 key labels of 300 characters each (kept as 200 printable ones: only what is kept is read and escaped)."""
+    n = 100_000
+    r = np.random.default_rng(5)
+    labels = np.array([f"{j:06d}" + "é" * 294 for j in range(n)])
+    k, v, q = r.normal(size=(n, 4)), r.normal(size=(n, 4)), r.normal(size=(1, 4))
+    np.savez_compressed(tmp_path / "p.npz", q=q, k=k, v=v, key_labels=labels)
+    code, out, err, cpu = attncli("run", "p.npz", "--explain-row", "0", cwd=tmp_path)
+    assert code == 0, err
+    s = q @ k.T / 2.0  # (1, n): the row by hand, float64; its strongest key named by its label's first characters
+    assert f"{int(np.argmax(s)):06d}éé" in out
+    assert cpu <= CPU_CAP, f"{cpu:.2f} s of CPU to explain one row of {n} keys with long labels"

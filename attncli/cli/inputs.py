@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attncli.cli.options import ProblemArgs
+from attncli.core.arrays import cut_labels
 from attncli.core.layer import Layer
 from attncli.core.options import Options, declared
 from attncli.core.problem import Problem, numeric_array
@@ -61,7 +62,7 @@ def _labels(value: Any, source: str) -> list[str] | None:
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise InputError(f"labels must be a flat list, got shape {arr.shape}", source)
-    return [str(x) for x in arr.tolist()]
+    return [str(x) for x in cut_labels(arr).tolist()]
 
 
 def _rows(a: Any) -> int | None:

@@ -839,10 +839,13 @@ def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset:
     largest = problem.largest_input() / rope_gain  # by the rope scaling's attention factor: undone
     with np.errstate(over="ignore", invalid="ignore"):
         bound = 2 * np.float64(largest) * np.float64(largest) * problem.d_qk  # |q·k| (rotated or not) at most this
-    if given and bool(bound < np.finfo(np.dtype(dtype)).max / 2):  # Q·K alone stays finite: an option is the culprit,
-        _, _, origin, said, fix = given[0]  # the one that multiplies the scores most
-        raise InputError(f"{said} makes the scores overflow {dtype} at {where}: the score is {score} though the "
-                         f"inputs' largest |value| is {largest:.3g}; give {fix}", origin)
+    lost = not math.isfinite(largest)  # the inputs are finite (Problem.build): an option's stage on q, k made them not
+    if given and (lost or bool(bound < np.finfo(np.dtype(dtype)).max / 2)):  # Q·K alone stays finite: an option is
+        _, _, origin, said, fix = given[0]  # the culprit, the one that multiplies the scores most
+        though = "q or k stopped being finite before the scores" if lost else \
+            f"the inputs' largest |value| is {largest:.3g}"
+        raise InputError(f"{said} makes the scores overflow {dtype} at {where}: the score is {score} though "
+                         f"{though}; give {fix}", origin)
     words = [f"{g[2]} {g[3]}" if g[2].startswith("--") and g[0] != "alibi_slopes" else f"{g[2]}: {g[3]}" for g in given]
     hint = f"check {' and '.join(words)}, or {hint}" if given else hint
     raise InputError(f"scores overflow {dtype} at {where}: the score is {score} (largest |input| {largest:.3g}); "
@@ -874,6 +877,17 @@ def _overflow_options(problem: Problem) -> list[tuple[str, float, str, str, str]
         if o.rope is not None and gains and max(gains) > 1:
             found.append(("rope_scaling", max(gains), problem.origin("rope_scaling"),
                           f"rope scaling with attention factor {max(gains):g}", "a smaller attention factor"))
+        if o.tuning_scale is not None:  # q_i times log1p(floor((P + i + 1) / F)) · a + 1, in float32 as HF
+            with np.errstate(invalid="ignore"):
+                f = tuning_factors(problem.query_offset + np.arange(problem.m), o.tuning_scale, o.tuning_floor)
+            top = float(np.abs(f).max()) if bool(np.isfinite(f).all()) else math.inf
+            if top > 1:
+                found.append(("tuning_scale", top, problem.origin("tuning_scale"),
+                              f"{o.tuning_scale:g} (with --tuning-floor {o.tuning_floor:g})",
+                              "a smaller --tuning-scale or a larger --tuning-floor"))
+        if o.softcap is not None and o.softcap > float(np.finfo(np.dtype(problem.dtype)).max):  # c itself is inf there
+            found.append(("softcap", math.inf, problem.origin("softcap"), f"{o.softcap:g}",
+                          f"a --softcap below {float(np.finfo(np.dtype(problem.dtype)).max):.3g} (or --dtype float64)"))
     return sorted(found, key=lambda f: -f[1])
 
 

@@ -365,13 +365,32 @@ ROPE_SCALING_NEEDS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",), "dynamic": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
+# keys that must be there, though null may stand for "derive it" (transformers 5 reads rope_parameters["factor"] for
+# yarn, a KeyError without it; a null factor is max_position_embeddings / original_max_position_embeddings)
+ROPE_SCALING_KEYS_PRESENT: dict[str, tuple[str, ...]] = {"yarn": ("factor",)}
 ROPE_FACTOR_MIN = 1e-30  # the rotary frequencies (at most 1) are divided by the factor: below this they overflow
+
+
+def rope_scaling_problem(value: Mapping[str, Any], kind_known: bool = True) -> str | None:
+    """What makes a config.json's rope_scaling / rope_parameters unreadable whatever the family (a rope_type not
+    computed here, a key its rope_type needs, llama3's factors in the wrong order), or None. ``kind_known``: the
+    rope_type must be one computed here (not for one layer type's parameters: the layers of other types may be read)."""
+    kind = value.get("rope_type", value.get("type", "default"))
+    if kind_known and kind not in ROPE_TYPES:
+        return f"rope_type {_short(kind)} is not supported; choose one of {', '.join(ROPE_TYPES)}"
+    if (missing := rope_scaling_missing(value)) is not None:
+        return missing
+    lo, hi = value.get("low_freq_factor"), value.get("high_freq_factor")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and not hi > lo:
+        return f"high_freq_factor ({hi:g}) must be above low_freq_factor ({lo:g})"  # llama3 divides by high - low
+    return None
 
 
 def rope_scaling_missing(value: Mapping[str, Any]) -> str | None:
     """What a rope_scaling mapping lacks for its rope_type ("rope_type 'linear' needs 'factor'"), or None."""
     kind = value.get("rope_type", value.get("type", "default"))
-    missing = [k for k in ROPE_SCALING_NEEDS.get(str(kind), ()) if value.get(k) is None]
+    missing = [k for k in ROPE_SCALING_NEEDS.get(str(kind), ()) if value.get(k) is None] + \
+        [k for k in ROPE_SCALING_KEYS_PRESENT.get(str(kind), ()) if k not in value]
     if not missing:
         return None
     verb = "is" if len(missing) == 1 else "are"

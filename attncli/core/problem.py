@@ -13,7 +13,7 @@ else:
 from attncli.core import heads
 from attncli.core import validate as check
 from attncli.core.alibi import FORMS as ALIBI_FORMS
-from attncli.core.arrays import mask_array, numeric_array, printable
+from attncli.core.arrays import cut_labels, mask_array, numeric_array, printable
 from attncli.core.backend import half_type
 from attncli.core.options import CAUSAL_ALIGNS, MASK_CONVENTIONS, Options
 from attncli.core.projections import RelativeBias
@@ -435,7 +435,7 @@ def _matrix(name: str, a: Any, where: str) -> np.ndarray:
 def _labels(given: Any, attr: str, count: int, what: str, sources: dict[str, str]) -> list[str] | None:
     if given is None:
         return None
-    labels = [printable(str(x)) for x in check.labels(given, sources.get(attr, attr)) or []]
+    labels = [printable(str(x)) for x in check.labels(cut_labels(given), sources.get(attr, attr)) or []]
     if len(labels) != count:
         raise InputError(f"{len(labels)} {attr.replace('_', ' ')} given for {count} {what}",
                          sources.get(attr, f"--{attr.replace('_', '-')}"))

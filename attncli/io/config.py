@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attncli.core.options import ROPE_FACTOR_MIN, rope_scaling_missing
+from attncli.core.options import ROPE_FACTOR_MIN, rope_scaling_problem
 from attncli.errors import InputError
 from attncli.io.files import open_regular
 
@@ -95,7 +95,7 @@ def _mapping(v: Any) -> str | None:
     return None if isinstance(v, dict) else "an object"
 
 
-# key -> its check; None (JSON null) always means "not set"
+# key -> its check; None (JSON null) means "not set" (but for NOT_NULL)
 KEYS: dict[str, Check] = {
     **{k: whole() for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "n_embd",
                             "n_head", "d_model", "d_kv", "num_heads", "nhead", "num_hidden_layers", "n_layer",
@@ -146,9 +146,18 @@ def _fail(key: str, v: Any, what: str, source: str) -> InputError:
     return InputError(f"{key} is {_show(v)}; expected {what}", source)
 
 
+# keys that are never null in a config transformers builds a model from (its configs refuse None for them: a
+# StrictDataclassFieldValidationError); a null one is refused, never filled in from the weights' shapes
+NOT_NULL = ("num_attention_heads", "hidden_size", "n_head", "n_embd")
+
+
 def check_config(cfg: dict[str, Any], source: str) -> None:
     """Every key of KEYS present in config.json (and in its rope_parameters / rope_scaling) has the right type
     and range; layer_types has one entry per layer."""
+    for key in NOT_NULL:
+        if key in cfg and cfg[key] is None:
+            raise InputError(f"{key} is null; expected a positive integer (transformers builds no model without it)",
+                             source)
     for key, v in cfg.items():
         if key == "sliding_window" and v == 0 and not isinstance(v, bool) and cfg.get("use_sliding_window") is False:
             continue  # Qwen2-MoE writes 0 for "no window" beside use_sliding_window false
@@ -158,13 +167,13 @@ def check_config(cfg: dict[str, Any], source: str) -> None:
         sub = cfg.get(outer)
         if not isinstance(sub, dict):
             continue
-        nested = sub.values() if sub and all(isinstance(x, dict) for x in sub.values()) else [sub]
-        for params in nested:  # Gemma 3: one rope_parameters per layer type
+        per_type = bool(sub) and all(isinstance(x, dict) for x in sub.values())
+        for params in sub.values() if per_type else [sub]:  # Gemma 3: one rope_parameters per layer type
             for key, v in params.items():
                 if (what := problem(key, v)) is not None:
                     raise _fail(f"{outer}.{key}", v, what, source)
-            if (missing := rope_scaling_missing(params)) is not None:  # config.json's, not a flag's
-                raise InputError(f"{outer}: {missing}", source)
+            if (wrong := rope_scaling_problem(params, kind_known=not per_type)) is not None:  # config.json's, not a flag's
+                raise InputError(f"{outer}: {wrong}", source)
     for heads_key, kv_key in KV_PAIRS:  # grouped-query heads: the K/V heads divide the query heads
         h, g = cfg.get(heads_key), cfg.get(kv_key)
         if isinstance(h, int) and isinstance(g, int) and g >= 1 and h % g:

@@ -28,7 +28,7 @@ from attncli.core import chain, formula, ops
 from attncli.core.params import Features, Rotation
 from attncli.core.scoring import SCALINGS
 from attncli.core.trace import KEYS, QUERIES, Trace
-from attncli.errors import InputError
+from attncli.errors import InputError, printable
 from attncli.render import RenderOptions
 from attncli.render.numbers import num  # noqa: F401  (tests read it here: the tables' notation, one rounding everywhere)
 from attncli.render.terminal import EXPLAINERS, axis_labels
@@ -641,6 +641,12 @@ def strongest(w: np.ndarray) -> list[int]:
 PLURAL = {"query": "queries", "key": "keys"}
 
 
+def _said(text: str) -> str:
+    """What the user gave, quoted and cut short: a 2,000-character label must leave room in the one line for why."""
+    said = repr(text)
+    return said if len(said) <= 42 else said[:40] + "…" + said[0]
+
+
 def _index(token: str, labels: list[str], what: str, count: int, spec: str, option: str = "--explain") -> int:
     """A label (as given, then without its surrounding spaces; ␣ stands for a token's own space) or a position. A
     label that occurs more than once is ambiguous: named with its positions, never silently the first."""
@@ -648,14 +654,14 @@ def _index(token: str, labels: list[str], what: str, count: int, spec: str, opti
     for name in dict.fromkeys((token, token.strip())):
         hits = [k for k, label in enumerate(labels) if name in (label, label.replace("␣", " "))]
         if len(hits) > 1:
-            raise InputError(f"{spec!r}: {what} {name!r} is ambiguous: it is at positions "
+            raise InputError(f"{_said(spec)}: {what} {_said(name)} is ambiguous: it is at positions "
                              f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position",
                              option)
         if hits:
             return hits[0]
     hits = [k for k, label in enumerate(labels) if label.replace("␣", " ").strip() == token.strip()]  # cat: ␣cat
     if len(hits) > 1:
-        raise InputError(f"{spec!r}: {what} {token.strip()!r} is ambiguous: it is at positions "
+        raise InputError(f"{_said(spec)}: {what} {_said(token.strip())} is ambiguous: it is at positions "
                          f"{', '.join(map(str, hits[:8]))}{', …' if len(hits) > 8 else ''}; give a position", option)
     if hits:
         return hits[0]
@@ -663,11 +669,11 @@ def _index(token: str, labels: list[str], what: str, count: int, spec: str, opti
     try:
         i = int(token)
     except ValueError:
-        shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
-        raise InputError(f"{spec!r}: no {what} named {token!r}; {whats} are {shown} (or an index 0..{count - 1})",
-                         option) from None
+        shown = ", ".join(printable(label, 24) for label in labels[:12]) + (", …" if len(labels) > 12 else "")
+        raise InputError(f"{_said(spec)}: no {what} named {_said(token)}; give an index 0..{count - 1} or one of the "
+                         f"{whats}: {shown}", option) from None
     if not 0 <= i < count:
-        raise InputError(f"{spec!r}: {what} index {i} is out of range (there are {count} {whats}: 0..{count - 1})",
+        raise InputError(f"{_said(spec)}: {what} index {i} is out of range (there are {count} {whats}: 0..{count - 1})",
                          option)
     return i
 
@@ -676,13 +682,14 @@ def _batch(prefix: str | None, lead: tuple[int, ...], spec: str, option: str = "
     if prefix is None:
         return (0,) * len(lead)
     if not lead:
-        raise InputError(f"{spec!r}: a batch prefix was given but the weights have no batch axes", option)
+        raise InputError(f"{_said(spec)}: a batch prefix was given but the weights have no batch axes", option)
     try:
         idx = tuple(int(x) for x in prefix.split(","))
     except ValueError:
-        raise InputError(f"{spec!r}: the batch prefix {prefix!r} must be whole numbers like 0 or 0,1", option) from None
+        raise InputError(f"{_said(spec)}: the batch prefix {_said(prefix)} must be whole numbers like 0 or 0,1",
+                         option) from None
     if len(idx) != len(lead) or any(not 0 <= a < n for a, n in zip(idx, lead)):
-        raise InputError(f"{spec!r}: batch index {prefix} does not fit the weights' leading axes {lead}", option)
+        raise InputError(f"{_said(spec)}: batch index {prefix} does not fit the weights' leading axes {lead}", option)
     return idx
 
 
@@ -693,7 +700,7 @@ def parse_cell(trace: Trace, spec: str, precision: int = 4) -> Cell:
     prefix, _, rest = spec.rpartition(":")
     parts = rest.split(",")
     if len(parts) != 2:
-        raise InputError(f"{spec!r}: expected QUERY,KEY such as it,milk or 2,1 (batched: 0:2,1)", "--explain")
+        raise InputError(f"{_said(spec)}: expected QUERY,KEY such as it,milk or 2,1 (batched: 0:2,1)", "--explain")
     i = _index(parts[0], axis_labels(trace, QUERIES, m), "query", m, spec)
     j = _index(parts[1], axis_labels(trace, KEYS, n), "key", n, spec)
     return Cell(trace, _batch(prefix or None, w.shape[:-2], spec), i, j, precision)

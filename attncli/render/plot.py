@@ -162,6 +162,11 @@ def range_of(lo: float, hi: float, opts: PlotOptions) -> tuple[float, float]:
         hi = lo + 1.0 if opts.vmin is not None or lo == hi else hi
     if opts.vmin is None and hi <= lo:
         lo = hi - 1.0
+    if (opts.vmin is not None or opts.vmax is not None) and not (math.isfinite(hi - lo) and hi > lo):
+        # 1e308 + 1 rounds to 1e308, and 1e308 - (-1e308) overflows: no colour bar can be drawn between them
+        which = "--vmin" if opts.vmin is not None else "--vmax"
+        raise InputError(f"the colour scale from {lo:g} to {hi:g} has no width a picture can draw (its ends are "
+                         "too far apart or too large); give --vmin and --vmax a narrower finite range", which)
     return lo, hi
 
 
