@@ -517,7 +517,8 @@ declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", norm_name
 declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, norm_name="ln_1", scale="gpt2",
         notes="post-LN: ln_1 after attention")
 declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm", norm_name="ln_1")
-declare("gpt_neox", "gpt_neox_japanese", layout="neox", pre_norm="layernorm")
+declare("gpt_neox", layout="neox", pre_norm="layernorm", partial_default=0.25)  # GPTNeoXConfig: rotary_pct 0.25
+declare("gpt_neox_japanese", layout="neox", pre_norm="layernorm")  # its config's default: 1.0
 declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", norm_name="input_layernorm", keys=frozenset({"alibi"}),
         alibi="absolute-f32")
 # Falcon: query_key_value rows (G, H/G + 2, d) (new_decoder_architecture: G = num_kv_heads; multi_query: G = 1;

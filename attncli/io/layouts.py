@@ -378,9 +378,6 @@ def _post_norm(c: Ctx, name: str) -> None:
     c.facts.notes["post_norm"] = f"{name} (after the residual; X is hidden_states[{c.layer}] itself)"
 
 
-GPT_NEOX_ROTARY_PCT = 0.25  # transformers' GPTNeoXConfig default (rope_parameters.setdefault("partial_rotary_factor"))
-
-
 def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | None = None) -> None:
     """RoPE facts: theta and scaling from rope_theta / rope_scaling (transformers 4) or rope_parameters (5),
     per layer type where the model has several (Gemma 3); partial rotary from partial_rotary_factor/rotary_pct."""
@@ -411,8 +408,6 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
     key: str | None = "rope_parameters.partial_rotary_factor"
     if factor is None:
         factor, key = _cfg(cfg, "partial_rotary_factor", "rotary_pct")
-    if factor is None and cfg.get("model_type") == "gpt_neox":  # GPTNeoXConfig: rotary_pct 0.25 when none is given
-        factor, key = GPT_NEOX_ROTARY_PCT, "GPTNeoXConfig's default rotary_pct"
     if cfg.get("rotary_dim") is not None:
         f.given(rotary_dim=int(cfg["rotary_dim"]))
     elif factor is not None and d:
@@ -426,16 +421,18 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
 def _rope_scaling_replaces(c: Ctx, params: Any, default_base: float) -> None:
     """transformers 5 (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict) takes a config.json's rope_scaling
     *instead of* its rope_parameters, then fills rope_theta and partial_rotary_factor from the top-level keys (or
-    the config class's defaults: GPT-NeoX's rotary_pct 0.25): a rope_theta or partial_rotary_factor that only
-    rope_parameters holds is dropped. Where that changes a number, refused, naming both keys (never one guessed)."""
+    the config class's defaults, the family's partial_default: GPT-NeoX's rotary_pct 0.25): a rope_theta or
+    partial_rotary_factor that only rope_parameters holds is dropped. Where that changes a number, refused,
+    naming both keys (never one guessed)."""
     cfg = c.config or {}
     scaling = cfg.get("rope_scaling")
     if not (isinstance(scaling, dict) and scaling and isinstance(params, dict)):
         return
-    neox = cfg.get("model_type") == "gpt_neox"
+    fam = c.family
+    default_factor = fam.partial_default if fam is not None and fam.partial_default is not None else 1.0
     theirs = {"rope_theta": scaling.get("rope_theta", cfg.get("rope_theta", default_base)),
               "partial_rotary_factor": scaling.get("partial_rotary_factor", cfg.get(
-                  "partial_rotary_factor", cfg.get("rotary_pct", GPT_NEOX_ROTARY_PCT if neox else 1.0)))}
+                  "partial_rotary_factor", cfg.get("rotary_pct", default_factor)))}
     for key, used in theirs.items():
         ours = params.get(key)
         if ours is not None and used is not None and ours != used:
