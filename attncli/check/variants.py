@@ -944,7 +944,9 @@ def rotated(c: Context, q_at: np.ndarray | None = None, k: bool = True, v: bool 
         raise NotApplicable("no rotary position embedding")
     be = get_backend("numpy", "cpu")
     rope = ops.rope_of(p)  # the engine's tables (its --rope-freqs, rounding, dtype, scaling, width)
-    q, kk = p.q, p.k  # (..., H, m, d), (..., G, n, d)
+    # (..., H, m, d), (..., G, n, d), (..., G, n, d_v): held in the computing dtype first, as the engine's be.asarray
+    # (check computes in float64: a float32 or half input is rotated in float64, as the reference rotates it)
+    q, kk, v0 = (np.asarray(a, dtype=p.dtype) for a in (p.q, p.k, p.v))
     for st in chain.needed(p):
         if st.qk is None:
             continue
@@ -953,7 +955,7 @@ def rotated(c: Context, q_at: np.ndarray | None = None, k: bool = True, v: bool 
             kk = rope.rotate(np, kk, np.arange(p.n)) if k else kk
         else:
             q, kk = st.qk(p, be, q, kk)
-    vv = rope.rotate(np, p.v, np.arange(p.n)) if v else p.v  # (..., G, n, d_v)
+    vv = rope.rotate(np, v0, np.arange(p.n)) if v else p.v  # (..., G, n, d_v)
     o = replace(p.options, rope=None, rotary_dim=None, rope_scaling=None, qk_norm=None, tuning_scale=None)
     return c.attend(replace(p, q=q, k=kk, v=vv, options=o))  # every stage on q and k done above
 

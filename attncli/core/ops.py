@@ -169,6 +169,9 @@ def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None, max_pos
     # dynamic
     if max_positions is None:
         raise InputError("rope_type 'dynamic' needs max_position_embeddings (the config's)", source)
+    if dim <= 2:  # the grown base is base · ratio^(d / (d - 2)): transformers' own formula divides by zero
+        raise InputError(f"rope_type 'dynamic' needs a rotary width above 2 (its base grows as ratio^(d/(d-2))), "
+                         f"got {dim}", source)
     n = max_positions if seq_len is None else max(seq_len, max_positions)
     f32 = np.float32  # HF computes the grown base from a tensor sequence length: in float32
     ratio = f32(f32(factor) * f32(n)) / f32(max_positions) - f32(factor - 1)
