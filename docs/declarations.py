@@ -39,6 +39,13 @@ def _row(fam: Family) -> tuple[str, ...]:
                          f"layer types: {_rule(fam.layer_type)}" if fam.layer_type else "",
                          f"window `{fam.window_key}`" + (f" (default {fam.window_default})" if fam.window_default
                                                          else "") if fam.window_key != "sliding_window" else "",
+                         f"window `{fam.window_half[0]}` // 2 (default {fam.window_half[1]}) without "
+                         f"`{fam.window_key}`" if fam.window_half else "",
+                         "layer types read: " + ", ".join(fam.layer_kinds) if fam.layer_kinds else "",
+                         "rotary base per layer type: " + ", ".join(f"`{k}` ({d:g})" for _, k, d, _ in fam.type_theta)
+                         if fam.type_theta else "",
+                         f"no norm on: {_rule(fam.norm_skip)}" if fam.norm_skip else "",
+                         "q/k/v projections, not the fused tensor" if fam.split_qkv else "",
                          f"relative position bias {fam.relative}" if fam.relative else "",
                          f"ALiBi {fam.alibi}" if fam.alibi else "",
                          f"post-norm when `{fam.norm_switch}` is false" if fam.norm_switch else "",

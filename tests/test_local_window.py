@@ -441,3 +441,19 @@ def test_a_decoder_config_on_an_encoder_checkpoint_is_refused(tmp_path: Path) ->
     _edit_config(tmp_path / "m", model_type="modernbert-decoder")
     res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
     assert res.exit_code == 2 and "Wqkv" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_decoder_window_from_local_attention_and_the_layer_rule(tmp_path: Path) -> None:
+    """A ModernBERT decoder config without layer_types and sliding_window (the family's declared rule: every
+    global_attn_every_n_layers-th layer global, default 3; the window local_attention // 2): layer 1 is local with
+    the window the model's own module used (its weights from ModernBertDecoderForCausalLM, local_attention 4 ->
+    sliding_window 2); a local_attention that halves to no key is refused naming the key."""
+    ref = _build("modernbert-decoder", tmp_path / "m")
+    _edit_config(tmp_path / "m", layer_types=None, sliding_window=None)
+    for layer in (0, 1):
+        res = _self(tmp_path / "m", layer, ref[layer]["x"], tmp_path)
+        assert res.exit_code == 0, res.stderr
+        np.testing.assert_allclose(np.array(json.loads(res.stdout)["weights"]), ref[layer]["weights"], atol=1e-5)
+    _edit_config(tmp_path / "m", local_attention=1)
+    res = _self(tmp_path / "m", 1, ref[1]["x"], tmp_path)
+    assert res.exit_code == 2 and "local_attention" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -131,6 +131,15 @@ class Family:
     norm_switch: str | None = None  # a config key whose false makes the layer post-norm (OPT: do_layer_norm_before)
     norm_affine: str | None = None  # a config key whose false leaves the LayerNorm without weight and bias (OPT:
     # layer_norm_elementwise_affine)
+    split_qkv: bool = False  # the layout's separate q/k/v projections, not its fused tensor (ModernBERT's decoder:
+    # attn.q/k/v_proj where the encoder has attn.Wqkv); the other form is refused
+    norm_skip: Rule | None = None  # the layers whose pre-norm is an nn.Identity (ModernBERT: layer 0): none there
+    layer_kinds: tuple[str, ...] = ()  # the layer types the declaration reads (others refused); empty: any
+    type_theta: tuple[tuple[str, str, float, str | None], ...] = ()  # per layer type (type, config key, default, a
+    # key beside which its absence is ambiguous): the rotary base where rope_parameters gives none for the type
+    # (ModernBERT: global_rope_theta, local_rope_theta; transformers 4 defaulted the local one to the global one)
+    window_half: tuple[str, int] | None = None  # (config key, default): the window is half of it where window_key is
+    # absent (ModernBERT: local_attention // 2, default 128)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -333,6 +342,18 @@ def _llama4_chunked(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     return isinstance(nope, list) and i < len(nope) and bool(nope[i])
 
 
+def _every_n_global(i: int, cfg: dict[str, Any] | None) -> str | None:
+    """ModernBERT (transformers 4's config, no layer_types): every global_attn_every_n_layers-th layer (default 3)
+    is global from layer 0 on, the others local (the value checked with config.json)."""
+    every = int((cfg or {}).get("global_attn_every_n_layers") or 3)
+    return "sliding_attention" if i % every else "full_attention"
+
+
+def _first_layer(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
+    """ModernBERT: layer 0's attn_norm is an nn.Identity."""
+    return i == 0
+
+
 def _neo_layer_type(i: int, cfg: dict[str, Any] | None) -> str | None:
     """GPT-Neo: "global" or "local" from attention_layers, else attention_types [[["global", "local"], N], ...]
     expanded (GPTNeoConfig.expand_attention_types_params); bare weights (no config.json): GPTNeoConfig's default
@@ -472,12 +493,14 @@ declare("ultrabert", layout="llama", causal=False, window_kind="both", keys=W, r
 # (rope_parameters, or global_rope_theta / local_rope_theta); local layers (layer_types, else i % every_n != 0) see
 # |j - i| <= local_attention // 2 (config.sliding_window); pre-norm attn_norm (LayerNorm, bias if norm_bias), layer 0's
 # an nn.Identity. The decoder: q/k/v_proj and Wo, causal, its local layers the causal window of sliding_window keys.
-declare("modernbert", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None, causal=False,
-        rope_rounding="once",
-        window_kind="both", rope_keys=MB_ROPE, full_rotary=True)
-declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None,
-        rope_rounding="once",
-        rope_keys=MB_ROPE, full_rotary=True)
+MODERNBERT: dict[str, Any] = dict(
+    layout="modernbert", pre_norm="layernorm", norm_name="attn_norm", qk_norm=None, rope_rounding="once",
+    rope_keys=MB_ROPE, full_rotary=True, norm_skip=_first_layer, layer_type=_every_n_global,
+    layer_kinds=("full_attention", "sliding_attention"), window_half=("local_attention", 128),
+    type_theta=(("full_attention", "global_rope_theta", 160000.0, None),
+                ("sliding_attention", "local_rope_theta", 10000.0, "global_rope_theta")))
+declare("modernbert", causal=False, window_kind="both", **MODERNBERT)
+declare("modernbert-decoder", split_qkv=True, **MODERNBERT)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
         "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False,

@@ -25,13 +25,13 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     modernbert        attn.Wqkv (3E, E) = [Q; K; V] by rows (decoder: attn.{q,k,v}_proj), attn.Wo   nn.Linear
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
-A layout is a declared :class:`Row` (its tensor names, a fused tensor, biases, the norm, the relative bias table)
-registered with :func:`row_layout` and read by :func:`read_row` with the generic slicers (gptj, gpt_neo, bert,
-neox, persimmon, t5, distilbert; bart, bloom and albert through it), or, where the tensors need more than slicing,
-a small reader registered with :func:`layout` (llama's QK-norm names and gates, phi3's and gpt2's fused splits,
-falcon's groups, mla's latents, modernbert, transformer-lens, mha). Either way the layer's options (rotary,
+A layout is a declared :class:`Row` (its tensor names, a fused tensor per head or by blocks, biases, the norm, the
+relative bias table) registered with :func:`row_layout` and read by :func:`read_row` with the generic slicers (gptj,
+gpt_neo, bert, neox, persimmon, t5, distilbert, modernbert; bart, bloom and albert through it), or, where the tensors
+need more than slicing, a small reader registered with :func:`layout` (llama's QK-norm names and gates, phi3's and
+gpt2's fused splits, falcon's groups, mla's latents, transformer-lens, mha). Either way the layer's options (rotary,
 causality, window, scale, ALiBi, relative bias) come from the family's row through the one resolver,
-:func:`layer_options` (modernbert, transformer-lens and mha excepted). :func:`load_layer` finds the layout
+:func:`layer_options` (transformer-lens and mha excepted: no family). :func:`load_layer` finds the layout
 whose marker tensor is present, picks the layer, and reads only that layer's tensors. The same
 registry, ``LAYOUTS``, holds the layouts of a weights file (one module's entries in memory,
 read from .npz/.yaml/.json/.pt: textbook, d2l, notes, mha-kdim, converted by attncli.io.weights;
@@ -292,14 +292,16 @@ class Ctx:
         return InputError(message, self.ckpt.source)
 
 
-def _heads(c: Ctx, *keys: str, kv_keys: tuple[str, ...] = ("num_key_value_heads",), width: int | None = None) -> None:
-    """heads, kv_heads, head_dim from the config (heads_hint when it has none); head_dim = width / heads by default."""
+def _heads(c: Ctx, *keys: str, kv_keys: tuple[str, ...] = ("num_key_value_heads",), width: int | None = None,
+           dim_keys: tuple[str, ...] = ("head_dim", "d_kv")) -> None:
+    """heads, kv_heads, head_dim from the config (heads_hint when it has none); head_dim = width / heads by default
+    (always where ``dim_keys`` is empty: ModernBERT's hidden_size // num_attention_heads)."""
     heads = c.conf(heads=keys, cast=int)
     if c.heads_hint is not None:
         c.facts.heads = heads = c.heads_hint
         c.facts.unmark_config("heads")
     c.conf(kv_heads=kv_keys, default=heads, cast=int)
-    d = c.conf(head_dim=("head_dim", "d_kv"), cast=int)
+    d = c.conf(head_dim=dim_keys, cast=int)
     if d is None and heads and width is not None:
         c.facts.head_dim = width // heads if width % heads == 0 else None
 
@@ -458,11 +460,21 @@ def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
     cfg = c.config or {}
     w = cfg.get(fam.window_key)
     kind = k.type
-    if fam.layer_type is not None:  # the family's own layer kinds (GPT-Neo: global / local)
-        c.facts.notes["layer_type"] = f"{kind}: layer {c.layer}'s kind ({fam.model_type}'s layer-type rule)"
-        if kind != "local":
+    if fam.layer_type is not None:  # the family's own layer kinds (GPT-Neo: global / local; ModernBERT: full / sliding)
+        if k.by_rule:
+            c.facts.notes["layer_type"] = f"{kind}: layer {c.layer}'s kind ({fam.model_type}'s layer-type rule)"
+        if kind not in ("local", "sliding_attention"):
             return
-        w = int(cfgcheck.value(cfg, fam.window_key, "config.json")) if w is not None else fam.window_default
+        if w is not None:
+            w = int(cfgcheck.value(cfg, fam.window_key, "config.json"))
+        elif fam.window_half is not None:  # ModernBERT: local_attention // 2 (config.sliding_window's getter)
+            key, default = fam.window_half
+            w = int(cfgcheck.value(cfg, key, "config.json", default)) // 2
+            if w < 1 and fam.window_kind != "both":
+                raise c.fail(f"{fam.model_type}: layer {c.layer} is local with a window of {w} keys ({key} "
+                             f"{cfg.get(key)}): every query would see no key")
+        else:
+            w = fam.window_default
     if w is None or (w == 0 and cfg.get("use_sliding_window") is False):  # Qwen2-MoE: 0 = no window
         return
     if kind == "chunked_attention" and c.facts.chunk is None:
@@ -473,8 +485,10 @@ def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
         slides = kind == "sliding_attention"
     else:  # the family's own rule (as its modeling file), else every layer
         slides = fam.slides is None or fam.slides(c.layer, cfg, None)
-    if slides and fam.window_kind == "both":  # UltraBERT: |j - i| <= sliding_window
+    if slides and fam.window_kind == "both":  # UltraBERT, ModernBERT: |j - i| <= R (sliding_window_bidirectional_overlay)
         c.facts.given(local_window=int(w))
+        c.facts.notes["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
+                                          f"within {int(w)} positions on either side")
     elif slides:
         c.facts.given(window=int(w))
 
@@ -492,7 +506,11 @@ class Row:
     k: str = "k_proj"
     v: str = "v_proj"
     o: str = "o_proj"
-    fused: str | None = None  # one nn.Linear holding q, k, v instead, rows (H, 3, d) per head (GPT-NeoX, Bloom)
+    fused: str | None = None  # one nn.Linear holding q, k, v instead (unless the family's split_qkv), cut by fused_by
+    fused_by: str = "heads"  # "heads": rows (H, 3, d) per head (GPT-NeoX, Bloom) | "blocks": [Q; K; V] by rows,
+    # three equal blocks (ModernBERT's Wqkv)
+    needs_heads: bool = False  # the heads must come from config.json (or --heads): refused without
+    head_dim_keys: tuple[str, ...] = ("head_dim", "d_kv")  # config keys of head_dim (none: the width / heads)
     heads: tuple[str, ...] = ("num_attention_heads",)  # config keys of the query heads ("{side}": encoder | decoder)
     kv_heads: tuple[str, ...] = ()  # config keys of the K/V heads (empty: the heads keys)
     same_kv: bool = False  # as many K/V heads as query heads, whatever the config says
@@ -514,7 +532,8 @@ def read_row(c: Ctx, row: Row, block: str | None = None) -> None:
     fam = c.family or FAMILIES[row.default]  # without config.json the read is refused where the tensors leave it open
     block = c.block if block is None else block
     a = block + row.module
-    names = (row.fused,) if row.fused is not None else (row.q, row.k, row.v)
+    fused = None if fam.split_qkv else row.fused
+    names = (fused,) if fused is not None else (row.q, row.k, row.v)
     if row.only:
         known = {f"{a}{n}.{p}" for n in (*names, row.o) for p in ("weight", "bias")}
         other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
@@ -527,13 +546,18 @@ def read_row(c: Ctx, row: Row, block: str | None = None) -> None:
     side = "encoder" if re.search(r"(^|\.)encoder\.", c.stack) else "decoder"
     heads = tuple(k.format(side=side) for k in row.heads)
     kv = tuple(k.format(side=side) for k in row.kv_heads) or heads
-    if row.fused is None:
+    if fused is None:
         for t, n in zip(QKV, names):
             c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
-        _heads(c, *heads, kv_keys=kv, width=c.arrays["W_q"].shape[1])
+        _heads(c, *heads, kv_keys=kv, width=c.arrays["W_q"].shape[1], dim_keys=row.head_dim_keys)
     else:
-        _heads(c, *heads, kv_keys=kv, width=None)
-        _fused_per_head(c, f"{a}{row.fused}.weight", f"{a}{row.fused}.bias")
+        _heads(c, *heads, kv_keys=kv, width=None, dim_keys=row.head_dim_keys)
+    if row.needs_heads and c.facts.heads is None:
+        raise c.fail(f"{a.rstrip('.')} fuses or splits its heads by {heads[0]}: put config.json beside it")
+    if fused is not None and row.fused_by == "blocks":
+        _fused_blocks(c, f"{a}{fused}.weight", f"{a}{fused}.bias")
+    elif fused is not None:
+        _fused_per_head(c, f"{a}{fused}.weight", f"{a}{fused}.bias")
     c.linear("W_o", f"{a}{row.o}.weight", f"{a}{row.o}.bias")
     if row.bias_key is not None and (c.config or {}).get(row.bias_key) is False and any(k in c.arrays for k in BIASES):
         raise c.fail(f"{fam.model_type}: config.json says {row.bias_key} false, but {a}{names[0]} has a bias")
@@ -557,13 +581,33 @@ def read_row(c: Ctx, row: Row, block: str | None = None) -> None:
     layer_options(c, fam, a)
 
 
+def _fused_blocks(c: Ctx, name: str, bias: str) -> None:
+    """A fused [Q; K; V] of three equal blocks by rows (ModernBERT's Wqkv: qkv.view(..., 3, H, d)); head_dim is
+    each block's rows / heads."""
+    w, H = c.get(name), c.facts.heads or 0
+    if not H:
+        raise c.fail(f"{name} fuses q, k and v, so the number of heads is needed: put config.json beside the weights")
+    if w.ndim != 2 or w.shape[0] % 3 or (w.shape[0] // 3) % H:
+        raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (3·{H}·head_dim, E): [Q; K; V] by rows")
+    n = w.shape[0] // 3
+    if c.facts.head_dim is None:
+        c.facts.head_dim = n // H
+    _split_blocks(c, name, bias, (n, n, n))  # Q rows first, then K, then V
+
+
 def _row_norm(c: Ctx, fam: Family, post: str | None, eps: tuple[str, ...], block: str | None = None) -> None:
-    """The family's norm: after the residual (post-norm: its row's pre_norm None, or its norm switch false, OPT's
-    do_layer_norm_before), without weight and bias (its affine key false, OPT's layer_norm_elementwise_affine), or
-    the pre-norm before (or inside) the attention module."""
+    """The family's norm: none on the layers its norm_skip names (ModernBERT's layer 0: an nn.Identity), after the
+    residual (post-norm: its row's pre_norm None, or its norm switch false, OPT's do_layer_norm_before), without
+    weight and bias (its affine key false, OPT's layer_norm_elementwise_affine), or the pre-norm before (or inside)
+    the attention module."""
     block = c.block if block is None else block
     cfg, ln = c.config or {}, block + fam.norm_name
-    if fam.pre_norm is None or (fam.norm_switch is not None and cfg.get(fam.norm_switch, True) is False):
+    if fam.norm_skip is not None and fam.norm_skip(c.layer, cfg, _layer_type(c)):
+        c.facts.notes["pre_norm"] = f"none: layer {c.layer}'s {fam.norm_name} is nn.Identity ({fam.model_type})"
+        if c.has(ln + ".weight"):
+            c.facts.notes["pre_norm_ignored"] = (f"{ln}.weight (layer {c.layer} has no {fam.norm_name}; transformers "
+                                                 "ignores it)")
+    elif fam.pre_norm is None or (fam.norm_switch is not None and cfg.get(fam.norm_switch, True) is False):
         _post_norm(c, block + post if post is not None else ln)
     elif fam.norm_affine is not None and cfg.get(fam.norm_affine) is False:  # nn.LayerNorm without parameters
         E = c.arrays["W_q"].shape[0]
@@ -684,6 +728,7 @@ class LayerKind:
     type: str | None
     nope: bool
     module: str
+    by_rule: bool = False  # the type came from the family's layer-type rule, not config.json's layer_types
 
 
 def layer_kind(fam: Family, config: dict[str, Any] | None, layer: int, source: str, module: str) -> LayerKind:
@@ -691,15 +736,19 @@ def layer_kind(fam: Family, config: dict[str, Any] | None, layer: int, source: s
     cfg = config or {}
     types = cfg.get("layer_types")
     lt = str(types[layer]) if isinstance(types, list) and layer < len(types) else None
-    if lt is None and fam.layer_type is not None:  # the family's own rule (GPT-Neo's attention_layers)
-        lt = fam.layer_type(layer, config)
+    by_rule = lt is None and fam.layer_type is not None
+    if lt is None and fam.layer_type is not None:  # the family's own rule (GPT-Neo's attention_layers, ModernBERT's
+        lt = fam.layer_type(layer, config)  # global_attn_every_n_layers)
         if lt is None:
             raise InputError(f"{fam.model_type}: config.json does not say whether layer {layer} is global or local "
                              f"({printable(', '.join(sorted(fam.reads() - {'layer_types'})), 80)})", source)
     if fam.layer_types and lt is None:  # save_pretrained writes them; a config without them is not guessed
         raise InputError(f"{fam.model_type}: config.json has no layer_types entry for layer {layer}, which says "
                          "whether it slides (and, for some families, has rotary)", source)
-    return LayerKind(lt, fam.nope is not None and fam.nope(layer, cfg, lt), module)
+    if fam.layer_kinds and lt not in fam.layer_kinds:
+        raise InputError(f"{fam.model_type}: layer {layer} is a {printable(str(lt), 40)} layer, which its declaration "
+                         "does not read", source)
+    return LayerKind(lt, fam.nope is not None and fam.nope(layer, cfg, lt), module, by_rule)
 
 
 def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
@@ -720,6 +769,7 @@ def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
         if fam.rope_alpha:
             _ntk_alpha(c)
         _full_rotary(c, fam)
+        _type_theta(c, fam, k.type)
         if fam.theta_key is not None and isinstance(cfg.get(fam.theta_key), list):  # Granite SWA: base per layer
             thetas = cfg[fam.theta_key]
             if c.layer >= len(thetas) or not isinstance(thetas[c.layer], (int, float)):
@@ -729,6 +779,23 @@ def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
             _partial_default(c, fam.partial_default)
     elif fam.rope is not None:
         c.facts.notes["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
+
+
+def _type_theta(c: Ctx, fam: Family, lt: str | None) -> None:
+    """The rotary base of the layer's type from the family's per-type keys (ModernBERT's global_rope_theta,
+    local_rope_theta, with their defaults) where rope_parameters gives none for the type; a key absent beside the
+    one its default once followed (transformers 4: local_rope_theta defaulted to global_rope_theta) is refused."""
+    cfg, params = c.config or {}, (c.config or {}).get("rope_parameters")
+    for kind, key, default, beside in fam.type_theta:
+        if kind != lt or (isinstance(params, dict) and isinstance(params.get(lt), dict)
+                          and params[lt].get("rope_theta") is not None):
+            continue
+        if beside is not None and key not in cfg and cfg.get(beside) is not None:
+            raise c.fail(f"{fam.model_type}: config.json has {beside} but no {key}, whose default differs between "
+                         f"transformers 4 ({beside}) and 5 ({default:g})")
+        c.facts.rope_base = float(cfgcheck.value(cfg, key, "config.json", default))
+        if key in cfg:
+            c.facts.given(rope_base=c.facts.rope_base)
 
 
 def _opt_clip(c: Ctx, fam: Family, k: LayerKind) -> None:
@@ -1418,86 +1485,12 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     layer_options(c, fam, a)  # its row: rope "half"
 
 
-@layout("modernbert", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attn\.Wo\.weight$",
-        "ModernBERT: attn.Wqkv = [Q; K; V] by rows, attn.Wo (nn.Linear); ModernBERT decoder: attn.{q,k,v}_proj, attn.Wo; "
-        "pre-norm attn_norm (layer 0: none)")
-def _modernbert(c: Ctx) -> None:
-    a = c.block + "attn."
-    fam = c.family or FAMILIES["modernbert"]  # without config.json the read is refused (CONFIG_DECIDES)
-    fused = c.has(a + "Wqkv.weight")
-    parts = ("Wqkv",) if fused else ("q_proj", "k_proj", "v_proj")
-    known = {f"{a}{n}.{p}" for n in (*parts, "Wo") for p in ("weight", "bias")}
-    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
-    if other:  # a tensor this attention does not have (a QK-norm, a rotary table): not ModernBERT's attention
-        raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the {fam.model_type} declaration (attn.Wqkv or "
-                     "attn.q/k/v_proj, attn.Wo) does not read")
-    if not fused and not c.has(a + "q_proj.weight"):
-        raise c.fail(f"has {a}Wo.weight but neither {a}Wqkv.weight nor {a}q_proj.weight: not a ModernBERT layer")
-    if fused == fam.causal:  # ModernBERT fuses (Wqkv), its decoder splits (q/k/v_proj): transformers reads no other
-        raise c.fail(f"{fam.model_type}: {a}{'Wqkv' if fused else 'q_proj'}.weight is not its attention's layout "
-                     f"({'attn.q/k/v_proj' if fam.causal else 'attn.Wqkv'})")
-    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",))
-    f = c.facts
-    if f.heads is None:
-        raise c.fail(f"{a.rstrip('.')} fuses or splits its heads by num_attention_heads: put config.json beside it")
-    if fused:
-        name = a + "Wqkv.weight"
-        w = c.get(name)
-        if w.ndim != 2 or w.shape[0] % 3 or (w.shape[0] // 3) % f.heads:
-            raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (3·{f.heads}·head_dim, E): [Q; K; V] by rows")
-        n = w.shape[0] // 3
-        _split_blocks(c, name, a + "Wqkv.bias", (n, n, n))  # qkv.view(..., 3, H, d): Q rows first, then K, then V
-    else:
-        for t, n_ in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
-            c.linear(t, f"{a}{n_}_proj.weight", f"{a}{n_}_proj.bias")
-    c.linear("W_o", a + "Wo.weight", a + "Wo.bias")
-    width = c.arrays["W_q"].shape[1]
-    if width % f.heads:
-        raise c.fail(f"{f.heads} heads do not divide the {width} query features of {c.origin['W_q']}")
-    f.head_dim, f.kv_heads = width // f.heads, f.heads  # hidden_size // num_attention_heads, whatever head_dim says
-    f.unmark_config("head_dim")
-    cfg = c.config or {}
-    f.causal = fam.causal
-    if not fam.causal:
-        f.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
-    if c.layer == 0:  # ModernBertEncoderLayer / ModernBertDecoderLayer: attn_norm = nn.Identity() on layer 0
-        f.notes["pre_norm"] = f"none: layer 0's attn_norm is nn.Identity ({fam.model_type})"
-        if c.has(c.block + "attn_norm.weight"):
-            f.notes["pre_norm_ignored"] = f"{c.block}attn_norm.weight (layer 0 has no attn_norm; transformers ignores it)"
-    else:
-        _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
-    lt = _layer_type(c)
-    if lt is None:  # transformers 4's config: every n-th layer global, from layer 0 on
-        every = int(cfgcheck.value(cfg, "global_attn_every_n_layers", "config.json", 3))
-        lt = "sliding_attention" if c.layer % every else "full_attention"
-    if lt not in ("full_attention", "sliding_attention"):
-        raise c.fail(f"{fam.model_type}: layer {c.layer} is a {printable(lt, 40)} layer, which its declaration does not read")
-    _rope(c, "half", layer_type=lt)
-    _full_rotary(c, fam)
-    params = cfg.get("rope_parameters")
-    if not (isinstance(params, dict) and isinstance(params.get(lt), dict) and params[lt].get("rope_theta") is not None):
-        key = "local_rope_theta" if lt == "sliding_attention" else "global_rope_theta"
-        if key not in cfg and cfg.get("global_rope_theta") is not None and lt == "sliding_attention":
-            raise c.fail(f"{fam.model_type}: config.json has global_rope_theta but no local_rope_theta, whose default "
-                         "differs between transformers 4 (global_rope_theta) and 5 (10000)")
-        f.rope_base = float(cfgcheck.value(cfg, key, "config.json", 10000.0 if lt == "sliding_attention" else 160000.0))
-        if key in cfg:
-            f.given(rope_base=f.rope_base)
-    if lt == "sliding_attention":
-        if cfg.get("sliding_window") is not None:  # config.sliding_window (a setter of local_attention in ModernBERT)
-            r = int(cfgcheck.value(cfg, "sliding_window", "config.json"))
-        else:
-            r = int(cfgcheck.value(cfg, "local_attention", "config.json", 128)) // 2
-        if fam.window_kind == "both":  # sliding_window_bidirectional_overlay: |q - kv| <= local_attention // 2
-            f.given(local_window=r)
-            f.notes["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
-                                        f"within {r} positions on either side")
-        else:  # the decoder: sliding_window_overlay (kv > q - sliding_window), causal: the W keys up to each query
-            if r < 1:
-                raise c.fail(f"{fam.model_type}: layer {c.layer} is local with a window of {r} keys (local_attention "
-                             f"{cfg.get('local_attention')}): every query would see no key")
-            f.given(window=r)
-    f.notes["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
+row_layout("modernbert", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attn\.Wo\.weight$",
+           "ModernBERT: attn.Wqkv = [Q; K; V] by rows, attn.Wo (nn.Linear); ModernBERT decoder: attn.{q,k,v}_proj, "
+           "attn.Wo; pre-norm attn_norm (layer 0: none)",
+           Row("modernbert", "attn.", o="Wo", fused="Wqkv", fused_by="blocks", kv_heads=("num_attention_heads",),
+               same_kv=True, needs_heads=True, head_dim_keys=(), eps=("norm_eps",), only=True,
+               notes=(("scale", "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"),)))
 
 
 row_layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
