@@ -174,3 +174,27 @@ def test_check_of_a_layer_is_bounded_and_right(tmp_path: Path, causal: bool, bat
     else:
         assert rc == 1 and words in [e["name"] for e in verdict["explanations"]], out[:2000]
     assert peak - start <= BUDGET_MB * batch, (peak, start)
+
+
+def test_check_explain_is_bounded_and_explains_as_run(inputs: Path, tmp_path: Path) -> None:
+    """`check ... -x B,H:I,J` on a problem beyond ``EXPLAIN_CELLS``: each named cell computed from its query's row
+    alone (no run of every weight), its arithmetic the same lines as `run --explain` gives from every weight."""
+    q, kv = str(inputs / "q2float64.npy"), str(inputs / "kv2float64.npy")
+    np.save(tmp_path / "expected.npy", sdpa(np.load(q), np.load(kv), np.load(kv), True))
+    cells = ["1,5:300,200", "0,31:511,3"]
+    explain = [a for c in cells for a in ("-x", c)]
+    start = baseline(tmp_path)
+    rc, out, peak = child(["check", str(tmp_path / "expected.npy"), q, kv, kv, "--causal", "--format", "json",
+                           *explain], tmp_path)
+    assert rc == 0, out[:2000]
+    assert peak - start <= BUDGET_MB * 2, (peak, start)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ran = subprocess.run([sys.executable, "-m", "attncli", "run", q, kv, kv, "--causal", "--format", "json",
+                          *[a.replace("-x", "--explain") for a in explain]], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr
+    want = json.loads(ran.stdout)["explanations"]
+    got = json.loads(out)["cells"]
+    assert [(g["heading"], g["lines"], g["batch"], g["query"], g["key"]) for g in got] == \
+        [(w["heading"], w["lines"], w["batch"], w["query"], w["key"]) for w in want]
+    assert "k200" in json.dumps(got[0]["lines"]) and got[0]["batch"] == [1, 5]
