@@ -283,7 +283,7 @@ GRID: list[dict[str, Any]] = []
 
 
 def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, cells: str | None = None,
-                 check_rows: bool = True, mismatch: bool = False) -> None:
+                 check_rows: bool = True, mismatch: bool = False, what: str = "html,check,plot,view") -> None:
     """Issue 32's grid: every cell's --html, --plot, viewer and check, measured one after the other."""
     import itertools
 
@@ -314,19 +314,24 @@ def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, ce
             continue
         out = tmp / "g.html"
         explain = ["--explain-row", f"0,5:{min(777, GRID_T - 1)}"] if row else []  # batch 0, head 5
-        r = measure(cli("run", *args, "-q", *explain, "--html", str(out)), cap=GRID_CAP, root=root, check=False,
-                    timeout=1800)
-        report(name, "html", r, out, 10 * batch, 1536, 25, gqa=gqa, causal=causal, row=row, dtype=dtype, batch=batch,
-               before=before)
-        if check_rows and not row:  # (the same output and options as the cell without --explain-row)
+        if "html" in what:
+            r = measure(cli("run", *args, "-q", *explain, "--html", str(out)), cap=GRID_CAP, root=root, check=False,
+                        timeout=1800)
+            report(name, "html", r, out, 10 * batch, 1536, 25, gqa=gqa, causal=causal, row=row, dtype=dtype,
+                   batch=batch, before=before)
+        if check_rows and not row and "check" in what:  # (the same output and options as the cell without --explain-row)
             check_cell(name, args, tmp, root, before, mismatch, gqa=gqa, causal=causal, row=row, dtype=dtype,
                        batch=batch)
         if row:
             continue
         out = tmp / "g.png"
-        r = measure(cli("run", *args, "-q", "--plot", str(out)), cap=GRID_CAP, root=root, check=False, timeout=1800)
-        report(name, "plot", r, out, 3 * GRID_H * batch, 400, None, gqa=gqa, causal=causal, row=row, dtype=dtype,
-               batch=batch, before=before)
+        if "plot" in what:
+            r = measure(cli("run", *args, "-q", "--plot", str(out)), cap=GRID_CAP, root=root, check=False,
+                        timeout=1800)
+            report(name, "plot", r, out, 3 * GRID_H * batch, 400, None, gqa=gqa, causal=causal, row=row, dtype=dtype,
+                   batch=batch, before=before)
+        if "view" not in what:
+            continue
         v = first_paint(cli("view", *args, "--no-open"), root, GRID_H, batch, cap=GRID_CAP)
         if isinstance(v, str):
             print(f"  {name:<44} {'view':<6} {v}", flush=True)
@@ -389,6 +394,7 @@ def main() -> None:
     ap.add_argument("--cells", metavar="REGEX", help="grid: only the cells whose name matches, e.g. 'GQA.*float32 B=1'")
     ap.add_argument("--tokens", type=int, default=2048, help="grid: T (2048; smaller only to try the script)")
     ap.add_argument("--no-check", action="store_true", help="grid: leave out the check rows")
+    ap.add_argument("--what", default="html,check,plot,view", help="grid: which rows of each cell (default: all)")
     ap.add_argument("--mismatch", action="store_true",
                     help="grid: the check rows check an output computed with --causal flipped (the catalogue searched)")
     args = ap.parse_args()
@@ -398,7 +404,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for name in args.only or [s for s in SECTIONS if s != "grid"]:
             if name == "grid":
-                grid_section(Path(d), args.before, args.reduced, args.cells, not args.no_check, args.mismatch)
+                grid_section(Path(d), args.before, args.reduced, args.cells, not args.no_check, args.mismatch,
+                             args.what)
             else:
                 SECTIONS[name](Path(d))
     if args.json and GRID:
