@@ -64,7 +64,7 @@ class ModelLayer:
                                                   "alibi_slopes", "query_labels", "key_labels")}
         sources |= {"q": "attend(x=...)", "k": "attend(memory=...)", "v": "attend(values=...)"}
         config = self.checkpoint.config_source
-        sources |= {f"option {n}": f"{config}: {n}" for n in self.checkpoint.options} | {"pre_norm": config}
+        sources |= {f"option {n}": self.checkpoint.option_origin(n) for n in self.checkpoint.options} | {"pre_norm": config}
         sources |= {f"option {n}": f"attend({n}=...)" for n, v in options.items() if v is not None}
         sources["weights"] = self.checkpoint.projections.source
         if labels is not None:

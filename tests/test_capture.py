@@ -327,6 +327,36 @@ def test_check_a_capture_every_layer(models: dict[str, Path], tmp_path: Path) ->
     assert r.exit_code == 0 and json.loads(r.stdout)["what"] == "weights"
 
 
+def test_check_a_capture_every_layer_says_it_compares_weights(models: dict[str, Path], tmp_path: Path) -> None:
+    """``check CAPTURE --layer all`` compares each kept layer's attention *weights* with the model's own: the table's
+    title, the header and the JSON say weights (not output), and a capture that kept layer 1 only is reported as
+    layer 1 (not 0). Layer 1's own attention altered by 1e-3 in one cell: that layer differs by that much."""
+    out = tmp_path / "k.npz"
+    assert cli("capture", models["llama"], TEXTS[0], "--keep-layers", "1", "-o", out).exit_code == 0
+    assert read_capture(out).stack.attention_layers == (1,)
+    r = cli("check", out, "--weights", models["llama"], "--layer", "all", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["what"] == "weights" and [x["layer"] for x in d["layers"]] == [1]
+    assert [x["what"] for x in d["layers"]] == ["weights"] and d["first_diverging_layer"] is None
+    text = " ".join(cli("check", out, "--weights", models["llama"], "--layer", "all").stdout.split())
+    assert "Attention weights by layer, against the model's own" in text and "output" not in text
+    assert "every layer's attention weights agree with the model's own (1 layers" in text
+
+    with np.load(out, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    members["attentions"][0, 0, 2, 5, 3] += 1e-3  # the kept layer (1): head 2, query 5, key 3
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **members)
+    r = cli("check", bad, "--weights", models["llama"], "--layer", "all", "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    d = json.loads(r.stdout)
+    assert d["first_diverging_layer"] == 1 and d["mismatched_layers"] == [1]
+    assert abs(d["layers"][0]["max_abs_error"] - 1e-3) < 1e-5
+    text = " ".join(cli("check", bad, "--weights", models["llama"], "--layer", "all").stdout.split())
+    assert "the first that diverges is layer 1" in text and "Layer 1, the first that diverges" in text
+
+
 def test_view_layers_from_a_capture_are_verified(models: dict[str, Path], tmp_path: Path) -> None:
     from attncli.cli.options import ProblemArgs
     from attncli.cli.view import model_layers, verified

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from attncli.check.verdict import decimals, infer_tolerance, written_numbers
 from attncli.cli import app
+from attncli.render.check import CHECK_FORMATS
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,8 +240,7 @@ BAD = [
     (["check", "--expected", "[[1, 2]]", CAT], "have shape (1, 2), but the computed output has shape (4, 4)"),
     (["check", "--expected", "[[a, b]]", CAT], "non-numbers"),
     (["check", "NOEXP"], "no 'expected' entry"),
-    (["check", CAT, "--what", "masked"], "has expected numbers for scores, weights, output but not for 'masked'"),
-    (["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "nope"], "no step 'nope'"),
+    (["check", CAT, "--what", "scaled"], "has expected numbers for scores, weights, output but not for 'scaled'"),
 ]
 
 
@@ -256,6 +256,96 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], messag
     assert r.exit_code == 2
     doc = json.loads(r.stdout)
     assert doc["verdict"] == "error" and message in doc["errors"][0]
+
+
+# check's own options refused (their values, or their use with these inputs): one line on stderr naming the flag,
+# exit 2 and nothing on stdout, in every format (issue 32: one rule); --what is refused before computing where the
+# chain's stages tell (a step no computation has; a stage these options do not give)
+OWN = [
+    (["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "nope"], "--what: no computation has a step 'nope'"),
+    (["check", CAT, "--what", "weigths"], "did you mean 'weights'?"),
+    (["check", CAT, "--what", "masked"], "--what: this computation has no step 'masked'"),
+    (["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "q_rot"], "no step 'q_rot' (its chain: scores,"),
+    (["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "k_norm"], "no step 'k_norm'"),
+    (["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "alibi"], "no step 'alibi'"),
+    (["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "q"], "--what: the step 'q', which this computation"),
+    (["check", CAT, "--what", "head_output"], "--what: the step 'head_output', which this computation does not have"),
+    (["check", CAT, "--what", "softmax"], "--what: the step 'softmax', which this computation does not have"),
+    (["check", CAT, "-x", "9,9"], "--explain: '9,9': query index 9 is out of range"),
+    (["check", CAT, "--atol", "inf"], "--atol: must be a finite number"),
+    (["check", CAT, "--rtol", "nan"], "--rtol: must be a finite number"),
+    (["check", CAT, "--atol", "1e-3", "--precision-of", "bfloat16"], "--precision-of: "),
+    (["check", "--expected", "[[1]]", CAT, "--weights", "nowhere", "--layer", "all"], "--expected: is not offered"),
+    (["check", CAT, "--weights", "nowhere", "--layer", "all", "-x", "0,0"], "--explain: is not offered"),
+]
+# ...and typer's own refusals of them, through the program's entry point (which makes them one line)
+TYPER_OWN = [(["check", CAT, "-p", "99"], "'--precision'"), (["check", CAT, "--precision-of", "float8"], "'--precision-of'"),
+             (["check", CAT, "--format", "xml"], "'--format'")]
+
+
+@pytest.mark.parametrize("args,message", OWN)
+@pytest.mark.parametrize("fmt", list(CHECK_FORMATS))
+def test_own_options_refused_write_nothing_on_stdout(args: list[str], message: str, fmt: str) -> None:
+    r = runner.invoke(app, [*args, "--format", fmt])
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stdout == "", r.stdout
+
+
+@pytest.mark.parametrize("args,message", TYPER_OWN)
+def test_own_options_refused_by_typer_write_nothing_on_stdout(args: list[str], message: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    for fmt in [[]] if "--format" in args else [["--format", f] for f in CHECK_FORMATS]:
+        r = subprocess.run([sys.executable, "-m", "attncli", *args, *fmt], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stdout == "", r.stdout
+
+
+def test_what_is_refused_before_the_problem_is_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage the options do not give is told by the chain: the engine never runs."""
+    import attncli.core.engine as engine
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("computed")
+
+    monkeypatch.setattr(engine, "run", boom)
+    r = runner.invoke(app, ["check", "--expected", json.dumps(CAT_PUBLISHED), CAT, "--what", "q_rot", "-f", "json"])
+    assert r.exit_code == 2 and "no step 'q_rot'" in r.stderr and r.stdout == ""
+
+
+def test_every_step_recorded_is_one_what_accepts() -> None:
+    """--what is checked against attncli.core.trace.StepName before anything is read: every step that any score,
+    and a layer with every stage on q and k, records must be a member (else a real step would be refused)."""
+    from attncli.check.verdict import absent_step
+    from attncli.core.engine import run
+    from attncli.core.layer import Layer
+    from attncli.core.problem import Options, Problem
+    from attncli.core.projections import Projections
+    from attncli.core.scoring import SCORES
+    from attncli.core.trace import StepName
+
+    r = np.random.default_rng(0)
+    q, k, v = r.normal(size=(3, 4)), r.normal(size=(5, 4)), r.normal(size=(5, 2))
+    seen: set[str] = set()
+    for score in SCORES:
+        p = Problem.build(q, k, v, options=Options(score=score, causal=True, causal_align="bottom-right"))
+        names = run(p).names()
+        assert [n for n in names if absent_step(p, n)] == []  # what a run records, absent_step never refuses
+        seen.update(names)
+    x = r.normal(size=(1, 5, 8))
+    w = {n: r.normal(size=(8, 8)) for n in ("W_q", "W_k", "W_v", "W_o")}
+    layer = Layer.build(x, projections=Projections(**w), heads=2, q_norm=np.ones(4), k_norm=np.ones(4), sinks=np.zeros(2),
+                        options=Options(rope="half", qk_norm="rms", softcap=30.0, alibi=True, clip_qkv=1.0,
+                                        tuning_scale=0.1, hard=True, causal=True, window=3))
+    names = run(layer).names()
+    assert [n for n in names if absent_step(layer, n)] == []
+    seen.update(names)
+    assert seen - {s.value for s in StepName} == set()
+    assert {"q_rot", "k_norm", "capped", "alibi", "masked", "sink", "hard", "q_clip", "head_output"} <= seen
 
 
 def test_quiet_prints_nothing(tmp_path: Path) -> None:

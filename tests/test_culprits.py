@@ -31,17 +31,18 @@ def _cap() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def model(folder: Path, kv: int = 2, **config: Any) -> str:
-    """A two-layer Llama-style checkpoint (random weights), its config.json BASE updated with ``config``."""
+def model(folder: Path, kv: int = 2, d: int = D, **config: Any) -> str:
+    """A two-layer Llama-style checkpoint (random weights, head width ``d``), its config.json BASE updated with
+    ``config``."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     t: dict[str, np.ndarray] = {}
     for n in range(2):
         p = f"model.layers.{n}.self_attn."
-        t[p + "q_proj.weight"] = rng.normal(size=(H * D, E)).astype(np.float32)
-        t[p + "k_proj.weight"] = rng.normal(size=(kv * D, E)).astype(np.float32)
-        t[p + "v_proj.weight"] = rng.normal(size=(kv * D, E)).astype(np.float32)
-        t[p + "o_proj.weight"] = rng.normal(size=(E, H * D)).astype(np.float32)
+        t[p + "q_proj.weight"] = rng.normal(size=(H * d, E)).astype(np.float32)
+        t[p + "k_proj.weight"] = rng.normal(size=(kv * d, E)).astype(np.float32)
+        t[p + "v_proj.weight"] = rng.normal(size=(kv * d, E)).astype(np.float32)
+        t[p + "o_proj.weight"] = rng.normal(size=(E, H * d)).astype(np.float32)
     safetensors_numpy.save_file(t, str(folder / "model.safetensors"))
     cfg = {"model_type": "llama", "hidden_size": E, "num_attention_heads": H, "num_key_value_heads": kv,
            "num_hidden_layers": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, **config}
@@ -84,6 +85,46 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
     "config num_key_value_heads 3 of 4 heads": (
         lambda t: [*SELF, model(t / "m", kv=3)],
         2, ["config.json", "num_key_value_heads", "num_attention_heads"], ["--kv-heads"]),
+    # an odd rotary width: blamed on the key it came from (HF: int(head_dim · partial_rotary_factor)), never on
+    # rotary_dim, a key these configs do not have
+    "config partial_rotary_factor 0.75 of head_dim 4 (3 features)": (
+        lambda t: [*SELF, model(t / "m", partial_rotary_factor=0.75)],
+        2, ["config.json", "partial_rotary_factor 0.75", "head_dim 4", "got 3"], ["rotary_dim", "--rotary-dim"]),
+    "config rope_parameters partial_rotary_factor 0.75 (transformers 5)": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                          "partial_rotary_factor": 0.75})],
+        2, ["config.json", "rope_parameters.partial_rotary_factor 0.75", "got 3"], ["rotary_dim", "--rotary-dim"]),
+    "config rotary_pct 0.75 (GPT-NeoX's name)": (
+        lambda t: [*SELF, model(t / "m", rotary_pct=0.75)],
+        2, ["config.json", "rotary_pct 0.75", "got 3"], ["rotary_dim", "--rotary-dim"]),
+    "config rotary_dim 3": (
+        lambda t: [*SELF, model(t / "m", rotary_dim=3)], 2, ["config.json", "rotary_dim", "got 3"], ["--rotary-dim"]),
+    "config head_dim 3 (the whole head rotates)": (
+        lambda t: [*SELF, model(t / "m", d=3, head_dim=3)],
+        2, ["config.json", "head_dim", "got 3"], ["rotary_dim", "--rotary-dim", "--rope"]),
+    # rope_scaling variants missing what they need: config.json and its key, not the flag
+    "config rope_scaling yarn without original_max_position_embeddings": (
+        lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "yarn", "factor": 2.0})],
+        2, ["config.json", "rope_scaling", "original_max_position_embeddings"], ["--rope-scaling"]),
+    "config rope_scaling dynamic without max_position_embeddings": (
+        lambda t: [*SELF, model(t / "m", rope_scaling={"rope_type": "dynamic", "factor": 2.0})],
+        2, ["config.json", "rope_scaling", "max_position_embeddings"], ["--rope-scaling"]),
+    "config rope_parameters dynamic without max_position_embeddings (transformers 5)": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})],
+        2, ["config.json", "rope_parameters", "max_position_embeddings"], ["--rope-scaling", "rope_scaling"]),
+    # an option config.json gives under another name: that key, never the option's name or its flag
+    "config query_pre_attn_scalar 1e-320 (a scale of 1e160 that overflows)": (
+        lambda t: [*SELF, model(t / "m", model_type="gemma2", head_dim=D, query_pre_attn_scalar=1e-320)],
+        2, ["config.json", "query_pre_attn_scalar", "overflow"], ["--scale", "option scale", "x.npy"]),
+    "config rope_theta 1e-320": (
+        lambda t: [*SELF, model(t / "m", rope_theta=1e-320)],
+        2, ["config.json", "rope_theta", "larger than 1"], ["rope_base", "--rope-base"]),
+    "config rope_parameters rope_theta 0.5 (transformers 5)": (
+        lambda t: [*SELF, model(t / "m", rope_parameters={"rope_type": "default", "rope_theta": 0.5})],
+        2, ["config.json", "rope_parameters.rope_theta", "larger than 1"], ["rope_base", "--rope-base"]),
+    "--rope-scaling yarn without original_max_position_embeddings": (
+        lambda t: [*RUN, "--rope", "half", "--rope-scaling", '{"rope_type": "yarn", "factor": 2}'],
+        2, ["--rope-scaling", "original_max_position_embeddings"], ["config.json"]),
     "--rope-scaling factor 1e-320": (
         lambda t: [*RUN, "--rope", "half", "--rope-scaling", '{"rope_type": "linear", "factor": 1e-320}'],
         2, ["--rope-scaling", "factor"], ["q.npy", "rescale the inputs", "overflow"]),

@@ -15,13 +15,16 @@ either AGREE (per-head weights and output within 1e-5, float32) or EXIT 2 with o
 other numbers fails. The verdict is pinned: docs/families.md's results table is the expectation (an agreeing
 family must agree, a refused one be refused; a change fails with both reasons), and a family is skipped only
 where that table skips it for the same reason (a key of SKIP_REASON); any other failure of the harness fails.
+The config variants of families (``VARIANTS``: falcon-alibi, opt-post-norm, modernbert-yarn, ...) are pinned the
+same way by the "## Variants" and "## Variants in bfloat16" tables, a refused variant also for its reason.
 ``SILENT`` lists the families that are silently wrong today, each with its cause,
 as ``xfail(strict=True)``: when one is fixed its test passes, the xfail fails, and the entry must go.
 
 ``ATTNCLI_SWEEP_SEED=N`` draws other weights (acceptance-style fresh runs); ``ATTNCLI_SWEEP_ONLY=a,b``
 restricts the sweep. ``python tests/test_families.py`` prints the table (docs/families.md); a name of
-``VARIANTS`` (``opt-post-norm``) prints that variant's row. Models whose layers share one attention module
-(ALBERT) are hooked per call: call N of the shared modules is layer N, ``hidden_states[N]`` its input.
+``VARIANTS`` (``opt-post-norm``) prints that variant's row, ``--variants`` every variant's (docs/families_md.py).
+Models whose layers share one attention module (ALBERT) are hooked per call: call N of the shared modules is
+layer N, ``hidden_states[N]`` its input.
 """
 
 from __future__ import annotations
@@ -473,16 +476,27 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "families.md"
 
 
 def documented(section: str) -> dict[str, tuple[str, str]]:
-    """The expectation: docs/families.md's table under ``section`` ("## Results", "## bfloat16"), model type ->
-    (verdict, detail). A skipped family's detail starts with its reason, a key of SKIP_REASON."""
+    """The expectation: docs/families.md's table under ``section`` ("## Results", "## bfloat16", "## Variants",
+    "## Variants in bfloat16"), model type or variant -> (verdict, detail). A skipped family's detail starts with
+    its reason, a key of SKIP_REASON."""
     doc = DOC.read_text()
-    start = doc.index(section)
+    if section not in doc:
+        return {}  # each row's test fails, naming the command that prints its row
+    start = doc.index(section)  # "## Variants" comes before "## Variants in bfloat16"
     table = doc[start:doc.index("\n## ", start + 1)]
     rows = re.findall(r"^\| ([^ |]+) \| ([a-z ]+) \| (.*) \|$", table, flags=re.M)
     return {name: (verdict, detail) for name, verdict, detail in rows if verdict != "verdict"}
 
 
+def shown(detail: str) -> str:
+    """A row's detail as docs/families.md writes it: the temporary model folder as FOLDER, one line, ``|``
+    escaped, at most 240 characters (docs/families_md.py writes the rows main() prints)."""
+    detail = re.sub(r"(attncli: error: )?/tmp/[^/ ]+/model", "FOLDER", detail.replace("\n", " "))
+    return detail.replace("|", "\\|")[:240]
+
+
 EXPECTED, EXPECTED_BF16 = documented("## Results"), documented("## bfloat16")
+EXPECTED_VARIANTS, EXPECTED_VARIANTS_BF16 = documented("## Variants"), documented("## Variants in bfloat16")
 
 
 def _ids() -> Iterator[Any]:
@@ -493,13 +507,16 @@ def _ids() -> Iterator[Any]:
         yield pytest.param(mt, id=mt, marks=marks)
 
 
-def as_documented(mt: str, label: str, expected: dict[str, tuple[str, str]], dtype: Any = None) -> None:
+def as_documented(mt: str, label: str, expected: dict[str, tuple[str, str]], dtype: Any = None,
+                  row: str | None = None) -> str:
     """The family's verdict is docs/families.md's (an agreeing family agrees, a refused one is refused): a change
     fails with both reasons. A skip is allowed only where the table skips the family for the same reason (a key
-    of SKIP_REASON); any other failure of the harness fails."""
-    if mt not in expected:
-        pytest.fail(f"{label}: not in docs/families.md; `python tests/test_families.py {mt}` prints its row")
-    want, why = expected[mt]
+    of SKIP_REASON); any other failure of the harness fails. ``row``: the table's row when it is not ``mt``'s
+    (a variant of the family, its config in OVERRIDES). Returns the run's detail."""
+    row = row or mt
+    if row not in expected:
+        pytest.fail(f"{label}: not in docs/families.md; `python tests/test_families.py {row}` prints its row")
+    want, why = expected[row]
     try:
         outcomes = sweep_one(mt, dtype)
     except Skip as e:
@@ -509,17 +526,26 @@ def as_documented(mt: str, label: str, expected: dict[str, tuple[str, str]], dty
     verdict, detail = summary(outcomes)
     assert verdict not in ("wrong", "broken"), f"{label}: {verdict}: {detail}"
     assert verdict == want, f"{label}: {verdict} ({detail}); docs/families.md says {want} ({why})"
+    return detail
 
 
-def agrees_or_refuses(mt: str, label: str, dtype: Any = None) -> None:
-    """Every run of the variant agrees or is refused in one line (partly refused: some layers); a variant
-    transformers does not build here is skipped with the reason."""
+def variant_as_documented(name: str, label: str, expected: dict[str, tuple[str, str]], dtype: Any = None) -> None:
+    """A variant's verdict is its row in docs/families.md's "## Variants" table (or its bfloat16 table): an
+    agreeing variant agrees; a refused one is refused, for the reason the table names (a config key or tensor of
+    FOLDER, never a harness failure: a variant transformers cannot build fails)."""
+    mt, over = VARIANTS[name]
+    saved = OVERRIDES.get(mt)
+    OVERRIDES[mt] = over
     try:
-        outcomes = sweep_one(mt, dtype)
-    except Skip as e:
-        pytest.skip(f"{SKIP_REASON.get(e.why, e.why)}: {e.detail}")
-    verdict, detail = summary(outcomes)
-    assert verdict in ("agrees", "refused", "partly refused"), f"{label}: {verdict}: {detail}"
+        detail = as_documented(mt, label, expected, dtype, row=name)
+        want, why = expected[name]
+        assert want in ("agrees", "refused", "partly refused"), f"{label}: docs/families.md says {want} ({why})"
+        if want == "refused":  # the same reason, not only the same verdict
+            assert shown(detail) == why, f"{label}: refused ({shown(detail)}); docs/families.md says refused ({why})"
+    finally:
+        OVERRIDES.pop(mt)
+        if saved is not None:
+            OVERRIDES[mt] = saved
 
 
 @pytest.mark.slow
@@ -636,10 +662,8 @@ def test_variant_with_a_new_step_agrees(name: str, monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_family_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    mt, over = VARIANTS[name]
-    monkeypatch.setitem(OVERRIDES, mt, over)
-    agrees_or_refuses(mt, name)
+def test_family_variant_verdict_is_the_documented_one(name: str) -> None:
+    variant_as_documented(name, name, EXPECTED_VARIANTS)
 
 
 # bfloat16 checkpoints, one per supported family (and the silently wrong ones most used in bf16): saved in
@@ -670,15 +694,15 @@ BF16_VARIANTS = ["falcon-multi-query", "falcon-per-head", "falcon-alibi", "phi-n
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, id=f"{n}-bf16") for n in BF16_VARIANTS])
-def test_bfloat16_variant_agrees_or_refuses(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    mt, over = VARIANTS[name]
-    monkeypatch.setitem(OVERRIDES, mt, over)
-    agrees_or_refuses(mt, f"{name} bf16", torch.bfloat16)
+def test_bfloat16_variant_verdict_is_the_documented_one(name: str) -> None:
+    variant_as_documented(name, f"{name} bf16", EXPECTED_VARIANTS_BF16, torch.bfloat16)
 
 
-def main() -> None:  # python tests/test_families.py [model types or VARIANTS names...]: the table
-    names = sys.argv[1:] or model_types()
+def main() -> None:  # python tests/test_families.py [model types or VARIANTS names... | --variants]: the table
     dtype = torch.bfloat16 if os.environ.get("ATTNCLI_SWEEP_BF16") else None
+    names = sys.argv[1:] or model_types()
+    if names == ["--variants"]:  # the variants table's rows (with ATTNCLI_SWEEP_BF16=1: the bfloat16 variants')
+        names = BF16_VARIANTS if dtype is not None else list(VARIANTS)
     for mt in names:
         try:
             if mt in VARIANTS:  # a variant's name: its family with the variant's config
@@ -697,7 +721,7 @@ def main() -> None:  # python tests/test_families.py [model types or VARIANTS na
             verdict, detail = "skipped", f"{e.why}: {e.detail}"
         except Exception as e:  # noqa: BLE001
             verdict, detail = "harness", f"{type(e).__name__}: {e}"
-        print(f"{mt}\t{verdict}\t{detail}".replace("\n", " "), flush=True)
+        print(f"{mt}\t{verdict}\t{shown(detail)}", flush=True)
 
 
 if __name__ == "__main__":

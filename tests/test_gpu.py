@@ -153,3 +153,37 @@ def test_cuda_half_is_as_near_the_truth_as_torchs_own_sdpa(case: str, half: torc
     assert err_ours <= 2 * err_sdpa + 1e-6, (err_ours, err_sdpa)
     unit = torch.finfo(half).eps * float(np.abs(exact_np).max())
     assert np.abs(got - sdpa).max() <= 2 * unit + 2 * err_sdpa, (np.abs(got - sdpa).max(), unit)
+
+
+# ---- attncli heads --device cuda ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float64", 1e-10)])
+def test_heads_device_cuda_equals_the_models_own_weights_and_numpy(tmp_path: Path, dtype: str, tol: float) -> None:
+    """`heads --device cuda` (projections and scores on the GPU, the sums on the host): the statistics of a tiny
+    GQA Llama's own eager weights (transformers on the CPU, float32) by a plain loop, and the numpy path's to
+    rounding."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    m.save_pretrained(tmp_path / "m")
+    ids = torch.as_tensor(np.random.default_rng(0).integers(3, 50, size=(3, 12)))
+    with torch.no_grad():
+        out = m(ids, output_hidden_states=True, output_attentions=True)
+    np.save(tmp_path / "h.npy", np.stack([h.numpy() for h in out.hidden_states]))
+    a = np.stack([x.numpy() for x in out.attentions]).astype(np.float64)  # (layers, B, H, T, T)
+    ref = {"first": a[..., 0].mean(axis=(1, 3)), "max": a.max(axis=-1).mean(axis=(1, 3))}
+    docs = {}
+    for device in ("cpu", "cuda"):
+        res = runner.invoke(app, ["heads", str(tmp_path / "h.npy"), "-w", str(tmp_path / "m"), "--format", "json",
+                                  "--dtype", dtype, "--device", device])
+        assert res.exit_code == 0, res.output
+        docs[device] = json.loads(res.stdout)
+    for stat in ("first", "max", "entropy", "previous", "self", "distance"):
+        got = {d: np.array([[r[stat]["mean"] for r in docs[d]["statistics"] if r["layer"] == L] for L in (0, 1)])
+               for d in docs}
+        np.testing.assert_allclose(got["cuda"], got["cpu"], rtol=0, atol=tol, err_msg=stat)
+        if stat in ref:
+            np.testing.assert_allclose(got["cuda"], ref[stat], rtol=0, atol=1e-5, err_msg=stat)

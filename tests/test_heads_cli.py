@@ -193,6 +193,47 @@ def test_rollout_against_a_float64_product(model: Any, files: Path, tmp_path: Pa
     assert "approximat" in json.loads(r.stdout)["rollout"]["caveat"]
 
 
+def _means(doc: dict[str, Any], stat: str) -> np.ndarray:
+    return np.array([[r[stat]["mean"] for r in doc["statistics"] if r["layer"] == L] for L in (0, 1)], dtype=float)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 2e-6), ("float64", 1e-10)])
+def test_heads_on_torch_agree_with_the_models_own_weights_and_numpy(model: Any, files: Path, tmp_path: Path,
+                                                                    dtype: str, tol: float) -> None:
+    """--backend torch (on the CPU here; --device cuda in tests/test_gpu.py) computes the projections and scores
+    with torch: its statistics are those of the model's own eager weights (transformers, float32) by a plain loop,
+    and equal the numpy path's to float rounding; its rollout too."""
+    folder, m = model
+    ids = np.random.default_rng(0).integers(3, 50, size=(4, 10))
+    _, att = states(m, ids)
+    a = att.astype(np.float64)  # (layers, B, H, T, T), causal: row i holds keys 0..i
+    T = a.shape[-1]
+    prev = a[..., np.arange(1, T), np.arange(T - 1)]  # each query's weight on the previous position (i >= 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(a > 0, a * np.log(a), 0.0).sum(axis=-1)
+    ref = {"first": a[..., 0].mean(axis=(1, 3)), "self": np.diagonal(a, axis1=-2, axis2=-1).mean(axis=(1, 3)),
+           "previous": prev.mean(axis=(1, 3)), "max": a.max(axis=-1).mean(axis=(1, 3)), "entropy": ent.mean(axis=(1, 3))}
+    docs = {}
+    for backend in ("numpy", "torch"):
+        out = tmp_path / f"{backend}.npy"
+        r = cli(str(files / "all.npy"), "-w", str(folder), "--format", "json", "--backend", backend, "--dtype", dtype,
+                "--rollout", str(out))
+        assert r.exit_code == 0, r.output
+        docs[backend] = json.loads(r.stdout)
+    for stat, want in ref.items():  # the model's own weights are float32: the reference holds to ~1e-6
+        np.testing.assert_allclose(_means(docs["torch"], stat), want, rtol=0, atol=2e-6, err_msg=stat)
+        np.testing.assert_allclose(_means(docs["torch"], stat), _means(docs["numpy"], stat), rtol=0, atol=tol,
+                                   err_msg=stat)
+    np.testing.assert_allclose(np.load(tmp_path / "torch.npy"), np.load(tmp_path / "numpy.npy"), rtol=0, atol=tol)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: tests/test_gpu.py runs --device cuda")
+def test_heads_device_cuda_without_cuda_is_one_line(model: Any, files: Path) -> None:
+    r = cli(str(files / "all.npy"), "-w", str(model[0]), "--device", "cuda")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "--device cuda" in lines[0] and "Traceback" not in r.output
+
+
 def test_model_view_badges_are_what_heads_says(model: Any, files: Path) -> None:
     """The model view (attncli view --layer all) badges each head with the patterns and statistics heads reports."""
     from attncli.io.model import load_layer
@@ -248,6 +289,50 @@ def test_a_capture_brings_ids_labels_padding_and_special_tokens(model: Any, tmp_
             assert row[name]["n"] == count[h, k], name
             if count[h, k]:
                 assert row[name]["mean"] == pytest.approx(total[h, k] / count[h, k], rel=1e-5, abs=1e-6), name
+
+
+def test_model_view_badges_of_a_capture_use_its_token_ids(model: Any, tmp_path: Path) -> None:
+    """attncli view CAPTURE --layer all: the badges' statistics come with the capture's token ids and special tokens
+    (induction, duplicate, special, punctuation: absent before), each against the plain-loop reference on the model's
+    own eager weights, and the badges name the patterns `heads CAPTURE` names."""
+    from test_heads import reference
+
+    from attncli.cli.options import ProblemArgs
+    from attncli.cli.view import model_layers, viewer_layers
+    from attncli.core import headstats as hs
+    from attncli.io.files import Reader
+    from attncli.render.viewer import Viewer
+
+    folder, m = model
+    ids = np.array([[1, 5, 6, 7, 5, 6, 7, 8, 9, 3, 4, 5], [1, 9, 8, 3, 9, 8, 3, 4, 9, 8, 3, 4]])
+    words = {3: ",", 4: "."}
+    labels = np.array([[words.get(int(t), f" w{t}") for t in row] for row in ids])
+    with torch.no_grad():
+        out = m(torch.as_tensor(ids), output_hidden_states=True, output_attentions=True)
+    mask = np.ones_like(ids)
+    cap = tmp_path / "cap.npz"
+    np.savez(cap, format=np.array("attncli-capture/1"), hidden_states=np.stack([h.numpy() for h in out.hidden_states]),
+             input_ids=ids, labels=labels, tokens=labels, attention_mask=mask,
+             special_tokens_mask=(ids == 1).astype(np.int64), provenance=np.array(json.dumps({"model_type": "llama"})))
+    layers = model_layers([str(cap)], ProblemArgs(weights=folder), Reader())
+    badges = [x["patterns"] for x in Viewer(viewer_layers(layers), "t" * 32, model=True).meta()["layers"]]
+    rows = json.loads(cli(str(cap), "-w", str(folder), "--format", "json").stdout)["statistics"]
+    for layer in (0, 1):
+        att = out.attentions[layer].double().numpy()
+        total, count = np.zeros((4, hs.S)), np.zeros((4, hs.S))
+        for b in range(2):
+            s_, c_ = reference(att[b], mask[b] == 1, ids[b], ids[b] == 1, np.isin(ids[b], [3, 4]))
+            total += s_
+            count += c_
+        for h in range(4):
+            for k, name in enumerate(hs.STATS):
+                got = badges[layer][h]["stats"][name]
+                if count[h, k] == 0:
+                    assert got is None, name
+                else:  # the badges' statistics are rounded to 4 decimals
+                    assert got == pytest.approx(total[h, k] / count[h, k], abs=6e-5), (layer, h, name)
+            assert badges[layer][h]["patterns"] == rows[4 * layer + h]["patterns"]
+    assert all(badges[L][h]["stats"]["induction"] is not None for L in (0, 1) for h in range(4))
 
 
 def test_the_table_names_each_head_with_its_evidence(model: Any, files: Path) -> None:

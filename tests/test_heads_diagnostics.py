@@ -167,3 +167,46 @@ def test_an_underflowed_weight_is_still_a_key() -> None:
     assert c[0, 0, i] == 2 and s[0, 0, i] == pytest.approx(h2, abs=1e-12)
     s, c = hs.weights_sums(a, seqs)  # every 0 taken as masked
     assert c[0, 0, i] == 1 and s[0, 0, i] == pytest.approx(h2, abs=1e-12)
+
+
+# ---- a value beside its threshold: enough digits to read on the right side of it ---------------------------------
+
+
+@pytest.mark.parametrize("value, threshold, shown", [
+    (0.3004, 0.3, "0.3004"),  # "0.30" would read as equal to the threshold it passes
+    (0.3, 0.3, "0.30"),  # exactly on it: ≥ holds as printed
+    (0.83, 0.3, "0.83"),
+    (0.305, 0.3, "0.305"),  # 0.305 is 0.30499999999999999 in binary: "0.30" at two decimals
+    (0.2996, 0.3, "0.2996"),  # below: "0.30" would read as passing
+    (0.9000001, 0.9, "0.9000001"),
+])
+def test_a_value_beside_its_threshold_shows_its_side(value: float, threshold: float, shown: str) -> None:
+    from attncli.core.headstats import beside
+
+    assert beside(value, threshold) == shown
+
+
+def test_a_sink_just_above_its_threshold_is_printed_above_it() -> None:
+    """Every query of one bidirectional head puts 0.3004 of its weight on the first key (the rest spread evenly):
+    its sink share is 0.3004 by construction, just above issue 33's 0.3. The diagnostics line (self/view) and
+    the `heads` evidence line print 0.3004, not "0.30 (≥ 0.3)"."""
+    import io
+
+    from rich.console import Console
+
+    from attncli.core import headstats as hs
+    from attncli.render.heads import evidence
+
+    t = 5
+    a = np.full((1, 1, t, t), (1 - 0.3004) / (t - 1))
+    a[..., 0] = 0.3004
+    named = hs.name_heads(a, [hs.Sequence.plain(t)], first_label="<s>")
+    assert [d["head"] for d in named] == [0] and "sink" in named[0]["patterns"]
+    assert named[0]["values"]["sink"] == pytest.approx(0.3004, abs=1e-12)
+    assert "sink — 0.3004 of its weight on `<s>` (≥ 0.3)" in named[0]["sentence"]
+
+    doc = {"statistics": [{"layer": 2, "head": 0, "patterns": ["sink"], "first": {"mean": 0.3004}}],
+           "thresholds": {"sink": {"statistic": "first", "at_least": 0.3}}}
+    out = io.StringIO()
+    evidence(doc, Console(file=out, width=200, color_system=None))
+    assert out.getvalue().strip() == "layer 2 head 0: sink — 0.3004 of its weight on the first token (≥ 0.3)"

@@ -95,6 +95,9 @@ def test_mla_layer_is_the_hf_module(case: str, tmp_path: Path) -> None:
     layer = load_layer(tmp_path, 1)
     x = got["x"][0].double().numpy()  # (T, E): the module's own input
     t = run(layer.problem(x))
+    from attncli.core.trace import StepName
+
+    assert set(t.names()) <= {s.value for s in StepName}  # every latent step is one `check --what` accepts
     np.testing.assert_allclose(t.output, got["y"][0].numpy(), atol=1e-5)
     np.testing.assert_allclose(t.weights, got["w"][0].numpy(), atol=1e-5)
     r = run(layer.problem(got["h"][0].double().numpy(), from_residual=True))  # hidden_states[1], input_layernorm first

@@ -28,10 +28,18 @@ from attncli.io.model import load_layer
 
 @dataclass
 class LayerVerdicts:
-    """One verdict per layer (in order), and the first layer whose output differs."""
+    """One verdict per layer (in order), and the first layer that differs. ``what`` is what was compared: each
+    layer's attention "output" (OUTS HIDDEN) or its "weights" against the model's own (a capture's attentions);
+    ``numbers`` each verdict's layer (a capture may hold the model's own attention for some layers only)."""
 
     verdicts: list[Verdict]
     source: str  # the checkpoint
+    what: str = "output"
+    numbers: list[int] | None = None
+
+    @property
+    def layers(self) -> list[int]:
+        return list(range(len(self.verdicts))) if self.numbers is None else list(self.numbers)
 
     @property
     def match(self) -> bool:
@@ -39,17 +47,21 @@ class LayerVerdicts:
 
     @property
     def first(self) -> int | None:
-        return next((i for i, v in enumerate(self.verdicts) if not v.match), None)
+        """The first layer that differs (its number), or None."""
+        return next((n for n, v in zip(self.layers, self.verdicts) if not v.match), None)
 
     @property
     def mismatched(self) -> list[int]:
-        return [i for i, v in enumerate(self.verdicts) if not v.match]
+        return [n for n, v in zip(self.layers, self.verdicts) if not v.match]
+
+    def verdict_of(self, layer: int) -> Verdict:
+        return self.verdicts[self.layers.index(layer)]
 
     def to_dict(self) -> dict[str, Any]:
         first = self.first
-        return {"verdict": "match" if self.match else "mismatch", "match": self.match, "checkpoint": self.source,
-                "first_diverging_layer": first, "mismatched_layers": self.mismatched,
-                "layers": [{"layer": i, **v.to_dict()} for i, v in enumerate(self.verdicts)], "errors": []}
+        return {"verdict": "match" if self.match else "mismatch", "match": self.match, "what": self.what,
+                "checkpoint": self.source, "first_diverging_layer": first, "mismatched_layers": self.mismatched,
+                "layers": [{"layer": n, **v.to_dict()} for n, v in zip(self.layers, self.verdicts)], "errors": []}
 
 
 def per_layer(content: Any, source: str, what: str) -> list[Any]:

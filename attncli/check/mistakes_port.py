@@ -6,9 +6,10 @@ tries them too).
   fitted (common bases first, then a search on log(base)) and named;
 - ``rope-added``: RoPE applied although the problem has none (a forgotten ``--rope``);
 - ``causal-diagonal-excluded`` / ``causal-one-future``: the causal mask off by one (j < i; j <= i + 1);
-- ``sqrt-heads-width``: √(H·d) scaling of 4-D (B, H, T, d) inputs;
+- ``sqrt-heads-width``: √(H·d) scaling of 4-D (B, H, T, d) inputs (of a layer: ``sqrt-model-width``);
+- ``sqrt-kv-width``: √(G·d) scaling with G grouped-query K/V heads (K's width before the head split);
 - ``rope-q-positions-not-offset``: in a KV-cache step, the new queries rotated at 0..m-1 while the
-  mask still puts them at P..P+m-1.
+  mask still puts them at P..P+m-1 (every head's; single-head, 4-D, grouped-query and layers alike).
 
 Each is tested against an independent implementation in ``tests/test_mistakes_port.py``.
 """
@@ -22,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from attncli.check.compare import errors, within
-from attncli.check.variants import Context, NotApplicable, Result, _remask, variant
-from attncli.core import ops
+from attncli.check.variants import Context, NotApplicable, Result, _remask, rotated, variant
 from attncli.core.layer import Subject
 
 COMMON_BASES = (10000.0, 500000.0, 1000000.0, 100000.0, 50000.0, 5000000.0, 250000.0, 2000000.0, 8000000.0,
@@ -142,6 +142,8 @@ def causal_one_future(c: Context) -> Result:
                              "= √({H4}·{d}), the model width, instead of the head width's √d = {sqrt_d}")
 def sqrt_heads_width(c: Context) -> Result:
     """softmax(QKᵀ / √(H·d))·V for (B, H, T, d) inputs"""
+    if c.heads:  # a layer's model width H·d is d_k: the same mistake, named once
+        raise NotApplicable("a multi-head layer: √(H·d) is its d_k, sqrt-model-width")
     p = c.single()
     c.requires_sqrt_d()
     if p.q.ndim != 4 or int(p.q.shape[-3]) == 1:
@@ -151,19 +153,24 @@ def sqrt_heads_width(c: Context) -> Result:
     return c.rerun(scale=1.0 / math.sqrt(H * c.d))
 
 
+@variant("sqrt-kv-width", "the scores were divided by √(G·d) = √({G}·{d}), the width of the {G} K/V heads together "
+                          "(K's last axis before the head split), instead of the head width's √d = {sqrt_d}")
+def sqrt_kv_width(c: Context) -> Result:
+    """softmax(QKᵀ / √(G·d))·V for G grouped-query K/V heads"""
+    c.requires_sqrt_d()
+    G = c.problem.kv_heads
+    if G is None:
+        raise NotApplicable("as many K/V heads as query heads: √(H·d) is sqrt-heads-width / sqrt-model-width")
+    if G == 1:
+        raise NotApplicable("one K/V head (multi-query): its width is d")
+    return c.rerun(scale=1.0 / math.sqrt(G * c.d))
+
+
 @variant("rope-q-positions-not-offset", "in a KV-cache step the new queries were rotated at positions 0..m-1 "
                                         "instead of {P}..{P}+m-1 (cache_position not passed to RoPE); the mask "
                                         "was right")
 def rope_q_positions_not_offset(c: Context) -> Result:
     """softmax(rotate(Q, 0..m-1)·rotate(K)ᵀ / √d)·V with the mask at P + i"""
-    p = c.single()
-    o = c.options
-    if o.rope is None:
-        raise NotApplicable("no rotary position embedding")
-    if p.query_offset == 0:
+    if c.problem.query_offset == 0:
         raise NotApplicable("the queries start at position 0")
-    if o.qk_norm is not None:
-        raise NotApplicable("with QK-norm the rotation comes after the norm")
-    rope = ops.rope_of(p)  # the engine's tables (its --rope-freqs, rounding, dtype, scaling, width)
-    q, k = rope.rotate(np, p.q, np.arange(p.m)), rope.rotate(np, p.k, np.arange(p.n))  # queries from 0, not P
-    return c.rerun(replace(p, q=q, k=k), rope=None, rotary_dim=None, rope_scaling=None)
+    return rotated(c, q_at=np.arange(c.m))  # every head's queries from 0, not P; keys at 0..n-1 as before

@@ -27,13 +27,14 @@ import numpy as np
 
 from attncli.check.compare import Explanation, Tolerance, errors, within
 from attncli.core import chain, ops
-from attncli.core.engine import run
+from attncli.core.backend import get_backend
+from attncli.core.engine import produce, run
 from attncli.core.layer import Layer, Subject
 from attncli.core.options import Options
 from attncli.core.plan import Plan
 from attncli.core.problem import Problem
 from attncli.core.scoring import get_score
-from attncli.core.trace import Trace
+from attncli.core.trace import StepName, Trace
 from attncli.errors import AttnError
 
 Result = Any  # dict[str, np.ndarray] | Trace | Reproduced | None (tried, no fit)
@@ -102,6 +103,7 @@ class Context:
     hint: str | None = None  # the options that make the problem match, when a variant found them
     correct: np.ndarray | None = None  # for a pair's second mistake: the correct result of the original problem
     rows: tuple[int, ...] | None = None  # only these queries are computed (a sampled screen); expected holds them
+    _heads: Problem | None = None  # a Layer's heads with their numbers (heads_problem), computed once
 
     @classmethod
     def of(cls, subject: Subject, expected: np.ndarray, what: str, tol: Tolerance,
@@ -193,13 +195,39 @@ class Context:
         if not self.heads:
             with np.errstate(invalid="ignore", over="ignore"):  # inf weights (exp without the max) give inf/NaN
                 return {"weights": weights, "output": weights @ self.single().v}  # (..., m, n) x (..., n, d_v) -> (..., m, d_v)
+        return {"weights": weights, **self.finish(weights @ self.values())}  # (..., H, T, S) x (..., H, S, d_v/H)
+
+    def values(self) -> np.ndarray:
+        """Each query head's values, as the weights multiply them: (..., H, n, d_v) (per head for multi-head;
+        grouped-query K/V heads repeated, as HF repeat_kv)."""
+        if not self.heads:
+            p = self.single()
+            return np.repeat(p.v, p.n_rep, axis=-3) if p.n_rep > 1 else p.v
         v = self.ref["v_clip" if "v_clip" in self.ref else "v"]  # (B, S, G·d) or unbatched (S, G·d); OLMo: clamped
         layer = self.multi()
         G = layer.kv_heads or layer.heads  # grouped-query: G K/V heads, query head h reads K/V head h // (H / G)
         vh = ops.split_heads(np, v if v.ndim == 3 else v[None], G)  # (B, G, S, d)
         vh = np.repeat(vh, layer.heads // G, axis=1) if G != layer.heads else vh  # (B, H, S, d), as HF repeat_kv
-        vh = vh if v.ndim == 3 else vh[0]
-        return {"weights": weights, **self.finish(weights @ vh)}  # (..., H, T, S) x (..., H, S, d_v/H)
+        return vh if v.ndim == 3 else vh[0]
+
+    def heads_problem(self) -> Problem:
+        """The attention of the heads with their numbers: this single-head problem, or the core Problem a Layer
+        produces (its projections computed: Q (B, H, T, d), K and V (B, G, S, d), on numpy float64)."""
+        if not isinstance(self.problem, Layer):
+            return self.problem
+        if self._heads is None:
+            self._heads = produce(self.problem)
+        return self._heads
+
+    def attend(self, problem: Problem) -> Result:
+        """``problem`` (:meth:`heads_problem` changed) computed as this problem's heads: a re-run for a single-head
+        problem (a change of the problem, composable into pairs); for a Layer, its heads' weights and outputs,
+        concatenated and projected by W_o as the layer does (:meth:`finish`)."""
+        if not isinstance(self.problem, Layer):
+            return self.rerun(problem)
+        t = run(problem, self.plan)
+        heads = np.asarray(t["output"]).reshape(self.ref["head_output"].shape)  # (B, H, T, d_v/H); unbatched: no B
+        return {"weights": np.asarray(t["weights"]).reshape(self.ref["weights"].shape), **self.finish(heads)}
 
     def finish(self, heads: np.ndarray, order: Any = None, transpose: bool = True) -> dict[str, np.ndarray]:
         """Multi-head: per-head outputs (..., H, T, d_v/H) concatenated (in ``order``) and projected by W_o."""
@@ -621,16 +649,61 @@ def _dropout_weights(c: Context, w: np.ndarray) -> Result:
 
 
 def _dropout_output(c: Context, w: np.ndarray) -> Result:
-    """Each expected output row is c·Σ_{j kept} w_ij v_j for one c > 1; search the kept subsets of each row."""
-    p, e, tol = c.single(), c.expected, c.tol
-    n = p.n
-    shape = w.shape[:-1]  # (..., m)
-    v = np.broadcast_to(p.v, shape[:-1] + p.v.shape[-2:])  # (..., n, d_v)
-    rows = int(np.prod(shape))
-    if n > MAX_DROPOUT_KEYS or rows * 2 ** n * c.d_v > SUBSET_BUDGET:
-        raise NotApplicable(f"too many keys ({n}) or rows to search the dropped weights")
+    """Each expected output row of each head is c·Σ_{j kept} w_ij v_j for one c > 1 (:func:`_dropout_rows`). A
+    layer's output is its heads' outputs concatenated and projected by W_o (+ b_o): where W_o keeps every direction
+    of the concatenated heads (rank d_v), the expected output is traced back to each head's (least squares), the
+    kept weights searched there, and the fit projected forward again and judged on the output itself."""
+    e, tol = c.expected, c.tol
     if not np.all(np.isfinite(e)):
         raise NotApplicable("expected holds NaN or infinities")
+    v = c.values()  # (..., H, n, d_v): each query head's values
+    if not c.heads:
+        fit = _dropout_rows(w, v, e, tol, c.d_v)
+        if fit is None:
+            return None
+        rows, kept, scale = fit
+        return Reproduced(float(errors(e, scale * rows).max()), _dropout_detail(kept, w.size, scale))
+    ref = c.ref
+    if "gated" in ref or "sub_norm" in ref:
+        raise NotApplicable("an output gate or a norm of the heads before W_o: the heads' outputs cannot be traced back")
+    heads = np.asarray(ref["head_output"])  # (..., H, T, d_v/H)
+    H = int(heads.shape[-3])
+    concat = e if "W_o" not in ref else e - (np.asarray(ref["b_o"])[0] if "b_o" in ref else 0.0)  # (..., T, E)
+    gain = 1.0
+    if "W_o" in ref:
+        w_o = np.asarray(ref["W_o"], dtype=np.float64)  # (d_v, E)
+        if np.linalg.matrix_rank(w_o) < w_o.shape[0]:
+            raise NotApplicable("W_o loses directions of the concatenated heads: their outputs cannot be traced back")
+        pinv = np.linalg.pinv(w_o)  # (E, d_v)
+        concat = concat @ pinv  # (..., T, E) x (E, d_v) -> (..., T, d_v)
+        gain = float(np.linalg.norm(pinv, 2)) * math.sqrt(w_o.shape[1])  # a cell's error of the output, at most, traced back
+    four = concat if concat.ndim == 3 else concat[None]
+    eh = ops.split_heads(np, four, H)  # (B, T, d_v) -> (B, H, T, d_v/H)
+    eh = eh if concat.ndim == 3 else eh[0]
+    bound = (tol.atol + tol.rtol * float(np.abs(e).max())) * gain
+    fit = _dropout_rows(w, v, eh, Tolerance(bound, 0.0, tol.origin), c.d_v)
+    if fit is None:
+        return None
+    rows = fit[0].reshape(heads.shape)  # each head's rows, the dropped weights left out, not yet scaled
+    b = c.finish(np.zeros_like(heads))["output"]  # b_o alone
+    y = c.finish(rows)["output"] - b  # the output is b + scale·y: the scale fitted again on the output itself
+    refit = _common_scale(e - b, y, tol) if y.shape == e.shape else None
+    if refit is None or not refit > 1 + 1e-9:
+        return None  # tried: the heads' fit, projected forward, is not within the tolerance of the output
+    return Reproduced(float(errors(e, b + refit * y).max()), _dropout_detail(fit[1], w.size, refit))
+
+
+def _dropout_rows(w: np.ndarray, v: np.ndarray, e: np.ndarray, tol: Tolerance,
+                  d_v: int) -> tuple[np.ndarray, int, float] | None:
+    """Each expected row e_i (..., m, d_v) as c·Σ_{j kept} w_ij v_j for one c > 1: search the kept subsets of
+    each row; (the rows Σ_{j kept} w_ij v_j, unscaled; the weights kept; c) or None when no choice of dropped weights and scale
+    reproduces them."""
+    n = int(w.shape[-1])
+    shape = w.shape[:-1]  # (..., m)
+    v = np.broadcast_to(v, shape[:-1] + v.shape[-2:])  # (..., n, d_v)
+    rows = int(np.prod(shape))
+    if n > MAX_DROPOUT_KEYS or rows * 2 ** n * d_v > SUBSET_BUDGET:
+        raise NotApplicable(f"too many keys ({n}) or rows to search the dropped weights")
     subsets = ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1).astype(np.float64)  # (2^n, n)
     contrib = w[..., :, None] * v[..., None, :, :]  # (..., m, n, 1) x (..., 1, n, d_v) -> (..., m, n, d_v)
     contrib = contrib.reshape(rows, n, -1)
@@ -663,11 +736,10 @@ def _dropout_output(c: Context, w: np.ndarray) -> Result:
         full = fit[:, -1]  # the subset with every key kept
         if full.all():
             continue  # the output times a constant, nothing dropped: not dropout
-        choice = np.where(full, 2 ** n - 1, np.argmax(fit, axis=1))
-        fitted = scale * ys[np.arange(rows), choice]
-        kept = int(subsets[choice].sum())
-        return Reproduced(float(errors(er, fitted).max()), _dropout_detail(kept, rows * n, scale))
-    return None  # tried: no choice of dropped weights and scale 1/(1-p) reproduces the output
+        resid = np.where(fit, np.abs(er[:, None, :] - scale * ys).max(axis=2), np.inf)  # (R, 2^n)
+        choice = np.where(full, 2 ** n - 1, np.argmin(resid, axis=1))  # the closest of the subsets that fit
+        return ys[np.arange(rows), choice].reshape(e.shape), int(subsets[choice].sum()), scale
+    return None
 
 
 # ---- additive -------------------------------------------------------------------------
@@ -861,29 +933,43 @@ def bias_missing(c: Context) -> Result:
     return c.rerun(replace(c.problem, relative_bias=None))
 
 
-def _plain_rope(c: Context) -> Problem:
-    p = c.single()
-    if c.options.rope is None:
+def rotated(c: Context, q_at: np.ndarray | None = None, k: bool = True, v: bool = False) -> Result:
+    """The heads computed with RoPE changed: the chain's stages on q and k (QK-norm, RoPE, Llama 4's tuning of q) applied
+    here in the problem's order, the queries rotated at positions ``q_at`` (default P + i), the keys (at j) unless
+    ``k`` is False, the values too (at their key positions) with ``v``; then attended as this problem's heads
+    (:meth:`Context.attend`): one rule for single-head problems, 4-D (B, H, T, d) inputs, grouped-query heads and
+    layers (given by flags or read from a checkpoint)."""
+    p = c.heads_problem()
+    if p.options.rope is None:
         raise NotApplicable("no rotary position embedding")
-    if c.options.qk_norm is not None:
-        raise NotApplicable("with QK-norm the rotation comes after the norm")
-    return p
+    be = get_backend("numpy", "cpu")
+    rope = ops.rope_of(p)  # the engine's tables (its --rope-freqs, rounding, dtype, scaling, width)
+    q, kk = p.q, p.k  # (..., H, m, d), (..., G, n, d)
+    for st in chain.needed(p):
+        if st.qk is None:
+            continue
+        if st.name == StepName.Q_ROT:
+            q = rope.rotate(np, q, p.query_offset + np.arange(p.m) if q_at is None else q_at)
+            kk = rope.rotate(np, kk, np.arange(p.n)) if k else kk
+        else:
+            q, kk = st.qk(p, be, q, kk)
+    vv = rope.rotate(np, p.v, np.arange(p.n)) if v else p.v  # (..., G, n, d_v)
+    o = replace(p.options, rope=None, rotary_dim=None, rope_scaling=None, qk_norm=None, tuning_scale=None)
+    return c.attend(replace(p, q=q, k=kk, v=vv, options=o))  # every stage on q and k done above
 
 
 @variant("rope-q-only", "RoPE rotated the queries but not the keys: scores q_rot·k instead of q_rot·k_rot")
 def rope_q_only(c: Context) -> Result:
     """softmax(rotate(Q)·Kᵀ / √d)·V"""
-    p = _plain_rope(c)
-    return c.rerun(replace(p, q=c.ref["q_rot"]), rope=None, rotary_dim=None, rope_scaling=None)
+    return rotated(c, k=False)
 
 
 @variant("rope-on-v", "RoPE rotated the values too (at their key positions): only q and k are rotated")
 def rope_on_v(c: Context) -> Result:
     """softmax(rotate(Q)·rotate(K)ᵀ / √d)·rotate(V)"""
-    p = _plain_rope(c)
-    if int(p.v.shape[-1]) != p.d_qk:
+    if c.options.rope is not None and c.d_v != c.d:
         raise NotApplicable("V's width differs from the rotated width")
-    return c.rerun(replace(p, v=ops.rope_of(p).rotate(np, p.v, np.arange(p.n))))  # the engine's rotation of K
+    return rotated(c, v=True)
 
 
 @variant("rope-base-default", "RoPE used the default base 10000 instead of the model's {base} (config rope_theta "

@@ -36,13 +36,15 @@ from attncli.check.compare import (
 )
 from attncli.check.precision import FACTOR, FLOOR, HEAD_FACTOR, HEAD_RCOND, ROW_FACTOR, SCALED_HEAD_MIN, SCALED_HEAD_Z, naive_step
 from attncli.check.variants import NEAREST_FACTOR, Context, diagnose
+from attncli.core import chain
 from attncli.core.engine import run
 from attncli.core.layer import Layer, Subject
 from attncli.core.plan import Plan
-from attncli.core.trace import Trace
+from attncli.core.trace import StepName, Trace
 from attncli.errors import InputError
 
-__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Steps", "Tolerance", "Verdict", "check",
+__all__ = ["CellNamer", "Comparison", "Divergence", "Explanation", "Precision", "Steps", "Tolerance", "Verdict",
+           "absent_step", "check",
            "decimals", "default_judgement", "divergence", "fit_shape", "infer_tolerance", "written_numbers"]
 
 OWN_PRECISIONS = ("float32", "float16", "bfloat16")  # judged by their own precision; float64 stays strict
@@ -275,6 +277,32 @@ def fit_shape(expected: np.ndarray, shape: tuple[int, ...], what: str, source: s
     else:
         message += "; give every cell of it (rows × columns)"
     raise InputError(message, source)
+
+
+# the steps a stage of the chain records beside its own name (QK-norm and RoPE: q's and k's; the bias: 'alibi' when
+# ALiBi is its only term)
+_STAGE_STEPS = {StepName.Q_NORM: (StepName.K_NORM,), StepName.Q_ROT: (StepName.K_ROT,), StepName.BIAS: (StepName.ALIBI,)}
+
+
+def absent_step(problem: Subject, what: str) -> str | None:
+    """Why the computation of ``problem`` has no step ``what``, told before computing it, from the stages of the chain
+    the problem needs (:func:`attncli.core.chain.needed`: QK-norm, RoPE, tuning, scale, cap, bias, mask, sinks, hard
+    attention, dropout); None where it may have it (a step outside the chain: the run decides)."""
+    core = problem.problem() if isinstance(problem, Layer) else problem
+    needed = chain.needed(core)
+    for st in chain.STAGES:
+        own = (st.name, *_STAGE_STEPS.get(st.name, ()))
+        if what not in own:
+            continue
+        if st in needed and (st.name != StepName.BIAS or what == st.step(core)):
+            return None
+        has = [str(n) for t in needed if t.name not in (StepName.HARD, StepName.DROPOUT)
+               for n in (t.step(core), *_STAGE_STEPS.get(t.name, ())[:1 if t.name != StepName.BIAS else 0])]
+        after = [t.name.value for t in needed if t.name in (StepName.HARD, StepName.DROPOUT)]  # the softmax's own step
+        has += ["softmax", *after] if after else []
+        return (f"this computation has no step {what!r} (its chain: {', '.join([*has, 'weights', 'output'])}; "
+                "the options give it the others)")
+    return None
 
 
 def check(problem: Subject, expected: Any, *, what: str = "output", tolerance: Tolerance | None = None,

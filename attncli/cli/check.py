@@ -12,11 +12,13 @@ or not a mistake is named), 2 bad input or usage, 70 an internal error (one line
 'attncli: error: internal error ...'). A mismatch prints its verdict (first line 'MISMATCH',
 or ``"verdict": "mismatch"`` in JSON); with ``--format json`` an error prints
 ``{"verdict": "error" | "internal-error", "errors": [...]}`` -- except a refusal of check's own options
-(--atol, --rtol, --precision-of, --format, ...), which, in every format, writes nothing on stdout.
+(--what, --atol, --rtol, --precision-of, --explain, --format, ...: their values, or their use with these inputs),
+which, in every format, writes nothing on stdout (:func:`refuses_own_option`).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import sys
@@ -118,7 +120,7 @@ def check_command(
     try:
         verdict, cells = compute_verdict(args, problem, opts)
     except AttnError as e:
-        if fmt == "json" and not opts.quiet:
+        if fmt == "json" and not opts.quiet and not refuses_own_option(e):
             _print_error("error", str(e))
         raise
     except Exception as e:  # also MemoryError: exit 70, one line
@@ -156,9 +158,37 @@ def _print_error(kind: str, message: str) -> None:
     sys.stdout.flush()
 
 
+def STEP_NAMES() -> list[str]:  # noqa: N802  (a constant, read when needed)
+    """Every step any computation records (attncli.core.trace.StepName): what --what may name."""
+    from attncli.core.trace import StepName
+
+    return [n.value for n in StepName]
+
+
+class OptionRefused(InputError):
+    """A refusal of check's own option that is named by the flag of its data (--expected): its use with these
+    inputs, not the numbers it gives."""
+
+
+def refuses_own_option(e: AttnError) -> bool:
+    """Whether ``e`` refuses one of check's own options (its value, or its use with these inputs): named by its flag
+    (attncli.core.options declares them: --what, --atol, --explain, ...). Then nothing is written on stdout, in every
+    format; --expected's culprit is its numbers (an input) unless the refusal is of the option itself."""
+    from attncli.core.options import declared
+
+    source = getattr(e, "source", None)
+    own = {o.long for o in declared(Verify).values()} - {INLINE}
+    return source in own or isinstance(e, OptionRefused)
+
+
 def own_options(problem: ProblemArgs, opts: Verify) -> dict[str, float]:
     """``check``'s own options, refused before anything is read (the command then writes nothing on stdout, in
     every format: as typer's own refusals of them): the tolerances given, as numbers."""
+    if opts.what is not None and opts.what not in STEP_NAMES():
+        close = difflib.get_close_matches(opts.what, STEP_NAMES(), 1, cutoff=0.85)
+        raise InputError(f"no computation has a step {opts.what!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + "; steps are e.g. output, weights, softmax, masked, scaled, scores, q_rot, head_output "
+                         "(`attncli run ... --format json` lists a problem's)", "--what")
     given: dict[str, float] = {f: float(v) for f, v in (("atol", opts.atol), ("rtol", opts.rtol)) if v is not None}
     for name, x in given.items():
         if not (math.isfinite(x) and x >= 0):
@@ -175,7 +205,7 @@ def own_options(problem: ProblemArgs, opts: Verify) -> dict[str, float]:
 def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tuple[Any, list[dict[str, Any]]]:
     """Split the arguments, read the expected numbers and the problem, and check: (the verdict, the arithmetic of
     the cells ``--explain`` names, each as ``run --explain`` gives it)."""
-    from attncli.check.verdict import Steps, check, default_judgement
+    from attncli.check.verdict import Steps, absent_step, check, default_judgement
     from attncli.cli.inputs import build_problem
     from attncli.core.engine import run
     from attncli.core.plan import Needs, plan
@@ -193,6 +223,9 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tupl
     spec, inputs = split_arguments(args, opts.expected, reader)
     steps = [opts.what] if opts.what is not None else expected_steps(spec, reader) or ["output"]
     subject = build_problem(inputs, problem, reader)
+    absent = None if opts.what is None else absent_step(subject, opts.what)
+    if absent is not None:  # refused before computing: the chain's stages tell
+        raise InputError(absent, "--what")
     weights = steps != ["output"]
     rowwise = bool(opts.explain) and not weights and math.prod(subject.batch_shape) * subject.m * subject.n > EXPLAIN_CELLS
     # the output alone (and no cell to explain, or a problem whose cells are explained a row at a time): no (m, n) matrix
@@ -203,9 +236,10 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tupl
         cells = explanations(trace, RenderOptions(precision=opts.precision, explain=list(opts.explain or [])))
     verdicts = []
     for what in steps:  # each expected step of a problem file, in the file's order: its own verdict
-        if opts.what is None and what not in trace:
-            raise InputError(f"expected: names the step {what!r}, which this computation does not have; it has "
-                             f"{', '.join(trace.names())}", reader.source(spec or INLINE))
+        if what not in trace:  # a step outside the chain (absent_step told the chain's): --what's, or the file's
+            raise InputError(f"{'' if opts.what else 'expected: names '}the step {what!r}, which this computation does "
+                             f"not have; it has {', '.join(trace.names())}",
+                             "--what" if opts.what else reader.source(spec or INLINE))
         expected, written, source, half = read_expected(spec, opts.expected, reader, what)
         tol, precision, precision_source = default_judgement(expected, written, half, str(trace.meta.dtype),
                                                              source, given, opts.precision_of)
@@ -249,8 +283,8 @@ def capture_verdict(args: list[str], problem: ProblemArgs, opts: Verify, reader:
     for flag, value in (("--expected", opts.expected), ("--what", opts.what not in (None, "weights")),
                         ("--precision-of", opts.precision_of), ("--explain", bool(opts.explain))):
         if value:
-            raise InputError("is not offered with a capture: its layers are checked against the model's own attention "
-                             "weights it holds", flag)
+            raise OptionRefused("is not offered with a capture: its layers are checked against the model's own attention "
+                                "weights it holds", flag)
     plain = replace(problem, text=None, text_file=None)
     every = problem.layer is not None and problem.layer.strip().lower() == "all"
     stack = cap.decoder if problem.prefix is not None and "decoder" in problem.prefix and cap.decoder else cap.stack
@@ -272,7 +306,7 @@ def capture_verdict(args: list[str], problem: ProblemArgs, opts: Verify, reader:
         verdicts.append(a.verdict)
     if layers is None:
         return verdicts[0]
-    return LayerVerdicts(verdicts, str(problem.weights))
+    return LayerVerdicts(verdicts, str(problem.weights), what="weights", numbers=layers)
 
 
 def check_all_layers(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any, given: dict[str, float]) -> Any:
@@ -282,10 +316,12 @@ def check_all_layers(args: list[str], problem: ProblemArgs, opts: Verify, reader
 
     if problem.weights is None:
         raise InputError("all needs a checkpoint: --weights MODEL_FOLDER (or .safetensors, .bin, .pt)", "--layer")
-    if opts.expected is not None or len(args) != 2:
+    if opts.expected is not None:
+        raise OptionRefused("is not offered with --layer all, which takes OUTS HIDDEN (each layer's attention output, "
+                            "and the hidden states entering each layer)", INLINE)
+    if len(args) != 2:
         raise InputError(f"--layer all takes OUTS HIDDEN (each layer's attention output, and the hidden states "
-                         f"entering each layer), got {len(args)} argument{'s' if len(args) != 1 else ''}"
-                         + (" and --expected" if opts.expected is not None else ""), "arguments")
+                         f"entering each layer), got {len(args)} argument{'s' if len(args) != 1 else ''}", "arguments")
     for flag, value in (("--what", opts.what not in (None, "output")), ("--valid-lens", problem.valid_lens),
                         ("--mask", problem.mask)):
         if value:

@@ -99,9 +99,15 @@ def heads_command(
                                                "(model.decoder.layers. for BART, decoder.block. for T5).",
                                                show_default=False)] = None,
     dtype: Annotated[str, typer.Option(help="float32 or float64: what the weights are computed in.")] = "float32",
+    backend: Annotated[str | None, typer.Option(help="numpy (default, CPU) or torch (needs PyTorch): what computes "
+                                                "the projections and scores; the statistics are summed on the CPU, "
+                                                "block by block.", show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="cpu (default), cuda or mps (imply torch), or auto (CUDA, then MPS, "
+                                        "then the CPU): where the projections and scores are computed.")] = "cpu",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")] = False,
 ) -> None:
     from attncli.core import headstats as hs
+    from attncli.core.backend import get_backend
 
     if fmt not in FORMATS:
         raise InputError(f"must be one of {', '.join(FORMATS)}, got {fmt!r}", "--format")
@@ -117,6 +123,7 @@ def heads_command(
         raise InputError("rollout is saved as .npy (inputs, layers, T, T)", str(rollout))
     limits = hs.thresholds(_parse_thresholds(threshold or []))
     args = list(inputs or [])
+    be = get_backend(backend, device)  # before any model is read: an unknown or absent device is refused first
     if rollout is not None and args and args[0] == "merge":
         raise InputError("rolls out the weights of inputs; merge has none", "--rollout")
     if args and args[0] == "merge":
@@ -125,7 +132,7 @@ def heads_command(
         if text or text_file or induction is not None or rollout is not None or exclude_self:
             raise InputError("measures the cross-attention of captures made with --target: give captures only (no "
                              "--text, --text-file, --induction, --rollout or --exclude-self)", "--cross")
-        doc = _measure_cross(args, weights, prefix, layer, exclude_first, limits, dtype, quiet)
+        doc = _measure_cross(args, weights, prefix, layer, exclude_first, limits, dtype, quiet, be)
     else:
         texts = list(text or [])
         if text_file is not None:
@@ -133,7 +140,7 @@ def heads_command(
 
             texts += read_texts(text_file)
         doc = _measure(args, weights, layer, from_residual, induction, seed, exclude_first, exclude_self, limits,
-                       dtype, rollout, quiet, texts, batch_size)
+                       dtype, rollout, quiet, texts, batch_size, be)
     _emit(doc, fmt, metric, top, plot, save, protect=args)
 
 
@@ -155,7 +162,8 @@ def _parse_thresholds(items: list[str]) -> dict[str, float]:
 
 def _measure(args: list[str], weights: str | None, layer: str | None, from_residual: bool, induction: int | None,
              seed: int, exclude_first: bool, exclude_self: bool, limits: dict[str, float], dtype: str,
-             rollout: Path | None, quiet: bool, texts: list[str] | None = None, batch_size: int = 8) -> dict[str, Any]:
+             rollout: Path | None, quiet: bool, texts: list[str] | None = None, batch_size: int = 8,
+             be: Any = None) -> dict[str, Any]:
     from attncli.cli.run import progress_bar
     from attncli.core import engine
     from attncli.core import headstats as hs
@@ -186,7 +194,7 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
     sources: list[tuple[str, Any]] = [("--induction", None)] if induction is not None else []
     sources += [(spec, None) for spec in args]
     sources += [("--text", texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]  # captured in turn
-    be = get_backend("numpy")
+    be = be or get_backend("numpy")
     heads = int(first.heads or 0)
     sums = hs.Sums.zeros(len(layers), heads)
     hashes: list[str] = []
@@ -240,7 +248,7 @@ def _measure(args: list[str], weights: str | None, layer: str | None, from_resid
 
 
 def _measure_cross(args: list[str], weights: str | None, prefix: str | None, layer: str | None, exclude_first: bool,
-                   limits: dict[str, float], dtype: str, quiet: bool) -> dict[str, Any]:
+                   limits: dict[str, float], dtype: str, quiet: bool, be: Any = None) -> dict[str, Any]:
     """--cross: each decoder layer's cross-attention over captures made with --target, its queries the input the
     capture kept of it (cross_inputs), its keys the encoder's output; the queries are the decoder's valid tokens,
     the keys the encoder's (special tokens and punctuation from the encoder's side)."""
@@ -265,7 +273,7 @@ def _measure_cross(args: list[str], weights: str | None, prefix: str | None, lay
         if not t.isdigit():
             raise InputError(f"must be a decoder layer number or all, got {t[:40]!r}", "--layer")
         single = int(t)
-    be = get_backend("numpy")
+    be = be or get_backend("numpy")
     sums: hs.Sums | None = None
     layers: list[int] = []
     heads = 0

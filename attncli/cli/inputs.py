@@ -231,7 +231,7 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
     sources["weights"] = layer.projections.source
     if layer.model is not None:  # config.json's facts over the file's options, under the flags
         config = layer.model.config_source
-        _option_origins(sources, layer.model.options, lambda n: f"{config}: {n}")
+        _option_origins(sources, layer.model.options, layer.model.option_origin)
         _option_origins(sources, flags, _flag)  # a flag wins over config.json
         sources["pre_norm"] = config
         options = layer.model.config_options(options).merged(flags, "command line", flags=True)
@@ -465,7 +465,7 @@ def from_capture(inputs: list[str], opts: ProblemArgs, reader: Reader, cap: Any 
         flags["rope_scaling"] = _rope_scaling(flags["rope_scaling"], reader)
     sources = {"q": f"{source} hidden_states[{number}]", "key_padding_mask": f"{source} attention_mask",
                "query_labels": f"{source} labels", "key_labels": f"{source} labels", "pre_norm": model.config_source}
-    _option_origins(sources, model.options, lambda n: f"{model.config_source}: {n}")
+    _option_origins(sources, model.options, model.option_origin)
     _option_origins(sources, flags, _flag)
     options = model.config_options(Options()).merged(flags, "command line", flags=True)
     labels = [list(row) for row in stack.labels]

@@ -129,6 +129,34 @@ def compute_and_emit(problem: Any, opts: View, protect: list[str]) -> None:
     emit(view, replace(opts, save=None), protect=protect, first=first)
 
 
+def capture_sequences(c: Any) -> tuple[list[Any], list[Any] | None]:
+    """What a capture says of a layer's positions, per entry (attncli.core.headstats.Sequence): its valid tokens,
+    token ids, special tokens and punctuation; for the queries, and for the keys when they are another sequence
+    (cross-attention: (queries without ids, keys with the encoder's special tokens)). ``c``: ``captured(problem)``."""
+    import numpy as np
+
+    from attncli.core import headstats as hs
+
+    vq, vk = (np.asarray(v, dtype=bool) for v in c.valid)
+    cap = c.capture
+    cross = c.query_labels != c.key_labels or vq.shape != vk.shape
+    stack = cap.stack
+    if not cross and cap.decoder is not None and [list(r) for r in cap.decoder.labels] == c.query_labels \
+            and [list(r) for r in stack.labels] != c.query_labels:
+        stack = cap.decoder
+    special = cap.special_tokens_mask if stack is cap.stack else None
+
+    def seqs(valid: Any, labels: list[list[str]], ids: Any, spec: Any) -> list[hs.Sequence]:
+        return [hs.Sequence(valid[b], None if ids is None else np.asarray(ids[b]),
+                            None if spec is None else np.asarray(spec[b]) != 0,
+                            np.array([hs.is_punctuation(t) for t in labels[b]], dtype=bool))
+                for b in range(valid.shape[0])]
+
+    if cross:
+        return seqs(vq, c.query_labels, None, None), seqs(vk, c.key_labels, None, cap.special_tokens_mask)
+    return seqs(vq, c.query_labels, stack.input_ids, special), None
+
+
 def name_heads(problem: Any, trace: Any) -> None:
     """A layer computed from a capture (or --text): the heads that pass a pattern of ``heads`` (its thresholds and
     definitions, from the trace's own weights, valid queries only), kept for the diagnostics
@@ -149,26 +177,7 @@ def name_heads(problem: Any, trace: Any) -> None:
         w = w[None]
     if w.ndim != 4 or w.shape[0] != vq.shape[0] or w.shape[2:] != (vq.shape[1], vk.shape[1]):
         return  # some rows only (the corners of a big view), or a shape this does not know
-    cap = c.capture
-    cross = c.query_labels != c.key_labels or vq.shape != vk.shape
-    stack = cap.stack
-    if not cross and cap.decoder is not None and [list(r) for r in cap.decoder.labels] == c.query_labels \
-            and [list(r) for r in stack.labels] != c.query_labels:
-        stack = cap.decoder
-    special = cap.special_tokens_mask if stack is cap.stack else None
-
-    def seqs(valid: Any, labels: list[list[str]], ids: Any, spec: Any) -> list[hs.Sequence]:
-        return [hs.Sequence(valid[b], None if ids is None else np.asarray(ids[b]),
-                            None if spec is None else np.asarray(spec[b]) != 0,
-                            np.array([hs.is_punctuation(t) for t in labels[b]], dtype=bool))
-                for b in range(valid.shape[0])]
-
-    keys = None
-    if cross:
-        queries = seqs(vq, c.query_labels, None, None)
-        keys = seqs(vk, c.key_labels, None, cap.special_tokens_mask)
-    else:
-        queries = seqs(vq, c.query_labels, stack.input_ids, special)
+    queries, keys = capture_sequences(c)
     firsts = {row[int(np.argmax(v))] for row, v in zip(c.key_labels, vk) if v.any()}
     first = visible(next(iter(firsts))) if len(firsts) == 1 else None  # as the views show a token (␣ cat)
     rows = w.sum(axis=-1)[vq[:, None].repeat(w.shape[1], axis=1)]

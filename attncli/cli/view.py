@@ -170,6 +170,24 @@ def model_layers(inputs: list[str], opts: ProblemArgs, reader: Any) -> list[tupl
     return out
 
 
+def viewer_layers(layers: list[tuple[str, Any]], named: list[list[dict[str, Any]]] | None = None) -> list[Any]:
+    """The viewer's layers, each with its named heads (``named``: the diagnostics' ``head_patterns``) and, for a
+    layer built from a capture, the capture's positions (token ids, special tokens), so that the model view's
+    badges are measured as ``self`` and ``heads`` measure them (induction and special included)."""
+    from attncli.cli.inputs import captured
+    from attncli.cli.run import capture_sequences
+    from attncli.render.viewer import Layer
+
+    computed = [Layer(p, name) for name, p in layers]
+    for layer, (_, p) in zip(computed, layers):
+        c = captured(p)
+        if c is not None:
+            layer.sequences = capture_sequences(c)
+    for layer, heads in zip(computed, named or []):
+        layer.named = heads
+    return computed
+
+
 def serve(layers: list[tuple[str, Any]], model: bool, port: int, open_browser: bool, said: str = "",
           named: list[list[dict[str, Any]]] | None = None) -> None:
     """Start the viewer, print its URL, open it, and serve until Ctrl-C (then exit 0). ``said``: how the layers
@@ -177,11 +195,9 @@ def serve(layers: list[tuple[str, Any]], model: bool, port: int, open_browser: b
     (the diagnostics' ``head_patterns``)."""
     import secrets
 
-    from attncli.render.viewer import Layer, Server, Viewer
+    from attncli.render.viewer import Server, Viewer
 
-    computed = [Layer(p, name) for name, p in layers]
-    for layer, heads in zip(computed, named or []):
-        layer.named = heads
+    computed = viewer_layers(layers, named)
     viewer = Viewer(computed, secrets.token_urlsafe(24), model=model,
                     title="attncli view: " + ("model" if model else layers[0][0]) + (f" · {said}" if said else ""))
     try:

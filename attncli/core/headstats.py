@@ -86,6 +86,17 @@ def thresholds(overrides: dict[str, float] | None = None) -> dict[str, float]:
     return out
 
 
+def beside(value: float, threshold: float) -> str:
+    """``value`` with two decimals, or with as many more as it takes to read on the same side of ``threshold`` as it
+    is: a sink share of 0.3004 is "0.3004" beside 0.3 (not "0.30", which reads as equal); exactly 0.3 is "0.30"."""
+    side = (value > threshold) - (value < threshold)
+    for k in range(2, 18):
+        shown = f"{value:.{k}f}"
+        if (float(shown) > threshold) - (float(shown) < threshold) == side:
+            return shown
+    return repr(value)
+
+
 def patterns(means: dict[str, float | None], limits: dict[str, float]) -> list[str]:
     """The patterns a head passes (its mean statistic at or above the threshold); [] when none: unnamed."""
     return [p for p, (stat, _, _) in PATTERNS.items() if (v := means.get(stat)) is not None and v >= limits[p]]
@@ -253,7 +264,7 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
     different lengths): queries and keys share no positions, so self, previous, next, distance, induction and
     duplicate stay uncounted (null); ``seqs`` then describe the queries."""
     from attncli.core import blocked, chain, ops
-    from attncli.core.backend import threads
+    from attncli.core.backend import threads, to_numpy
 
     p = prep.core
     if p.options.mask_value is not None:
@@ -271,10 +282,10 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
     pos = _layer_positions(seqs, keys, m, n, B, cross)
     sums = np.zeros((B, H, S))
     counts = np.zeros((B, H, S), dtype=np.int64)
-    q = np.asarray(prep.q)
+    be = prep.backend  # the scores on the backend's device (numpy, or torch on the CPU or a GPU); their sums on the host
+    q = prep.q
     # grouped-query heads: query head h reads K/V head h // r, K expanded as the blocked path does (ops.expand_kv)
-    k = ops.expand_kv(np, np.asarray(prep.k), p.n_rep)
-    be = prep.backend
+    k = ops.expand_kv(be.xp, prep.k, p.n_rep)
     P = p.query_offset
     c = chain.constant_factor(p)
     step = blocked.block_rows(p)
@@ -283,7 +294,7 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
     def one(i0: int) -> int:
         i1 = min(m, i0 + step)
         s, lo = block_scores(p, be, q[..., i0:i1, :], k, prep.params, i0, i1, c)
-        found[i0] = _block_sums(p, np.asarray(s), lo, i0, i1, P, pos, exclude_first, exclude_self, cross)
+        found[i0] = _block_sums(p, to_numpy(s), lo, i0, i1, P, pos, exclude_first, exclude_self, cross)
         return i1
 
     starts = range(0, m, step)
@@ -465,12 +476,12 @@ def name_heads(weights: np.ndarray, seqs: list[Sequence], first_label: str | Non
     mean = total.mean()[0]
     lim = thresholds(limits)
     first = "the first token" if first_label is None else f"`{first_label}`"
-    say = {"sink": lambda v: f"{v:.2f} of its weight on {first}",
-           "previous-token": lambda v: f"{v:.2f} of its weight on the previous token",
-           "self": lambda v: f"{v:.2f} of its weight on its own position",
-           "induction": lambda v: f"{v:.2f} of its weight on the token after its token's previous occurrence",
-           "broad": lambda v: f"normalised entropy {v:.2f} (1: uniform weights)",
-           "focused": lambda v: f"{v:.2f} of its weight on one key (mean largest weight)"}
+    say = {"sink": lambda v: f"{v} of its weight on {first}",
+           "previous-token": lambda v: f"{v} of its weight on the previous token",
+           "self": lambda v: f"{v} of its weight on its own position",
+           "induction": lambda v: f"{v} of its weight on the token after its token's previous occurrence",
+           "broad": lambda v: f"normalised entropy {v} (1: uniform weights)",
+           "focused": lambda v: f"{v} of its weight on one key (mean largest weight)"}
     out = []
     for h in range(mean.shape[0]):
         means = {st: (None if math.isnan(float(mean[h, i])) else float(mean[h, i])) for i, st in enumerate(STATS)}
@@ -478,7 +489,7 @@ def name_heads(weights: np.ndarray, seqs: list[Sequence], first_label: str | Non
         if not found:
             continue
         values = {p: means[PATTERNS[p][0]] for p in found}
-        parts = [f"{p} — {say[p](float(values[p] or 0.0))} (≥ {lim[p]:g})" for p in found]
+        parts = [f"{p} — {say[p](beside(float(values[p] or 0.0), lim[p]))} (≥ {lim[p]:g})" for p in found]
         out.append({"head": h, "patterns": found, "values": values, "sentence": f"head {h}: " + "; ".join(parts)})
     return out
 
@@ -515,7 +526,9 @@ def mean_weights(prep: Prepared) -> np.ndarray:
     m, n = p.m, p.n
     if n > ROLLOUT_MAX:
         raise InputError(f"rollout holds a T × T product per layer; T = {n} > {ROLLOUT_MAX}", "--rollout")
-    q, k = np.asarray(prep.q), ops.expand_kv(np, np.asarray(prep.k), p.n_rep)
+    from attncli.core.backend import to_numpy
+
+    q, k = prep.q, ops.expand_kv(prep.backend.xp, prep.k, p.n_rep)
     out = np.zeros((q.shape[0], m, n))
     c = chain.constant_factor(p)
     step = blocked.block_rows(p)
@@ -523,7 +536,7 @@ def mean_weights(prep: Prepared) -> np.ndarray:
         i1 = min(m, i0 + step)
         s, lo = block_scores(p, prep.backend, q[..., i0:i1, :], k, prep.params, i0, i1, c)
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            a = ops.softmax_of(p, np, np.asarray(s), p.sinks)  # (B, H, b, nc)
+            a = ops.softmax_of(p, np, to_numpy(s), p.sinks)  # (B, H, b, nc)
         out[:, i0:i1, lo:lo + a.shape[-1]] += a.sum(axis=1)
     return out / p.head_count
 

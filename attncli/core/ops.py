@@ -125,8 +125,8 @@ def _default_inv_freq(dim: int, base: float) -> np.ndarray:
     return np.float32(1.0) / _float32_pow(base, x)
 
 
-def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
-                  max_positions: int | None = None, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int | None = None,
+                  seq_len: int | None = None, source: str = "--rope-scaling") -> tuple[np.ndarray, float]:
     """inv_freq_k = 1 / base^(2k/dim) (scaled as ``scaling`` says), and the cos/sin factor. -> ((dim/2,) float32, float)
 
     ``scaling``: the ``rope_scaling`` (or transformers 5 ``rope_parameters``) of a config.json,
@@ -147,27 +147,28 @@ def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
     ``dim`` is the rotary width (head_dim · partial_rotary_factor). ``max_positions``: the
     config's ``max_position_embeddings`` (yarn without ``original_max_position_embeddings``
     falls back to it, as HF does; dynamic needs it). Returns float32 frequencies and the factor
-    that multiplies cos and sin (1.0 except yarn).
+    that multiplies cos and sin (1.0 except yarn). ``source``: where the scaling came from, for messages (the
+    flag, or config.json and its key).
     """
-    check_rope_dim(dim, "--rope-scaling")
+    check_rope_dim(dim, source)
     p = dict(scaling or {})
     kind = str(p.get("rope_type", p.get("type", "default")))
     if kind not in ROPE_TYPES:
-        raise InputError(f"rope_type {kind!r} is not supported; choose one of {', '.join(ROPE_TYPES)}", "--rope-scaling")
+        raise InputError(f"rope_type {kind!r} is not supported; choose one of {', '.join(ROPE_TYPES)}", source)
     if kind == "default":
         return _default_inv_freq(dim, base), 1.0
     if kind == "yarn":
-        return _yarn_inv_freq(dim, base, p, max_positions)
+        return _yarn_inv_freq(dim, base, p, max_positions, source)
     factor = p.get("factor")
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor <= 0:
-        raise InputError(f"rope_type {kind!r} needs a positive 'factor', got {factor!r}", "--rope-scaling")
+        raise InputError(f"rope_type {kind!r} needs a positive 'factor', got {factor!r}", source)
     if kind == "linear":
         return _default_inv_freq(dim, base) / np.float32(factor), 1.0
     if kind == "llama3":
-        return _llama3_inv_freq(dim, base, p, float(factor)), 1.0
+        return _llama3_inv_freq(dim, base, p, float(factor), source), 1.0
     # dynamic
     if max_positions is None:
-        raise InputError("rope_type 'dynamic' needs max_position_embeddings (the config's)", "--rope-scaling")
+        raise InputError("rope_type 'dynamic' needs max_position_embeddings (the config's)", source)
     n = max_positions if seq_len is None else max(seq_len, max_positions)
     f32 = np.float32  # HF computes the grown base from a tensor sequence length: in float32
     ratio = f32(f32(factor) * f32(n)) / f32(max_positions) - f32(factor - 1)
@@ -175,17 +176,17 @@ def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
     return _default_inv_freq(dim, float(grown)), 1.0
 
 
-def _need(p: dict[str, Any], key: str, kind: str, default: Any = None) -> float:
-    v = p.get(key, default)
+def _need(p: dict[str, Any], key: str, kind: str, source: str = "--rope-scaling") -> float:
+    v = p.get(key)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        raise InputError(f"rope_type {kind!r} needs a number {key!r}, got {v!r}", "--rope-scaling")
+        raise InputError(f"rope_type {kind!r} needs a number {key!r}, got {v!r}", source)
     return float(v)
 
 
-def _llama3_inv_freq(dim: int, base: float, p: dict[str, Any], factor: float) -> np.ndarray:
+def _llama3_inv_freq(dim: int, base: float, p: dict[str, Any], factor: float, source: str) -> np.ndarray:
     """Llama 3.1's frequency-dependent scaling (``_compute_llama3_parameters``), in float32."""
-    low, high = _need(p, "low_freq_factor", "llama3"), _need(p, "high_freq_factor", "llama3")
-    old = _need(p, "original_max_position_embeddings", "llama3")
+    low, high = _need(p, "low_freq_factor", "llama3", source), _need(p, "high_freq_factor", "llama3", source)
+    old = _need(p, "original_max_position_embeddings", "llama3", source)
     f32 = np.float32
     inv = _default_inv_freq(dim, base)
     wavelen = (f32(1) / inv) * f32(2 * math.pi)  # (dim/2,); torch's scalar / tensor is reciprocal(tensor) · scalar
@@ -197,21 +198,22 @@ def _llama3_inv_freq(dim: int, base: float, p: dict[str, Any], factor: float) ->
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def _yarn_inv_freq(dim: int, base: float, p: dict[str, Any], max_positions: int | None) -> tuple[np.ndarray, float]:
+def _yarn_inv_freq(dim: int, base: float, p: dict[str, Any], max_positions: int | None,
+                   source: str) -> tuple[np.ndarray, float]:
     """YaRN (``_compute_yarn_parameters``): ramped mix of interpolated and extrapolated frequencies."""
     original = p.get("original_max_position_embeddings", max_positions)
     if original is None:
         raise InputError("rope_type 'yarn' needs original_max_position_embeddings (or the config's "
-                         "max_position_embeddings)", "--rope-scaling")
-    original = _need({"o": original}, "o", "yarn")
+                         "max_position_embeddings)", source)
+    original = _need({"original_max_position_embeddings": original}, "original_max_position_embeddings", "yarn", source)
     if p.get("factor") is None:  # DeepSeek-V3 style: the ratio of the two lengths
         if max_positions is None:
-            raise InputError("rope_type 'yarn' without 'factor' needs max_position_embeddings", "--rope-scaling")
+            raise InputError("rope_type 'yarn' without 'factor' needs max_position_embeddings", source)
         factor = max_positions / original
     else:
-        factor = _need(p, "factor", "yarn")
+        factor = _need(p, "factor", "yarn", source)
         if factor <= 0:
-            raise InputError(f"rope_type 'yarn' needs a positive 'factor', got {factor!r}", "--rope-scaling")
+            raise InputError(f"rope_type 'yarn' needs a positive 'factor', got {factor!r}", source)
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -355,7 +357,8 @@ def rope_of(problem: Problem) -> Rope:
     rd = check_rope(problem.d_qk, width, mode)
     sc = dict(o.rope_scaling) if o.rope_scaling else None
     seq = max(problem.query_offset + problem.m - 1, problem.n - 1, 0) + 1  # the largest position + 1 (dynamic NTK)
-    inv, factor = rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq)
+    inv, factor = rope_inv_freq(rd, base, sc, (sc or {}).get("max_position_embeddings"), seq_len=seq,
+                                source=problem.origin("rope_scaling"))
     kind = sc.get("rope_type", sc.get("type")) if sc else None
     # --rope-freqs bfloat16: as model.to(bfloat16) leaves them; but dynamic scaling beyond max_position_embeddings has
     # transformers recompute inv_freq, in float32 (its cast is gone: measured on LlamaRotaryEmbedding)
@@ -852,7 +855,9 @@ def _overflow_options(problem: Problem) -> list[tuple[str, float, str, str, str]
     found: list[tuple[str, float, str, str, str]] = []
     with np.errstate(over="ignore", divide="ignore"):
         if o.scale is not None:
-            found.append(("scale", abs(o.scale), problem.origin("scale"), f"{o.scale:g}", "a smaller --scale"))
+            origin = problem.origin("scale")
+            found.append(("scale", abs(o.scale), origin, f"{o.scale:g}",
+                          "a smaller --scale" if origin.startswith("--") else "a smaller scale there"))
         if o.temperature is not None:
             found.append(("temperature", float(np.float64(1.0) / abs(o.temperature)), problem.origin("temperature"),
                           f"{o.temperature:g}", "a larger --temperature"))

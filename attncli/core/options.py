@@ -577,11 +577,12 @@ class Options:
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
 
-    def merged(self, overrides: Mapping[str, Any], source: str = "options", flags: bool = False) -> Options:
+    def merged(self, overrides: Mapping[str, Any], source: str = "options", flags: bool = False,
+               origin: Callable[[str], str] | None = None) -> Options:
         """These options with ``overrides`` (those not None) applied, each checked by :func:`check_option`.
 
         ``source`` names where they came from (a file, ``attend()``); ``flags``: they are command-line
-        flags, so a message names ``--flag``."""
+        flags, so a message names ``--flag``; ``origin``: where each came from by name (config.json and its key)."""
         specs = declared(Options)
         unknown = sorted(set(overrides) - set(specs))
         if unknown:
@@ -596,7 +597,7 @@ class Options:
         for name, value in overrides.items():
             if value is None:
                 continue
-            where = specs[name].long if flags else f"{source}: option {name}"
+            where = specs[name].long if flags else origin(name) if origin is not None else f"{source}: option {name}"
             changes[name] = check_option(name, value, where)
         return replace(self, **changes)
 

@@ -39,6 +39,12 @@ class StepName(str, Enum):
     Q_TEMP = "q_temp"  # Llama 4's temperature tuning of the queries
     Q_PROJ, K_PROJ, FEATURES = "q_proj", "k_proj", "features"  # additive's steps inside the score
     SQ_DIST = "sq_dist"  # gaussian's squared distances
+    Q_NORMALISED, K_NORMALISED = "q_normalised", "k_normalised"  # cosine's unit vectors
+    KEY_SCORES = "key_scores"  # location's one score per key
+    # DeepSeek's multi-head latent attention: the latents, their norms, their weights, each head's keys without RoPE
+    Q_LATENT, Q_LATENT_NORM, KV_LATENT, KV_LATENT_NORM, K_NOPE = ("q_latent", "q_latent_norm", "kv_latent",
+                                                                  "kv_latent_norm", "k_nope")
+    W_QA, B_QA, W_KVA, B_KVA = "W_qa", "b_qa", "W_kva", "b_kva"
     SCORES = "scores"
     SCALED = "scaled"
     CAPPED = "capped"

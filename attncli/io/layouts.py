@@ -97,6 +97,9 @@ class AttentionFacts:
     rel_max_distance: int | None = None  # its relative_attention_max_distance
     rel_bidirectional: bool | None = None  # an encoder's (both directions) or a decoder's (past only) buckets
     from_config: list[str] = field(default_factory=list)
+    # the config.json key (and the arithmetic) each option came from, where it is not the option's own name (rotary_dim
+    # from "partial_rotary_factor 0.75 × head_dim 4"): what a refusal of the option's value names as its culprit
+    keys: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # display only (inspect, --explain): never decides anything
 
     def given(self, **facts: Any) -> None:
@@ -269,8 +272,11 @@ class Ctx:
         value, key = _cfg(self.config, *keys)
         if key is None:
             value = default
-        elif name not in self.facts.from_config:
-            self.facts.from_config.append(name)
+        else:
+            if name not in self.facts.from_config:
+                self.facts.from_config.append(name)
+            if key != name:
+                self.facts.keys[name] = key  # the culprit a refusal of the option's value names
         if value is not None and cast is not None:
             value = cast(value)
         setattr(self.facts, name, value)
@@ -382,6 +388,7 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
         params = params[layer_type]
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         f.given(rope_base=float(params["rope_theta"]))
+        f.keys["rope_base"] = "rope_parameters.rope_theta"
     else:
         c.conf(rope_base=("rope_theta", "rotary_emb_base", "rope_base"), default=default_base, cast=float)
     if layer_type == "sliding_attention" and cfg.get("rope_local_base_freq") is not None:  # Gemma 3, transformers 4
@@ -393,16 +400,21 @@ def _rope(c: Ctx, kind: str, default_base: float = 10000.0, layer_type: str | No
             f.given(rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"})
     if f.rope_scaling is not None:
         f.rope_scaling.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
+        if cfg.get("rope_scaling") is None:
+            f.keys["rope_scaling"] = "rope_parameters"
     d = f.head_dim
     factor = (params or {}).get("partial_rotary_factor") if isinstance(params, dict) else None
+    key: str | None = "rope_parameters.partial_rotary_factor"
     if factor is None:
-        factor = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
+        factor, key = _cfg(cfg, "partial_rotary_factor", "rotary_pct")
     if cfg.get("rotary_dim") is not None:
         f.given(rotary_dim=int(cfg["rotary_dim"]))
     elif factor is not None and d:
         f.given(rotary_dim=int(d * float(factor)))
+        f.keys["rotary_dim"] = f"{key} {printable(str(factor), 20)} × head_dim {d}"  # HF: int(head_dim · factor)
     else:
         f.rotary_dim = d
+        f.keys["rotary_dim"] = "head_dim"  # the whole head rotates
 
 
 def _layer_type(c: Ctx) -> str | None:
@@ -625,11 +637,13 @@ def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
         scalar, key = _cfg(c.config, "query_pre_attn_scalar")
         if key is not None:
             c.facts.given(scale=float(scalar) ** -0.5)
+            c.facts.keys["scale"] = f"query_pre_attn_scalar {printable(str(scalar), 20)} (the scale is its ^-½)"
     elif fam.scale == "attention_multiplier":
         mult, key = _cfg(c.config, "attention_multiplier")  # required (Family.requires): set when there is a config
         if key is None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
         c.facts.given(scale=float(mult))
+        c.facts.keys["scale"] = "attention_multiplier"
     c.conf(softcap=("attn_logit_softcapping",), cast=float)
 
 
@@ -661,6 +675,7 @@ def _full_rotary(c: Ctx, fam: Family) -> None:
         return
     f.rotary_dim = f.head_dim
     f.unmark_config("rotary_dim")
+    f.keys["rotary_dim"] = "head_dim"
     sc = f.rope_scaling or {}
     kind = sc.get("rope_type", sc.get("type"))
     if f.rope_scaling is not None and (kind != "linear" or sc.get("partial_rotary_factor") is not None):
@@ -803,6 +818,7 @@ def _partial_default(c: Ctx, default: float) -> None:
     Persimmon: 0.5, set by their config classes), rotary on the first head_dim · default features."""
     if not c.facts.config_gave("rotary_dim") and c.facts.head_dim:
         c.facts.rotary_dim = int(c.facts.head_dim * default)
+        c.facts.keys["rotary_dim"] = f"head_dim {c.facts.head_dim} × the family's partial_rotary_factor {default}"
         c.facts.notes["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
 
 

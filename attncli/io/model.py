@@ -54,9 +54,15 @@ class CheckpointLayer:
     def config_source(self) -> str:
         return f"{self.projections.source} (config.json)"
 
+    def option_origin(self, name: str) -> str:
+        """Where the option ``name`` came from, for messages: config.json and its key (the key it was computed from,
+        such as partial_rotary_factor for rotary_dim, where that is not the option's own name)."""
+        return f"{self.config_source}: {self.facts.keys.get(name, name)}"
+
     def config_options(self, base: Options | None = None) -> Options:
         """``base`` (default: Options()) with config.json's facts over it."""
-        return (base or Options()).merged(self.options, self.config_source) if self.options else (base or Options())
+        return (base or Options()).merged(self.options, self.config_source, origin=self.option_origin) if self.options \
+            else (base or Options())
 
     def problem(self, x: Any, memory: Any = None, values: Any = None, *, options: Options | None = None,
                 heads: int | None = None, from_residual: bool = False, **kw: Any) -> Layer:

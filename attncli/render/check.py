@@ -93,21 +93,25 @@ def print_layers(result: LayerVerdicts, precision: int, console: Any) -> None:
 
     say = functools.partial(wrapped, console, align=True)
     n, first = len(result.verdicts), result.first
+    own = result.what == "weights"  # a capture's layers: the weights against the model's own
     head = Text()
     if first is None:
         head.append("MATCH", style="bold green")
-        head.append(f": every layer's attention output agrees ({n} layers of {result.source})")
+        head.append(f": every layer's attention weights agree with the model's own ({n} layers of {result.source})"
+                    if own else f": every layer's attention output agrees ({n} layers of {result.source})")
     else:
         bad = result.mismatched
         head.append("MISMATCH", style="bold red")
         head.append(f": {len(bad)} of {n} layers differ; the first that diverges is layer {first}")
     say(head)
-    table = Table(title=f"Attention output by layer ({result.source})", title_justify="left")
+    title = (f"Attention weights by layer, against the model's own ({result.source})" if own else
+             f"Attention output by layer ({result.source})")
+    table = Table(title=title, title_justify="left")
     for col in ("layer", "verdict", "largest error", "overall bound", "decided by", "worst cell"):  # a per-row or
         # per-head verdict is within the overall bound: the rule column says which decided
         table.add_column(col, justify="right" if col in ("layer", "largest error", "overall bound") else "left",
                          no_wrap=True)
-    for i, v in enumerate(result.verdicts):
+    for i, v in zip(result.layers, result.verdicts):
         c = v.comparison
         table.add_row(str(i), Text("MATCH", style="green") if v.match else Text("MISMATCH", style="bold red"),
                       fmt(c.max_abs_error, precision), f"{v.tolerance.atol:.3g}", v.rule,
@@ -117,7 +121,7 @@ def print_layers(result: LayerVerdicts, precision: int, console: Any) -> None:
         return
     console.print()
     say(Text(f"Layer {first}, the first that diverges:", style="bold"))
-    print_verdict(result.verdicts[first], precision, console)
+    print_verdict(result.verdict_of(first), precision, console)
 
 
 def print_verdict(verdict: Verdict, precision: int, console: Any) -> None:

@@ -68,12 +68,14 @@ SHOWN = 24  # named heads listed with their evidence
 def evidence(doc: dict[str, Any], console: Console) -> None:
     """Each named head with the numbers that name it: 'layer 1 head 3: sink — 0.83 of its weight on the first
     token' (the first SHOWN)."""
+    from attncli.core.headstats import beside
+
     named = [r for r in doc["statistics"] if r["patterns"]]
     for r in named[:SHOWN]:
         parts = []
         for p in r["patterns"]:
-            stat = doc["thresholds"][p]["statistic"]
-            parts.append(f"{p} — {r[stat]['mean']:.2f} {EVIDENCE.get(p, stat)}")
+            stat, limit = doc["thresholds"][p]["statistic"], doc["thresholds"][p]["at_least"]
+            parts.append(f"{p} — {beside(r[stat]['mean'], limit)} {EVIDENCE.get(p, stat)} (≥ {limit:g})")
         console.print(Text(f"layer {r['layer']} head {r['head']}: " + "; ".join(parts)))
     if len(named) > SHOWN:
         console.print(Text(f"… and {len(named) - SHOWN} more named heads (--format json lists them all)", style="dim"))

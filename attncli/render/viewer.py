@@ -149,31 +149,24 @@ class Layer:
         self._inputs64: dict[str, Any] = {}
         self._patterns: list[dict[str, Any]] | None = None
         self.named: list[dict[str, Any]] = []  # the diagnostics' head_patterns of this layer (set by the CLI)
+        # a capture's positions (set by the CLI): per entry, the queries' and, for cross-attention, the keys'
+        # headstats.Sequence (token ids, special tokens, punctuation), as `self` and `heads` read them
+        self.sequences: tuple[list[Any], list[Any] | None] | None = None
 
     def patterns(self) -> list[dict[str, Any]]:
         """Per query head: the patterns it passes and its statistics (attncli.core.headstats, over every valid query
         of the batch, default thresholds), for the model view's badges (cross-attention: those needing no shared
-        positions); [] for a path without the blocked pass."""
+        positions); with a capture's ``sequences``, those needing token ids too (induction, duplicate, special);
+        [] for a path without the blocked pass."""
         if self._patterns is None:
             from attncli.core import headstats as hs
             from attncli.errors import AttnError
 
-            core = self.p.core
             out: list[dict[str, Any]] = []
-            sums = None
-            if len(core.batch_shape) == 2:
-                pad = core.padding
-                B = int(core.batch_shape[0])
-                valid = np.ones((B, core.n), bool) if pad is None or pad.dtype != bool else \
-                    ~np.broadcast_to(pad, (B, 1, 1, core.n))[:, 0, 0, :]
-                labels = core.key_labels
-                punct = None if labels is None else np.array([hs.is_punctuation(t) for t in labels])
-                keyed = [hs.Sequence(valid[b], punctuation=punct) for b in range(B)]
-                cross = core.m != core.n or (getattr(self.problem, "memory", None) is not None
-                                             and not self.problem.self_attention)  # a layer with a memory
+            if len(self.p.core.batch_shape) == 2:
+                queries, keys = self.sequences if self.sequences is not None else self._positions()
                 try:
-                    sums, counts = hs.layer_sums(self.p, [hs.Sequence.plain(core.m)] * B if cross else keyed,
-                                                 keys=keyed if cross else None)
+                    sums, counts = hs.layer_sums(self.p, queries, keys=keys)
                 except AttnError:
                     sums = None
                 if sums is not None:
@@ -186,6 +179,23 @@ class Layer:
                         out.append({"patterns": hs.patterns(stats, limits), "stats": stats})
             self._patterns = out
         return self._patterns
+
+    def _positions(self) -> tuple[list[Any], list[Any] | None]:
+        """Without a capture: the positions the problem itself knows (valid keys from its padding, punctuation from
+        its labels; no token ids): the queries' and, for cross-attention, the keys' headstats.Sequence."""
+        from attncli.core import headstats as hs
+
+        core = self.p.core
+        pad = core.padding
+        B = int(core.batch_shape[0])
+        valid = np.ones((B, core.n), bool) if pad is None or pad.dtype != bool else \
+            ~np.broadcast_to(pad, (B, 1, 1, core.n))[:, 0, 0, :]
+        labels = core.key_labels
+        punct = None if labels is None else np.array([hs.is_punctuation(t) for t in labels])
+        keyed = [hs.Sequence(valid[b], punctuation=punct) for b in range(B)]
+        cross = core.m != core.n or (getattr(self.problem, "memory", None) is not None
+                                     and not self.problem.self_attention)  # a layer with a memory
+        return ([hs.Sequence.plain(core.m)] * B, keyed) if cross else (keyed, None)
 
     def v(self) -> Any:
         """V, grouped-query heads expanded (query head h reads value head h // n_rep)."""
