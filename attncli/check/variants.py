@@ -1204,14 +1204,15 @@ def _try(v: Variant, c: Context) -> _Try:
 
 SCREEN_CELLS = 1 << 22  # score cells (batch × m × n) beyond which the catalogue is screened on sampled rows first
 SCREEN_ROWS = 32  # ...rows spread evenly over the queries, and as many of the rows where no change errs most
-SAMPLE_CELLS = 1 << 22  # ...fewer (at least MIN_SCREEN_ROWS of each) when the sample's scores (batch × rows × n) would
-MIN_SCREEN_ROWS = 4  # exceed this: every step of a sampled run is one (batch, rows, n) array, held explicitly
+SAMPLE_CELLS = 1 << 21  # ...fewer (at least MIN_SCREEN_ROWS of each) when the sample's scores (batch × rows × n) would
+MIN_SCREEN_ROWS = 4  # exceed this: every step of a sampled run is one (batch, rows, n) array, held explicitly; then the
+# survivors are confirmed in blocks of SAMPLE_CELLS scores too (else SCREEN_CELLS)
 
 
 def sample_rows(p: Subject) -> int:
     """How many rows a screen samples of each kind (spread, worst): ``SCREEN_ROWS``, fewer when the sample's
-    scores (every batch entry and head × 2·rows × n keys) would pass ``SAMPLE_CELLS`` (GQA's 32 heads × 2048 keys
-    × batch 2: 16 of each, so a sampled run's steps stay 32 MB each in float64)."""
+    scores (every batch entry and head × 2·rows × n keys) would pass ``SAMPLE_CELLS`` (32 heads × 2048 keys × batch
+    2: 8 of each, so a sampled run's steps stay 16 MB each in float64: a layer's check peaked at 1.6 GB with 32)."""
     per_row = max(1, int(np.prod(p.batch_shape)) * p.n)
     return max(MIN_SCREEN_ROWS, min(SCREEN_ROWS, SAMPLE_CELLS // (2 * per_row)))
 
@@ -1268,7 +1269,8 @@ class _Screen:
             got = np.asarray(run(replace(p, options=replace(p.options, keep_weights=False)))[c.what], dtype=np.float64)
         else:
             p = base or c.problem
-            step = max(1, SCREEN_CELLS // max(1, int(np.prod(p.batch_shape)) * p.n))
+            per_row = max(1, int(np.prod(p.batch_shape)) * p.n)
+            step = max(1, (SCREEN_CELLS if self.each == SCREEN_ROWS else SAMPLE_CELLS) // per_row)
             parts = []
             for i in range(0, p.m, step):
                 rows = tuple(range(i, min(p.m, i + step)))
