@@ -32,11 +32,28 @@ def _row(fam: Family) -> tuple[str, ...]:
                          f"RoPE rounded {fam.rope_rounding}" if fam.rope_rounding else "",
                          f"fused q/k/v: {fam.fused}" if fam.fused else "",
                          "stored sinusoidal rotary table checked" if fam.rope_table else "",
+                         "rotary over the whole head, no scaling" if fam.rope_whole else "",
+                         f"partial rotary {fam.partial_default} by default" if fam.partial_default else "",
+                         f"rotary style `{fam.rope_switch}`" if fam.rope_switch else "",
+                         f"rotary width `{fam.rotary_key}`" if fam.rotary_key else "",
+                         f"layer types: {_rule(fam.layer_type)}" if fam.layer_type else "",
+                         f"window `{fam.window_key}`" + (f" (default {fam.window_default})" if fam.window_default
+                                                         else "") if fam.window_key != "sliding_window" else "",
+                         f"relative position bias {fam.relative}" if fam.relative else "",
+                         f"ALiBi {fam.alibi}" if fam.alibi else "",
+                         f"post-norm when `{fam.norm_switch}` is false" if fam.norm_switch else "",
+                         f"no norm weights when `{fam.norm_affine}` is false" if fam.norm_affine else "",
                          "requires " + ", ".join(f"`{k}`" for k, _ in fam.requires) if fam.requires else "") if x]
     keys = ", ".join(f"`{k}`" for k in sorted(fam.reads() - SHAPE_KEYS)) or "—"
     slides = "every layer" if fam.always_slides else _rule(fam.slides) if fam.slides else "—"
-    return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, fam.scale or "1/√d",
-            "yes" if fam.causal else "no", slides, "; ".join(extra) or "—", keys)
+    scale = SCALES.get(fam.scale or "", fam.scale or "1/√d")
+    causal = CAUSAL.get(fam.causal_from or "", "yes" if fam.causal else "no")
+    return (fam.layout, fam.rope or "none", _rule(fam.nope), norm, qk, scale, causal, slides, "; ".join(extra) or "—",
+            keys)
+
+
+SCALES = {"none": "1", "gpt2": "`scale_attn_weights`, `scale_attn_by_inverse_layer_idx`", "mscale": "1/√d · mscale²"}
+CAUSAL = {"is_decoder": "`is_decoder`", "decoder-stack": "the decoder's stack", "encoder-stack": "but the encoder's stack"}
 
 
 def main() -> None:

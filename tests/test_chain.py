@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 
 from attncli.check.verdict import Tolerance, check
 from attncli.core import chain, engine
+from attncli.core.formula import Formula, Name, formula
 from attncli.core.layer import Layer
 from attncli.core.options import Options
 from attncli.core.plan import Needs, plan
@@ -40,14 +41,23 @@ def rand(*shape: int, seed: int = 0) -> np.ndarray:
 # ---- a throw-away stage: every path computes it or is refused ---------------------------------------
 
 
-def _tilt(b: chain.Block, s: Any) -> tuple[Any, None]:
+@dataclass(frozen=True)
+class Tilt:
+    """The throw-away stage's parameters: they write its formula, as every stage's do."""
+
+    before: str = "scores"
+
+    def formula(self) -> Formula:
+        return formula([Name("tilted"), " = ", Name(self.before), " + 0.25 j"])
+
+
+def _tilt(b: chain.Block, s: Any) -> tuple[Any, Tilt]:
     """s + 0.25 · j: a bias by key position (it changes the weights, unlike a constant)."""
-    return s + b.be.asarray(0.25 * b.j, b.p.dtype), None
+    return s + b.be.asarray(0.25 * b.j, b.p.dtype), Tilt()
 
 
 def _with_tilt(monkeypatch: pytest.MonkeyPatch, blocked: bool) -> None:
-    tilt = chain.Stage("tilted", lambda p: True, _tilt, lambda par, prev: f"tilted = {prev} + 0.25 j",  # type: ignore[arg-type]
-                       blocked=blocked, sdpa=False)
+    tilt = chain.Stage("tilted", lambda p: True, _tilt, blocked=blocked, sdpa=False)  # type: ignore[arg-type]
     at = [st.name for st in chain.STAGES].index(chain.N.MASKED)
     monkeypatch.setattr(chain, "STAGES", chain.STAGES[:at] + (tilt,) + chain.STAGES[at:])
 
@@ -61,6 +71,7 @@ def test_a_new_stage_is_computed_by_every_path_or_refuses_it(monkeypatch: pytest
     want = softmax(np.where(keep, s, -np.inf)) @ v
     explicit = engine.attend(q, k, v, causal=True, causal_align="bottom-right", dtype="float64")
     assert "tilted" in explicit.names() and explicit.names().index("tilted") < explicit.names().index("masked")
+    assert explicit.step("tilted").formula == "tilted = scaled + 0.25 j"  # its own parameters wrote it, in its place
     np.testing.assert_allclose(explicit.output, want, rtol=0, atol=1e-12)
     for backend in ("numpy", "torch"):
         p = Problem.build(q, k, v, options=Options(causal=True, causal_align="bottom-right", dtype="float64",
@@ -156,10 +167,7 @@ def test_the_explanation_of_a_cap_reads_its_parameter_not_its_formula(monkeypatc
     want = 1.5 * np.tanh(s[1, 2] / 1.5)
     first = engine.attend(q, k, v, softcap=1.5, dtype="float64")
     before = explain_cell(parse_cell(first, "1,2"))
-    stages_ = list(chain.STAGES)
-    at = [st.name for st in stages_].index(chain.N.CAPPED)
-    stages_[at] = replace(stages_[at], formula=lambda par, prev: "capped = something else entirely")
-    monkeypatch.setattr(chain, "STAGES", tuple(stages_))
+    monkeypatch.setattr(chain.Cap, "formula", lambda self: formula([Name("capped"), " = something else entirely"]))
     trace = engine.attend(q, k, v, softcap=1.5, dtype="float64")
     assert trace.step("capped").formula == "capped = something else entirely"
     after = explain_cell(parse_cell(trace, "1,2"))

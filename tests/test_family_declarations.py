@@ -45,3 +45,41 @@ def test_a_new_family_is_one_declaration(tmp_path: Path, monkeypatch: pytest.Mon
         trace = run(layer.problem(got[n]["x"]))
         assert float(np.abs(np.asarray(trace["weights"], np.float64) - got[n]["weights"]).max()) < TOL
         assert float(np.abs(np.asarray(trace["output"], np.float64) - got[n]["y"]).max()) < TOL
+
+
+def test_a_new_layout_is_one_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor layout is a declared row (issue 30, item 5): BERT's attention saved under other tensor names
+    (stack.blocks.N.mix.{wq, wk, wv, wo}, its post-norm mix.norm) is no layout attncli knows; one row naming the
+    tensors and one Family row make it read as the model it is, and layer 1 agrees with transformers' own BertModel
+    (its attention module's input, per-head weights from output_attentions, and output projection's output)."""
+    from safetensors.numpy import load_file, save_file
+
+    from attncli.errors import InputError
+    from attncli.io import layouts
+
+    folder = tmp_path / "model"
+    _, got = build("bert", folder)  # layer 1 of a tiny random BertModel, saved with save_pretrained
+    renames = {"attention.self.query": "mix.wq", "attention.self.key": "mix.wk", "attention.self.value": "mix.wv",
+               "attention.output.dense": "mix.wo", "attention.output.LayerNorm": "mix.norm"}
+    tensors = {}
+    for name, a in load_file(folder / "model.safetensors").items():
+        for old, new in renames.items():
+            if f".{old}." in name:
+                name = name.replace("encoder.layer.", "stack.blocks.").replace(old, new)
+        tensors[name] = a
+    (folder / "model.safetensors").unlink()
+    save_file(tensors, folder / "model.safetensors")
+    cfg_path = folder / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "model_type": "bertish"}))
+    with pytest.raises(InputError):
+        load_layer(folder, 1)
+    monkeypatch.setattr(layouts, "LAYOUTS", dict(layouts.LAYOUTS))  # the registry, restored after the test
+    layouts.row_layout("bertish", r"^(?P<stack>(?:.*\.)?blocks\.)(?P<n>\d+)\.mix\.wq\.weight$", "BERT, renamed",
+                       layouts.Row("bertish", "mix.", "wq", "wk", "wv", "wo", post_norm="mix.norm"))  # the layout
+    monkeypatch.setitem(families.FAMILIES, "bertish", families.Family(  # the family
+        "bertish", layout="bertish", rope=None, pre_norm=None, causal=False))
+    layer = load_layer(folder, 1)
+    assert layer.layout == "bertish" and layer.raw.origin["W_q"] == "stack.blocks.1.mix.wq.weightᵀ"
+    trace = run(layer.problem(got["x"]))
+    assert float(np.abs(np.asarray(trace["weights"], np.float64) - got["weights"]).max()) < TOL
+    assert float(np.abs(np.asarray(trace["output"], np.float64) - got["y"]).max()) < TOL

@@ -56,6 +56,33 @@ def test_the_pre_norm_comes_before_the_projection() -> None:
     np.testing.assert_allclose(produce(layer).q, heads_of(xn @ w["W_q"] + w["b_q"], 2), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["layernorm", "rms1p"])
+def test_each_pre_norm_kind_is_its_own_formula(kind: str) -> None:
+    rng = np.random.default_rng(2)
+    h = rng.normal(size=(1, 4, 6)) * 3 + 1
+    w = weights(rng, 6, 2, 2, 3)
+    g, b = rng.normal(size=6), rng.normal(size=6)
+    if kind == "layernorm":  # torch's own LayerNorm as the reference
+        ln = nn.LayerNorm(6, eps=1e-5, dtype=torch.float64)
+        with torch.no_grad():
+            ln.weight.copy_(torch.from_numpy(g))
+            ln.bias.copy_(torch.from_numpy(b))
+            xn = ln(torch.from_numpy(h)).numpy()
+        norm = Norm("layernorm", g, b, eps=1e-5)
+    else:  # Gemma's RMSNorm, (1 + w) · x / rms, written here
+        xn = h / np.sqrt(np.mean(h ** 2, axis=-1, keepdims=True) + 1e-5) * (1 + g)
+        norm = Norm("rms1p", g, eps=1e-5)
+    layer = Layer.build(h, projections=Projections(**w), heads=2, pre_norm=norm)
+    np.testing.assert_allclose(produce(layer).q, heads_of(xn @ w["W_q"] + w["b_q"], 2), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["layernorm1p", "rmsnorm", "LayerNorm", ""])
+def test_a_norm_kind_the_engine_does_not_compute_is_refused(kind: str) -> None:
+    # before: any kind but "layernorm" was computed as an RMSNorm, silently (a library caller's Norm("layernorm1p"))
+    with pytest.raises(InputError, match="not computed"):
+        Norm(kind, np.ones(6))
+
+
 def test_problem_holds_no_layer_inputs() -> None:
     names = {f.name for f in fields(Problem)}
     assert not names & {"x", "memory", "values", "projections", "pre_norm", "heads", "batch_first"}

@@ -2,7 +2,9 @@
 Trace as ``attncli self X --weights MODEL --layer N --format json`` (run as a subprocess: numbers, steps, labels), and
 both equal transformers' own attention module (its input, output_attentions, and its output projection's output), for
 a tiny random model of each layout kind: Llama (separate nn.Linear), GPT-2 (Conv1D, fused by columns), BERT (post-norm),
-T5 (relative position bias), Falcon (fused (G, H/G + 2, d)), Phi-3 (fused [Q; K; V] by rows) and DeepSeek-V2 (MLA).
+T5 (relative position bias), Falcon (fused (G, H/G + 2, d)), Phi-3 (fused [Q; K; V] by rows), DeepSeek-V2 and -V3 (MLA),
+GPT-NeoX (fused (H, 3, d), partial rotary), BART (encoder-decoder, post-norm) and ModernBERT (fused Wqkv, local window);
+with and without from_residual (--from-residual).
 Errors are exceptions of attncli.errors, never exits."""
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _agrees(trace: Any, weights: np.ndarray, y: np.ndarray) -> None:
     assert float(np.abs(out - y).max()) / max(1.0, float(np.abs(y).max())) < TOL
 
 
-LAYOUTS = ["llama", "gpt2", "bert", "falcon", "phi3", "deepseek_v2"]
+LAYOUTS = ["llama", "gpt2", "bert", "falcon", "phi3", "deepseek_v2", "deepseek_v3", "gpt_neox", "bart", "modernbert"]
 
 
 @pytest.mark.parametrize("model_type", LAYOUTS)
@@ -74,6 +76,12 @@ def test_load_layer_attend_is_attncli_self_and_the_model(model_type: str, tmp_pa
     assert isinstance(trace, attncli.Trace)
     _same_as_cli(trace, _cli_json(x_path, tmp_path / "model", layer))
     _agrees(trace, got["weights"], got["y"])
+    if "hidden" in got:  # from_residual=True is --from-residual: the residual entering the layer, its own norm first
+        h_path = tmp_path / "h.npy"
+        np.save(h_path, got["hidden"].astype(np.float32))
+        trace = lay.attend(np.load(h_path), from_residual=True)
+        _same_as_cli(trace, _cli_json(h_path, tmp_path / "model", layer, "--from-residual"))
+        _agrees(trace, got["weights"], got["y"])
 
 
 def test_from_residual_and_options_and_labels_as_the_command(tmp_path: Path) -> None:

@@ -122,3 +122,45 @@ def test_the_tables_are_transformers_rotary_tables(freqs: str, scaling: str) -> 
     assert c.dtype == np.float32
     ulp = np.spacing(np.float32(1.0)) * 2
     assert np.allclose(c, cos[0].numpy(), rtol=0, atol=ulp) and np.allclose(s, sin[0].numpy(), rtol=0, atol=ulp)
+
+
+@pytest.mark.parametrize("inputs,freqs,rounding,scaling,width,mode", list(itertools.product(
+    ("float32", "float16"), ("float32", "bfloat16"), ("each", "once"), ("none", "yarn", "dynamic"), (None, 2),
+    ("half", "interleaved"))))
+def test_check_rotates_a_float32_or_half_input_as_its_own_computation(inputs: str, freqs: str, rounding: str,
+                                                                      scaling: str, width: int | None,
+                                                                      mode: str) -> None:
+    # check computes in float64 (Context.of): its reference rotates q, k held in float64. rope-on-v's V and the port
+    # mistake's q and k are rotated the same way, bit for bit: before, they rotated the float32 or float16 input
+    # arrays themselves (the float64 tables cast down to the input's dtype), so a variant differed from the
+    # computation it diagnoses by float32's or float16's rounding
+    if scaling == "dynamic" and width == 2:
+        pytest.skip("refused: see test_dynamic_rope_needs_a_width_above_two")
+    rng = np.random.default_rng(7)
+    cast = np.float32 if inputs == "float32" else np.float16
+    q, k, v = (rng.normal(size=s).astype(cast) for s in ((H, M, D), (H, N, D), (H, N, D)))
+    o = Options(rope=mode, rope_base=100.0, rope_freqs=freqs, rope_rounding=rounding, rope_scaling=SCALINGS[scaling],
+                rotary_dim=width, q_offset=3, causal=True)
+    p = Problem.build(q, k, v, options=o)
+    c = _context(p)
+    VARIANTS["rope-on-v"].fn(c)
+    assert c.changed is not None
+    assert np.array_equal(np.asarray(c.changed.v), np.asarray(run(replace(c.problem, k=c.problem.v))["k_rot"]))
+    c = _context(p)
+    rope_q_positions_not_offset(c)
+    assert c.changed is not None
+    assert np.array_equal(np.asarray(c.changed.k), np.asarray(c.ref["k_rot"]))
+    if scaling != "dynamic":  # dynamic: the offset problem's length sets the tables (see above)
+        zero = run(replace(c.problem, options=replace(c.problem.options, q_offset=0)))
+        assert np.array_equal(np.asarray(c.changed.q), np.asarray(zero["q_rot"]))
+
+
+def test_dynamic_rope_needs_a_width_above_two() -> None:
+    # dynamic NTK grows the base as ratio^(d / (d - 2)) (transformers' _compute_dynamic_ntk_parameters): a rotary
+    # width of 2 divides by zero there; attncli refuses it naming --rope-scaling (before: ZeroDivisionError, exit 70)
+    from attncli.errors import InputError
+
+    p = problem("float64", scaling="dynamic", width=2)
+    with pytest.raises(InputError, match="dynamic.*width") as e:
+        run(p)
+    assert "--rope-scaling" in str(e.value)

@@ -67,3 +67,16 @@ def test_bare_attncli_prints_the_help_on_stdout_and_exits_2() -> None:
     res = subprocess.run([sys.executable, "-m", "attncli"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr == ""
     assert "Usage:" in res.stdout and all(f"  {name} " in res.stdout for name in COMMANDS)
+
+
+def test_a_plain_run_imports_no_capture_or_head_statistics(tmp_path: Path) -> None:
+    # `attncli run` on a 4x4 .npy (the start-up target's run) never loads the capture reader or the per-head
+    # statistics: they serve captures only (before, cli/inputs imported io.capture for is_capture and run's
+    # name_heads imported headstats before finding there was no capture: ~8% of the run's start-up without .pyc)
+    import numpy as np
+
+    x = tmp_path / "x.npy"
+    np.save(x, np.arange(16, dtype=np.float64).reshape(4, 4) / 10)
+    loaded = imported_after(["run", str(x)])
+    assert "attncli.core.engine" in loaded  # it ran
+    assert not loaded & {"attncli.io.capture", "attncli.core.headstats"}, loaded

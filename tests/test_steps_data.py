@@ -12,7 +12,8 @@ import pytest
 
 from attncli import attend
 from attncli.core import scoring
-from attncli.core.trace import KEYS, QUERIES, Trace
+from attncli.core.formula import Sym
+from attncli.core.trace import Step
 from attncli.render import RenderOptions
 from attncli.render.explain import attach as explain
 from attncli.render.latex import latex_document
@@ -76,7 +77,7 @@ def case_additive() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     Wq, Wk, wv = rng.normal(size=(3, 5)), rng.normal(size=(3, 5)), rng.normal(size=5)
     f = np.tanh((q @ Wq)[:, None, :] + (k @ Wk)[None, :, :])  # (2, 1, 5) + (1, 4, 5) -> (2, 4, 5)
     s = f @ wv  # (2, 4, 5) x (5,) -> (2, 4)
-    return ({"q": q, "k": k, "v": v, "score": "additive", "params": {"W_q": Wq, "W_k": Wk, "w_v": wv}},
+    return ({"q": q, "k": k, "v": v, "score": "additive", "score_weights": {"W_q": Wq, "W_k": Wk, "w_v": wv}},
             {"scores": s, "weights": softmax(s)})
 
 
@@ -86,15 +87,10 @@ CASES = {"scaled-dot": case_scaled_dot, "softcap": case_softcap, "alibi": case_a
 
 @pytest.fixture
 def no_formulas(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every step's display formula (and the scaling rule's text) replaced by "X"."""
-    add = Trace.add
-
-    def blank(self: Trace, name: str, formula: str, values: Any, axes: tuple[str, str] = (QUERIES, KEYS),
-              notes: list[str] | None = None, params: Any = None) -> Any:
-        return add(self, name, "X", values, axes, notes, params)
-
-    monkeypatch.setattr(Trace, "add", blank)
-    monkeypatch.setattr(scoring.Scaling, "describe", lambda self, d, n: "X")
+    """Every step's display formula (its text, and the scaling rule's) replaced by "X"."""
+    monkeypatch.setattr(Step, "text", property(lambda self: "X"))
+    monkeypatch.setattr(Step, "formula", property(lambda self: "X"))
+    monkeypatch.setattr(scoring.Scaling, "describe", lambda self, d, n: (Sym("X"),))
 
 
 def cells(ref: dict[str, np.ndarray]) -> list[tuple[tuple[int, ...], int, int]]:

@@ -372,6 +372,6 @@ def test_additive_activation_missing() -> None:
     # w_vᵀ (W_q q + W_k k), without tanh: (m, 1, h) + (1, n, h) -> (m, n, h) -> (m, n)
     s = (q @ params["W_q"])[:, None, :] + (k @ params["W_k"])[None, :, :]
     expected = softmax(s @ params["w_v"]) @ v
-    problem = Problem.build(q, k, v, params=params, options=Options(score="additive"))
+    problem = Problem.build(q, k, v, score_weights=params, options=Options(score="additive"))
     verdict = check(problem, expected, tolerance=TOL)
     assert {e.name for e in verdict.explanations} == {"activation-missing"}

@@ -174,7 +174,7 @@ class Context:
 
     def factor(self) -> Any:
         """The factor the engine multiplies the scores by (None: no scaling)."""
-        return ops.scale_factor(self.core, np, self.ref["scores"])[0]
+        return ops.scale_factor(self.core, np, self.ref["scores"])
 
     def before_softmax(self) -> np.ndarray:
         """The scores the softmax gets (scaled and masked, masked entries at -inf or the mask value)."""
@@ -325,7 +325,7 @@ def scale_after_softmax(c: Context) -> Result:
     if o.scale is None and (o.scaling or get_score(o.score).scaling) == "none":
         raise NotApplicable("the scores are not scaled here")
     t = c.rerun(scale=None, scaling="none")
-    f = ops.scale_factor(c.core, np, t["scores"])[0]  # the rerun's raw scores are the reference's: no reference run
+    f = ops.scale_factor(c.core, np, t["scores"])  # the rerun's raw scores are the reference's: no reference run
     return c.with_output(t["weights"] * f)  # (W·f)·V = (W·V)·f
 
 
@@ -944,7 +944,9 @@ def rotated(c: Context, q_at: np.ndarray | None = None, k: bool = True, v: bool 
         raise NotApplicable("no rotary position embedding")
     be = get_backend("numpy", "cpu")
     rope = ops.rope_of(p)  # the engine's tables (its --rope-freqs, rounding, dtype, scaling, width)
-    q, kk = p.q, p.k  # (..., H, m, d), (..., G, n, d)
+    # (..., H, m, d), (..., G, n, d), (..., G, n, d_v): held in the computing dtype first, as the engine's be.asarray
+    # (check computes in float64: a float32 or half input is rotated in float64, as the reference rotates it)
+    q, kk, v0 = (np.asarray(a, dtype=p.dtype) for a in (p.q, p.k, p.v))
     for st in chain.needed(p):
         if st.qk is None:
             continue
@@ -953,7 +955,7 @@ def rotated(c: Context, q_at: np.ndarray | None = None, k: bool = True, v: bool 
             kk = rope.rotate(np, kk, np.arange(p.n)) if k else kk
         else:
             q, kk = st.qk(p, be, q, kk)
-    vv = rope.rotate(np, p.v, np.arange(p.n)) if v else p.v  # (..., G, n, d_v)
+    vv = rope.rotate(np, v0, np.arange(p.n)) if v else p.v  # (..., G, n, d_v)
     o = replace(p.options, rope=None, rotary_dim=None, rope_scaling=None, qk_norm=None, tuning_scale=None)
     return c.attend(replace(p, q=q, k=kk, v=vv, options=o))  # every stage on q and k done above
 

@@ -23,7 +23,6 @@ from attncli.core.projections import Projections, init_projections
 from attncli.core.validate import width as check_width
 from attncli.core.weights import weights_mapping
 from attncli.errors import InputError, printable
-from attncli.io.capture import is_capture
 from attncli.io.files import LOADERS, SMALL_ARRAY_BYTES, STDIN, Reader
 
 if TYPE_CHECKING:
@@ -82,6 +81,16 @@ def _file_options(raw: Any, source: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in raw.items()}
 
 
+def _is_capture(content: Any) -> bool:
+    """attncli.io.capture.is_capture, imported only for a file with a ``format`` entry (a plain run's start-up
+    never loads the capture module)."""
+    if not isinstance(content, dict) or "format" not in content:
+        return False
+    from attncli.io.capture import is_capture
+
+    return is_capture(content)
+
+
 def is_multihead(content: Any, opts: ProblemArgs) -> bool:
     """Projections and heads are part of the problem: ``--heads`` or ``--layer`` given, ``--weights`` a model
     checkpoint, or a file with x (and no q)."""
@@ -129,7 +138,7 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
         raise InputError(f"expected 1 to 3 inputs ({what}), got {len(inputs)}", "arguments")
     stdin_once(inputs, opts)
     content = reader.read(inputs[0])
-    if multihead is not False and is_capture(content):
+    if multihead is not False and _is_capture(content):
         return from_capture(inputs, opts, reader)
     file_source = reader.source(inputs[0])
     heads_mode = is_multihead(content, opts) if multihead is None else multihead
@@ -214,9 +223,9 @@ def build_problem(inputs: list[str], opts: ProblemArgs, reader: Reader, multihea
                             ("--layout", opts.layout)):
             if value:
                 raise InputError("applies to projections read from a checkpoint (attncli self, or --heads)", flag)
-        params, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
+        weights, sources["weights"] = _score_weights(doc.get("weights"), file_source, opts.weights, reader)
         options = options.merged(flags, "command line", flags=True)
-        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), params=params, options=options, **common)
+        return Problem.build(arrays["q"], arrays.get("k"), arrays.get("v"), score_weights=weights, options=options, **common)
     given_heads = opts.heads if opts.heads is not None else doc.get("heads")
     heads_source = "--heads" if opts.heads is not None else file_source
     if given_heads is not None and (isinstance(given_heads, bool) or not isinstance(given_heads, int)

@@ -162,14 +162,15 @@ def name_heads(problem: Any, trace: Any) -> None:
     definitions, from the trace's own weights, valid queries only), kept for the diagnostics
     (``trace.extra['head_patterns']``). Nothing when the trace holds only some rows or the model has sinks."""
     from attncli.cli.inputs import captured
-    from attncli.core import headstats as hs
-    from attncli.core.diagnostics import masked_cells
-    from attncli.io.capture import visible
 
     c = captured(problem)
     if c is None or "weights" not in trace:
         return
     import numpy as np
+
+    from attncli.core import headstats as hs  # only for a capture: a plain run imports none of them (start-up)
+    from attncli.core.diagnostics import masked_cells
+    from attncli.io.capture import visible
 
     w = np.asarray(trace["weights"], dtype=np.float64)
     vq, vk = (np.asarray(v, dtype=bool) for v in c.valid)

@@ -35,31 +35,34 @@ if TYPE_CHECKING:
 else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
+from attncli.core.formula import Fn, Term, terms
 from attncli.errors import InputError
 
 BiasFn = Callable[[Any, Any, Any, float], Any]  # (slopes (H,), q_pos (m,), k_pos (n,), r) -> (H, m, n) float64
+Written = Callable[[Term, Term], tuple[Term, ...]]  # (a head's slope, a key's position) -> what is added, in symbols
 
 
 @dataclass(frozen=True)
 class Form:
     """One way of computing ALiBi's bias: ``fn`` the bias itself (divided by r, 1 unless the model adds it before
-    its scale 1/r), ``slopes`` those for H heads when none are given, ``text`` what is added (for display)."""
+    its scale 1/r), ``slopes`` those for H heads when none are given, ``terms`` what is added at a head's slope and a
+    key's position, in symbols (for display: fl32(fl32(slope_h) · j))."""
 
     name: str
     fn: BiasFn
     slopes: Callable[[int], Any]
-    text: str
+    terms: Written
     source: str
 
 
 FORMS: dict[str, Form] = {}
 
 
-def form(name: str, slopes: Callable[[int], Any], text: str, source: str) -> Callable[[BiasFn], BiasFn]:
+def form(name: str, slopes: Callable[[int], Any], written: Written, source: str) -> Callable[[BiasFn], BiasFn]:
     """Register the bias function of the form ``name``."""
 
     def deco(fn: BiasFn) -> BiasFn:
-        FORMS[name] = Form(name, fn, slopes, text, source)
+        FORMS[name] = Form(name, fn, slopes, written, source)
         return fn
 
     return deco
@@ -116,7 +119,8 @@ def _rows(b: Any, m: int) -> Any:
     return np.broadcast_to(b[:, None, :], (b.shape[0], m, b.shape[1]))
 
 
-@form("relative", paper_slopes, "slope_h · (j - (P + i))", "Press et al. (ALiBi): minus slope_h times the distance")
+@form("relative", paper_slopes, lambda s, j: terms(s, " · (", j, " - (P + i))"),
+      "Press et al. (ALiBi): minus slope_h times the distance")
 def relative(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
     """b_hij = slope_h · (k_pos_j - q_pos_i) = -slope_h · distance (over r). (H,), (m,), (n,) -> (H, m, n)
 
@@ -130,7 +134,7 @@ def relative(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
     return b if r == 1 else b / r
 
 
-@form("absolute-f32", hf_slopes, "fl32(fl32(slope_h) · j)",
+@form("absolute-f32", hf_slopes, lambda s, j: terms(Fn("fl32"), "(", Fn("fl32"), "(", s, ") · ", j, ")"),
       "transformers' Bloom (build_alibi_tensor): the float32 slope times the key's absolute position, in float32")
 def absolute_f32(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
     """b_hij = fl32(fl32(slope_h) · fl32(j)) (then fl32(b / fl32(r))): the same for every query i.
@@ -139,7 +143,8 @@ def absolute_f32(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:
     return _rows(b if r == 1 else f32(b / f32(r)), len(q_pos))
 
 
-@form("absolute-bf16", hf_slopes, "bf16(bf16(slope_h) · bf16(j))",
+@form("absolute-bf16", hf_slopes,
+      lambda s, j: terms(Fn("bf16"), "(", Fn("bf16"), "(", s, ") · ", Fn("bf16"), "(", j, "))"),
       "transformers' Falcon (build_alibi_tensor): the slope and the key's absolute position in bfloat16, their "
       "product rounded to bfloat16")
 def absolute_bf16(sl: Any, q_pos: Any, k_pos: Any, r: float) -> Any:

@@ -112,6 +112,9 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
     trace.meta.softmax = "running max" if shift else "shift-free"
     # V with a column of ones: e @ [V | 1] gives the output and the row sums in one product
     v1 = xp.concat([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype, device=be.device)], axis=-1)  # (..., n, d_v + 1)
+    # a half input's overflow warning counts every raw score, as the explicit path's: the keys a block skips (masked
+    # by the causal rule or a window) are scored for it too, unless no raw score can reach the half type's limit
+    hidden_overflow = half_limit is not None and not _raw_below(problem, xp, q, k, half_limit)
 
     @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
     def block(i0: int) -> int:
@@ -121,6 +124,12 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
         acc = ops.OnlineSoftmax(xp, shift)
         kept = None  # any key kept (..., b)
         lo, hi = visible_keys(problem, i0, i1)
+        if hidden_overflow and half_limit is not None:
+            for j0, j1 in ((0, lo), (hi, n)):  # the skipped keys: their raw scores, for the warning only
+                for a in range(j0, j1, kstep):
+                    cols = slice(a, min(j1, a + kstep))
+                    lg = chain.logits(problem, qb, k[..., cols, :], params, rows.cols(cols))
+                    _check_overflow(lg.raw, to_numpy(c) if lg.folded else 1.0, half_limit, (i0, a), overflow)
         for j0 in range(lo, hi, kstep):
             j1 = min(hi, j0 + kstep)
             cols = slice(j0, j1) if (kstep < n or lo > 0 or hi < n) else slice(None)
@@ -133,11 +142,12 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
                 ops.check_scores(problem, xp, lg.unmasked, lg.s, lg.keep, offset=(i0, j0))
             # 6) softmax, folded into the product with V, normalised at the end
             acc.add(lg.s, v1[..., cols, :], reuse=lg.s is lg.raw and lg.folded)
+        top = acc.top()  # the keys' row max, before the sinks: a row whose every key is masked is dead, whatever its sink
         if problem.sinks is not None:  # 6) with sinks: exp(sink_h) joins each row's sum
             acc.add_sinks(ops.sink_column(problem, xp, problem.batch_shape + (i1 - i0, 1), q.dtype, be.device))
         out[..., i0:i1, :] = acc.finish()
         if rows.keep is not None or rows.bias is not None:  # without a running max (boolean masks only): no key kept
-            dead[..., i0:i1] |= to_numpy(ops.row_dead(xp, acc.top(), kept))
+            dead[..., i0:i1] |= to_numpy(ops.row_dead(xp, top, kept))
         return i1
 
     starts = range(0, m, step)
@@ -147,6 +157,17 @@ def _blocked(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: dict
             progress(i1, m)
     _report(problem, trace, dead, overflow)
     return out
+
+
+def _raw_below(problem: Problem, xp: Any, q: Any, k: Any, limit: float) -> bool:
+    """Whether no raw dot-product score q_i·k_j (of the q and k the scores see: rotated, normed) can exceed ``limit``:
+    max‖q_i‖·max‖k_j‖ < limit (Cauchy–Schwarz). False for the other scores."""
+    if get_score(problem.options.score).name not in chain.DOT_SCORES:
+        return False
+
+    def top(a: Any) -> float:
+        return math.sqrt(float(to_numpy(xp.max(xp.sum(a * a, axis=-1))))) if a.shape[-2] else 0.0
+    return top(q) * top(k) < limit
 
 
 def _softmax_rules(problem: Problem, c: Any) -> tuple[bool, bool]:
@@ -276,7 +297,7 @@ def _report(problem: Problem, trace: Trace, dead: np.ndarray, overflow: list[tup
 def overflow_message(problem: Problem, found: list[tuple[tuple[int, ...], float, int]]) -> str:
     """The warning for raw scores beyond the half input type's range (computed in float32 instead)."""
     half = problem.result_dtype or ""
-    at, value, _ = max(found, key=lambda f: abs(f[1]))
+    at, value, _ = min(found, key=lambda f: (-abs(f[1]), f[0]))  # the largest; of equals, the first (as argmax)
     count = sum(f[2] for f in found)
     *b, i, j = at
     ql, kl = problem.query_labels, problem.key_labels

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,6 +35,7 @@ else:
 
 from attncli.core import alibi, heads, ops
 from attncli.core.backend import Backend
+from attncli.core.formula import Fn, Formula, Name, Num, Root, Sub, Sym, Term, Words, formula, terms
 from attncli.core.ops import Rows
 from attncli.core.scoring import CONSTANT_SCALINGS, SCALINGS, get_score
 from attncli.core.trace import StepName as N
@@ -50,25 +51,42 @@ WHOLE_MATRIX_SCALINGS: dict[str, Callable[..., Any]] = {}
 # ---- the typed parameters of the steps: what a renderer or a check reads (never the formula text) ----
 
 
-@dataclass(frozen=True)
-class Scale:
+class Scale(NamedTuple):
     """scaled = scores · factor / temperature (``factor`` None: no rule; an array for 'norm')."""
 
     factor: Any
     temperature: float | None
-    rule: str  # the rule's text, for display, e.g. "S / √d = S / √4"
     name: str = "none"  # the rule: a key of attncli.core.scoring.SCALINGS, or "scale" (--scale)
+    d: int = 0  # the widths the rule reads
+    n: int = 0
+
+    @property
+    def rule(self) -> tuple[Term, ...]:
+        """The rule, e.g. S / √d = S / √4."""
+        return scale_rule(self.name, self.factor, self.d, self.n)
+
+    def formula(self) -> Formula:
+        t, rule = self.temperature, self.rule
+        if t is None:
+            return formula([Name("scaled"), " = ", rule])
+        if self.factor is not None:
+            return formula([Name("scaled"), " = (", rule, ") / T = (", rule, ") / ", Num(t)])
+        return formula([Name("scaled"), " = S / T = S / ", Num(t)])
 
 
-@dataclass(frozen=True)
-class Cap:
+class Cap(NamedTuple):
     """capped = c · tanh(s / c)."""
 
     c: float
+    before: str = "scaled"
+
+    def formula(self) -> Formula:
+        c = Num(self.c)
+        return formula([Name("capped"), " = ", c, " · ", Fn("tanh"), "(", Name(self.before), " / ", c, ")"],
+                       [": ", Words("scores squashed into "), "(-", c, ", ", c, ")"])
 
 
-@dataclass(frozen=True)
-class Alibi:
+class Alibi(NamedTuple):
     """ALiBi's bias in the form ``form`` (attncli.core.alibi.FORMS): slope_h · (j - (P + i)) per query head h,
     query i at position P + i, or a model's rounding of slope_h · j; ``r``: what it is divided by when the model
     adds it before the scale (--alibi-scaled: the scale's reciprocal, √d for Falcon), else None."""
@@ -85,8 +103,7 @@ class Alibi:
         return float(b[0, 0, 0])
 
 
-@dataclass(frozen=True)
-class RelativeBias:
+class RelativeBias(NamedTuple):
     """T5's bias b[bucket(j - (P + i)), h] of each query head h."""
 
     heads: int
@@ -96,16 +113,35 @@ class RelativeBias:
     q_offset: int = 0
 
 
-@dataclass(frozen=True)
-class Bias:
+class Bias(NamedTuple):
     """The biases added to the scores: ALiBi and/or T5's relative position bias."""
 
     alibi: Alibi | None = None
     relative: RelativeBias | None = None
+    before: str = "scaled"
+
+    def formula(self) -> Formula:
+        prev, al = Name(self.before), self.alibi
+        if self.relative is None and al is not None:
+            given = ", slopes given" if al.given else ""
+            scaled = [] if al.r is None else [Words("; the model adds it to q·k before its scale, so it is divided here by "),
+                                              divisor(al.r), Words(" after the rounding (a float32 division)")
+                                              if al.form != "relative" else None]
+            if al.form == "relative":
+                over = [" / ", divisor(al.r)] if al.r is not None else []
+                return formula([Name("alibi"), " = ", prev, " + ", alibi_terms(al), " = ", prev, " - ",
+                                Sub("slope", "h"), " · distance", over], [Words(f" (ALiBi{given})"), scaled])
+            return formula([Name("alibi"), " = ", prev, " + ", alibi_terms(al)],
+                           [": ", Words(f"ALiBi with key j at its absolute position, as {alibi.FORMS[al.form].source}"),
+                            scaled, Words(f"{given}; the same weights as "), Sub("slope", "h"),
+                            Words(" · (j - i) up to that rounding")])
+        added = [" + ", alibi_terms(al)] if al is not None else []
+        return formula([Name("bias"), " = ", prev, added, " + ", Sub("b", "h"), "[", Fn("bucket"), "(j - i)]"],
+                       [": ", Words(f"T5's relative position bias ({self.relative.num_buckets if self.relative else 0} "
+                                    "buckets)")])
 
 
-@dataclass(frozen=True)
-class Mask:
+class Mask(NamedTuple):
     """masked = s (+ float mask), the keys that no mask keeps at ``fill``."""
 
     fill: float
@@ -114,6 +150,18 @@ class Mask:
     causal: bool
     chunk: int | None = None  # chunked attention: keys of the query's own chunk of C positions only
     local: int | None = None  # local window on both sides: keys with |j - (P + i)| <= R only
+    before: str = "scores"
+
+    def formula(self) -> Formula:
+        prev = self.before if self.before in (N.CAPPED, N.ALIBI, N.BIAS) else N.SCORES
+        w, c, r = self.window, self.chunk, self.local
+        window = [Words(f"; the sliding window keeps the {w} keys up to each query")] if w is not None else []
+        chunk = [Words(f"; chunked: query i sees key j only when j // {c} == (P + i) // {c}, its own chunk of {c} "
+                       "positions, up to itself")] if c is not None else []
+        local = [Words(f"; the local window keeps the keys within {r} positions on either side, |j - (P + i)| <= {r} "
+                       f"({2 * r + 1} keys, itself included, fewer at the ends)")] if r is not None else []
+        return formula([Name("masked"), " = ", Name(str(prev)), Words(" with masked keys set to "), Num(self.fill)],
+                       [Words(" (+ float mask)") if self.float_mask else None, window, chunk, local])
 
 
 # ---- what a block of queries brings: its masks and biases, computed once per block of rows ----
@@ -187,7 +235,6 @@ class Stage:
     name: N
     applies: Callable[[Problem], bool]
     fn: StageFn | None = None
-    formula: Callable[[Any, str], str] | None = None  # (parameters, previous step) -> text, for display only
     blocked: Support = True
     sdpa: Support = True
     bounded: bool = False
@@ -286,17 +333,22 @@ def constant_factor(p: Problem) -> float:
 def _scale(b: Block, s: Any) -> tuple[Any, Scale]:
     t = b.p.options.temperature
     if b.c is not None:  # known before the scores (the blocked path): factor / T
-        return s * b.c, Scale(None, t, "")
-    factor, rule = ops.scale_factor(b.p, b.be.xp, s)
+        return s * b.c, Scale(None, t)
+    factor = ops.scale_factor(b.p, b.be.xp, s)
     c = factor if t is None else (1.0 / t if factor is None else factor / t)
-    return s * c, Scale(factor, t, rule, "scale" if b.p.options.scale is not None else scaling_name(b.p))
+    return s * c, Scale(factor, t, scale_name(b.p), b.p.d_qk, b.p.n)
 
 
-def _scale_formula(a: Scale, prev: str) -> str:
-    t = a.temperature
-    if t is None:
-        return f"scaled = {a.rule}"
-    return f"scaled = ({a.rule}) / T = ({a.rule}) / {t:g}" if a.factor is not None else f"scaled = S / T = S / {t:g}"
+def scale_name(p: Problem) -> str:
+    """The scaling rule of ``p``: a key of SCALINGS, or "scale" for --scale."""
+    return "scale" if p.options.scale is not None else scaling_name(p)
+
+
+def scale_rule(name: str, factor: Any, d: int, n: int) -> tuple[Term, ...]:
+    """The rule ``name`` (--scale's "scale": S times ``factor``) in symbols, e.g. S / √d = S / √4."""
+    if name == "scale":
+        return terms("S · ", Num(float(factor)))
+    return SCALINGS[name].describe(d, n)
 
 
 # 3) cap
@@ -305,10 +357,6 @@ def _scale_formula(a: Scale, prev: str) -> str:
 def _cap(b: Block, s: Any) -> tuple[Any, Cap]:
     c = float(b.p.options.softcap)  # type: ignore[arg-type]
     return ops.softcap(b.be.xp, s, c), Cap(c)
-
-
-def _cap_formula(a: Cap, prev: str) -> str:
-    return f"capped = {a.c:g} · tanh({prev} / {a.c:g}): scores squashed into (-{a.c:g}, {a.c:g})"
 
 
 # 4) bias
@@ -344,36 +392,20 @@ def _bias(b: Block, s: Any) -> tuple[Any, Bias]:
     return s, Bias(ab, rel)
 
 
-def divisor_text(r: float) -> str:
+def divisor(r: float) -> Term:
     """The divisor of a form added before the scale as the scale's rule writes it: 8, √12, 0.5."""
     sq = round(r * r)
-    return f"{r:g}" if r == round(r) or abs(r * r - sq) > 1e-9 * sq else f"√{sq}"
+    return Num(r) if r == round(r) or abs(r * r - sq) > 1e-9 * sq else Root(str(sq))
 
 
-def alibi_term(a: Alibi) -> str:
-    """What ALiBi adds, in symbols, e.g. 'fl32(fl32(slope_h) · j)', 'fl32(bf16(bf16(slope_h) · bf16(j)) / √8)'."""
-    t = (f"slope_h · (j - {'(' + str(a.q_offset) + ' + i)' if a.q_offset else 'i'})" if a.form == "relative"
-         else alibi.FORMS[a.form].text)
-    if a.r is None:
-        return t
-    return f"{t} / {divisor_text(a.r)}" if a.form == "relative" else f"fl32({t} / {divisor_text(a.r)})"
-
-
-def _bias_formula(a: Bias, prev: str) -> str:
-    if a.relative is None and a.alibi is not None:
-        al = a.alibi
-        given = ", slopes given" if al.given else ""
-        scaled = (f"; the model adds it to q·k before its scale, so it is divided here by {divisor_text(al.r)}"
-                  f"{' after the rounding (a float32 division)' if al.form != 'relative' else ''}"
-                  if al.r is not None else "")
-        if al.form == "relative":
-            over = f" / {divisor_text(al.r)}" if al.r is not None else ""
-            return f"alibi = {prev} + {alibi_term(al)} = {prev} - slope_h · distance{over} (ALiBi{given}){scaled}"
-        return (f"alibi = {prev} + {alibi_term(al)}: ALiBi with key j at its absolute position, as "
-                f"{alibi.FORMS[al.form].source}{scaled}{given}; the same weights as slope_h · (j - i) up to that "
-                "rounding")
-    terms = (f" + {alibi_term(a.alibi)}" if a.alibi is not None else "") + " + b_h[bucket(j - i)]"
-    return f"bias = {prev}{terms}: T5's relative position bias ({a.relative.num_buckets if a.relative else 0} buckets)"
+def alibi_terms(a: Alibi, slope: Term = Sub("slope", "h"), key: Term = Sym("j")) -> tuple[Term, ...]:
+    """What ALiBi adds, in symbols, e.g. fl32(fl32(slope_h) · j), fl32(bf16(bf16(slope_h) · bf16(j)) / √8); at one
+    head and key with ``slope`` and ``key`` given (the explanations' numbers)."""
+    if a.form == "relative":
+        t = terms(slope, " · (", key, " - ", f"({a.q_offset} + i)" if a.q_offset else "i", ")")
+        return t if a.r is None else terms(t, " / ", divisor(a.r))
+    t = alibi.FORMS[a.form].terms(slope, key)
+    return t if a.r is None else terms(Fn("fl32"), "(", t, " / ", divisor(a.r), ")")
 
 
 # 5) mask
@@ -390,17 +422,6 @@ def _mask(b: Block, s: Any) -> tuple[Any, Mask]:
     fill = ops.fill_value(b.p)
     return ops.apply_mask(b.be.xp, s, b.keep, b.bias, fill), Mask(fill, b.bias is not None, o.window, o.causal,
                                                                       o.chunk, o.local_window)
-
-
-def _mask_formula(a: Mask, prev: str) -> str:
-    prev = prev if prev in (N.CAPPED, N.ALIBI, N.BIAS) else N.SCORES
-    window = f"; the sliding window keeps the {a.window} keys up to each query" if a.window is not None else ""
-    chunk = (f"; chunked: query i sees key j only when j // {a.chunk} == (P + i) // {a.chunk}, its own chunk of "
-             f"{a.chunk} positions, up to itself") if a.chunk is not None else ""
-    local = (f"; the local window keeps the keys within {a.local} positions on either side, |j - (P + i)| <= {a.local} "
-             f"({2 * a.local + 1} keys, itself included, fewer at the ends)") if a.local is not None else ""
-    return (f"masked = {prev} with masked keys set to {a.fill:g}{' (+ float mask)' if a.float_mask else ''}"
-            f"{window}{chunk}{local}")
 
 
 # which paths: the conditions of the score and the scale
@@ -433,11 +454,10 @@ STAGES: tuple[Stage, ...] = (
     Stage(N.Q_ROT, lambda p: p.options.rope is not None, bounded=True, qk=_rotary),
     Stage(N.Q_TEMP, lambda p: p.options.tuning_scale is not None, bounded=True, qk=_tune),  # a factor per query, on q
     Stage(N.SCORES, lambda p: True, blocked=_row_separable, sdpa=_dot, bounded=True),  # 1) score: logits' first line
-    Stage(N.SCALED, _scale_applies, _scale, _scale_formula, blocked=_blocked_scale, sdpa=constant_scale,
-          bounded=True),
-    Stage(N.CAPPED, lambda p: p.options.softcap is not None, _cap, _cap_formula, sdpa=False, bounded=True),
-    Stage(N.BIAS, _has_bias, _bias, _bias_formula, sdpa=False),
-    Stage(N.MASKED, _has_mask, _mask, _mask_formula, sdpa=_sdpa_mask, bounded=True),
+    Stage(N.SCALED, _scale_applies, _scale, blocked=_blocked_scale, sdpa=constant_scale, bounded=True),
+    Stage(N.CAPPED, lambda p: p.options.softcap is not None, _cap, sdpa=False, bounded=True),
+    Stage(N.BIAS, _has_bias, _bias, sdpa=False),
+    Stage(N.MASKED, _has_mask, _mask, sdpa=_sdpa_mask, bounded=True),
     # the softmax's extra logit: computed by the softmax of each path (ops.softmax_of, OnlineSoftmax.add_sinks)
     Stage(N.SINK, lambda p: p.sinks is not None, sdpa=False),
     Stage(N.HARD, lambda p: p.options.hard, blocked=False, sdpa=False, weights=_one_hot),

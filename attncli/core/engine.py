@@ -26,33 +26,42 @@ import numpy as np
 
 from attncli.core import blocked, chain, ops
 from attncli.core.backend import Backend, get_backend, to_numpy
+from attncli.core.formula import text
 from attncli.core.layer import Layer
 from attncli.core.options import Options
 from attncli.core.params import (
     AlibiFacts,
     Clip,
+    Concat,
     Dropout,
+    Gated,
     Gating,
     Hard,
     HeadMap,
+    HeadMean,
     Initialised,
+    Input,
     Normalise,
     Projection,
     Rotation,
     Scaling,
+    Scores,
+    SharedRopeKey,
     Sink,
     Softmax,
     Tuning,
     Weight,
+    WeightedSum,
 )
 from attncli.core.plan import Plan, plan
 from attncli.core.problem import Problem
 from attncli.core.projections import LATENT, Gate, Norm, Projections
 from attncli.core.scoring import get_score
-from attncli.core.trace import FEATURES, HEAD, KEYS, QUERIES, Trace
+from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.core.trace import StepName as N
 from attncli.core.validate import mapping
 from attncli.core.weights import DEFAULT_SEED
+from attncli.errors import InputError
 
 Progress = Callable[[int, int], None]
 WEIGHT_AXES = ("inputs", "projected")  # rows of W are input features, columns projected features
@@ -61,7 +70,8 @@ BIAS_AXES = ("bias", "projected")
 
 def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask: Any = None,
            query_labels: list[str] | None = None, key_labels: list[str] | None = None,
-           params: dict[str, Any] | None = None, sinks: Any = None, alibi_slopes: Any = None, **options: Any) -> Trace:
+           score_weights: dict[str, Any] | None = None, sinks: Any = None, alibi_slopes: Any = None,
+           params: dict[str, Any] | None = None, **options: Any) -> Trace:
     """Attention of queries ``q`` over keys ``k`` and values ``v``, returned as a :class:`Trace`.
 
     ``k`` and ``v`` default to ``q`` (self-attention). Keyword options are the fields of
@@ -71,13 +81,20 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     fused SDPA) without ever holding the ``(..., m, n)`` weights: for long sequences.
     Today's models: K/V with fewer heads than Q on axis -3 (grouped-query), ``rope=``, ``alibi=``,
     ``window=``, ``softcap=``, ``qk_norm=`` (options), ``sinks`` (H,) and ``alibi_slopes`` (H,).
+    ``score_weights``: the learned weights of the score (additive's ``W_q``, ``W_k``, ``w_v``; general's ``W``);
+    ``params`` is its former name, still accepted.
 
     >>> import numpy as np
     >>> attend(np.eye(2), score="dot").weights.sum(axis=-1).tolist()
     [1.0, 1.0]
     """
+    if params is not None and score_weights is not None:
+        raise InputError("give the score's weights once: score_weights= (params= is its former name)",
+                         "attend(score_weights=...)")
+    weights = score_weights if score_weights is not None else params
     problem = Problem.build(q, k, v, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
-                            key_labels=key_labels, params=dict(mapping(params, "attend() params")), sinks=sinks,
+                            key_labels=key_labels, score_weights=dict(mapping(weights, "attend() score_weights")),
+                            sinks=sinks,
                             alibi_slopes=alibi_slopes,
                             options=Options().merged(options, "attend()"), sources=_api_sources())
     return run(problem)
@@ -118,7 +135,7 @@ def run(problem: Problem | Layer, how: Plan | None = None, backend: Backend | No
     how = how or plan(problem)
     p = prepare(problem, backend)
     trace, be = p.trace, p.backend
-    out = _attention(p.core, be, p.q, p.k, p.v, p.params, trace, how, progress,
+    out = _attention(p.core, be, p.q, p.k, p.v, p.score_weights, trace, how, progress,
                      "head_output" if p.projected else "output")
     if isinstance(problem, Layer):
         _merge(problem, be, trace, out, p.w)
@@ -140,7 +157,7 @@ class Prepared:
     q: Any
     k: Any
     v: Any
-    params: dict[str, Any]
+    score_weights: dict[str, Any]  # the score's learned weights, on the backend
     trace: Trace
     projected: bool
     w: dict[str, Any]
@@ -169,9 +186,9 @@ def prepare(problem: Problem | Layer, backend: Backend | None = None) -> Prepare
     core, q, k = _before_scores(core, be, q, k, trace)
     if core.n_rep > 1:
         m.kv_heads, m.n_rep = core.kv_heads, core.n_rep
-    params = {name: be.asarray(p, dt) for name, p in problem.params.items()}
-    record_params(problem, params, trace)
-    return Prepared(core, be, q, k, v, params, trace, projected, w)
+    weights = {name: be.asarray(a, dt) for name, a in problem.score_weights.items()}
+    record_score_weights(problem, weights, trace)
+    return Prepared(core, be, q, k, v, weights, trace, projected, w)
 
 
 def _index(trace: Trace, name: str) -> int:
@@ -201,16 +218,15 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
     t.meta.shapes = {"x": list(np.shape(lead(layer.x)))} | (
         {"memory": list(np.shape(lead(layer.memory)))} if memory else {}) | (
         {"values": list(np.shape(lead(layer.values)))} if values else {})
-    t.add("x", f"X: the {'residual stream entering the layer' if residual else 'input'}, "
-          f"{'(B, T, d_model)' if layer.batched else '(T, d_model)'}", X, (QUERIES, FEATURES))
+    t.add("x", X, (QUERIES, FEATURES), params=Input("X", residual, layer.batched))
     if layer.pre_norm is not None:  # --from-residual: the layer's own pre-attention norm
         X = _pre_norm(layer.pre_norm, be, X, dt, t, layer.options.rms_wide)
     Y = X if not memory else be.asarray(layer.memory, dt)
     Z = Y if not values else be.asarray(layer.values, dt)
     if memory:
-        t.add("memory", "Y: the memory that keys (and values) are projected from", Y, (KEYS, FEATURES))
+        t.add("memory", Y, (KEYS, FEATURES), params=Input("Y"))
     if values:
-        t.add("values", "Z: the input values are projected from", Z, (KEYS, FEATURES))
+        t.add("values", Z, (KEYS, FEATURES), params=Input("Z"))
     config_note = [f"{proj.source}, {proj.kind} layout; from config.json: "
                    + ", ".join(f"{k} {v}" for k, v in proj.config.items())] if proj.config else None
     if proj.latent is not None:  # DeepSeek's multi-head latent attention: Q, K, V from low-rank latents of X
@@ -222,9 +238,9 @@ def _project_inputs(layer: Layer, be: Backend, t: Trace) -> tuple[Problem, Any, 
         k = ops.project(xp, Y, w["W_k"], w.get("b_k"))  # (B, S, D_k) x (D_k, d_k) -> (B, S, d_k)
         v = ops.project(xp, Z, w["W_v"], w.get("b_v"))  # (B, S, D_v) x (D_v, d_v) -> (B, S, d_v)
         y_name, z_name = ("Y" if memory else "X"), ("Z" if values else ("Y" if memory else "X"))
-        t.add("q", f"Q = X · W_q{_plus(w, 'b_q')}", q, (QUERIES, FEATURES), config_note, _projection(proj, w, "X", "q"))
-        t.add("k", f"K = {y_name} · W_k{_plus(w, 'b_k')}", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
-        t.add("v", f"V = {z_name} · W_v{_plus(w, 'b_v')}", v, (KEYS, FEATURES), params=_projection(proj, w, z_name, "v"))
+        t.add("q", q, (QUERIES, FEATURES), config_note, _projection(proj, w, "X", "q"))
+        t.add("k", k, (KEYS, FEATURES), params=_projection(proj, w, y_name, "k"))
+        t.add("v", v, (KEYS, FEATURES), params=_projection(proj, w, z_name, "v"))
     clip = layer.options.clip_qkv
     if clip is not None:  # OLMo: q, k, v clamped to [-C, C] right after the projections
         q, k, v = (_clip(t, be, a, name, clip, axes) for a, name, axes in
@@ -259,14 +275,14 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
 
     def norm(name: str, a: Any, wt: Any, of: str, where: str) -> Any:
         y = ops.rms_norm(xp, a, be.asarray(wt, dt), L.eps)
-        t.add(name, f"{name} = w · {of} / sqrt(mean({of}²) + {L.eps:g}): the latent's RMSNorm (w = {where})", y,
-              (QUERIES if name.startswith("q") else KEYS, FEATURES), params=Normalise("rms", L.eps, True, where))
+        t.add(name, y, (QUERIES if name.startswith("q") else KEYS, FEATURES),
+              params=Normalise("rms", L.eps, True, where, step=name, of=of))
         return y
 
     src = "X"
     if L.W_qa is not None and L.q_a_norm is not None:  # q_lora_rank: Q through its own latent
         ql = ops.project(xp, X, w["W_qa"], w.get("b_qa"))  # (B, T, D) x (D, r_q) -> (B, T, r_q)
-        t.add("q_latent", f"q_latent = X · W_qa{_plus(w, 'b_qa')}: the queries' low-rank latent", ql, (QUERIES, FEATURES),
+        t.add("q_latent", ql, (QUERIES, FEATURES),
               params=Projection("X", "W_qa", "b_qa" if "b_qa" in w else None, L.origin.get("W_qa")))
         src = "q_latent_norm"
         X_q = norm(src, ql, L.q_a_norm, "q_latent", L.origin.get("q_a_norm", "q_a_norm"))
@@ -274,36 +290,30 @@ def _project_latent(layer: Layer, be: Backend, t: Trace, X: Any, w: dict[str, An
         X_q = X
     _weight(t, proj, w, "W_q")
     q = ops.rope_first(xp, ops.project(xp, X_q, w["W_q"]), H, n)  # (B, T, r_q) x (r_q, H·(n+r)) -> (B, T, H·(r+n))
-    t.add("q", f"Q = {src} · W_q, each head's features put [q_pe | q_nope] ({r} + {n}; W_q gives [q_nope | q_pe]: K "
-          "has the same order, so q·k is unchanged, and RoPE turns the first " + f"{r})", q, (QUERIES, FEATURES),
-          notes, Projection(src, "W_q", None, proj.origin.get("W_q")))
+    t.add("q", q, (QUERIES, FEATURES), notes, Projection(src, "W_q", None, proj.origin.get("W_q"), latent=(r, n)))
     for nm in ("W_kva", "b_kva"):
         _weight(t, replace(proj, origin={**proj.origin, **L.origin}), latent_w, nm)
     kv = ops.project(xp, X, w["W_kva"], w.get("b_kva"))  # (B, S, D) x (D, r_kv + r) -> (B, S, r_kv + r)
     r_kv = int(L.kv_a_norm.shape[0])
-    t.add("kv_latent", f"kv_latent = X · W_kva{_plus(w, 'b_kva')} = [c | k_pe]: the keys' and values' latent c "
-          f"({r_kv} features) and the rotary part of every head's key k_pe ({r})", kv, (KEYS, FEATURES),
-          params=Projection("X", "W_kva", "b_kva" if "b_kva" in w else None, L.origin.get("W_kva")))
+    t.add("kv_latent", kv, (KEYS, FEATURES),
+          params=Projection("X", "W_kva", "b_kva" if "b_kva" in w else None, L.origin.get("W_kva"), latent=(r_kv, r)))
     c = norm("kv_latent_norm", kv[..., :r_kv], L.kv_a_norm, "c", L.origin.get("kv_a_norm", "kv_a_norm"))
     for nm in ("W_k", "W_v"):
         _weight(t, proj, w, nm)
     k_nope = ops.project(xp, c, w["W_k"])  # (B, S, r_kv) x (r_kv, H·n) -> (B, S, H·n)
-    t.add("k_nope", "k_nope = kv_latent_norm · W_k: each head's keys without positions", k_nope, (KEYS, FEATURES),
-          params=Projection("kv_latent_norm", "W_k", None, proj.origin.get("W_k")))
+    t.add("k_nope", k_nope, (KEYS, FEATURES),
+          params=Projection("kv_latent_norm", "W_k", None, proj.origin.get("W_k"), out="k_nope"))
     k = ops.shared_rope_keys(xp, k_nope, kv[..., r_kv:], H)  # (B, S, H·n), (B, S, r) -> (B, S, H·(r+n))
-    t.add("k", f"K: each head's key [k_pe | k_nope_h], k_pe (kv_latent's last {r} features) the same for every head",
-          k, (KEYS, FEATURES))
+    t.add("k", k, (KEYS, FEATURES), params=SharedRopeKey(r))
     v = ops.project(xp, c, w["W_v"])  # (B, S, r_kv) x (r_kv, H·d_v) -> (B, S, H·d_v)
-    t.add("v", "V = kv_latent_norm · W_v", v, (KEYS, FEATURES),
-          params=Projection("kv_latent_norm", "W_v", None, proj.origin.get("W_v")))
+    t.add("v", v, (KEYS, FEATURES), params=Projection("kv_latent_norm", "W_v", None, proj.origin.get("W_v")))
     return q, k, v
 
 
 def _clip(t: Trace, be: Backend, a: Any, name: str, c: float, axes: tuple[str, str]) -> Any:
     """The step {name}_clip = clamp({name}, -c, c) (OLMo's clip_qkv), returned."""
     y = be.xp.clip(a, -c, c)
-    t.add(f"{name}_clip", f"{name}_clip = clamp({name}, -{c:g}, {c:g}): every feature of {name.upper()} kept within "
-          f"[-{c:g}, {c:g}] (clip_qkv)", y, axes, params=Clip(c, name))
+    t.add(f"{name}_clip", y, axes, params=Clip(c, name))
     return y
 
 
@@ -314,34 +324,24 @@ def _pre_norm(norm: Norm, be: Backend, X: Any, dt: str, t: Trace, wide: bool = F
     if norm.kind == "layernorm":
         b = None if norm.b is None else be.asarray(norm.b, dt)
         y = ops.layer_norm(xp, X, w, b, norm.eps)
-        text = f"x_norm = (X - mean) / sqrt(var + {norm.eps:g}) · w + b"
     else:
         y = ops.rms_norm(xp, X, w, norm.eps, plus_one=norm.kind == "rms1p", wide_weight=wide)
-        scale = "(1 + w)" if norm.kind == "rms1p" else "w"
-        text = f"x_norm = {scale} · X / sqrt(mean(X²) + {norm.eps:g})"
-    where = f" (w = {norm.origin})" if norm.origin else ""
-    t.add("x_norm", f"{text}: the layer's pre-attention {norm.kind}{where}", y, (QUERIES, FEATURES),
-          params=Normalise(norm.kind, norm.eps, True, norm.origin or None))
+    t.add("x_norm", y, (QUERIES, FEATURES), params=Normalise(norm.kind, norm.eps, True, norm.origin or None))
     return y
 
 
 def _weight(t: Trace, proj: Projections, w: dict[str, Any], n: str) -> None:
     if n not in w:
         return
-    where = f" (from {proj.origin[n]})" if n in proj.origin else ""
-    par = Weight(proj.origin.get(n))
+    par = Weight(proj.origin.get(n), n)
     if n.startswith("W"):
-        t.add(n, f"{n}{where}, textbook convention (in, out)", w[n], WEIGHT_AXES, params=par)
+        t.add(n, w[n], WEIGHT_AXES, params=par)
     else:
-        t.add(n, f"{n}{where}, added to every row", w[n][None, :], BIAS_AXES, params=par)
+        t.add(n, w[n][None, :], BIAS_AXES, params=par)
 
 
 def _projection(proj: Projections, w: dict[str, Any], source: str, name: str) -> Projection:
     return Projection(source, f"W_{name}", f"b_{name}" if f"b_{name}" in w else None, proj.origin.get(f"W_{name}"))
-
-
-def _plus(w: dict[str, Any], b: str) -> str:
-    return f" + {b}" if b in w else ""
 
 
 # ---- normalise, rotate: each head's q and k on their own (once, for every path) ---------------------
@@ -372,10 +372,8 @@ def _tuning_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_no
     f = chain.query_factors(problem)
     done = [s for s in ("q_rot", "q_norm") if s in t]  # the later of the two (QK-norm after RoPE: Llama 4)
     before = max(done, key=t.names().index) if done else "q"
-    where = f"P + i = {P} + i" if P else "i"
-    t.add("q_temp", f"q_temp = {before} · (log(floor((position + 1) / {o.tuning_floor:g}) + 1) · {o.tuning_scale:g} + 1), "
-          f"position {where}: Llama 4's temperature tuning (factors {f[0]:.6g} … {f[-1]:.6g})", q, (QUERIES, FEATURES),
-          params=Tuning(o.tuning_scale or 0.0, o.tuning_floor, P))
+    t.add("q_temp", q, (QUERIES, FEATURES),
+          params=Tuning(o.tuning_scale or 0.0, o.tuning_floor, P, before, float(f[0]), float(f[-1])))
 
 
 def _shown(problem: Problem, be: Backend, a: Any) -> Any:
@@ -388,30 +386,15 @@ def _qk_norm_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_n
     """The steps q_norm and k_norm: the QK-norm kind of the options (attncli.core.ops.qk_norm)."""
     o, dt, d = problem.options, problem.dtype, problem.d_qk
     kind = str(o.qk_norm)
-    plus, full, ln = kind == "rms1p", kind == "rms-full", kind == "layernorm"
-    after = o.qk_norm_at == "after-rope"
     for name, y in (("q", q), ("k", k)):
         given = getattr(problem, f"{name}_norm") is not None
         wt, bias = chain.qk_norm_weights(problem, name)
-        per_head = given and np.ndim(wt) == 2
-        x = f"{name}_rot" if after else name
-        wname = f"w_{name}[h]" if per_head and not full else f"w_{name}"
-        scale = ("" if not given else f" · (1 + {wname})" if plus else f" · {wname}") + (
-            f" + b_{name}{'[h]' if np.ndim(bias) == 2 else ''}" if bias is not None else "")
+        per_head = given and np.ndim(wt) == 2 and kind != "rms-full"
         heads = int(y.shape[-3]) if y.ndim >= 3 else 1
-        if ln:
-            body = f"({x} - mean({x})) / sqrt(var({x}) + {o.norm_eps:g}){scale}, over each head's {d} features"
-        elif full:
-            body = (f"{x} / sqrt(mean({x}²) + {o.norm_eps:g}){scale}, over the token's {heads}·{d} features of every "
-                    "head at once (the full width, as before the head split)")
-        else:
-            body = f"{x} / sqrt(mean({x}²) + {o.norm_eps:g}){scale}, over each head's {d} features"
-        what = "" if given else ", weightless"
-        formula = (f"{name}_norm = {body} (QK-norm, {kind}{', each head its own weights' if per_head and not full else ''}"
-                   f"{what}{', after RoPE' if after else ''})")
-        t.add(f"{name}_norm", formula, y if name == "q" else _shown(problem, be, y),
-              (QUERIES if name == "q" else KEYS, FEATURES), notes=kv_note if name == "k" else None,
-              params=Normalise(kind, o.norm_eps, given, None, per_head and not full, bias is not None, o.qk_norm_at))
+        t.add(f"{name}_norm", y if name == "q" else _shown(problem, be, y), (QUERIES if name == "q" else KEYS, FEATURES),
+              notes=kv_note if name == "k" else None,
+              params=Normalise(kind, o.norm_eps, given, None, per_head, bias is not None, o.qk_norm_at, f"{name}_norm",
+                               d=d, heads=heads, bias_per_head=np.ndim(bias) == 2))
         t.inputs[f"{name}_norm_weight"] = be.asarray(wt, dt)
         if bias is not None:
             t.inputs[f"{name}_norm_bias"] = be.asarray(bias, dt)
@@ -426,19 +409,12 @@ def _rope_steps(problem: Problem, be: Backend, q: Any, k: Any, t: Trace, kv_note
             "from_pretrained(dtype=...) keeps them in float32)"] if rope.freqs != "float32" else [
         f"inverse frequencies in float32 despite --rope-freqs {o.rope_freqs}: dynamic scaling beyond "
         "max_position_embeddings has transformers recompute them in float32"] if o.rope_freqs != "float32" else []
-    rot = {"half": "rotate_half", "half-reversed": "rotate_half_reversed"}.get(str(o.rope), "rotate_every_two")
-    part = f" on features 0..{rd - 1} (the other {d - rd} pass through)" if rd < d else ""
-    scaled = f", {rope.scaling} scaling" if rope.scaling else ""
-    fac = f" · {factor:g}" if factor != 1.0 else ""
     normed = o.qk_norm is not None and o.qk_norm_at == "before-rope"
-    before = {"q": "q_norm" if normed else "q", "k": "k_norm" if normed else "k"}
-    rotation = Rotation(rope.mode, base, rd, P, factor, rope.scaling)
-    for name, y, where in (("q", q, f"P + i = {P} + i" if P else "i"), ("k", k, "j")):
-        formula = (f"{name}_rot = {before[name]}·cos θ{fac} + {rot}({before[name]})·sin θ{fac}, θ = position · "
-                   f"{base:g}^(-2k/{rd}), position {where}{part}{scaled} (RoPE, {o.rope})")
-        t.add(f"{name}_rot", formula, y if name == "q" else _shown(problem, be, y),
-              (QUERIES if name == "q" else KEYS, FEATURES), notes=(kv_note if name == "k" else []) + held or None,
-              params=rotation)
+    rotation = Rotation(rope.mode, base, rd, P, factor, rope.scaling, d=d)
+    for name, y in (("q", q), ("k", k)):
+        t.add(f"{name}_rot", y if name == "q" else _shown(problem, be, y), (QUERIES if name == "q" else KEYS, FEATURES),
+              notes=(kv_note if name == "k" else []) + held or None,
+              params=rotation._replace(of=name, before=f"{name}_norm" if normed else name))
     t.meta.rope = rotation
 
 
@@ -462,12 +438,12 @@ def _attention(problem: Problem, be: Backend, q: Any, k: Any, v: Any, params: di
         if problem.result_dtype:
             trace.warnings.extend(m for m in [blocked.score_overflow(problem, trace.step("scores").values)] if m)
         trace.meta.path = "explicit"
-        trace.add(out_name, f"{_symbol(out_name)} = {trace.meta.weights_step} · V", out, (QUERIES, FEATURES))
+        trace.add(out_name, out, (QUERIES, FEATURES), params=WeightedSum(out_name, trace.meta.weights_step or "weights"))
         return out
     out = blocked.output_only(problem, be, q, k, v, params, trace, progress, sdpa=how.path == "sdpa")
     if how.rows is not None:
         _corner_rows(problem, be, q, _expanded(problem, be, k), params, trace, list(how.rows))
-    trace.add(out_name, f"{_symbol(out_name)} = weights · V", out, (QUERIES, FEATURES))
+    trace.add(out_name, out, (QUERIES, FEATURES), params=WeightedSum(out_name))
     return out
 
 
@@ -505,17 +481,17 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
 
     def record(st: chain.Stage, s: Any, par: Any) -> None:  # each stage of the chain: a step
         if st.name == N.SCORES:
-            trace.add(N.SCORES, f"scores = {score.symbol}", s)
+            trace.add(N.SCORES, s, params=Scores(score.name, score.symbol))
             return
         if isinstance(par, chain.Scale):  # for explanations
-            trace.meta.scaling = Scaling(par.rule, par.factor if isinstance(par.factor, (int, float)) else None,
+            trace.meta.scaling = Scaling(text(par.rule), par.factor if isinstance(par.factor, (int, float)) else None,
                                          par.temperature, par.name, problem.d_qk, problem.n)
         if isinstance(par, chain.Bias) and par.alibi is not None:
             trace.meta.alibi = AlibiFacts(par.alibi.q_offset, par.alibi.slopes, par.alibi.form, par.alibi.r)
-        prev = trace.steps[-1].name
-        text = st.formula(par, prev) if st.formula is not None else f"{st.name} = {prev} → {st.name}"
-        trace.add(st.step(problem), text, s, notes=_notes(par))
-        trace.steps[-1].params = par
+        if hasattr(par, "before"):  # the step it follows in this run (the chain's stages that apply)
+            prev = trace.steps[-1].name  # a NamedTuple (attncli's) or a dataclass (a stage added elsewhere)
+            par = par._replace(before=prev) if hasattr(par, "_replace") else replace(par, before=prev)
+        trace.add(st.step(problem), s, notes=_notes(par), params=par)
 
     # the chain before the softmax: chain.logits, its stages in chain.STAGES's order
     if problem.mask is not None and problem.mask.dtype != bool and \
@@ -523,7 +499,8 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
         trace.warnings.append(f"the mask from {problem.where('mask')} holds only 0s and 1s as floats: it is added to the "
                               "scores, not used to keep or drop keys (save it as booleans or integers for that)")
     if N.SCALED not in [st.name for st in chain.needed(problem)]:  # no scaled step: the rule is still told
-        trace.meta.scaling = Scaling(ops.scale_factor(problem, xp, None)[1], None, o.temperature)
+        name = chain.scale_name(problem)
+        trace.meta.scaling = Scaling(text(chain.scale_rule(name, o.scale, problem.d_qk, problem.n)), None, o.temperature)
     lg = chain.logits(problem, q, k, params, chain.block(problem, be, rows), record, trace)
     raw, s, keep = lg.unmasked, lg.s, lg.keep
 
@@ -541,21 +518,16 @@ def _softmax_step(problem: Problem, be: Backend, s: Any, keep: Any, trace: Trace
     before = trace.steps[-1].name
     name = "softmax" if o.hard or o.dropout > 0 else "weights"
     w = ops.softmax_of(problem, xp, s, None if problem.sinks is None else be.asarray(problem.sinks, problem.dtype))
-    if problem.sinks is None:
-        formula = f"{name} = softmax({before}, over keys)"
-    else:  # one more logit per head in the denominator, its column dropped
+    if problem.sinks is not None:  # one more logit per head in the denominator, its column dropped
         trace.meta.sinks = [float(x) for x in problem.sinks]
-        trace.add("sink", "sink = exp(sink_h) / (exp(sink_h) + Σ_j exp(" + before + "_ij)): the sink's share of each "
-                  "row = 1 - Σ_j weights_ij", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
+        trace.add("sink", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
                   notes=["sinks per head: " + ", ".join(f"{x:.6g}" for x in problem.sinks[:8])
-                         + (", …" if len(problem.sinks) > 8 else "")], params=Sink(tuple(trace.meta.sinks)))
-        formula = f"{name} = exp({before}_ij) / (exp(sink_h) + Σ_j exp({before}_ij)): softmax over [{before} | sink_h], " \
-                  "the sink's column dropped"
+                         + (", …" if len(problem.sinks) > 8 else "")], params=Sink(tuple(trace.meta.sinks), before))
     dead = ops.dead_rows(xp, s, keep)
     trace.dead = dead if rows is None else None
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
         trace.warnings.extend(ops.dead_row_messages(problem, dead))
-    trace.add(name, formula, w, params=Softmax(before, problem.sinks is not None))
+    trace.add(name, w, params=Softmax(before, problem.sinks is not None, name))
     return w
 
 
@@ -570,19 +542,13 @@ def _weights_steps(problem: Problem, be: Backend, w: Any, trace: Trace) -> Any:
         prev = trace.steps[-1].name
         w = st.weights(problem, be, w)
         if st.name == N.HARD:
-            trace.add("hard", "hard = one-hot at each row's largest weight (ties: the first key)", w, params=Hard(prev))
+            trace.add("hard", w, params=Hard(prev))
         else:
-            trace.add("dropout", f"dropout = {prev} · keep / (1 - P), P(keep = 0) = P = {o.dropout:g}, "
-                                 f"keep from default_rng({seed})", w, params=Dropout(o.dropout, seed))
+            trace.add("dropout", w, params=Dropout(o.dropout, seed, prev))
     return w
 
 
 # ---- 9) merge ---------------------------------------------------------------------------------------
-
-
-def _symbol(out_name: str) -> str:
-    """The output's symbol in its formula: one head's (head_h) for a layer's head_output."""
-    return HEAD if out_name == "head_output" else out_name
 
 
 def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, Any]) -> None:
@@ -601,14 +567,13 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
             s.notes = [*s.notes, split]
             if problem.kv_heads:
                 r = problem.n_rep
-                s.params = HeadMap(H, problem.kv_heads, r)
+                s.params = s.params._replace(heads=HeadMap(H, problem.kv_heads, r))
                 s.notes.append(f"grouped-query: K and V have {problem.kv_heads} heads of {proj.d_k // H} and "
                                f"{proj.d_v // H} features; query head h reads K/V head h // {r} (as SDPA enable_gqa, "
                                "HF repeat_kv)")
     t.meta.per_head_steps = per_head
     has_o = "W_o" in w
-    t.add("concat" if has_o else "output", f"{'concat' if has_o else 'output'} = concat(head_0, …, head_{H - 1}): "
-          "the heads side by side, in order", concat, (QUERIES, FEATURES))
+    t.add("concat" if has_o else "output", concat, (QUERIES, FEATURES), params=Concat("concat" if has_o else "output", H))
     out = concat
     if problem.gate is not None:  # AFMoE / Laguna: concat ⊙ act(x_norm · W_g) before W_o
         out = _gate(problem.gate, be, out, problem.dtype, t)
@@ -619,12 +584,11 @@ def _merge(problem: Layer, be: Backend, t: Trace, heads_out: Any, w: dict[str, A
         _weight(t, proj, w, "b_o")
         into = t.steps[-3 if "b_o" in w else -2].name  # the step before W_o (b_o): concat, gated or sub_norm
         out = ops.project(xp, out, w["W_o"], w.get("b_o"))  # (B, T, d_v) x (d_v, d_out) -> (B, T, d_out)
-        t.add("output", f"output = {into} · W_o{_plus(w, 'b_o')}", out, (QUERIES, FEATURES),
+        t.add("output", out, (QUERIES, FEATURES),
               params=Projection(into, "W_o", "b_o" if "b_o" in w else None, proj.origin.get("W_o")))
     if "weights" in t:
         ws = t.step(t.meta.weights_step or "weights")
-        t.add("avg_weights", "avg_weights = mean of the heads' weights (as nn.MultiheadAttention returns them)",
-              xp.mean(ws.values, axis=1), (QUERIES, KEYS))  # (B, H, T, S) -> (B, T, S)
+        t.add("avg_weights", xp.mean(ws.values, axis=1), (QUERIES, KEYS), params=HeadMean())  # (B, H, T, S) -> (B, T, S)
         t.steps[-1].rows = ws.rows
     if t.dead is not None:
         t.warnings.extend(_output_rows_note(problem, t.dead, "b_o" in w, has_o))
@@ -641,9 +605,7 @@ def _sub_norm(norm: Norm, be: Backend, c: Any, dt: str, t: Trace, wide: bool = F
     """The concatenated heads through BitNet's attn_sub_norm (an RMSNorm over the width, as HF's BitNetRMSNorm:
     in float32 for half inputs, cast back, then times w): the step sub_norm."""
     y = ops.rms_norm(be.xp, c, be.asarray(norm.w, dt), norm.eps, wide_weight=wide)
-    where = f" (w = {norm.origin})" if norm.origin else ""
-    t.add("sub_norm", f"sub_norm = w · concat / sqrt(mean(concat²) + {norm.eps:g}): an RMSNorm of the concatenated "
-          f"heads before W_o{where}", y, (QUERIES, FEATURES), params=Normalise("rms", norm.eps, True, norm.origin or None))
+    t.add("sub_norm", y, (QUERIES, FEATURES), params=Normalise("rms", norm.eps, True, norm.origin or None, step="sub_norm"))
     return y
 
 
@@ -655,18 +617,12 @@ def _gate(gate: Gate, be: Backend, c: Any, dt: str, t: Trace) -> Any:
     x = t.step(src).values  # (B, T, D): the attention's input, as the projections took it
     w = be.asarray(gate.w, dt)
     per_head = int(gate.w.shape[1]) != int(c.shape[-1])
-    where = f" (from {gate.origin})" if gate.origin else ""
-    t.add("W_g", f"W_g{where}, textbook convention (in, out): the output gate's weight", w, WEIGHT_AXES,
-          params=Weight(gate.origin or None))
+    t.add("W_g", w, WEIGHT_AXES, params=Weight(gate.origin or None, "W_g"))
     z = ops.project(be.xp, x, w)  # (B, T, D) x (D, n) -> (B, T, n)
     g = ops.gate_values(be.xp, z, gate.act)
-    act = "1 / (1 + exp(-z))" if gate.act == "sigmoid" else "log(1 + exp(z))"
-    par = Gating(gate.act, src, per_head, gate.origin or None)
-    t.add("gate", f"gate = {gate.act}({src} · W_g) = {act}: one gate per "
-          f"{'head' if per_head else 'feature of the concatenated heads'}", g, (QUERIES, FEATURES), params=par)
+    t.add("gate", g, (QUERIES, FEATURES), params=Gating(gate.act, src, per_head, gate.origin or None))
     y = ops.gated(be.xp, c, g)
-    t.add("gated", "gated = concat ⊙ gate" + (": each head's features times its gate" if per_head else
-                                               ", feature by feature") + ", before W_o", y, (QUERIES, FEATURES), params=par)
+    t.add("gated", y, (QUERIES, FEATURES), params=Gated(per_head))
     return y
 
 
@@ -700,7 +656,7 @@ def _split_note(H: int, dh: int, dvh: int) -> str:
     return f"each head takes its own {dh} feature(s) of Q and K: {shown}{', …' if H > 8 else ''}"
 
 
-def record_params(problem: Problem | Layer, params: dict[str, Any], trace: Trace) -> None:
+def record_score_weights(problem: Problem | Layer, params: dict[str, Any], trace: Trace) -> None:
     """The score weights used: in ``trace.inputs`` (NPZ) and ``trace.extra["params"]`` (JSON)."""
     if not params:
         return
@@ -724,8 +680,6 @@ def _notes(par: Any) -> list[str] | None:
 
 def select_head(trace: Trace, head: int) -> Trace:
     """A view of ``trace`` with only head ``head`` of the per-head steps (for the terminal)."""
-    from attncli.errors import InputError
-
     H = trace.meta.heads or 1
     if not 0 <= head < H:
         raise InputError(f"head {head} does not exist: there are {H} heads (0 to {H - 1})", "--head")

@@ -293,7 +293,7 @@ def layer_sums(prep: Prepared, seqs: list[Sequence], *, exclude_first: bool = Fa
 
     def one(i0: int) -> int:
         i1 = min(m, i0 + step)
-        s, lo = block_scores(p, be, q[..., i0:i1, :], k, prep.params, i0, i1, c)
+        s, lo = block_scores(p, be, q[..., i0:i1, :], k, prep.score_weights, i0, i1, c)
         found[i0] = _block_sums(p, to_numpy(s), lo, i0, i1, P, pos, exclude_first, exclude_self, cross)
         return i1
 
@@ -534,7 +534,7 @@ def mean_weights(prep: Prepared) -> np.ndarray:
     step = blocked.block_rows(p)
     for i0 in range(0, m, step):
         i1 = min(m, i0 + step)
-        s, lo = block_scores(p, prep.backend, q[..., i0:i1, :], k, prep.params, i0, i1, c)
+        s, lo = block_scores(p, prep.backend, q[..., i0:i1, :], k, prep.score_weights, i0, i1, c)
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             a = ops.softmax_of(p, np, to_numpy(s), p.sinks)  # (B, H, b, nc)
         out[:, i0:i1, lo:lo + a.shape[-1]] += a.sum(axis=1)

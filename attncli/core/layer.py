@@ -94,7 +94,7 @@ class Layer(Shared):
         query_labels: list[str] | None = None
         key_labels: list[str] | None = None
         options: Options = Options()
-        params: dict[str, np.ndarray] = field(default_factory=dict)
+        score_weights: dict[str, np.ndarray] = field(default_factory=dict)
         sources: dict[str, str] = field(default_factory=dict)  # q, k, v: where X, Y, Z came from
         relative_bias: RelativeBias | None = None
         sinks: np.ndarray | None = None
@@ -225,9 +225,9 @@ def _dtype(o: Options, x: np.ndarray, memory: np.ndarray, values: np.ndarray, p:
 
 
 # the fields of the heads' problem a layer answers, read from its spec (computed once, there)
-SPEC_FIELDS = ("valid_lens", "mask", "query_labels", "key_labels", "options", "params", "sources", "relative_bias", "sinks",
-               "alibi_slopes", "q_norm", "k_norm", "q_norm_bias", "k_norm_bias", "batched", "result_dtype", "initialised",
-               "batch_shape", "axis_names", "query_limit")
+SPEC_FIELDS = ("valid_lens", "mask", "query_labels", "key_labels", "options", "score_weights", "sources", "relative_bias",
+               "sinks", "alibi_slopes", "q_norm", "k_norm", "q_norm_bias", "k_norm_bias", "batched", "result_dtype",
+               "initialised", "batch_shape", "axis_names", "query_limit")
 
 
 def _from_spec(name: str) -> property:

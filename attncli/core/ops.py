@@ -169,6 +169,9 @@ def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None, max_pos
     # dynamic
     if max_positions is None:
         raise InputError("rope_type 'dynamic' needs max_position_embeddings (the config's)", source)
+    if dim <= 2:  # the grown base is base · ratio^(d / (d - 2)): transformers' own formula divides by zero
+        raise InputError(f"rope_type 'dynamic' needs a rotary width above 2 (its base grows as ratio^(d/(d-2))), "
+                         f"got {dim}", source)
     n = max_positions if seq_len is None else max(seq_len, max_positions)
     f32 = np.float32  # HF computes the grown base from a tensor sequence length: in float32
     ratio = f32(f32(factor) * f32(n)) / f32(max_positions) - f32(factor - 1)
@@ -574,16 +577,15 @@ def score(problem: Problem, xp: Any, q: Any, k: Any, params: dict[str, Any], tra
     return get_score(problem.options.score).fn(ScoreInput(xp, q, k, params, trace, problem.options))
 
 
-def scale_factor(problem: Problem, xp: Any, s: Any) -> tuple[Any, str]:
-    """The factor the raw scores are multiplied by (None for none) and its description."""
+def scale_factor(problem: Problem, xp: Any, s: Any) -> Any:
+    """The factor the raw scores are multiplied by (None for none)."""
     o = problem.options
-    d, n = problem.d_qk, problem.n
     if o.scale is not None:
-        return o.scale, f"S · {o.scale:g}"
+        return o.scale
     rule = SCALINGS[o.scaling or get_score(o.score).scaling]
     if rule.name == "none":
-        return None, "S"
-    return rule.factor(xp, s, d, n), rule.describe(d, n)
+        return None
+    return rule.factor(xp, s, problem.d_qk, problem.n)
 
 
 # ---- 5) mask ------------------------------------------------------------------------------------

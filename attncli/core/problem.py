@@ -117,7 +117,7 @@ class Problem(Shared):
     query_labels: list[str] | None = None
     key_labels: list[str] | None = None
     options: Options = field(default_factory=Options)
-    params: dict[str, np.ndarray] = field(default_factory=dict)  # the score's learned weights (W_q, w_v of additive)
+    score_weights: dict[str, np.ndarray] = field(default_factory=dict)  # the score's learned weights (W_q, w_v of additive)
     sources: dict[str, str] = field(default_factory=dict)
     padding: np.ndarray | None = None  # a layer's key padding (B, 1, 1, n), True = ignore (PyTorch); Layer only
     relative_bias: RelativeBias | None = None  # T5's per-head position bias: the bias step adds it
@@ -145,8 +145,8 @@ class Problem(Shared):
             a = getattr(self, name)
             if a is not None:
                 object.__setattr__(self, name, _read_only(a, seen))
-        if self.params:
-            object.__setattr__(self, "params", {n: _read_only(a, seen) for n, a in self.params.items()})
+        if self.score_weights:
+            object.__setattr__(self, "score_weights", {n: _read_only(a, seen) for n, a in self.score_weights.items()})
         q, k, v = self.q, self.k, self.v
         G = grouped_heads(q.shape, k.shape, v.shape, self.where("k"), self.where("v"))
         kb, vb = (k.shape[:-3] + (int(q.shape[-3]),), v.shape[:-3] + (int(q.shape[-3]),)) if G else \
@@ -252,8 +252,8 @@ class Problem(Shared):
             fields_[attr] = _labels(kw.get(attr), attr, count, what, sources)
         if kw.get("mask") is not None:
             fields_["mask"] = mask_array(kw["mask"], "mask", where("mask"))
-        fields_["params"], fields_["initialised"] = prepare(score, dict(kw.get("params") or {}), d, int(k.shape[-1]), o,
-                                                            where("weights"))
+        fields_["score_weights"], fields_["initialised"] = prepare(score, dict(kw.get("score_weights") or {}), d,
+                                                                   int(k.shape[-1]), o, where("weights"))
         if kw.get("alibi_slopes") is not None:
             a = heads.check_sinks(kw["alibi_slopes"], H, where("alibi_slopes"), "ALiBi slopes")
             if not np.isfinite(a).all():

@@ -262,6 +262,14 @@ class Norm:
     eps: float = 1e-6
     origin: str = ""
 
+    def __post_init__(self) -> None:  # the engine computes these three; any other kind would be read as RMSNorm
+        if self.kind not in NORM_KINDS:
+            raise InputError(f"a norm of kind {self.kind!r} is not computed (kinds: {', '.join(NORM_KINDS)}; "
+                             "LayerNorm1p is a layernorm of weight 1 + w)", self.origin or "Norm")
+
+
+NORM_KINDS = ("layernorm", "rms", "rms1p")
+
 
 @dataclass(frozen=True)
 class Gate:

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attncli.core.formula import Fn, Hat, Name, Root, Sub, Term, terms, text
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.errors import InputError
 
 HIDDEN = "hidden"  # axis name of the hidden width h of projected queries and keys
+QK = terms(Name("Q"), " ", Name("K"), "ᵀ")  # the raw score matrix Q Kᵀ
 
 
 class ScoreOptions(Protocol):
@@ -49,11 +51,11 @@ class ScoreInput:
     trace: Trace | None = None
     options: ScoreOptions = field(default_factory=NoOptions)
 
-    def add_step(self, name: str, formula: str, values: Any, axes: tuple[str, str],
-                 notes: list[str] | None = None, params: Any = None) -> None:
-        """Record an intermediate quantity particular to this score (shown step by step)."""
+    def add_step(self, name: str, params: Any, values: Any, axes: tuple[str, str], notes: list[str] | None = None) -> None:
+        """Record an intermediate quantity particular to this score (shown step by step; ``params`` its typed
+        parameters, which write its formula: attncli.core.params)."""
         if self.trace is not None:
-            self.trace.add(name, formula, values, axes, notes, params)
+            self.trace.add(name, values, axes, notes, params)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class Score:
     aliases: tuple[str, ...] = ()
     same_width: bool = True  # q and k must have the same width
     scaling: str = "none"  # default scaling rule (see SCALINGS)
-    symbol: str = "Q Kᵀ"  # how the raw score matrix is written in step titles
+    symbol: tuple[Term, ...] = QK  # how the raw score matrix is written in its step's formula
     params: tuple[Param, ...] = ()  # learned parameters (checked and initialised generically)
     options: tuple[str, ...] = ()  # the score-specific Options fields it reads (see SCORE_OPTIONS)
 
@@ -101,7 +103,7 @@ SCORE_OPTIONS = ("activation", "bandwidth", "hidden")  # options that only some 
 
 
 def register(name: str, *, aliases: tuple[str, ...] = (), same_width: bool = True, scaling: str = "none",
-             symbol: str = "Q Kᵀ", params: tuple[Param, ...] = (),
+             symbol: tuple[Term, ...] = QK, params: tuple[Param, ...] = (),
              options: tuple[str, ...] = ()) -> Callable[[Callable[[ScoreInput], Any]], Callable[[ScoreInput], Any]]:
     """Register a scoring function under ``name`` (and ``aliases``)."""
 
@@ -124,6 +126,12 @@ def get_score(name: str) -> Score:
 
 def score_names() -> list[str]:
     return [*SCORES, *ALIASES]
+
+
+def _params() -> Any:
+    import attncli.core.params as params  # here: `attncli --help` lists the scores without defining every step's type
+
+    return params
 
 
 # --- activations of the additive and location scores ----------------------------------
@@ -157,19 +165,19 @@ def _row_norms(xp: Any, a: Any) -> Any:
 # --- the scores ---------------------------------------------------------------------------
 
 
-@register("dot", symbol="Q Kᵀ")
+@register("dot")
 def dot(s: ScoreInput) -> Any:
     """Dot product: s_ij = q_i · k_j. (..., m, d) x (..., n, d) -> (..., m, n)"""
     return s.q @ s.xp.matrix_transpose(s.k)  # (..., m, d) x (..., d, n) -> (..., m, n)
 
 
-@register("scaled-dot", aliases=("sdpa", "scaled_dot"), scaling="sqrt-d", symbol="Q Kᵀ")
+@register("scaled-dot", aliases=("sdpa", "scaled_dot"), scaling="sqrt-d")
 def scaled_dot(s: ScoreInput) -> Any:
     """Scaled dot product: s_ij = q_i · k_j / sqrt(d). (..., m, d) x (..., n, d) -> (..., m, n)"""
     return s.q @ s.xp.matrix_transpose(s.k)  # (..., m, d) x (..., d, n) -> (..., m, n); scaled by the engine
 
 
-@register("general", aliases=("bilinear",), same_width=False, symbol="Q W Kᵀ", params=(
+@register("general", aliases=("bilinear",), same_width=False, symbol=terms("Q W ", Name("K"), "ᵀ"), params=(
     Param("W", ("d_q", "d_k"), fan_in="d_k", torch=("W.weight",)),
     Param("b", ("d_q",), optional=True, torch=("W.bias",)),
 ))
@@ -184,11 +192,12 @@ def general(s: ScoreInput) -> Any:
     kw = s.k @ xp.matrix_transpose(p["W"])  # (..., n, d_k) x (d_k, d_q) -> (..., n, d_q)
     if "b" in p:
         kw = kw + p["b"]  # (..., n, d_q) + (d_q,)
-    s.add_step("k_proj", "W k" + (" + b" if "b" in p else "") + ": each key in query space", kw, (KEYS, FEATURES))
+    s.add_step("k_proj", _params().KeyInQuerySpace("b" in p), kw, (KEYS, FEATURES))
     return s.q @ xp.matrix_transpose(kw)  # (..., m, d_q) x (..., d_q, n) -> (..., m, n)
 
 
-@register("additive", aliases=("concat", "bahdanau"), same_width=False, symbol="w_vᵀ act(W_q q + W_k k)",
+@register("additive", aliases=("concat", "bahdanau"), same_width=False,
+          symbol=terms(Sub("w", "v"), "ᵀ ", Fn("act"), "(", Sub("W", "q"), " q + ", Sub("W", "k"), " k)"),
           options=("activation", "hidden"), params=(
     Param("W_q", ("d_q", "h"), fan_in="d_q", torch=("W_q.weight",), convert="transpose"),
     Param("W_k", ("d_k", "h"), fan_in="d_k", torch=("W_k.weight",), convert="transpose"),
@@ -206,23 +215,19 @@ def additive(s: ScoreInput) -> Any:
     act_name, act = _activation(s)
     qh = s.q @ p["W_q"]  # (..., m, d_q) x (d_q, h) -> (..., m, h)
     kh = s.k @ p["W_k"]  # (..., n, d_k) x (d_k, h) -> (..., n, h)
-    s.add_step("q_proj", "q W_q", qh, (QUERIES, HIDDEN))
-    s.add_step("k_proj", "k W_k", kh, (KEYS, HIDDEN))
+    s.add_step("q_proj", _params().Projected("q"), qh, (QUERIES, HIDDEN))
+    s.add_step("k_proj", _params().Projected("k"), kh, (KEYS, HIDDEN))
     f = qh[..., :, None, :] + kh[..., None, :, :]  # (..., m, 1, h) + (..., 1, n, h) -> (..., m, n, h)
     if "b" in p:
         f += p["b"]  # (..., m, n, h) + (h,), in place
     f = act(xp, f)
-    plus_b = " + b" if "b" in p else ""
-    from attncli.core.params import Features  # here: `attncli --help` lists the scores without defining it
-
-    s.add_step("features", f"features = {act_name}(q W_q + k W_k{plus_b}): h numbers per (query, key)",
-               f, (KEYS, HIDDEN), notes=[f"shape {tuple(f.shape)} = (..., queries, keys, h): one table per query "
-                                         "(the last index of each caption), rows keys, columns hidden units"],
-               params=Features(act_name, "b" in p))
+    s.add_step("features", _params().Features(act_name, "b" in p), f, (KEYS, HIDDEN),
+               notes=[f"shape {tuple(f.shape)} = (..., queries, keys, h): one table per query (the last index of each "
+                      "caption), rows keys, columns hidden units"])
     return f @ p["w_v"]  # (..., m, n, h) x (h,) -> (..., m, n)
 
 
-@register("cosine", symbol="Q̂ K̂ᵀ")
+@register("cosine", symbol=terms(Hat("Q"), " ", Hat("K"), "ᵀ"))
 def cosine(s: ScoreInput) -> Any:
     """Cosine: s_ij = (q_i/‖q_i‖) · (k_j/‖k_j‖). (..., m, d) x (..., n, d) -> (..., m, n)
 
@@ -232,12 +237,12 @@ def cosine(s: ScoreInput) -> Any:
     xp = s.xp
     qn = s.q / _row_norms(xp, s.q)  # (..., m, d) / (..., m, 1)
     kn = s.k / _row_norms(xp, s.k)  # (..., n, d) / (..., n, 1)
-    s.add_step("q_normalised", "q / ‖q‖", qn, (QUERIES, FEATURES))
-    s.add_step("k_normalised", "k / ‖k‖", kn, (KEYS, FEATURES))
+    s.add_step("q_normalised", _params().UnitRows("q"), qn, (QUERIES, FEATURES))
+    s.add_step("k_normalised", _params().UnitRows("k"), kn, (KEYS, FEATURES))
     return qn @ xp.matrix_transpose(kn)  # (..., m, d) x (..., d, n) -> (..., m, n)
 
 
-@register("gaussian", aliases=("nadaraya-watson",), symbol="-‖q - k‖² / (2σ²)", options=("bandwidth",),
+@register("gaussian", aliases=("nadaraya-watson",), symbol=terms("-‖q - k‖² / (2σ²)"), options=("bandwidth",),
           params=(Param("w", ("d_q",), optional=True, scalar_ok=True),))
 def gaussian(s: ScoreInput) -> Any:
     """Gaussian kernel: s_ij = -‖q_i - k_j‖²/(2σ²), or -‖(q_i - k_j)⊙w‖²/2 (learned w). (..., m, d) x (..., n, d) -> (..., m, n)
@@ -252,19 +257,19 @@ def gaussian(s: ScoreInput) -> Any:
     q, k = s.q - c, s.k - c
     if "w" in s.params:
         q, k = q * s.params["w"], k * s.params["w"]  # (..., r, d) ⊙ (d,) or a scalar
-        half, what = 0.5, "‖(q - k)⊙w‖²"
+        half, sigma = 0.5, None
     else:
         sigma = s.options.bandwidth or DEFAULT_BANDWIDTH
-        half, what = 1.0 / (2.0 * sigma * sigma), f"‖q - k‖², σ = {sigma:g}"
+        half = 1.0 / (2.0 * sigma * sigma)
     qq = xp.sum(q * q, axis=-1)[..., :, None]  # (..., m, 1)
     kk = xp.sum(k * k, axis=-1)[..., None, :]  # (..., 1, n)
     d2 = qq + kk - 2.0 * (q @ xp.matrix_transpose(k))  # (..., m, d) x (..., d, n) -> (..., m, n)
     d2 = xp.where(d2 < 0, xp.zeros_like(d2), d2)  # rounding can leave tiny negatives; NaN (overflow) stays NaN
-    s.add_step("sq_dist", f"squared distance {what}", d2, (QUERIES, KEYS))
+    s.add_step("sq_dist", _params().SquaredDistance(sigma), d2, (QUERIES, KEYS))
     return -half * d2
 
 
-@register("location", aliases=("location-based",), same_width=False, symbol="act(K W + b)",
+@register("location", aliases=("location-based",), same_width=False, symbol=terms(Fn("act"), "(K W + b)"),
           options=("activation",), params=(
     Param("W", ("d_k",), fan_in="d_k", torch=("W.weight",), convert="flatten"),
     Param("b", (), optional=True, torch=("W.bias",), convert="flatten"),
@@ -282,8 +287,7 @@ def location(s: ScoreInput) -> Any:
     if "b" in p:
         r = r + p["b"]
     r = act(xp, r)[..., None, :]  # (..., 1, n)
-    plus_b = " + b" if "b" in p else ""
-    s.add_step("key_scores", f"{act_name}(k W{plus_b}): one score per key", r, ("", KEYS))
+    s.add_step("key_scores", _params().KeyScores(act_name, "b" in p), r, ("", KEYS))
     return r + xp.zeros_like(s.q[..., :1])  # (..., 1, n) + (..., m, 1) -> (..., m, n), a new array
 
 
@@ -294,13 +298,13 @@ def location(s: ScoreInput) -> Any:
 class Scaling:
     name: str
     factor: Callable[[Any, Any, int, int], Any]  # (xp, scores, d, n) -> factor (number or array)
-    generic: str  # the rule in symbols, e.g. "S / √d"
-    expr: Callable[[str, int, int], str]  # (the scores' text, d, n) -> the rule applied, e.g. "8 / √4"
+    generic: tuple[Term, ...]  # the rule in symbols, e.g. S / √d
+    expr: Callable[[Term, int, int], tuple[Term, ...]]  # (the scores, d, n) -> the rule applied, e.g. 8 / √4
 
-    def describe(self, d: int, n: int) -> str:
-        """The text of the step formula, e.g. 'S / √d = S / √4'."""
-        applied = self.expr("S", d, n)
-        return self.generic if applied == self.generic else f"{self.generic} = {applied}"
+    def describe(self, d: int, n: int) -> tuple[Term, ...]:
+        """The rule in the step's formula, e.g. S / √d = S / √4."""
+        applied = self.expr(Name("S"), d, n)
+        return self.generic if text(applied) == text(self.generic) else terms(self.generic, " = ", applied)
 
 
 SCALINGS: dict[str, Scaling] = {}
@@ -309,9 +313,11 @@ CONSTANT_SCALINGS = {"none", "sqrt-d", "seq"}
 
 
 ScalingFn = Callable[[Any, Any, int, int], Any]
+S = Name("S")  # the raw scores in a rule
 
 
-def scaling(name: str, generic: str, expr: Callable[[str, int, int], str]) -> Callable[[ScalingFn], ScalingFn]:
+def scaling(name: str, generic: tuple[Term, ...], expr: Callable[[Term, int, int], tuple[Term, ...]]
+            ) -> Callable[[ScalingFn], ScalingFn]:
     def deco(fn: ScalingFn) -> ScalingFn:
         SCALINGS[name] = Scaling(name, fn, generic, expr)
         return fn
@@ -319,25 +325,26 @@ def scaling(name: str, generic: str, expr: Callable[[str, int, int], str]) -> Ca
     return deco
 
 
-@scaling("none", "S", lambda x, d, n: x)
+@scaling("none", terms(S), lambda x, d, n: (x,))
 def _no_scaling(xp: Any, s: Any, d: int, n: int) -> float:
     """No scaling: S."""
     return 1.0
 
 
-@scaling("sqrt-d", "S / √d", lambda x, d, n: f"{x} / √{d}")
+@scaling("sqrt-d", terms(S, " / ", Root("d")), lambda x, d, n: terms(x, " / ", Root(str(d))))
 def _sqrt_d(xp: Any, s: Any, d: int, n: int) -> float:
     """Divide by the square root of the query width: S / sqrt(d)."""
     return 1.0 / math.sqrt(d)
 
 
-@scaling("seq", "S / (√d·√n)", lambda x, d, n: f"{x} / (√{d}·√{n})")
+@scaling("seq", terms(S, " / (", Root("d"), "·", Root("n"), ")"), lambda x, d, n: terms(x, " / (", Root(str(d)), "·",
+                                                                                       Root(str(n)), ")"))
 def _seq(xp: Any, s: Any, d: int, n: int) -> float:
     """Divide by sqrt(d)·sqrt(n), for long sequences."""
     return 1.0 / (math.sqrt(d) * math.sqrt(n))
 
 
-@scaling("norm", "S / ‖S‖_F", lambda x, d, n: f"{x} / ‖S‖_F")
+@scaling("norm", terms(S, " / ", Sub("‖S‖", "F")), lambda x, d, n: terms(x, " / ", Sub("‖S‖", "F")))
 def _norm(xp: Any, s: Any, d: int, n: int) -> Any:
     """Divide each score matrix by its Frobenius norm ‖QKᵀ‖_F."""
     finite = xp.where(xp.isfinite(s), s, xp.zeros_like(s))

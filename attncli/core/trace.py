@@ -1,7 +1,7 @@
 """The Trace: the contract between computing attention and showing it.
 
-An ordered list of named steps, each with its formula in plain text, its array, the
-names of its two last axes (so a renderer can label rows and columns) and notes.
+An ordered list of named steps, each with its array, its typed parameters (which write its formula:
+attncli.core.formula), the names of its two last axes (so a renderer can label rows and columns) and notes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ else:
     from attncli.lazy import numpy as np  # imported on first use: `attncli --help` needs none
 
 from attncli.core.backend import to_numpy
+from attncli.core.formula import Formula, Name, text
 
 # Names of the axes a step's last two dimensions run over; renderers map them to labels.
 QUERIES, KEYS, FEATURES = "queries", "keys", "features"
@@ -75,34 +76,41 @@ def _meta() -> Meta:
     return Meta()
 
 
-HEAD = "head_h"  # the symbol of one head's output in a per-head step's formula
-
-
 @dataclass
 class Step:
     """One named step of the computation: ``values`` has shape ``(..., rows, cols)``.
 
-    ``text`` is the formula as computed (for a step of each head, one head's, its output written ``head_h``);
+    ``params`` are its numbers, typed (attncli.core.params, attncli.core.chain: Scale, Cap, Bias, Mask, ...); they
+    write its formula (:meth:`terms`, one head's for a step of each head, its output written ``head_h``).
     ``per_head`` marks a step computed for each head (its values carry the head axis, ``meta.head_axis``) and
-    ``head`` a view of one head of it (:func:`attncli.core.engine.select_head`). ``formula``, what every output
+    ``head`` a view of one head of it (:func:`attncli.core.engine.select_head`). ``formula``, the text every output
     shows, is written from these: the marker is data, never text added to the formula and stripped again."""
 
     name: str
-    text: str
     values: Any
     axes: tuple[str, str] = (QUERIES, KEYS)
     notes: list[str] = field(default_factory=list)
     rows: list[int] | None = None  # computed for these queries only (the corners of a big view); None: all
-    params: Any = None  # the step's numbers, typed (attncli.core.chain: Scale, Cap, Bias, Mask, ...); None: none
+    params: Any = None  # the step's numbers, typed; None: none (its formula is then its name)
     per_head: bool = False  # computed for each head of a layer
     head: int | None = None  # this is head ``head`` of a per-head step (a view of one head)
+
+    def terms(self) -> Formula:
+        """The formula as its parameters write it (attncli.core.formula): every output's, in its own way."""
+        write = getattr(self.params, "formula", None)
+        return write() if write is not None else Formula((Name(str(self.name)),))
+
+    @property
+    def text(self) -> str:
+        """The formula as computed, in plain text (one head's for a step of each head: ``head_h = weights · V``)."""
+        return text(self.terms(), self.head)
 
     @property
     def formula(self) -> str:
         """The display formula: ``text``, with "(each head h)" for a step of each head, or "head 2: ..." (head_2)
         for a view of one head."""
         if self.head is not None:
-            return f"head {self.head}: " + self.text.replace(HEAD, f"head_{self.head}")
+            return f"head {self.head}: " + self.text
         return self.text + "  (each head h)" if self.per_head else self.text
 
     def numpy(self) -> np.ndarray:
@@ -123,9 +131,10 @@ class Trace:
     dead: Any = None  # (..., m) bool: the rows with every key masked (None: none, or not computed)
     seq_first: bool = False  # the output as nn.MultiheadAttention(batch_first=False) returns it: (T, B, E)
 
-    def add(self, name: str, formula: str, values: Any, axes: tuple[str, str] = (QUERIES, KEYS),
-            notes: list[str] | None = None, params: Any = None) -> Any:
-        self.steps.append(Step(name, formula, values, axes, list(notes or []), params=params))
+    def add(self, name: str, values: Any, axes: tuple[str, str] = (QUERIES, KEYS), notes: list[str] | None = None,
+            params: Any = None) -> Any:
+        """Append the step ``name``: its values, axes, notes, and its typed parameters (which write its formula)."""
+        self.steps.append(Step(name, values, axes, list(notes or []), params=params))
         return values
 
     def names(self) -> list[str]:

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Rule = Callable[[int, dict[str, Any], "str | None"], bool]  # (layer, config, layer type) -> yes/no
+TypeRule = Callable[[int, "dict[str, Any] | None"], "str | None"]  # (layer, config or None) -> its type
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ class Family:
     qk_layers: Rule | None = None  # the layers a weightless QK-norm applies to (None: every layer; Llama 4: rope layers)
     rope_alpha: bool = False  # rope_parameters {rope_type: dynamic, alpha}: a fixed NTK base theta·alpha^(d/(d-2))
     qk_key: str | None = None  # the config key that switches it on (qk_layernorm, use_qk_norm): must agree with the tensors
-    scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale
+    scale: str | None = None  # attention_multiplier | query_pre_attn_scalar: the config key setting the scale;
+    # "none": no scaling (GPT-Neo, T5) | "gpt2": scale_attn_weights, scale_attn_by_inverse_layer_idx | "mscale": the
+    # rope scaling's mscale_all_dim, head_dim^-0.5 · mscale² (MLA's yarn_get_mscale)
     causal: bool = True
     chunked: Rule | None = None  # the layers with chunked attention (Llama 4: attention_chunk_size)
     sub_norm: str | None = None  # an RMSNorm of the concatenated heads before o_proj: its tensor after self_attn.
@@ -108,6 +111,26 @@ class Family:
     rope_table: bool = False  # its sinusoidal rotary table may be stored (embed_positions.weight): checked, base 10000
     requires: tuple[tuple[str, str], ...] = ()  # config keys that must be set: (key, what it is), refused without
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
+    layer_type: TypeRule | None = None  # the layer's type when config.json lists no layer_types (GPT-Neo's
+    # attention_layers: "local" slides); None from the rule: config.json does not say (refused)
+    causal_from: str | None = None  # causality from the config or the stack instead of ``causal``: "is_decoder" (BERT:
+    # config.json is_decoder) | "decoder-stack" (T5: the decoder's stack is causal) | "encoder-stack" (BART: the
+    # encoder's stack is bidirectional)
+    window_key: str = "sliding_window"  # the config key of the window (GPT-Neo: window_size)
+    window_default: int | None = None  # the window of a sliding layer when config.json has none (GPT-Neo: 256)
+    rope_whole: bool = False  # rotary over the whole head, base rope_theta (default 10000; the stored table where
+    # rope_table), no partial factor or scaling read (RoFormer, ESM: their modeling files read none)
+    rope_switch: str | None = None  # a config key choosing the rotary style: false half, else interleaved (DeepSeek-V3's
+    # rope_interleave, default true)
+    rotary_key: str | None = None  # the config key of the rotary width, whatever the partial factor (MLA: qk_rope_head_dim)
+    partial_default: float | None = None  # partial_rotary_factor when config.json says none (Phi, Persimmon: 0.5)
+    relative: str | None = None  # "t5": T5's bucketed relative position bias (relative_attention_num_buckets, ...)
+    alibi: str | None = None  # ALiBi in this form (attncli.core.alibi.FORMS), instead of rotary: Bloom, Falcon
+    alibi_key: str | None = None  # the config key that switches ALiBi on (Falcon: alibi; else rotary); None: always
+    alibi_scaled: bool = False  # ALiBi added to q·k before the scale (Falcon), else after it (Bloom)
+    norm_switch: str | None = None  # a config key whose false makes the layer post-norm (OPT: do_layer_norm_before)
+    norm_affine: str | None = None  # a config key whose false leaves the LayerNorm without weight and bias (OPT:
+    # layer_norm_elementwise_affine)
     keys: frozenset[str] = frozenset()  # further config keys this declaration reads
     notes: str = ""
 
@@ -123,8 +146,13 @@ class Family:
         keys = set(self.keys) | set(LAYOUT_KEYS.get(self.layout, ()))
         if self.rope:
             keys |= ROPE_KEYS if self.rope_keys is None else self.rope_keys
-        if self.scale:
+        if self.scale in ATTENTION_KEYS:  # a config key (not "none" or "gpt2", the layout's own rules)
             keys.add(self.scale)
+        if self.window_key != "sliding_window":
+            keys.add(self.window_key)
+        for key in (self.norm_switch, self.norm_affine, self.rope_switch, self.rotary_key):
+            if key:
+                keys.add(key)
         if self.qk_key:
             keys.add(self.qk_key)
         if self.heads_key:
@@ -305,6 +333,23 @@ def _llama4_chunked(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
     return isinstance(nope, list) and i < len(nope) and bool(nope[i])
 
 
+def _neo_layer_type(i: int, cfg: dict[str, Any] | None) -> str | None:
+    """GPT-Neo: "global" or "local" from attention_layers, else attention_types [[["global", "local"], N], ...]
+    expanded (GPTNeoConfig.expand_attention_types_params); bare weights (no config.json): GPTNeoConfig's default
+    alternation, global first; None: config.json does not say."""
+    if cfg is None:
+        return "local" if i % 2 else "global"
+    kinds = cfg.get("attention_layers")
+    if kinds is None and cfg.get("attention_types") is not None:
+        try:
+            kinds = [k for group, n in cfg["attention_types"] for _ in range(int(n)) for k in group]
+        except (TypeError, ValueError):
+            return None
+    if not isinstance(kinds, list) or i >= len(kinds) or kinds[i] not in ("global", "local"):
+        return None
+    return str(kinds[i])
+
+
 FAMILIES: dict[str, Family] = {}
 
 
@@ -435,11 +480,13 @@ declare("modernbert-decoder", layout="modernbert", pre_norm="layernorm", norm_na
         rope_keys=MB_ROPE, full_rotary=True)
 # BERT-style encoders: attention.self.{query,key,value}, attention.output.dense; post-norm
 declare("bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie", "layoutlm", "luke", "rembert",
-        "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False)
+        "roberta", "roc_bert", "tapas", "xlm-roberta", layout="bert", rope=None, pre_norm=None, causal=False,
+        causal_from="is_decoder")
 # RoFormer: BERT's attention with sinusoidal rotary on q and k (RoFormerSinusoidalPositionalEmbedding: θ_i = pos ·
 # 10000^(-2i/d), sin and cos of pair i applied to features 2i, 2i + 1 (its apply_rotary_position_embeddings): interleaved
 # RoPE, base 10000, positions 0..T-1); rotary_value (the same rotation of v) is refused (ATTENTION_KEYS)
-declare("roformer", layout="bert", rope="interleaved", pre_norm=None, causal=False, rope_table=True,
+declare("roformer", layout="bert", rope="interleaved", pre_norm=None, causal=False, causal_from="is_decoder",
+        rope_table=True, rope_whole=True,
         notes="sinusoidal rotary = interleaved RoPE, base 10000; post-norm")
 
 
@@ -453,27 +500,30 @@ def _esm_nope(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
 # attention module (attention.LayerNorm) before the projections
 declare("esm", layout="bert", rope="half", nope=_esm_nope, pre_norm="layernorm", norm_name="attention.LayerNorm",
         rope_rounding="once",
-        norm_at="inside", causal=False,
+        norm_at="inside", causal=False, causal_from="is_decoder", rope_whole=True,
         notes="position_embedding_type rotary: half RoPE (rope_theta); absolute: none inside attention")
 # BigBird: exact only with attention_type original_full (block_sparse: sparse from 704 tokens on, refused)
-declare("big_bird", layout="bert", rope=None, pre_norm=None, causal=False)
+declare("big_bird", layout="bert", rope=None, pre_norm=None, causal=False, causal_from="is_decoder")
 declare("roberta-prelayernorm", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.LayerNorm",
-        norm_at="inside", causal=False)
+        norm_at="inside", causal=False, causal_from="is_decoder")
 declare("xlm-roberta-xl", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.self_attn_layer_norm",
-        norm_at="inside", causal=False)
+        norm_at="inside", causal=False, causal_from="is_decoder")
 declare("megatron-bert", layout="bert", rope=None, pre_norm="layernorm", norm_name="attention.ln", norm_at="inside",
-        causal=False)
-declare("gpt2", "gpt-sw3", layout="gpt2", rope=None, pre_norm="layernorm", norm_name="ln_1")
+        causal=False, causal_from="is_decoder")
+declare("gpt2", "gpt-sw3", layout="gpt2", rope=None, pre_norm="layernorm", norm_name="ln_1", scale="gpt2")
 declare("gpt_bigcode", layout="gpt2", rope=None, pre_norm="layernorm", norm_name="ln_1", keys=frozenset({"multi_query"}),
-        fused="linear",
+        fused="linear", scale="gpt2",
         notes="c_attn nn.Linear: multi_query [Q; k; v] by rows, else (H, 3, d) per head")
-declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, norm_name="ln_1", notes="post-LN: ln_1 after attention")
+declare("openai-gpt", layout="gpt2", rope=None, pre_norm=None, norm_name="ln_1", scale="gpt2",
+        notes="post-LN: ln_1 after attention")
 declare("gptj", layout="gptj", rope="interleaved", pre_norm="layernorm", norm_name="ln_1")
 declare("gpt_neox", "gpt_neox_japanese", layout="neox", pre_norm="layernorm")
-declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", norm_name="input_layernorm", keys=frozenset({"alibi"}))
+declare("bloom", layout="bloom", rope=None, pre_norm="layernorm", norm_name="input_layernorm", keys=frozenset({"alibi"}),
+        alibi="absolute-f32")
 # Falcon: query_key_value rows (G, H/G + 2, d) (new_decoder_architecture: G = num_kv_heads; multi_query: G = 1;
 # else G = H); rotary half, or ALiBi scaled with the scores; pre-norm ln_attn or input_layernorm (parallel block)
-declare("falcon", layout="bloom", pre_norm="layernorm", fused="groups",
+declare("falcon", layout="bloom", pre_norm="layernorm", fused="groups", alibi="absolute-bf16", alibi_key="alibi",
+        alibi_scaled=True,
         keys=frozenset({"alibi", "multi_query", "new_decoder_architecture", "num_kv_heads", "num_ln_in_parallel_attn",
                         "parallel_attn", "bias"}),
         notes="alibi: (q·k + bf16(bf16(slope)·bf16(j)))/sqrt(d) (ALiBi form absolute-bf16, scaled); only `dense` after "
@@ -483,29 +533,31 @@ declare("falcon", layout="bloom", pre_norm="layernorm", fused="groups",
 # shared by the heads), before the rotary
 for mt in ("phi", "persimmon"):
     declare(mt, layout=mt, pre_norm="layernorm", qk_norm="layernorm", qk_names=("q_layernorm", "k_layernorm"),
-            qk_key="qk_layernorm", keys=frozenset({"layer_norm_eps"}))
+            qk_key="qk_layernorm", keys=frozenset({"layer_norm_eps"}), partial_default=0.5)
 # GPT-Neo: no score scaling, local layers (attention_layers / attention_types) with window_size
-declare("gpt_neo", layout="gpt_neo", rope=None, pre_norm="layernorm", norm_name="ln_1",
+declare("gpt_neo", layout="gpt_neo", rope=None, pre_norm="layernorm", norm_name="ln_1", scale="none",
+        layer_type=_neo_layer_type, window_key="window_size", window_default=256,
         keys=frozenset({"attention_layers", "attention_types", "window_size", "layer_norm_epsilon"}))
 declare("t5", "mt5", "umt5", "longt5", layout="t5", rope=None, causal=False, pre_norm="rms",
-        norm_name="layer.0.layer_norm")
+        norm_name="layer.0.layer_norm", causal_from="decoder-stack", scale="none", relative="t5")
 # BART-style self_attn.{q,k,v,out}_proj (nn.Linear, biases; Whisper: k_proj without), q · head_dim^-0.5 before the
 # product, no positions inside attention (learned / sinusoidal ones are added to the embeddings, in hidden_states[N]).
 # Decoder stacks are causal, encoder stacks (encoder.layers) bidirectional. Pre-norm families apply
 # self_attn_layer_norm before attention, post-norm ones after the residual (then nothing comes before attention).
 # scale_embedding multiplies the embeddings only (outside attention).
-declare("opt", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
-        keys=frozenset({"do_layer_norm_before", "enable_bias", "layer_norm_elementwise_affine"}),
+BART: dict[str, Any] = dict(layout="bart", rope=None, qk_norm=None, norm_name="self_attn_layer_norm",
+                            causal_from="encoder-stack")
+PRE_LN = dict(pre_norm="layernorm", norm_affine="layer_norm_elementwise_affine")
+declare("opt", **BART, **PRE_LN, norm_switch="do_layer_norm_before",
+        keys=frozenset({"enable_bias"}),
         notes="do_layer_norm_before false (OPT-350m): post-norm, nothing before attention")
-declare("biogpt", "xglm", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm")
-declare("mbart", "pegasus", "blenderbot", "whisper", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm",
-        norm_name="self_attn_layer_norm", notes="encoder (bidirectional) and decoder (causal) self-attention; "
+declare("biogpt", "xglm", **BART, **PRE_LN)
+declare("mbart", "pegasus", "blenderbot", "whisper", **BART, **PRE_LN,
+        notes="encoder (bidirectional) and decoder (causal) self-attention; "
         "cross-attention refused")
-declare("bigbird_pegasus", layout="bart", rope=None, qk_norm=None, pre_norm="layernorm", norm_name="self_attn_layer_norm",
-        keys=frozenset({"attention_type"}),
+declare("bigbird_pegasus", **BART, **PRE_LN, keys=frozenset({"attention_type"}),
         notes="the decoder's self-attention (plain softmax); its block-sparse encoder is refused")
-declare("bart", "marian", "blenderbot-small", "plbart", "mvp", "trocr", layout="bart", rope=None, qk_norm=None, pre_norm=None,
-        norm_name="self_attn_layer_norm",
+declare("bart", "marian", "blenderbot-small", "plbart", "mvp", "trocr", **BART, pre_norm=None,
         notes="post-norm: self_attn_layer_norm after the residual; encoder and decoder self-attention")
 # LFM2: a hybrid; its attention layers (layer_types full_attention, the others conv) as Llama's with out_proj and
 # q_layernorm / k_layernorm (RMS per head, before rotary); pre-norm operator_norm (RMS, norm_eps)
@@ -552,11 +604,12 @@ MLA_NEEDS = tuple((k, "which multi-head latent attention needs") for k in (
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "num_attention_heads"))
 MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
                       "attention_bias", "rms_norm_eps", "head_dim", "num_key_value_heads"})
-declare("deepseek_v2", layout="mla", rope="interleaved", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS,
-        rope_rounding="once-float32")  # view_as_complex(q.float()) · freqs_cis (float32), type_as(q)
-declare("minicpm3", layout="mla", rope="half", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS)
-declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", layout="mla", rope="interleaved", qk_norm=None, requires=MLA_NEEDS,
-        keys=MLA_KEYS | {"rope_interleave"})
+MLA_ROW: dict[str, Any] = dict(layout="mla", qk_norm=None, keys=MLA_KEYS, requires=MLA_NEEDS,
+                               rotary_key="qk_rope_head_dim", scale="mscale")
+declare("deepseek_v2", rope="interleaved", rope_rounding="once-float32", **MLA_ROW)  # view_as_complex(q.float()) ·
+# freqs_cis (float32), type_as(q)
+declare("minicpm3", rope="half", **MLA_ROW)
+declare("deepseek_v3", "youtu", "glm4_moe_lite", "axk1", rope="interleaved", rope_switch="rope_interleave", **MLA_ROW)
 
 
 def family(model_type: str) -> Family | None:

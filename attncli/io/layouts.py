@@ -25,7 +25,13 @@ came from (``W_q = model.layers.3.self_attn.q_proj.weightᵀ``).
     modernbert        attn.Wqkv (3E, E) = [Q; K; V] by rows (decoder: attn.{q,k,v}_proj), attn.Wo   nn.Linear
     transformer-lens  attn.W_Q (H, E, d), b_Q (H, d), W_O (H, d, E); _W_K/_W_V (G, E, d) for GQA
 
-A layout is a small reader registered with :func:`layout`; :func:`load_layer` finds the one
+A layout is a declared :class:`Row` (its tensor names, a fused tensor, biases, the norm, the relative bias table)
+registered with :func:`row_layout` and read by :func:`read_row` with the generic slicers (gptj, gpt_neo, bert,
+neox, persimmon, t5, distilbert; bart, bloom and albert through it), or, where the tensors need more than slicing,
+a small reader registered with :func:`layout` (llama's QK-norm names and gates, phi3's and gpt2's fused splits,
+falcon's groups, mla's latents, modernbert, transformer-lens, mha). Either way the layer's options (rotary,
+causality, window, scale, ALiBi, relative bias) come from the family's row through the one resolver,
+:func:`layer_options` (modernbert, transformer-lens and mha excepted). :func:`load_layer` finds the layout
 whose marker tensor is present, picks the layer, and reads only that layer's tensors. The same
 registry, ``LAYOUTS``, holds the layouts of a weights file (one module's entries in memory,
 read from .npz/.yaml/.json/.pt: textbook, d2l, notes, mha-kdim, converted by attncli.io.weights;
@@ -355,12 +361,6 @@ def _check_shapes(c: Ctx) -> None:
                      f"width {c.origin['W_o']} takes")
 
 
-def _norm_tensor(c: Ctx, default: str) -> str:
-    """The layer's pre-attention norm tensor (without .weight) as its family declares it (Family.norm_name); bare
-    weights (no config.json) take the ``default`` family's declaration."""
-    return c.block + (c.family or FAMILIES[default]).norm_name
-
-
 def _norm(c: Ctx, kind: str, w: str, b: str | None = None, eps_keys: tuple[str, ...] = (), eps: float | None = None) -> None:
     """The layer's pre-attention norm (weight, bias) and its kind."""
     if not c.has(w):
@@ -428,28 +428,133 @@ ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "
 
 
 
-def _window(c: Ctx) -> None:
+def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """The window of a sliding layer: its size from the family's window key (sliding_window; GPT-Neo's window_size,
+    default 256), which layers slide from layer_types, the family's layer-type rule (GPT-Neo: "local") or its
+    sliding rule (else every layer)."""
     cfg = c.config or {}
-    w = cfg.get("sliding_window")
+    w = cfg.get(fam.window_key)
+    kind = k.type
+    if fam.layer_type is not None:  # the family's own layer kinds (GPT-Neo: global / local)
+        c.facts.notes["layer_type"] = f"{kind}: layer {c.layer}'s kind ({fam.model_type}'s layer-type rule)"
+        if kind != "local":
+            return
+        w = int(cfgcheck.value(cfg, fam.window_key, "config.json")) if w is not None else fam.window_default
     if w is None or (w == 0 and cfg.get("use_sliding_window") is False):  # Qwen2-MoE: 0 = no window
         return
-    kind = _layer_type(c)
     if kind == "chunked_attention" and c.facts.chunk is None:
         raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
-    fam = c.family
-    if fam is not None and fam.always_slides:
+    if fam.always_slides or fam.layer_type is not None:
         slides = True
     elif kind is not None:
         slides = kind == "sliding_attention"
     else:  # the family's own rule (as its modeling file), else every layer
-        slides = fam is None or fam.slides is None or fam.slides(c.layer, cfg, None)
-    if slides and c.family is not None and c.family.window_kind == "both":  # UltraBERT: |j - i| <= sliding_window
+        slides = fam.slides is None or fam.slides(c.layer, cfg, None)
+    if slides and fam.window_kind == "both":  # UltraBERT: |j - i| <= sliding_window
         c.facts.given(local_window=int(w))
     elif slides:
         c.facts.given(window=int(w))
 
 
 # ---- the layouts -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    """A tensor layout as a declared row: where a layer's projections sit and how a fused q/k/v is cut. Read by
+    :func:`read_row` with the generic slicers; everything else (rotary, causality, window, scale, biases of the
+    scores) is the family's, through the one resolver (:func:`layer_options`)."""
+    default: str  # the family whose declaration reads bare weights (forced with --layout on a config-less checkpoint)
+    module: str  # the attention module after the layer's prefix ("attention.", "layer.0.SelfAttention.")
+    q: str = "q_proj"  # the nn.Linear projections after the module (NAME.weight (out, in), NAME.bias)
+    k: str = "k_proj"
+    v: str = "v_proj"
+    o: str = "o_proj"
+    fused: str | None = None  # one nn.Linear holding q, k, v instead, rows (H, 3, d) per head (GPT-NeoX, Bloom)
+    heads: tuple[str, ...] = ("num_attention_heads",)  # config keys of the query heads ("{side}": encoder | decoder)
+    kv_heads: tuple[str, ...] = ()  # config keys of the K/V heads (empty: the heads keys)
+    same_kv: bool = False  # as many K/V heads as query heads, whatever the config says
+    eps: tuple[str, ...] = ()  # config keys of the pre-norm's eps (none: the norm's own default)
+    post_norm: str | None = None  # a post-norm family's norm after the layer's prefix (default: its norm_name)
+    qk: bool = False  # the family's QK-norm tensors may sit in the module (Persimmon's q_layernorm, k_layernorm)
+    relative: str | None = None  # a relative position bias table after the module, else the first layer's (T5)
+    only: bool = False  # the module holds these tensors only: any other one is another attention (refused)
+    foreign: tuple[str, ...] = ()  # tensors after the module that mean another attention (BERT's distance embedding)
+    bias_key: str | None = None  # a config key whose false means no biases (OPT's enable_bias): the tensors agree
+    cross: str | None = None  # a cross-attention tensor after the layer's prefix, noted as not read
+    notes: tuple[tuple[str, str], ...] = ()  # display notes (name, text)
+
+
+def read_row(c: Ctx, row: Row, block: str | None = None) -> None:
+    """One layer of a row layout: its projections (nn.Linear, or the fused per-head tensor), heads, relative bias
+    table, norm; then the family's options by the resolver. ``block``: the prefix of the module that runs this layer
+    when it is not the layer's own (ALBERT's shared groups)."""
+    fam = c.family or FAMILIES[row.default]  # without config.json the read is refused where the tensors leave it open
+    block = c.block if block is None else block
+    a = block + row.module
+    names = (row.fused,) if row.fused is not None else (row.q, row.k, row.v)
+    if row.only:
+        known = {f"{a}{n}.{p}" for n in (*names, row.o) for p in ("weight", "bias")}
+        other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
+        if other:  # another family's QK-norm, a prompt, a rotary table: not this attention
+            raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the {fam.model_type} declaration ({fam.layout} "
+                         f"layout: {row.module}{'/'.join((*names, row.o))}) does not read")
+    for n in row.foreign:
+        if c.has(a + n):
+            raise c.fail(f"has {a}{n}, another attention's tensor, which the {fam.model_type} declaration does not read")
+    side = "encoder" if re.search(r"(^|\.)encoder\.", c.stack) else "decoder"
+    heads = tuple(k.format(side=side) for k in row.heads)
+    kv = tuple(k.format(side=side) for k in row.kv_heads) or heads
+    if row.fused is None:
+        for t, n in zip(QKV, names):
+            c.linear(t, f"{a}{n}.weight", f"{a}{n}.bias")
+        _heads(c, *heads, kv_keys=kv, width=c.arrays["W_q"].shape[1])
+    else:
+        _heads(c, *heads, kv_keys=kv, width=None)
+        _fused_per_head(c, f"{a}{row.fused}.weight", f"{a}{row.fused}.bias")
+    c.linear("W_o", f"{a}{row.o}.weight", f"{a}{row.o}.bias")
+    if row.bias_key is not None and (c.config or {}).get(row.bias_key) is False and any(k in c.arrays for k in BIASES):
+        raise c.fail(f"{fam.model_type}: config.json says {row.bias_key} false, but {a}{names[0]} has a bias")
+    if row.same_kv:
+        c.facts.kv_heads = c.facts.heads
+    if row.relative is not None:  # UMT5 has one per layer; T5 only in layer 0, shared by all
+        own, first = a + row.relative, f"{c.stack}0.{row.module}{row.relative}"
+        table = own if c.has(own) else first
+        if not c.has(table):
+            raise c.fail(f"has no {first}: its relative position bias lives in layer 0 and every layer uses it")
+        c.put("rel_bias", c.get(table), table)
+    if row.qk:
+        _qk_tensors(c, a, fam)
+        if "q_norm" in c.arrays:  # an nn.LayerNorm over each head's features (Phi, Persimmon)
+            c.facts.qk_norm = fam.qk_norm
+            c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
+    if row.cross is not None and c.has(block + row.cross):
+        c.facts.notes["cross_attention"] = f"{block}{row.cross.rsplit('.', 2)[0]} (cross-attention) is not read"
+    c.facts.notes.update(row.notes)
+    _row_norm(c, fam, row.post_norm, row.eps, block)
+    layer_options(c, fam, a)
+
+
+def _row_norm(c: Ctx, fam: Family, post: str | None, eps: tuple[str, ...], block: str | None = None) -> None:
+    """The family's norm: after the residual (post-norm: its row's pre_norm None, or its norm switch false, OPT's
+    do_layer_norm_before), without weight and bias (its affine key false, OPT's layer_norm_elementwise_affine), or
+    the pre-norm before (or inside) the attention module."""
+    block = c.block if block is None else block
+    cfg, ln = c.config or {}, block + fam.norm_name
+    if fam.pre_norm is None or (fam.norm_switch is not None and cfg.get(fam.norm_switch, True) is False):
+        _post_norm(c, block + post if post is not None else ln)
+    elif fam.norm_affine is not None and cfg.get(fam.norm_affine) is False:  # nn.LayerNorm without parameters
+        E = c.arrays["W_q"].shape[0]
+        c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, {fam.norm_affine} false; w = 1)")
+        c.put("norm_b", np.zeros(E), f"(none: {ln} has no bias; b = 0)")
+        c.facts.pre_norm, c.facts.pre_norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
+    else:
+        _family_norm(c, fam, ln, eps)
+
+
+def row_layout(name: str, marker: str, description: str, row: Row) -> None:
+    """Register a checkpoint layout that is a declared row (no reader of its own)."""
+    layout(name, marker, description)(lambda c: read_row(c, row))
+
 
 @layout("llama", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.q_proj\.weight$",
         "Llama / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / gpt-oss: self_attn.{q,k,v,o}_proj, q_norm, k_norm, sinks")
@@ -542,10 +647,7 @@ def _llama_rest(c: Ctx, a: str, out: str = "o_proj") -> None:
         else:
             # LFM3's config class maps rms_norm_eps to norm_eps (attribute_map): its config.json has only norm_eps
             c.conf(norm_eps=("rms_norm_eps", "norm_eps"), default=1e-6, cast=float)
-    c.facts.causal = fam.causal
     c.facts.rms_wide = fam.rms_wide
-    if not fam.causal:
-        c.facts.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon"))
     layer_options(c, fam, a)
 
@@ -566,6 +668,11 @@ def layer_kind(fam: Family, config: dict[str, Any] | None, layer: int, source: s
     cfg = config or {}
     types = cfg.get("layer_types")
     lt = str(types[layer]) if isinstance(types, list) and layer < len(types) else None
+    if lt is None and fam.layer_type is not None:  # the family's own rule (GPT-Neo's attention_layers)
+        lt = fam.layer_type(layer, config)
+        if lt is None:
+            raise InputError(f"{fam.model_type}: config.json does not say whether layer {layer} is global or local "
+                             f"({printable(', '.join(sorted(fam.reads() - {'layer_types'})), 80)})", source)
     if fam.layer_types and lt is None:  # save_pretrained writes them; a config without them is not guessed
         raise InputError(f"{fam.model_type}: config.json has no layer_types entry for layer {layer}, which says "
                          "whether it slides (and, for some families, has rotary)", source)
@@ -576,8 +683,17 @@ def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
     """Rotary: the family's style, theta / scaling / partial width from the config (per layer type), HunYuan's NTK
     alpha, full-head rotary, Granite SWA's theta per layer; a NoPE layer has none."""
     cfg = c.config or {}
-    if fam.rope is not None and not k.nope:
-        _rope(c, fam.rope, layer_type=k.type)
+    if _alibi_on(c, fam):  # Falcon with alibi: no rotary
+        return
+    if fam.rope is not None and not k.nope and fam.rope_whole:
+        _bert_rope(c, fam)
+    elif fam.rope is not None and not k.nope:
+        kind = fam.rope
+        if fam.rope_switch is not None:  # the config classes' default: true (interleaved)
+            kind = "half" if cfg.get(fam.rope_switch) is False else "interleaved"
+        _rope(c, kind, layer_type=k.type)
+        if fam.rotary_key is not None:  # MLA: the rotary turns qk_rope_head_dim features (required)
+            c.facts.rotary_dim = int(cfgcheck.value(cfg, fam.rotary_key, "config.json"))
         if fam.rope_alpha:
             _ntk_alpha(c)
         _full_rotary(c, fam)
@@ -586,6 +702,8 @@ def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
             if c.layer >= len(thetas) or not isinstance(thetas[c.layer], (int, float)):
                 raise c.fail(f"config.json {fam.theta_key} has no rotary base for layer {c.layer}")
             c.facts.given(rope_base=float(thetas[c.layer]))
+        if fam.partial_default is not None:
+            _partial_default(c, fam.partial_default)
     elif fam.rope is not None:
         c.facts.notes["rope"] = f"none: layer {c.layer} is a NoPE layer of {fam.model_type} (no rotary)"
 
@@ -627,7 +745,7 @@ def _opt_tensors(c: Ctx, fam: Family, k: LayerKind) -> None:
 
 
 def _opt_window(c: Ctx, fam: Family, k: LayerKind) -> None:
-    _window(c)  # after the chunk: a chunked layer without one is refused there
+    _window(c, fam, k)  # after the chunk: a chunked layer without one is refused there
 
 
 def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
@@ -644,15 +762,95 @@ def _opt_scale(c: Ctx, fam: Family, k: LayerKind) -> None:
             raise c.fail(f"{fam.model_type}: config.json has no attention_multiplier, the score scale")
         c.facts.given(scale=float(mult))
         c.facts.keys["scale"] = "attention_multiplier"
+    elif fam.scale == "mscale":  # yarn_get_mscale: any rope scaling with mscale_all_dim multiplies it by mscale²
+        sc, d = c.facts.rope_scaling or {}, c.facts.head_dim
+        mad = sc.get("mscale_all_dim")
+        if sc and mad and d:
+            factor = float(sc.get("factor", 1.0))
+            m = 0.1 * float(mad) * math.log(factor) + 1.0 if factor > 1 else 1.0
+            c.facts.given(scale=d ** -0.5 * m * m)
+    elif fam.scale == "none":  # GPTNeoSelfAttention._attn, T5Attention: q·k, never divided by sqrt(d)
+        c.facts.scale = 1.0
+        c.facts.notes["scale"] = f"1: {fam.model_type} does not scale the scores"
+    elif fam.scale == "gpt2":  # GPT2Attention: / sqrt(d) unless scale_attn_weights false, / (layer + 1) if asked
+        cfg, d = c.config or {}, c.facts.head_dim
+        by_d, by_layer = cfg.get("scale_attn_weights", True), cfg.get("scale_attn_by_inverse_layer_idx", False)
+        if (not by_d or by_layer) and d:
+            c.facts.given(scale=(d ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1))
     c.conf(softcap=("attn_logit_softcapping",), cast=float)
 
 
+def _opt_causal(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """Causality: the family's, or where its row says so config.json's is_decoder (BERT), the decoder's stack (T5),
+    every stack but an encoder's (BART-style encoder-decoders)."""
+    f, how = c.facts, fam.causal_from
+    if how == "is_decoder":
+        f.causal = bool((c.config or {}).get("is_decoder", False))
+    elif how == "decoder-stack":
+        f.causal = "decoder" in c.stack
+    elif how == "encoder-stack":  # a decoder's self-attention: is_causal=True in every one of these families
+        f.causal = re.search(r"(^|\.)encoder\.", c.stack) is None
+        if not f.causal:
+            f.notes["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
+    else:
+        f.causal = fam.causal
+        if not fam.causal:
+            f.notes["bidirectional"] = f"{fam.model_type}: an encoder, every token sees every token"
+
+
+def _opt_positions(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """position_embedding_type, where the family reads it: absolute (learned positions added to the embeddings,
+    outside attention), or rotary for a rotary family; relative_key (BERT's distance embedding) is refused."""
+    if "position_embedding_type" not in fam.reads():
+        return
+    pe = (c.config or {}).get("position_embedding_type", "absolute")
+    if pe not in (None, "absolute", *(("rotary",) if fam.rope is not None else ())):
+        raise c.fail(f"uses BERT's position_embedding_type {pe!r} (relative_key), which is not supported")
+
+
+def _opt_relative(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """T5's bucketed relative position bias (the table the reader found): its buckets (default: the table's rows),
+    its maximum distance (default 128), both directions in an encoder, the past only in a decoder."""
+    if fam.relative != "t5":
+        return
+    f, cfg = c.facts, c.config or {}
+    f.relative_bias = "t5"
+    f.rel_buckets = int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0])
+    f.rel_max_distance = int(cfg.get("relative_attention_max_distance") or 128)
+    f.rel_bidirectional = not f.causal
+
+
+def _opt_alibi(c: Ctx, fam: Family, k: LayerKind) -> None:
+    """ALiBi added unscaled after the scale, in the family's form (Bloom: build_alibi_tensor, fl32(slope_h · j) at
+    key j's absolute position, torch.baddbmm in modeling_bloom.py)."""
+    if not _alibi_on(c, fam):
+        return
+    f = c.facts
+    if fam.alibi_key is not None:
+        f.given(alibi=True)
+    f.alibi, f.alibi_form, f.alibi_scaled = True, fam.alibi, fam.alibi_scaled
+    if fam.alibi_scaled:  # Falcon: build_alibi_tensor in bfloat16, added before FalconAttention's 1/sqrt(d)
+        f.notes["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
+                            "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
+                            "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
+                            "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
+                            "adds it once")
+    else:
+        f.notes["alibi"] = (f"added unscaled: scores = alibi + (q·k)/sqrt(d), ALiBi form {fam.alibi} at key j's "
+                            "absolute position")
+
+
+def _alibi_on(c: Ctx, fam: Family) -> bool:
+    """ALiBi on this layer: the family has it, and its config switch (if any) is on (then no rotary)."""
+    return fam.alibi is not None and (fam.alibi_key is None or bool((c.config or {}).get(fam.alibi_key)))
+
+
 # The resolver's steps, in the order their facts depend on each other (the window reads the chunk)
+# (causality first: T5's relative buckets read it); every step is a no-op unless the family's row declares its fact
+# (a config key a row does not read is refused before reading when it is not neutral: families.unsupported_key)
 RESOLVE_STEPS: tuple[Callable[[Ctx, Family, LayerKind], None], ...] = (
-    _opt_rope, _opt_clip, _opt_chunk, _opt_tuning, _opt_tensors, _opt_window, _opt_scale)
-# The layouts whose config decides only the rotary (GPT-J, GPT-NeoX, Persimmon, LFM2): their rows read no window,
-# scale, clamp, chunk or gate key (a non-neutral one is refused before reading: families.unsupported_key)
-ROTARY_ONLY = (_opt_rope,)
+    _opt_causal, _opt_positions, _opt_rope, _opt_clip, _opt_chunk, _opt_tuning, _opt_tensors, _opt_window,
+    _opt_scale, _opt_relative, _opt_alibi)
 
 
 def layer_options(c: Ctx, fam: Family, module: str,
@@ -822,15 +1020,6 @@ def _partial_default(c: Ctx, default: float) -> None:
         c.facts.notes["rotary_dim"] = f"partial_rotary_factor {default} (the family's default; config.json has none)"
 
 
-def _layernorm_qk(c: Ctx, a: str, fam: Family) -> None:
-    """Phi / Persimmon's qk_layernorm: q_layernorm / k_layernorm, an nn.LayerNorm over each head's d features
-    (one weight (d,) and bias for every head), before the partial rotary; eps layer_norm_eps."""
-    _qk_tensors(c, a, fam)
-    if "q_norm" in c.arrays:
-        c.facts.qk_norm = "layernorm"
-        c.conf(norm_eps=("layer_norm_eps",), default=1e-5, cast=float)
-
-
 @layout("mla", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.kv_a_proj_with_mqa\.weight$",
         "DeepSeek-V2/V3 multi-head latent attention: self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj}, "
         "kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj")
@@ -891,21 +1080,10 @@ def _mla(c: Ctx) -> None:
     f.heads, f.head_dim = H, n + r  # K and V: one per query head (kv_heads left unset: not an option here)
     f.mark_config("heads", "head_dim")
     f.latent = (n, r, 1e-6)
-    f.causal = True
-    kind = fam.rope
-    if "rope_interleave" in fam.reads():
-        kind = "half" if cfg.get("rope_interleave") is False else "interleaved"  # the config classes' default: true
-    _rope(c, kind or "interleaved")
-    f.rotary_dim = r
     f.notes["latent"] = (f"q {'q_a_proj, q_a_layernorm, q_b_proj' if 'W_qa' in c.arrays else 'q_proj'}; "
                          f"kv_lora_rank {r_kv}; per head q/k {n} + {r} rotary (placed first), v {dv}")
-    sc = f.rope_scaling or {}
-    mad = sc.get("mscale_all_dim")
-    if sc and mad:  # yarn_apply_mscale: any rope scaling with mscale_all_dim multiplies the scale by mscale²
-        factor = float(sc.get("factor", 1.0))
-        m = 0.1 * float(mad) * math.log(factor) + 1.0 if factor > 1 else 1.0
-        f.given(scale=(n + r) ** -0.5 * m * m)
     _family_norm(c, fam, c.block + fam.norm_name, ("rms_norm_eps",))
+    layer_options(c, fam, a)  # rotary on qk_rope_head_dim features (style: rope_interleave), the mscale
 
 
 @layout("phi", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.dense\.weight$",
@@ -917,25 +1095,12 @@ def _phi(c: Ctx) -> None:
                      "inspect lists)")
     c.linears(a, "q_proj", "k_proj", "v_proj")
     _llama_rest(c, a, out="dense")  # q_layernorm / k_layernorm under the declaration's qk_names
-    if c.facts.rope is not None:
-        _partial_default(c, 0.5)
 
 
-@layout("persimmon", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.query_key_value\.weight$",
-        "Persimmon: self_attn.query_key_value fused, rows (H, 3, d); self_attn.dense; partial half rotary")
-def _persimmon(c: Ctx) -> None:
-    a = c.block + "self_attn."
-    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=None)
-    _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
-    c.linear("W_o", a + "dense.weight", a + "dense.bias")
-    f = c.facts
-    f.kv_heads, f.causal = f.heads, True
-    fam = c.family or FAMILIES["persimmon"]
-    _layernorm_qk(c, a, fam)
-    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
-    layer_options(c, fam, a, ROTARY_ONLY)
-    if fam.rope is not None:
-        _partial_default(c, 0.5)
+row_layout("persimmon", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.query_key_value\.weight$",
+        "Persimmon: self_attn.query_key_value fused, rows (H, 3, d); self_attn.dense; partial half rotary",
+           Row("persimmon", "self_attn.", fused="query_key_value", o="dense", same_kv=True, qk=True,
+               eps=("layer_norm_eps",)))
 
 
 @layout("gpt2", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.c_attn\.weight$",
@@ -945,7 +1110,6 @@ def _gpt2(c: Ctx) -> None:
     w, name = c.get(a + "c_attn.weight"), a + "c_attn.weight"
     if w.ndim != 2:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E)")
-    mt = (c.config or {}).get("model_type")
     if c.family is not None and c.family.fused == "linear":
         _bigcode(c, a, w, name)
         return
@@ -953,9 +1117,9 @@ def _gpt2(c: Ctx) -> None:
         E, conv = w.shape[0], True
     elif w.shape[0] == 3 * w.shape[1]:  # nn.Linear (out, in): nanoGPT
         E, conv = w.shape[1], False
-        if mt == "gpt2":
-            raise c.fail(f"{name} has shape {w.shape}, an nn.Linear (3E, E), but config.json says model_type gpt2, "
-                         "whose Conv1D stores (E, 3E)")
+        if c.config is not None and c.family is not None:  # GPT-2, GPT-SW3, OpenAI GPT: HF's Conv1D, never a Linear
+            raise c.fail(f"{name} has shape {w.shape}, an nn.Linear (3E, E), but config.json says model_type "
+                         f"{c.family.model_type}, whose Conv1D stores (E, 3E)")
     else:
         raise c.fail(f"tensor {name!r} has shape {w.shape}; expected (E, 3E) (GPT-2 Conv1D) or (3E, E) (nanoGPT Linear)")
     _split_blocks(c, name, a + "c_attn.bias", (E, E, E), conv1d=conv)
@@ -964,17 +1128,9 @@ def _gpt2(c: Ctx) -> None:
     if c.has(a + "c_proj.bias"):
         c.put("b_o", c.get(a + "c_proj.bias"), a + "c_proj.bias")
     _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head", "num_attention_heads"), width=E)
-    c.facts.causal = True
-    if c.family is not None and c.family.pre_norm is None:  # OpenAI GPT: post-LN, ln_1 comes after attention
-        _post_norm(c, _norm_tensor(c, "gpt2"))
-    else:
-        ln = _norm_tensor(c, "gpt2")
-        _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
-    cfg = c.config or {}
-    by_d = cfg.get("scale_attn_weights", True)
-    by_layer = cfg.get("scale_attn_by_inverse_layer_idx", False)
-    if (not by_d or by_layer) and c.facts.head_dim:
-        c.facts.given(scale=(c.facts.head_dim ** -0.5 if by_d else 1.0) / (c.layer + 1 if by_layer else 1))
+    fam = c.family or FAMILIES["gpt2"]  # nanoGPT's bare weights: GPT-2's declaration
+    _row_norm(c, fam, None, ("layer_norm_epsilon",))  # OpenAI GPT: post-LN, ln_1 comes after attention
+    layer_options(c, fam, a)
     c.name = "gpt2" if conv else "nanogpt"
 
 
@@ -997,78 +1153,28 @@ def _bigcode(c: Ctx, a: str, w: np.ndarray, name: str) -> None:
         _fused_per_head(c, name, a + "c_attn.bias")
         f.kv_heads = H
     c.linear("W_o", a + "c_proj.weight", a + "c_proj.bias")
-    f.causal = True
-    ln = _norm_tensor(c, "gpt_bigcode")
-    _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
-    if not cfg.get("scale_attn_weights", True):
-        f.given(scale=1.0)
+    fam = c.family or FAMILIES["gpt_bigcode"]
+    _row_norm(c, fam, None, ("layer_norm_epsilon",))
+    layer_options(c, fam, a)
     c.name = "gpt_bigcode"
 
 
-@layout("gptj", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.q_proj\.weight$",
-        "GPT-J: attn.{q,k,v,out}_proj (nn.Linear, no biases), rotary interleaved on the first rotary_dim features")
-def _gptj(c: Ctx) -> None:
-    a = c.block + "attn."
-    c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
-    _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=c.arrays["W_q"].shape[1])
-    fam = c.family or FAMILIES["gptj"]  # without config.json the read is refused (CONFIG_DECIDES)
-    c.facts.causal = fam.causal
-    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_epsilon",))
-    layer_options(c, fam, a, ROTARY_ONLY)
+row_layout("gptj", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.q_proj\.weight$",
+        "GPT-J: attn.{q,k,v,out}_proj (nn.Linear, no biases), rotary interleaved on the first rotary_dim features",
+           Row("gptj", "attn.", o="out_proj", heads=("n_head", "num_attention_heads"), kv_heads=("n_head",),
+               eps=("layer_norm_epsilon",)))
 
 
-@layout("gpt_neo", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.attention\.q_proj\.weight$",
-        "GPT-Neo: attn.attention.{q,k,v,out}_proj (nn.Linear, q/k/v without bias); no score scaling; local layers")
-def _gpt_neo(c: Ctx) -> None:
-    a = c.block + "attn.attention."
-    c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
-    _heads(c, "num_heads", "num_attention_heads", kv_keys=("num_heads", "num_attention_heads"),
-           width=c.arrays["W_q"].shape[1])
-    f, cfg = c.facts, c.config or {}
-    f.causal = True
-    f.scale = 1.0  # GPTNeoSelfAttention._attn: q·k, never divided by sqrt(d)
-    f.notes["scale"] = "1: GPT-Neo does not scale the scores (computed in float32)"
-    ln = _norm_tensor(c, "gpt_neo")
-    _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
-    kinds = cfg.get("attention_layers")
-    if kinds is None and cfg.get("attention_types") is not None:  # [[["global", "local"], 12]] -> per layer
-        try:
-            kinds = [k for group, n in cfg["attention_types"] for _ in range(int(n)) for k in group]
-        except (TypeError, ValueError):
-            raise c.fail(f"config.json's attention_types is {printable(repr(cfg['attention_types']), 40)}; "
-                         'expected [[["global", "local"], N], ...]') from None
-    if c.config is None:  # --layout gpt_neo on bare weights: GPTNeoConfig's defaults
-        kinds = ["global", "local"] * (c.layer // 2 + 1)
-        f.notes["attention_layers"] = "GPTNeoConfig's default [[['global', 'local'], N]], window_size 256 (no config.json)"
-    if not isinstance(kinds, list) or c.layer >= len(kinds) or kinds[c.layer] not in ("global", "local"):
-        raise c.fail(f"config.json's attention_layers does not say whether layer {c.layer} is global or local")
-    if kinds[c.layer] == "local":
-        w = cfgcheck.value(cfg, "window_size", "config.json") if cfg.get("window_size") is not None else 256
-        f.given(window=int(w))  # GPT-Neo's local mask keeps i - j < window_size: the W keys up to the query
-    f.notes["attention_layer"] = f"{kinds[c.layer]} (config.json attention_layers)"
+row_layout("gpt_neo", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.attn\.attention\.q_proj\.weight$",
+        "GPT-Neo: attn.attention.{q,k,v,out}_proj (nn.Linear, q/k/v without bias); no score scaling; local layers",
+           Row("gpt_neo", "attn.attention.", o="out_proj", heads=("num_heads", "num_attention_heads"),
+               eps=("layer_norm_epsilon",)))
 
 
-@layout("bert", r"^(?P<stack>(?:.*\.)?encoder\.layer\.)(?P<n>\d+)\.attention\.self\.query\.weight$",
-        "BERT / RoBERTa: attention.self.{query,key,value}, attention.output.dense (nn.Linear); post-norm")
-def _bert(c: Ctx) -> None:
-    a = c.block + "attention."
-    cfg, fam = c.config or {}, c.family
-    pe = cfg.get("position_embedding_type", "absolute")
-    rotary = fam is not None and fam.rope is not None  # RoFormer (always), ESM (position_embedding_type rotary)
-    if pe not in (None, "absolute", *(("rotary",) if rotary else ())) or c.has(a + "self.distance_embedding.weight"):
-        raise c.fail(f"uses BERT's position_embedding_type {pe!r} (relative_key), which is not supported")
-    c.linears(a, "self.query", "self.key", "self.value", "output.dense")
-    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
-    c.facts.causal = bool(cfg.get("is_decoder", False))
-    if fam is not None and fam.rope is not None:
-        if fam.nope is not None and fam.nope(c.layer, cfg, None):
-            c.facts.notes["rope"] = f"none: {fam.model_type} with position_embedding_type {pe!r} (no rotary)"
-        else:
-            _bert_rope(c, fam)
-    if fam is not None and fam.pre_norm is not None:  # pre-LN BERTs: the LayerNorm inside the attention module
-        _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
-    else:
-        _post_norm(c, f"{a}output.LayerNorm")
+row_layout("bert", r"^(?P<stack>(?:.*\.)?encoder\.layer\.)(?P<n>\d+)\.attention\.self\.query\.weight$",
+        "BERT / RoBERTa: attention.self.{query,key,value}, attention.output.dense (nn.Linear); post-norm",
+           Row("bert", "attention.", "self.query", "self.key", "self.value", "output.dense", eps=("layer_norm_eps",),
+               post_norm="attention.output.LayerNorm", foreign=("self.distance_embedding.weight",)))
 
 
 def _bert_rope(c: Ctx, fam: Family) -> None:
@@ -1159,20 +1265,10 @@ def _fused_per_head(c: Ctx, name: str, bias: str) -> None:
     _split_groups(c, name, bias, H, H, d)
 
 
-@layout("neox", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attention\.query_key_value\.weight$",
-        "GPT-NeoX / Pythia: attention.query_key_value fused, rows (H, 3, d); attention.dense; partial rotary")
-def _neox(c: Ctx) -> None:
-    a = c.block + "attention."
-    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=None)
-    _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
-    c.linear("W_o", a + "dense.weight", a + "dense.bias")
-    c.facts.kv_heads = c.facts.heads
-    fam = c.family or FAMILIES["gpt_neox"]  # without config.json the read is refused (CONFIG_DECIDES)
-    c.facts.causal = fam.causal
-    _family_norm(c, fam, c.block + fam.norm_name, ("layer_norm_eps",))
-    layer_options(c, fam, a, ROTARY_ONLY)
-    if not (c.config or {}).get("use_parallel_residual", True):
-        c.facts.notes["parallel_residual"] = "false: attention and MLP in sequence (outside attention)"
+row_layout("neox", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attention\.query_key_value\.weight$",
+        "GPT-NeoX / Pythia: attention.query_key_value fused, rows (H, 3, d); attention.dense; partial rotary",
+           Row("gpt_neox", "attention.", fused="query_key_value", o="dense", same_kv=True,
+               eps=("layer_norm_eps",)))
 
 
 @layout("bloom", r"^(?P<stack>(?:.*\.)?h\.)(?P<n>\d+)\.self_attention\.query_key_value\.weight$",
@@ -1188,16 +1284,11 @@ def _bloom(c: Ctx) -> None:
         raise c.fail("holds self_attention.query_key_value as Bloom and Falcon both name it; without config.json "
                      "(model_type, heads, multi_query, new_decoder_architecture, alibi) it is not read: put "
                      "config.json beside it")
-    _heads(c, "n_head", "num_attention_heads", kv_keys=("n_head",), width=None)
-    _fused_per_head(c, a + "query_key_value.weight", a + "query_key_value.bias")
-    c.linear("W_o", a + "dense.weight", a + "dense.bias")
-    c.facts.kv_heads = c.facts.heads
-    c.facts.causal = True
-    c.facts.alibi, c.facts.alibi_form = True, "absolute-f32"
-    c.facts.notes["alibi"] = ("added unscaled: scores = alibi + (q·k)/sqrt(d) (torch.baddbmm in modeling_bloom.py), "
-                              "alibi = fl32(slope_h · j) at key j's absolute position (build_alibi_tensor)")
-    ln = _norm_tensor(c, "bloom")
-    _norm(c, "layernorm", ln + ".weight", ln + ".bias", ("layer_norm_epsilon",), 1e-5)
+    read_row(c, BLOOM)
+
+
+BLOOM = Row("bloom", "self_attention.", fused="query_key_value", o="dense", heads=("n_head", "num_attention_heads"),
+            kv_heads=("n_head",), same_kv=True, eps=("layer_norm_epsilon",))
 
 
 def _falcon(c: Ctx, a: str) -> None:
@@ -1241,57 +1332,24 @@ def _falcon(c: Ctx, a: str) -> None:
                      f"(G, H/G + 2, d) rows for {H} heads of {d} ({what})")
     _split_groups(c, name, a + "query_key_value.bias", H, G, d)
     c.linear("W_o", a + "dense.weight", a + "dense.bias")
-    f.head_dim, f.kv_heads, f.causal = d, G, True
+    f.head_dim, f.kv_heads = d, G
     cfg = cfg or {}
     new = bool(cfg.get("new_decoder_architecture"))
     if c.config is None:  # --layout falcon on bare weights: the norm the checkpoint has
         ln = "ln_attn" if c.has(c.block + "ln_attn.weight") else "input_layernorm"
     else:  # FalconDecoderLayer: ln_attn in the new decoder with two norms (num_ln_in_parallel_attn None or 2)
         ln = "ln_attn" if new and cfg.get("num_ln_in_parallel_attn") in (None, 2) else "input_layernorm"
-    if fam is not None:
-        _family_norm(c, fam, c.block + ln, ("layer_norm_epsilon",))
-    if cfg.get("alibi"):
-        _falcon_alibi(c, H, d)
-    else:
-        _rope(c, "half")
+    assert fam is not None  # Bloom's reader sends a declared Falcon here
+    _family_norm(c, fam, c.block + ln, ("layer_norm_epsilon",))
+    layer_options(c, fam, a)  # rotary half, or ALiBi (config.json alibi), scaled with the scores
     c.name = "falcon"
 
 
-def _falcon_alibi(c: Ctx, H: int, d: int) -> None:
-    """Falcon's ALiBi (modeling_falcon.py): build_alibi_tensor rounds each float32 slope and each key position j to
-    bfloat16 and their product to bfloat16; FalconAttention adds it to q·k before the 1/sqrt(d) (Falcon-RW's own
-    code, and FalconModel's SDPA path as alibi / sqrt(d) in float32): ALiBi form absolute-bf16, scaled."""
-    c.facts.given(alibi=True)
-    c.facts.alibi_form, c.facts.alibi_scaled = "absolute-bf16", True
-    c.facts.notes["alibi"] = ("scaled with the scores: (q·k + bf16(bf16(slope_h)·bf16(j))) / sqrt(d) "
-                              "(modeling_falcon.py), added by attncli as fl32(bf16(...) / sqrt(d)) after its scale; "
-                              "transformers' eager path (output_attentions) adds alibi / sqrt(d) once more through "
-                              "the mask FalconModel builds, its SDPA path and Falcon-RW's own code do not: attncli "
-                              "adds it once")
-
-
-@layout("t5", r"^(?P<stack>(?:.*\.)?block\.)(?P<n>\d+)\.layer\.0\.SelfAttention\.q\.weight$",
-        "T5: layer.0.SelfAttention.{q,k,v,o}; relative position bias from layer 0; no score scaling")
-def _t5(c: Ctx) -> None:
-    a = c.block + "layer.0.SelfAttention."
-    c.linears(a, "q", "k", "v", "o")
-    own = a + "relative_attention_bias.weight"
-    first = f"{c.stack}0.layer.0.SelfAttention.relative_attention_bias.weight"
-    bias = own if c.has(own) else first  # UMT5 has one per layer; T5 only in layer 0, shared by all
-    if not c.has(bias):
-        raise c.fail(f"has no {first}: T5's relative position bias lives in layer 0 and every layer uses it")
-    c.put("rel_bias", c.get(bias), bias)
-    _heads(c, "num_heads", kv_keys=("num_heads",), width=c.arrays["W_q"].shape[1])
-    decoder = "decoder" in c.stack
-    c.facts.causal = decoder
-    c.facts.scale = 1.0  # T5 folds the 1/sqrt(d) into its initialisation
-    c.facts.relative_bias = "t5"
-    cfg = c.config or {}
-    c.facts.rel_buckets = int(cfg.get("relative_attention_num_buckets") or c.arrays["rel_bias"].shape[0])
-    c.facts.rel_max_distance = int(cfg.get("relative_attention_max_distance") or 128)
-    c.facts.rel_bidirectional = not decoder
-    _norm(c, "rms", _norm_tensor(c, "t5") + ".weight", eps_keys=("layer_norm_epsilon",), eps=1e-6)
-    c.facts.notes["rms_note"] = "T5LayerNorm: w · x / sqrt(mean(x²) + eps), no mean subtracted, no bias"
+row_layout("t5", r"^(?P<stack>(?:.*\.)?block\.)(?P<n>\d+)\.layer\.0\.SelfAttention\.q\.weight$",
+        "T5: layer.0.SelfAttention.{q,k,v,o}; relative position bias from layer 0; no score scaling",
+           Row("t5", "layer.0.SelfAttention.", "q", "k", "v", "o", heads=("num_heads",), eps=("layer_norm_epsilon",),
+               relative="relative_attention_bias.weight", notes=(("rms_note", "T5LayerNorm: w · x / sqrt(mean(x²) + "
+                                                      "eps), no mean subtracted, no bias"),)))
 
 
 @layout("bart", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.self_attn\.out_proj\.weight$",
@@ -1300,41 +1358,22 @@ def _t5(c: Ctx) -> None:
 def _bart(c: Ctx) -> None:
     a = c.block + "self_attn."
     fam = c.family or FAMILIES["bart"]  # without config.json the read is refused (CONFIG_DECIDES)
-    known = {f"{a}{n}_proj.{p}" for n in ("q", "k", "v", "out") for p in ("weight", "bias")}
-    if fam.qk_norm is not None:  # LFM2
-        known |= {f"{a}q_layernorm.weight", f"{a}k_layernorm.weight"}
-    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known)
-    if other:  # LFM2's q_layernorm under another family's name, a prompt, a rotary table: not this attention
+    if fam.qk_norm is None:
+        read_row(c, BART)
+        return
+    known = {f"{a}{n}_proj.{p}" for n in ("q", "k", "v", "out") for p in ("weight", "bias")}  # LFM2
+    other = sorted(n for n in c.ckpt.tensors if n.startswith(a) and n not in known
+                   and n not in (f"{a}q_layernorm.weight", f"{a}k_layernorm.weight"))
+    if other:  # a prompt, a rotary table: not this attention
         raise c.fail(f"has {other[0]} in {a.rstrip('.')}, which the {fam.model_type} declaration (bart layout: "
                      "self_attn.q/k/v/out_proj) does not read")
-    if fam.qk_norm is not None:
-        _lfm2(c, a, fam)
-        return
-    encoder = re.search(r"(^|\.)encoder\.", c.stack) is not None  # an encoder-decoder's encoder: bidirectional
-    c.linears(a, "q_proj", "k_proj", "v_proj", "out_proj")
-    cfg = c.config or {}
-    if cfg.get("enable_bias") is False and any(k in c.arrays for k in BIASES):
-        raise c.fail(f"{fam.model_type}: config.json says enable_bias false, but {a}q_proj has a bias")
-    heads = ("encoder_attention_heads" if encoder else "decoder_attention_heads", "num_attention_heads",
-             "attention_heads")
-    _heads(c, *heads, kv_keys=heads, width=c.arrays["W_q"].shape[1])
-    c.facts.kv_heads = c.facts.heads
-    c.facts.causal = not encoder  # a decoder's self-attention: is_causal=True in every one of these families
-    if encoder:
-        c.facts.notes["bidirectional"] = f"{fam.model_type}: the encoder's self-attention, every token sees every token"
-    c.facts.notes["scale"] = "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"
-    if c.has(c.block + "encoder_attn.q_proj.weight"):
-        c.facts.notes["cross_attention"] = f"{c.block}encoder_attn (cross-attention) is not read"
-    ln = c.block + fam.norm_name
-    if fam.pre_norm is None or cfg.get("do_layer_norm_before", True) is False:  # OPT-350m, BART, Marian, ...
-        _post_norm(c, ln)
-    elif cfg.get("layer_norm_elementwise_affine") is False:  # OPT: nn.LayerNorm without weight and bias
-        E = c.arrays["W_q"].shape[0]
-        c.put("norm_w", np.ones(E), f"(none: {ln} has no weight, layer_norm_elementwise_affine false; w = 1)")
-        c.put("norm_b", np.zeros(E), f"(none: {ln} has no bias; b = 0)")
-        c.facts.pre_norm, c.facts.pre_norm_eps, c.facts.norm_at = "layernorm", 1e-5, "before"
-    else:  # nn.LayerNorm(embed_dim): eps 1e-5 whatever layer_norm_eps says (BioGPT's 1e-12 is not used there)
-        _family_norm(c, fam, ln, ())
+    _lfm2(c, a, fam)
+
+
+# BART-style self_attn.{q,k,v,out}_proj: heads of the stack's side (encoder_attention_heads, decoder_attention_heads)
+BART = Row("bart", "self_attn.", o="out_proj", heads=("{side}_attention_heads", "num_attention_heads", "attention_heads"),
+           same_kv=True, only=True, bias_key="enable_bias", cross="encoder_attn.q_proj.weight",
+           notes=(("scale", "q_proj(x) · head_dim^-0.5 before q·kᵀ (the same as q·kᵀ / sqrt(head_dim))"),))
 
 
 def _lfm2(c: Ctx, a: str, fam: Family) -> None:
@@ -1353,7 +1392,7 @@ def _lfm2(c: Ctx, a: str, fam: Family) -> None:
     _family_norm(c, fam, c.block + fam.norm_name, ("norm_eps",))
     if not f.config_gave("pre_norm_eps") and c.config and c.config.get("norm_eps") is None:
         f.pre_norm_eps = 1e-5  # Lfm2Config's default
-    layer_options(c, fam, a, ROTARY_ONLY)  # its row: rope "half"
+    layer_options(c, fam, a)  # its row: rope "half"
 
 
 @layout("modernbert", r"^(?P<stack>(?:.*\.)?layers\.)(?P<n>\d+)\.attn\.Wo\.weight$",
@@ -1438,16 +1477,10 @@ def _modernbert(c: Ctx) -> None:
     f.notes["scale"] = "1 / sqrt(head_dim), head_dim = hidden_size / num_attention_heads"
 
 
-@layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
-        "DistilBERT: attention.{q,k,v,out}_lin (nn.Linear, biases); bidirectional; post-norm sa_layer_norm")
-def _distilbert(c: Ctx) -> None:
-    a = c.block + "attention."
-    c.linears(a, "q_lin", "k_lin", "v_lin", "out_lin")
-    _heads(c, "n_heads", "num_attention_heads", kv_keys=("n_heads", "num_attention_heads"),
-           width=c.arrays["W_q"].shape[1])
-    c.facts.causal = False
-    c.facts.notes["bidirectional"] = "distilbert: an encoder, every token sees every token"
-    _post_norm(c, f"{c.block}sa_layer_norm")
+row_layout("distilbert", r"^(?P<stack>(?:.*\.)?transformer\.layer\.)(?P<n>\d+)\.attention\.q_lin\.weight$",
+        "DistilBERT: attention.{q,k,v,out}_lin (nn.Linear, biases); bidirectional; post-norm sa_layer_norm",
+           Row("distilbert", "attention.", "q_lin", "k_lin", "v_lin", "out_lin", heads=("n_heads", "num_attention_heads"),
+               post_norm="sa_layer_norm"))
 
 
 def _albert_call(cfg: dict[str, Any] | None, layer: int, source: str) -> tuple[int, int, list[int]]:
@@ -1490,17 +1523,16 @@ def _albert_layers(ckpt: Checkpoint, found: Found) -> list[int]:
 def _albert(c: Ctx) -> None:
     g, i, shared = _albert_call(c.config, c.layer, c.ckpt.source)
     a = f"{c.stack}{g}.albert_layers.{i}.attention."
-    c.linears(a, "query", "key", "value", "dense")
+    read_row(c, ALBERT, f"{c.stack}{g}.albert_layers.{i}.")
     runs = f"layers {_layer_range(shared)}" if shared == list(range(shared[0], shared[-1] + 1)) else \
         "layers " + ", ".join(map(str, shared))
     for k in list(c.origin):
         c.origin[k] += f" (shared by {runs})"
     c.facts.notes["shared"] = (f"layer {c.layer} runs group {g}, inner layer {i} ({a.rstrip('.')}), "
                                f"which {runs} share")
-    _heads(c, "num_attention_heads", kv_keys=("num_attention_heads",), width=c.arrays["W_q"].shape[1])
-    c.facts.causal = False
-    c.facts.notes["bidirectional"] = "albert: an encoder, every token sees every token"
-    _post_norm(c, f"{a}LayerNorm")
+
+
+ALBERT = Row("albert", "attention.", "query", "key", "value", "dense", post_norm="attention.LayerNorm")
 
 
 # Layouts whose layer numbers are not the indices in their tensor names (ALBERT: groups shared by the layers)

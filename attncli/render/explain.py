@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from attncli.core import chain, ops
+from attncli.core import chain, formula, ops
 from attncli.core.params import Features, Rotation
 from attncli.core.scoring import SCALINGS
 from attncli.core.trace import KEYS, QUERIES, Trace
@@ -39,6 +39,7 @@ from attncli.render.terms import (
     Gap,
     Label,
     Line,
+    Math,
     Name,
     Num,
     Root,
@@ -382,7 +383,7 @@ def _scaling_terms(name: str, s: Num, d: int, n: int) -> list[Term]:
         return [s, " / (", Root(str(d)), "·", Root(str(n)), ")"]
     if name == "norm":
         return [s, " / ", Sub("‖S‖", "F")]
-    return [Words(SCALINGS[name].expr(s.text(), d, n))]
+    return [Math(SCALINGS[name].expr(formula.Sym(s.text()), d, n))]
 
 
 def scaling_lines(c: Cell) -> list[Line]:
@@ -447,10 +448,10 @@ def alibi_lines(c: Cell) -> list[Line]:
     if al.form == "relative":
         if al.r is None:
             return [Line(head, Words("slope "), Num(slope, 6), f" · ({c.j} - {pq}) = ", Num(a, p), Gap(), where)]
-        term: list[Term] = [f"{slope:.9g} · ({c.j} - {pq}) / {chain.divisor_text(al.r)}"]
+        term: list[Term] = [f"{slope:.9g} · ({c.j} - {pq}) / ", Math((chain.divisor(al.r),))]
         return [Line(head, term, " = ", Num(s, p), " + ", f"{b!r}", " = ", Num(a, p), Gap(), where)]
-    text = chain.alibi_term(al).replace("slope_h", f"{slope:.9g}").replace("j)", f"{c.j})")
-    return [Line(head, Words(text), " = ", Num(s, p), " + ", f"{b!r}", " = ", Num(a, p), Gap(), "(",
+    added = Math(chain.alibi_terms(al, formula.Num(slope, ".9g"), formula.Num(c.j)))  # this head's slope, this key
+    return [Line(head, added, " = ", Num(s, p), " + ", f"{b!r}", " = ", Num(a, p), Gap(), "(",
                  Words(f"ALiBi {al.form}: key "), Label(c.key),
                  Words(f" at absolute position {c.j}, the same for every query; query "), Label(c.query),
                  Words(f" is at {pq}"), ")")]

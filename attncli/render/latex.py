@@ -14,21 +14,37 @@ The LaTeX document needs amsmath only (pdflatex, tectonic); the Markdown puts th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import groupby
 from typing import IO, Any
 
 import numpy as np
 
+from attncli.core import formula as f
 from attncli.core.diagnostics import masked_cells
-from attncli.core.params import Clip, Dropout, Gating, Normalise, Projection, Rotation, Softmax, Tuning
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
 from attncli.render import RenderOptions, escape, output_format, saver
 from attncli.render.explain import explanations
 from attncli.render.numbers import all_whole, column_format
 from attncli.render.plot import panel_title
 from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note, shown
-from attncli.render.terms import Fn, Formula, Gap, Label, Line, Name, Num, Root, ScoreFormula, Sub, Term, Vector, Words, term_text
+from attncli.render.terms import (
+    Fn,
+    Formula,
+    Gap,
+    Label,
+    Line,
+    Math,
+    Name,
+    Num,
+    Root,
+    ScoreFormula,
+    Sub,
+    Term,
+    Vector,
+    Words,
+    term_text,
+)
 
 MAX_SIDE = 8  # rows / columns written before eliding the middle (\cdots, \vdots)
 MAX_ENTRIES = 4  # batch entries / heads written
@@ -43,7 +59,8 @@ MATH_SYMBOLS = {"·": r"\cdot ", "×": r"\times ", "−": "-", "→": r"\to ", "
                 "μ": r"\mu ", "τ": r"\tau ", "ε": r"\epsilon ", "←": r"\leftarrow ", "↑": r"\uparrow ",
                 "⟨": r"\langle ", "⟩": r"\rangle ", "⁻": "^{-}", "¹": "^{1}", "³": "^{3}", "∂": r"\partial ",
                 "∗": "*", "⋅": r"\cdot ", "–": "-", "—": "-", "“": "``", "”": "''", "’": "'"}
-FUNCTIONS = {"exp": r"\exp", "max": r"\max", "min": r"\min", "cos": r"\cos", "tanh": r"\tanh", "ln": r"\ln",
+FUNCTIONS = {"exp": r"\exp", "max": r"\max", "min": r"\min", "cos": r"\cos", "sin": r"\sin", "tanh": r"\tanh",
+             "ln": r"\ln", "log": r"\log",
              "softmax": r"\operatorname{softmax}", "sqrt": r"\sqrt"}
 
 
@@ -103,9 +120,10 @@ def term_tex(t: Term, trace: Trace | None) -> str:
         return r"\sqrt{" + text(t.arg) + "}"
     if isinstance(t, Formula):
         if trace is not None and t.step in trace.names():
-            k = trace.names().index(t.step)
-            return step_tex(trace.step(t.step), trace.steps[k - 1].name if k else "x", trace)
+            return step_tex(trace.step(t.step))
         return in_math(t.text)
+    if isinstance(t, Math):
+        return formula_tex(t.terms)
     if isinstance(t, ScoreFormula):
         return SCORE_ELEMENT[t.name] if t.name in SCORE_ELEMENT else in_math(t.text)
     if isinstance(t, Vector):
@@ -206,21 +224,14 @@ def _cell(s: str) -> str:
     return s
 
 
-# ---- each step's formula in LaTeX, written from its name and typed parameters (never from its text) ----
+# ---- each step's formula in LaTeX: the terms its parameters write (attncli.core.formula), never its text ----
 
-SCORE_TEX = {"dot": r"Q K^{\top}", "scaled-dot": r"Q K^{\top}", "general": r"Q W K^{\top}",
-             "additive": r"w_v^{\top} \operatorname{act}(W_q q_i + W_k k_j + b)", "cosine": r"\hat{Q} \hat{K}^{\top}",
-             "gaussian": r"-\frac{\|q_i - k_j\|^{2}}{2\sigma^{2}}", "location": r"\operatorname{act}(K W + b)"}
 SCORE_ELEMENT = {"dot": r"q_i \cdot k_j", "scaled-dot": r"q_i \cdot k_j / \sqrt{d}", "general": r"q_i^{\top} W k_j",
                  "additive": r"w_v^{\top} \operatorname{act}(W_q q_i + W_k k_j + b)",
                  "cosine": r"\frac{q_i \cdot k_j}{\|q_i\| \, \|k_j\|}", "gaussian": r"-\frac{\|q_i - k_j\|^{2}}{2\sigma^{2}}",
                  "location": r"\operatorname{act}(W^{\top} k_j + b)"}
 SCORE_ANY = r"\operatorname{score}(q_i, k_j)"
-NORM_TEX = {"rms": r"w \odot \frac{{x}}{{\sqrt{{\operatorname{{mean}}({x}^{{2}}) + {eps}}}}}",
-            "rms1p": r"(1 + w) \odot \frac{{x}}{{\sqrt{{\operatorname{{mean}}({x}^{{2}}) + {eps}}}}}",
-            "rms-full": r"w \odot \frac{{x}}{{\sqrt{{\operatorname{{mean}}_{{H d}}({x}^{{2}}) + {eps}}}}}",
-            "layernorm": r"w \odot \frac{{{x} - \mu}}{{\sqrt{{\sigma^{{2}} + {eps}}}}} + b",
-            "layernorm1p": r"(1 + w) \odot \frac{{{x} - \mu}}{{\sqrt{{\sigma^{{2}} + {eps}}}}} + b"}
+FORMULA_FUNCTIONS = {k: v for k, v in FUNCTIONS.items() if k != "sqrt"}  # sqrt(...) keeps its parentheses
 
 
 def step_symbol(name: str) -> str:
@@ -231,153 +242,49 @@ def step_symbol(name: str) -> str:
     return name if len(name) == 1 else r"\text{" + text(str(name)) + "}"
 
 
-def _num(x: float) -> str:
-    return _cell(f"{x:.6g}")
+def formula_term_tex(t: f.Term, head: int | None = None) -> str:
+    """One term of a step's formula (attncli.core.formula) as LaTeX math, written from its type."""
+    if isinstance(t, f.Sym):
+        return symbols(t.text)
+    if isinstance(t, f.Name):
+        return step_symbol(t.text)
+    if isinstance(t, f.Sub):
+        return term_tex(Sub(t.base, t.sub), None)
+    if isinstance(t, f.Sup):
+        return symbols(t.base) + "^{" + symbols(t.exp) + "}"
+    if isinstance(t, f.Hat):
+        return r"\hat{" + symbols(t.base) + "}"
+    if isinstance(t, f.Root):
+        return r"\sqrt{" + symbols(t.arg) + "}"
+    if isinstance(t, f.Fn):
+        return FORMULA_FUNCTIONS.get(t.text, r"\operatorname{" + text(t.text) + "}")
+    if isinstance(t, f.Num):
+        return _cell(t.text())
+    if isinstance(t, (f.Words, f.Data)):
+        return in_math(t.text)
+    return r"\text{head}_{" + ("h" if head is None else str(head)) + "}"
 
 
-def step_tex(st: Step, prev: str, trace: Trace) -> str:
-    """``st``'s formula as LaTeX math, from its name and parameters (attncli.core.params, attncli.core.chain);
-    ``prev``: the step before it."""
-    p, n, x = st.params, str(st.name), step_symbol(prev)
-    y = step_symbol(n)
-    rule = STEP_TEX.get(n)
-    body = rule(p, x, trace) if rule is not None else None
-    if body is None:
-        return y
-    return f"{y} = {body}"
+def formula_tex(terms: Sequence[f.Term], head: int | None = None) -> str:
+    """Terms of a formula as LaTeX math."""
+    return "".join(formula_term_tex(t, head) for t in terms)
 
 
-def _projection(p: Any, x: str, t: Trace) -> str | None:
-    if not isinstance(p, Projection):
-        return None
-    inp = {"X": "X", "Y": "Y", "Z": "Z"}.get(p.input, step_symbol(p.input))
-    return f"{inp} {step_symbol(p.weight)}" + (f" + {step_symbol(p.bias)}" if p.bias else "")
+def remark_tex(terms: Sequence[f.Term], head: int | None = None) -> str:
+    """A formula's remark for LaTeX's text mode: its words as (breakable) text, its symbols as $math$."""
+    out = []
+    for t in terms:
+        if isinstance(t, (f.Words, f.Data, f.Sym, f.Num, f.Fn)):
+            out.append(breakable(f.term_text(t)))
+        else:
+            out.append("$" + formula_term_tex(t, head) + "$")
+    return "".join(out)
 
 
-def _clip(p: Any, x: str, t: Trace) -> str | None:
-    return rf"\operatorname{{clamp}}({step_symbol(p.before)}, -{_num(p.c)}, {_num(p.c)})" if isinstance(p, Clip) else None
-
-
-def _norm(of: str) -> Callable[[Any, str, Trace], str | None]:
-    def rule(p: Any, x: str, t: Trace) -> str | None:
-        if not isinstance(p, Normalise):
-            return None
-        return NORM_TEX.get(p.kind, NORM_TEX["rms"]).format(x=of, eps=_num(p.eps))
-    return rule
-
-
-def _rotation(of: str) -> Callable[[Any, str, Trace], str | None]:
-    def rule(p: Any, x: str, t: Trace) -> str | None:
-        r = p if isinstance(p, Rotation) else None
-        x = _rotated(of, x, t)
-        base = _num(r.base) if r is not None else r"\theta_0"
-        turn = r"\operatorname{rotate\_half}" if r is None or r.mode == "half" else r"\operatorname{rotate\_pairs}"
-        return (rf"{x} \odot \cos\theta + {turn}({x}) \odot \sin\theta,\ \theta_{{i,k}} = (P + i)\, "
-                rf"{base}^{{-2k/r}}")
-    return rule
-
-
-def _rotated(of: str, x: str, t: Trace) -> str:
-    """The row RoPE turns: the last of ``of``'s steps before ``of``_rot (q, q_clip, q_norm), not the step written
-    just before it (k_norm comes between q_norm and q_rot); ``x`` when the trace has none."""
-    names = list(t.names())
-    if f"{of}_rot" not in names:
-        return x
-    before = names[:names.index(f"{of}_rot")]
-    return next((step_symbol(n) for n in reversed(before) if n == of or n.startswith(of + "_")), x)
-
-
-def _tuning(p: Any, x: str, t: Trace) -> str | None:
-    if not isinstance(p, Tuning):
-        return None
-    return (rf"q_i \left(\log\left(\left\lfloor \frac{{P + i + 1}}{{{_num(p.floor)}}} \right\rfloor + 1\right) "
-            rf"{_num(p.scale)} + 1\right)")
-
-
-def _scores(p: Any, x: str, t: Trace) -> str | None:
-    return SCORE_TEX.get(t.meta.score or "", r"\operatorname{score}(Q, K)")
-
-
-def _scaled(p: Any, x: str, t: Trace) -> str | None:
-    tau = getattr(p, "temperature", None)
-    f = getattr(p, "factor", None)
-    body = rf"{x} \cdot {_num(float(f))}" if isinstance(f, (int, float)) else rf"{x} \cdot f({x})"
-    return body + (rf" / {_num(tau)}" if tau not in (None, 1.0) else "")
-
-
-def _capped(p: Any, x: str, t: Trace) -> str | None:
-    c = _num(p.c) if hasattr(p, "c") else "c"
-    return rf"{c} \tanh({x} / {c})"
-
-
-def _bias(p: Any, x: str, t: Trace) -> str | None:
-    terms = [x]
-    if getattr(p, "alibi", None) is not None:
-        terms.append(r"m_h (j - (P + i))")
-    if getattr(p, "relative", None) is not None:
-        terms.append(r"b_h(\operatorname{bucket}(j - i))")
-    return " + ".join(terms) if len(terms) > 1 else rf"{x} + \text{{bias}}"
-
-
-def _masked(p: Any, x: str, t: Trace) -> str | None:
-    fill = r"-\infty" if not hasattr(p, "fill") or p.fill == -np.inf else _num(p.fill)
-    return rf"{x}_{{ij}} \text{{ if key $j$ is kept for query $i$, else }} {fill}"
-
-
-def _softmax(p: Any, x: str, t: Trace) -> str | None:
-    before = step_symbol(p.before) if isinstance(p, Softmax) else x
-    if isinstance(p, Softmax) and p.sinks:
-        return rf"\frac{{\exp({before}_{{ij}})}}{{\exp(\text{{sink}}_h) + \sum_j \exp({before}_{{ij}})}}"
-    return rf"\operatorname{{softmax}}_j({before})"
-
-
-def _sink(p: Any, x: str, t: Trace) -> str | None:
-    return rf"\frac{{\exp(\text{{sink}}_h)}}{{\exp(\text{{sink}}_h) + \sum_j \exp({x}_{{ij}})}}"
-
-
-def _hard(p: Any, x: str, t: Trace) -> str | None:
-    return rf"\operatorname{{onehot}}(\operatorname{{argmax}}_j {x}_{{ij}})"
-
-
-def _dropout(p: Any, x: str, t: Trace) -> str | None:
-    pr = _num(p.p) if isinstance(p, Dropout) else "p"
-    return rf"{x} \odot \text{{keep}} / (1 - {pr})"
-
-
-def _weighted(p: Any, x: str, t: Trace) -> str | None:
-    return rf"{step_symbol(t.meta.weights_step or 'weights')} \, V"
-
-
-def _output(p: Any, x: str, t: Trace) -> str | None:
-    if isinstance(p, Projection):
-        return f"{step_symbol(p.input)} W_{{o}}" + (" + b_{o}" if p.bias else "")
-    return _weighted(p, x, t) if "concat" not in t else _concat(p, x, t)
-
-
-def _concat(p: Any, x: str, t: Trace) -> str | None:
-    return r"[\text{head}_0 \;\cdots\; \text{head}_{H-1}]"
-
-
-def _gate(p: Any, x: str, t: Trace) -> str | None:
-    act = p.act if isinstance(p, Gating) else "act"
-    src = step_symbol(p.input) if isinstance(p, Gating) else "X"
-    return rf"\operatorname{{{act}}}({src} W_{{g}})"
-
-
-STEP_TEX: dict[str, Callable[[Any, str, Trace], str | None]] = {
-    "x_norm": _norm("X"), "q": _projection, "k": _projection, "v": _projection,
-    "q_clip": _clip, "k_clip": _clip, "v_clip": _clip, "q_norm": _norm("q"), "k_norm": _norm("k"),
-    "q_rot": _rotation("q"), "k_rot": _rotation("k"), "q_temp": _tuning,
-    "q_proj": lambda p, x, t: "q W_{q}", "k_proj": lambda p, x, t: "k W_{k}",
-    "features": lambda p, x, t: r"\operatorname{act}(q_i W_q + k_j W_k + b)",
-    "sq_dist": lambda p, x, t: r"\|q_i - k_j\|^{2}",
-    "scores": _scores, "scaled": _scaled, "capped": _capped, "alibi": _bias, "bias": _bias, "masked": _masked,
-    "sink": _sink, "softmax": _softmax, "weights": _softmax, "hard": _hard, "dropout": _dropout,
-    "head_output": _weighted, "output": _output, "concat": _concat,
-    "sub_norm": _norm(r"\text{concat}"), "gate": _gate,
-    "gated": lambda p, x, t: r"\text{concat} \odot \text{gate}",
-    "avg_weights": lambda p, x, t: r"\frac{1}{H} \sum_h \text{weights}_h",
-}
+def step_tex(st: Step) -> str:
+    """``st``'s formula as LaTeX math: the equation its parameters write (attncli.core.params, attncli.core.chain),
+    never its display text."""
+    return formula_tex(st.terms().eq, st.head)
 
 
 STEP_SYMBOLS = {"scores": r"S = Q K^{\top}", "scaled": "S'", "masked": r"S'_{\text{masked}}",
@@ -418,8 +325,7 @@ def blocks(trace: Trace, opts: RenderOptions) -> list[tuple[str, Any]]:
         if hid is not None:
             hid = hid & (a == 0)  # a finite fill leaves masked keys a weight: written as it is
         sym = STEP_SYMBOLS.get(st.name, in_math(st.name))
-        prev = trace.steps[trace.steps.index(st) - 1].name if trace.steps.index(st) else "x"
-        out.extend(_step_blocks(trace, ("step", k, st, prev), sym, a, st.axes, p, hid, opts))
+        out.extend(_step_blocks(trace, ("step", k, st), sym, a, st.axes, p, hid, opts))
     for e in explanations(trace, opts) if "weights" in trace else []:
         out.append(("heading2", e["heading"]))
         out.append(("lines", e["lines"]))
@@ -482,8 +388,8 @@ def latex_document(trace: Trace, opts: RenderOptions) -> str:
             parts.append(r"\subsection*{" + (breakable(title) if name in ("q", "k", "v") else
                                                "$" + step_symbol(name) + "$") + "}")
         elif kind == "step":  # a step: its name, and its formula written from its parameters (step_tex)
-            k, st, prev = content
-            parts.append(r"\subsection*{" + f"{k}. $" + step_tex(st, prev, trace) + "$}")
+            k, st = content
+            parts.append(r"\subsection*{" + f"{k}. $" + step_tex(st) + "$" + remark_tex(st.terms().remark, st.head) + "}")
         elif kind == "score":
             parts.append(f"Score: {text(content)}, $s_{{ij}} = {SCORE_ELEMENT.get(content, SCORE_ANY)}$\n")
         elif kind == "para":  # text (label lists among it): never read as math
@@ -607,8 +513,9 @@ def markdown_document(trace: Trace, opts: RenderOptions) -> str:
             name, title = content
             parts.append(f"### {_md(title)}\n")
         elif kind == "step":
-            k, st, prev = content
-            parts.append(f"### {k}. $" + escape.markdown_math(step_tex(st, prev, trace)) + "$\n")
+            k, st = content
+            parts.append(f"### {k}. $" + escape.markdown_math(step_tex(st)) + "$" + _md(f.text(st.terms().remark, st.head))
+                         + "\n")
         elif kind == "para":
             parts.append(_md(content) + "\n")
         elif kind == "score":

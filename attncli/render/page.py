@@ -21,6 +21,7 @@ from attncli.core.diagnostics import masked_cells
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Trace
 from attncli.render import colours, escape
 from attncli.render.explain import Cell, explain_cell, explain_row, heading
+from attncli.render.formulas import step_html
 from attncli.render.numbers import MASKED, all_whole, column_format, num
 from attncli.render.plot import panel_title
 from attncli.render.terminal import INPUT_TITLES, axis_labels, seed_note
@@ -104,7 +105,9 @@ def page_data(trace: Trace, precision: int = 4) -> dict[str, Any]:
                          and st.name in ("masked", "weights", "hard", "dropout")) else None
         if hid is not None and st.name != "masked":
             hid = hid & (np.broadcast_to(a, hid.shape) == 0)  # a finite fill leaves masked keys a weight
-        tables.append(_table(trace, st.name, f"{k}. {st.formula}", a, st.axes, lead, precision, hid))
+        table = _table(trace, st.name, f"{k}. {st.formula}", a, st.axes, lead, precision, hid)
+        table["title_html"] = f"{k}. {step_html(st)}"  # the same formula, from its terms: sub- and superscripts
+        tables.append(table)
     m, n = min(m, MAX_SIDE), min(n, MAX_SIDE)  # the cells the tables show
     explain_cells = len(entries) * m * n <= MAX_CELLS
     cells: list[Any] = []
@@ -225,7 +228,9 @@ JS = r"""
     const e = Number(sel.value || 0), root = $("steps");
     root.textContent = "";
     for (const t of D.tables) {
-      const h = document.createElement("h3"); h.textContent = t.title; root.appendChild(h);
+      const h = document.createElement("h3");  // a step's formula: HTML written from its terms, every text escaped
+      if (t.title_html) h.innerHTML = t.title_html; else h.textContent = t.title;
+      root.appendChild(h);
       const k = t.per_entry ? e : 0, wrap = document.createElement("div"), tab = document.createElement("table");
       wrap.className = "wrap"; tab.dataset.step = t.name; if (t.qk) tab.className = "qk";
       const head = tab.insertRow(), corner = document.createElement("th");

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from attncli.core import formula
 from attncli.render.numbers import num
 
 MAX_FEATURES = 6  # vector entries written out before eliding the middle
@@ -83,6 +84,14 @@ class ScoreFormula:
 
 
 @dataclass(frozen=True)
+class Math:
+    """A piece of a step's formula (attncli.core.formula terms), e.g. ALiBi's term at one head and key:
+    its text in the terminal, its typed rendering elsewhere."""
+
+    terms: tuple[formula.Term, ...]
+
+
+@dataclass(frozen=True)
 class Root:
     """√4: the square root of a whole number."""
 
@@ -108,7 +117,7 @@ class Gap:
     width: int = 3
 
 
-Term = str | Words | Num | Label | Name | Fn | Sub | Formula | ScoreFormula | Root | Vector | Gap
+Term = str | Words | Num | Label | Name | Fn | Sub | Formula | ScoreFormula | Math | Root | Vector | Gap
 
 
 def term_text(t: Term) -> str:
@@ -123,6 +132,8 @@ def term_text(t: Term) -> str:
         return f"{t.base}_{t.sub}"
     if isinstance(t, (Formula, ScoreFormula)):
         return t.text
+    if isinstance(t, Math):
+        return formula.text(t.terms)
     if isinstance(t, Root):
         return f"√{t.arg}"
     if isinstance(t, Vector):

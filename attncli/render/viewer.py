@@ -46,6 +46,7 @@ import numpy as np
 from attncli.core.backend import to_numpy
 from attncli.core.engine import Prepared, attention_weights, prepare
 from attncli.core.ops import expand_kv, weighted_sum
+from attncli.core.params import WeightedSum
 from attncli.core.problem import Problem
 from attncli.core.projections import LATENT
 from attncli.core.trace import FEATURES, KEYS, QUERIES, Step, Trace
@@ -244,7 +245,7 @@ class Layer:
         be = self.p.backend
         qr = be.xp.take(self.p.q, be.asarray(rows, "int64") if be.name == "torch" else rows, axis=-2)  # (..., r, d)
         part = Trace(query_labels=self.problem.query_labels, key_labels=self.problem.key_labels)
-        attention_weights(self.p.core, be, qr, self.k, self.p.params, part, rows=rows)
+        attention_weights(self.p.core, be, qr, self.k, self.p.score_weights, part, rows=rows)
         return part
 
     def sweep(self, step: str) -> None:
@@ -321,16 +322,14 @@ class Layer:
             a = to_numpy(s.values)
             if s.axes[0] == QUERIES and a.ndim >= 2 and a.shape[-2] == 1:
                 a = np.broadcast_to(a, a.shape[:-2] + (self.m,) + a.shape[-1:])
-            t.steps.append(Step(s.name, s.formula, a, s.axes, list(s.notes), params=s.params))
+            t.steps.append(replace(s, values=a, notes=list(s.notes)))
         w = part.step(part.meta.weights_step or "weights").values
         out = to_numpy(weighted_sum(w, self.v()))  # (..., 1, n) x (..., n, d_v) -> (..., 1, d_v)
         name = "head_output" if self.p.projected else "output"
-        t.steps.append(Step(name, f"{name} = {t.meta.weights_step or 'weights'} · V",
-                            np.broadcast_to(out, out.shape[:-2] + (self.m,) + out.shape[-1:]), (QUERIES, FEATURES)))
+        t.steps.append(Step(name, np.broadcast_to(out, out.shape[:-2] + (self.m,) + out.shape[-1:]), (QUERIES, FEATURES),
+                            params=WeightedSum(name, t.meta.weights_step or "weights")))
         if self.unbatch:  # as the engine's merge: an unbatched input's batch axis dropped (not the weights')
-            t.steps = [s if s.name in PARAMETERS else Step(s.name, s.formula, to_numpy(s.values)[0], s.axes, s.notes,
-                                                              params=s.params)
-                       for s in t.steps]
+            t.steps = [s if s.name in PARAMETERS else replace(s, values=to_numpy(s.values)[0]) for s in t.steps]
         return t
 
     def _base64(self) -> tuple[list[Step], dict[str, Any]]:
@@ -338,8 +337,8 @@ class Layer:
         read them as float64 (a row's output reads every value row), and then read them without a copy."""
         if self._steps64 is None:
             base = self.p.trace
-            self._steps64 = [Step(s.name, s.formula, np.asarray(to_numpy(s.values), dtype=np.float64), s.axes,
-                                  list(s.notes), params=s.params) for s in base.steps]
+            self._steps64 = [replace(s, values=np.asarray(to_numpy(s.values), dtype=np.float64), notes=list(s.notes))
+                             for s in base.steps]
             self._inputs64 = {k: np.asarray(to_numpy(v), dtype=np.float64) for k, v in base.inputs.items()}
         return self._steps64, self._inputs64
 
