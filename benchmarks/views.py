@@ -7,8 +7,9 @@ each measured in one run, before and after where the "before" code can still be 
     python benchmarks/views.py --only grid --reduced --before 55fbf7f   # the "before" of a reduced grid
 
 The grid: grouped-query (8 K/V heads) or not × causal or not × --explain-row or not × float32/float64 ×
-batch 1/2, each cell `attncli run Q K V -q --html` and (--explain-row aside) `--plot` and `attncli view`'s
-first paint, with its wall time, CPU time (user + system: what a busy machine does not inflate), the
+batch 1/2, each cell `attncli run Q K V -q --html`, `attncli check OUT Q K V -q` of the output `run --save`
+wrote (the same options; --mismatch: --causal flipped, so the catalogue is searched), and (--explain-row aside)
+`--plot` and `attncli view`'s first paint, with its wall time, CPU time (user + system: what a busy machine does not inflate), the
 child's peak memory (VmHWM) and the file's size. --before REV runs the code of commit REV (git archive)
 under a memory cap (GRID_CAP), so a "before" that grows without bound is stopped and said so.
 
@@ -24,13 +25,14 @@ Targets
   viewer  `attncli view` on a 32-head, 2048-token layer: the grid's first tiles served <= 3 s after
           the URL is printed; server peak <= 1.5 GB.
   grid    every cell: --html <= 10 s per batch entry, <= 1.5 GB, <= 25 MB; --plot <= 3 s per panel,
-          <= 400 MB; the viewer's first paint <= 3 s.
+          <= 400 MB; the viewer's first paint <= 3 s; check <= 1.5 GB (a match: exit 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -280,8 +282,9 @@ def code_of(rev: str | None, tmp: Path) -> Path:
 GRID: list[dict[str, Any]] = []
 
 
-def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, cells: str | None = None) -> None:
-    """Issue 32's grid: every cell's --html, --plot and viewer, measured one after the other."""
+def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, cells: str | None = None,
+                 check_rows: bool = True, mismatch: bool = False, what: str = "html,check,plot,view") -> None:
+    """Issue 32's grid: every cell's --html, --plot, viewer and check, measured one after the other."""
     import itertools
 
     root = code_of(before, tmp)
@@ -311,16 +314,24 @@ def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, ce
             continue
         out = tmp / "g.html"
         explain = ["--explain-row", f"0,5:{min(777, GRID_T - 1)}"] if row else []  # batch 0, head 5
-        r = measure(cli("run", *args, "-q", *explain, "--html", str(out)), cap=GRID_CAP, root=root, check=False,
-                    timeout=1800)
-        report(name, "html", r, out, 10 * batch, 1536, 25, gqa=gqa, causal=causal, row=row, dtype=dtype, batch=batch,
-               before=before)
+        if "html" in what:
+            r = measure(cli("run", *args, "-q", *explain, "--html", str(out)), cap=GRID_CAP, root=root, check=False,
+                        timeout=1800)
+            report(name, "html", r, out, 10 * batch, 1536, 25, gqa=gqa, causal=causal, row=row, dtype=dtype,
+                   batch=batch, before=before)
+        if check_rows and not row and "check" in what:  # (the same output and options as the cell without --explain-row)
+            check_cell(name, args, tmp, root, before, mismatch, gqa=gqa, causal=causal, row=row, dtype=dtype,
+                       batch=batch)
         if row:
             continue
         out = tmp / "g.png"
-        r = measure(cli("run", *args, "-q", "--plot", str(out)), cap=GRID_CAP, root=root, check=False, timeout=1800)
-        report(name, "plot", r, out, 3 * GRID_H * batch, 400, None, gqa=gqa, causal=causal, row=row, dtype=dtype,
-               batch=batch, before=before)
+        if "plot" in what:
+            r = measure(cli("run", *args, "-q", "--plot", str(out)), cap=GRID_CAP, root=root, check=False,
+                        timeout=1800)
+            report(name, "plot", r, out, 3 * GRID_H * batch, 400, None, gqa=gqa, causal=causal, row=row, dtype=dtype,
+                   batch=batch, before=before)
+        if "view" not in what:
+            continue
         v = first_paint(cli("view", *args, "--no-open"), root, GRID_H, batch, cap=GRID_CAP)
         if isinstance(v, str):
             print(f"  {name:<44} {'view':<6} {v}", flush=True)
@@ -330,6 +341,25 @@ def grid_section(tmp: Path, before: str | None = None, reduced: bool = False, ce
             print(f"  {name:<44} {'view':<6} {v[0]:>8.2f} {'':>7} {v[1] / 1024:>8.0f} {'':>8}  "
                   f"{'ok' if ok else 'MISSED'}", flush=True)
             GRID.append({"cell": name, "what": "view", "s": v[0], "peak_mb": v[1] / 1024, "ok": ok, "before": before})
+
+
+def check_cell(name: str, args: list[str], tmp: Path, root: Path, before: str | None, mismatch: bool,
+               **cell: Any) -> None:
+    """The grid's `check` row: `attncli check OUT.npy ARGS -q` of the output `attncli run ARGS --save OUT.npy` saved
+    (the same options: a match, exit 0); with ``mismatch``, the output of the problem with --causal flipped, checked
+    with the cell's options (a mismatch, exit 1, the catalogue searched: it must name causal-missing/-added)."""
+    saved = tmp / "g_out.npy"
+    flipped = [a for a in args if a != "--causal"] if "--causal" in args else [*args, "--causal"]
+    made = measure(cli("run", *(flipped if mismatch else args), "-q", "--save", str(saved)), cap=GRID_CAP, root=root,
+                   check=False, timeout=1800)
+    if made["rc"] != 0:
+        report(name, "check", made, tmp / "none", math.inf, 1536, None, before=before, **cell)
+        return
+    r = measure(cli("check", str(saved), *args, "-q"), cap=GRID_CAP, root=root, check=False, timeout=1800)
+    if mismatch and r["rc"] == 1:
+        r = {**r, "rc": 0}  # the mismatch expected; whether it is named is `attncli check` without -q's business
+    report(name, "check!" if mismatch else "check", r, tmp / "none", math.inf, 1536, None, before=before, **cell)
+    saved.unlink(missing_ok=True)
 
 
 def report(name: str, what: str, r: dict[str, Any], out: Path, seconds: float, mb: float, size_mb: float | None,
@@ -363,6 +393,10 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH", help="grid: write every cell's figures there")
     ap.add_argument("--cells", metavar="REGEX", help="grid: only the cells whose name matches, e.g. 'GQA.*float32 B=1'")
     ap.add_argument("--tokens", type=int, default=2048, help="grid: T (2048; smaller only to try the script)")
+    ap.add_argument("--no-check", action="store_true", help="grid: leave out the check rows")
+    ap.add_argument("--what", default="html,check,plot,view", help="grid: which rows of each cell (default: all)")
+    ap.add_argument("--mismatch", action="store_true",
+                    help="grid: the check rows check an output computed with --causal flipped (the catalogue searched)")
     args = ap.parse_args()
     GRID_T = args.tokens
     print(f"load average before: {os.getloadavg()[0]:.2f}")
@@ -370,7 +404,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for name in args.only or [s for s in SECTIONS if s != "grid"]:
             if name == "grid":
-                grid_section(Path(d), args.before, args.reduced, args.cells)
+                grid_section(Path(d), args.before, args.reduced, args.cells, not args.no_check, args.mismatch,
+                             args.what)
             else:
                 SECTIONS[name](Path(d))
     if args.json and GRID:

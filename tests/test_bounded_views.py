@@ -88,6 +88,30 @@ def test_html_is_bounded(inputs: Path, tmp_path: Path, gqa: bool, causal: bool, 
         assert "row q300" in text and "head 5" in text  # the named row, explained
 
 
+@pytest.mark.parametrize(("gqa", "dtype", "batch", "budget"), [(True, "float64", 2, 200), (False, "float32", 1, 120)])
+def test_html_with_steps_is_bounded(inputs: Path, tmp_path: Path, gqa: bool, dtype: str, batch: int,
+                                    budget: int) -> None:
+    """`run ... -q --html a.html --steps weights,output`: --steps only choose what is shown or saved, and nothing
+    else is: the page is made from blocks, the run of every weight is not made (the steps are checked on one row)."""
+    start = baseline(tmp_path)
+    out = tmp_path / "a.html"
+    args = ["run", *files(inputs, gqa, batch, dtype), "-q", "--causal", "--html", str(out), "--steps", "weights,output"]
+    r, peak, _ = child(args, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert peak - start <= budget, (peak, start)
+    assert out.read_text().count("<figure>") == batch * H
+
+
+def test_html_with_an_unknown_step_is_refused_and_writes_nothing(inputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "a.html"
+    r, _, _ = child(["run", *files(inputs, True, 1, "float32"), "-q", "--html", str(out), "--steps", "weights,nosuch"],
+                    tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--steps" in lines[0] and "nosuch" in lines[0] and "weights" in lines[0]
+    assert not out.exists()
+
+
 PLOT = [
     (False, True, "float32", 1, 120),
     (True, False, "float64", 2, 160),

@@ -247,9 +247,9 @@ def compare(expected: np.ndarray, computed: np.ndarray, tol: Tolerance, namer: C
     err = errors(expected, computed)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(computed != 0, err / np.abs(computed), np.where(err == 0, 0.0, np.inf))
-    bad = np.argwhere(~ok)
+    bad = first_false(ok, SHOWN_CELLS)  # not np.argwhere(~ok): (cells, ndim) int64 indices when every cell differs
     bound = np.broadcast_to(tol.bound(computed), computed.shape)
-    first = [namer.cell(tuple(int(i) for i in idx), expected, computed, err, bound) for idx in bad[:SHOWN_CELLS]]
+    first = [namer.cell(idx, expected, computed, err, bound) for idx in bad]
     worst = worst_rel = None
     if err.size:
         widx = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))
@@ -261,7 +261,18 @@ def compare(expected: np.ndarray, computed: np.ndarray, tol: Tolerance, namer: C
     if not np.isfinite(max_rel) and finite_rel.size:
         max_rel = math.inf
     return Comparison(bool(ok.all()), float(err.max()) if err.size else 0.0, max_rel, worst,
-                      int(bad.shape[0]), int(ok.size), first, worst_rel)
+                      int(ok.size - np.count_nonzero(ok)), int(ok.size), first, worst_rel)
+
+
+def first_false(ok: np.ndarray, count: int, chunk: int = 1 << 20) -> list[tuple[int, ...]]:
+    """The indices of the first ``count`` False cells of ``ok`` in C order, found a chunk of cells at a time."""
+    flat = ok.reshape(-1)
+    found: list[int] = []
+    for i in range(0, flat.size, chunk):
+        found.extend(int(j) + i for j in np.flatnonzero(~flat[i:i + chunk])[:count - len(found)])
+        if len(found) >= count:
+            break
+    return [tuple(int(x) for x in np.unravel_index(j, ok.shape)) for j in found]
 
 
 @dataclass

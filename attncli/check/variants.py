@@ -1206,6 +1206,17 @@ def _try(v: Variant, c: Context) -> _Try:
 
 SCREEN_CELLS = 1 << 22  # score cells (batch × m × n) beyond which the catalogue is screened on sampled rows first
 SCREEN_ROWS = 32  # ...rows spread evenly over the queries, and as many of the rows where no change errs most
+SAMPLE_CELLS = 1 << 21  # ...fewer (at least MIN_SCREEN_ROWS of each) when the sample's scores (batch × rows × n) would
+MIN_SCREEN_ROWS = 4  # exceed this: every step of a sampled run is one (batch, rows, n) array, held explicitly; then the
+# survivors are confirmed in blocks of SAMPLE_CELLS scores too (else SCREEN_CELLS)
+
+
+def sample_rows(p: Subject) -> int:
+    """How many rows a screen samples of each kind (spread, worst): ``SCREEN_ROWS``, fewer when the sample's
+    scores (every batch entry and head × 2·rows × n keys) would pass ``SAMPLE_CELLS`` (32 heads × 2048 keys × batch
+    2: 8 of each, so a sampled run's steps stay 16 MB each in float64: a layer's check peaked at 1.6 GB with 32)."""
+    per_row = max(1, int(np.prod(p.batch_shape)) * p.n)
+    return max(MIN_SCREEN_ROWS, min(SCREEN_ROWS, SAMPLE_CELLS // (2 * per_row)))
 
 
 @dataclass
@@ -1223,6 +1234,7 @@ class _Screen:
     baseline: float
     survivors: int = 0
     ruled_out: int = 0
+    each: int = SCREEN_ROWS  # rows spread over the queries, and as many where no change errs most
 
     @classmethod
     def of(cls, c: Context) -> _Screen | None:
@@ -1235,11 +1247,12 @@ class _Screen:
             return None
         err = errors(c.expected, correct)
         by_row = np.moveaxis(np.nan_to_num(err, nan=np.inf), -2, 0).reshape(p.m, -1).max(axis=1)  # (m,)
-        spread = np.linspace(0, p.m - 1, SCREEN_ROWS).round().astype(int)
-        worst = np.argsort(-by_row, kind="stable")[:SCREEN_ROWS]
+        each = sample_rows(p)
+        spread = np.linspace(0, p.m - 1, each).round().astype(int)
+        worst = np.argsort(-by_row, kind="stable")[:each]
         rows = tuple(int(i) for i in np.unique(np.concatenate([spread, worst])))
         sample = Context.of(p, np.take(c.expected, rows, axis=-2), c.what, c.tol, rows=rows)
-        return cls(c, sample, correct, float(err.max()))
+        return cls(c, sample, correct, float(err.max()), each=each)
 
     def survives(self, t: _Try) -> bool:
         e = t.explanation
@@ -1258,7 +1271,8 @@ class _Screen:
             got = np.asarray(run(replace(p, options=replace(p.options, keep_weights=False)))[c.what], dtype=np.float64)
         else:
             p = base or c.problem
-            step = max(1, SCREEN_CELLS // max(1, int(np.prod(p.batch_shape)) * p.n))
+            per_row = max(1, int(np.prod(p.batch_shape)) * p.n)
+            step = max(1, (SCREEN_CELLS if self.each == SCREEN_ROWS else SAMPLE_CELLS) // per_row)
             parts = []
             for i in range(0, p.m, step):
                 rows = tuple(range(i, min(p.m, i + step)))
@@ -1278,7 +1292,7 @@ class _Screen:
 
     def sentence(self, variants: int, pairs: int) -> str:
         return (f"searched {variants} variants and {pairs} pairs on {len(self.sample.rows or ())} sampled rows of "
-                f"{self.full.problem.m} ({SCREEN_ROWS} spread over the queries and the {SCREEN_ROWS} where no change errs "
+                f"{self.full.problem.m} ({self.each} spread over the queries and the {self.each} where no change errs "
                 f"most); {self.ruled_out} ruled out there (no match possible, not {NEAREST_FACTOR:g}× closer than no "
                 f"change), {self.survivors} checked in full")
 

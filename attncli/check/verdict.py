@@ -331,11 +331,11 @@ def check(problem: Subject, expected: Any, *, what: str = "output", tolerance: T
         ctx = Context.of(problem, exp, what, Tolerance(0.0, 0.0, ""))
         reference = run(replace(ctx.problem, options=replace(ctx.problem.options, keep_weights=False))) \
             if what == "output" else ctx.ref  # the output alone: the output-only path (no (m, n) matrix held)
-        computed = reference[what].astype(np.float64)
+        computed = np.asarray(reference[what], dtype=np.float64)
         tol, judged = _precision(exp, computed, naive_step(problem, precision, what), precision, precision_source,
                                  CellNamer.for_step(trace, what), reference if what == "output" else None)
     else:
-        computed = trace[what].astype(np.float64)
+        computed = np.asarray(trace[what], dtype=np.float64)
         tol = tolerance or float_default(str(trace.meta.dtype or "float64"), source)
     namer = CellNamer.for_step(trace, what)
     comparison = compare(exp, computed, tol, namer)

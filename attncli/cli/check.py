@@ -101,6 +101,7 @@ CHECK_HELP = (
 )
 
 INLINE = "--expected"
+EXPLAIN_CELLS = 1 << 22  # score cells (batch × m × n) beyond which --explain computes its cells' rows alone
 
 
 @app.command("check", help=CHECK_HELP)
@@ -225,9 +226,14 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tupl
     absent = None if opts.what is None else absent_step(subject, opts.what)
     if absent is not None:  # refused before computing: the chain's stages tell
         raise InputError(absent, "--what")
-    # the output alone (and no cell to explain): no (m, n) matrix
-    trace = run(subject, plan(subject, Needs(weights=steps != ["output"] or bool(opts.explain))))
-    cells = explanations(trace, RenderOptions(precision=opts.precision, explain=list(opts.explain or [])))  # checked first
+    weights = steps != ["output"]
+    rowwise = bool(opts.explain) and not weights and math.prod(subject.batch_shape) * subject.m * subject.n > EXPLAIN_CELLS
+    # the output alone (and no cell to explain, or a problem whose cells are explained a row at a time): no (m, n) matrix
+    trace = run(subject, plan(subject, Needs(weights=weights or (bool(opts.explain) and not rowwise))))
+    if rowwise:
+        cells = row_explanations(subject, list(opts.explain), opts.precision)  # checked first
+    else:
+        cells = explanations(trace, RenderOptions(precision=opts.precision, explain=list(opts.explain or [])))
     verdicts = []
     for what in steps:  # each expected step of a problem file, in the file's order: its own verdict
         if what not in trace:  # a step outside the chain (absent_step told the chain's): --what's, or the file's
@@ -241,6 +247,19 @@ def compute_verdict(args: list[str], problem: ProblemArgs, opts: Verify) -> tupl
                               explain=opts.search, precision=precision, precision_source=precision_source,
                               pairs=opts.pairs))
     return (verdicts[0] if len(verdicts) == 1 else Steps(verdicts)), cells
+
+
+def row_explanations(subject: Any, specs: list[str], precision: int) -> list[dict[str, Any]]:
+    """The cells ``--explain`` names, as :func:`attncli.render.explain.explanations` gives them, each computed from
+    its query's row alone (the viewer's rows on demand): what ``check -x`` explains beyond ``EXPLAIN_CELLS``."""
+    from attncli.render.explain import parse_cell
+    from attncli.render.viewer import Layer
+
+    layer = Layer(subject, "attention")
+    shape = layer.row_trace(0)  # the problem's shape and labels, to parse QUERY,KEY
+    asked = [(spec, parse_cell(shape, spec, precision)) for spec in specs]  # every cell checked before any is explained
+    return [{"what": "cell", "spec": spec, "batch": list(c.batch), "query": c.i, "key": c.j,
+             **layer.explain(c.batch, c.i, c.j, precision)} for spec, c in asked]
 
 
 def capture_verdict(args: list[str], problem: ProblemArgs, opts: Verify, reader: Any) -> Any:

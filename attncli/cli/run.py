@@ -69,6 +69,11 @@ def execute(problem: Any, opts: View, protect: list[str]) -> None:
             opts = replace(opts, plot=None)
     if not (made and page_was_all(opts, problem)):
         compute_and_emit(problem, opts, protect)
+    elif opts.steps:  # the steps of a page made from blocks, nothing else shown: named ones checked on one query row
+        from attncli.core.engine import run
+        from attncli.core.plan import Plan
+
+        known_steps(run(problem, Plan("explicit", (0,))), opts.steps)
     if made:
         from attncli.io.files import atomic_write
 
@@ -191,10 +196,11 @@ def name_heads(problem: Any, trace: Any) -> None:
 def page_was_all(opts: View, problem: Any) -> bool:
     """Whether nothing but the pictures already made was asked for: --quiet, the terminal format, nothing
     else saved or drawn, and no capture whose model attention the run must agree with. Then --explain /
-    --explain-row were the page's, and the run (every weight, for them) is not made."""
+    --explain-row were the page's, and the run (every weight, for them) is not made; --steps, which only choose what
+    is shown or saved, are checked (:func:`known_steps`) and change nothing here."""
     from attncli.cli.inputs import captured
 
-    return (opts.quiet and opts.format == "rich" and opts.save is None and not opts.steps
+    return (opts.quiet and opts.format == "rich" and opts.save is None
             and not (opts.svg or opts.plot or opts.similarity) and captured(problem) is None)
 
 
@@ -299,6 +305,17 @@ def pictures(trace: Any, opts: View, ropts: Any) -> Any:
     return show
 
 
+def known_steps(trace: Any, given: str) -> list[str]:
+    """The steps --steps names, each one of ``trace``'s (or its inputs); else an InputError naming the unknown."""
+    steps = [s.strip() for s in given.split(",")]
+    known = {*trace.names(), *trace.inputs}
+    unknown = [s for s in steps if s not in known]
+    if unknown:
+        raise InputError(f"unknown step(s) {', '.join(unknown)}; this run has {', '.join([*trace.inputs, *trace.names()])}",
+                         "--steps")
+    return steps
+
+
 def emit(trace: Any, opts: View, protect: list[str], first: str | None = None) -> None:
     """Print the trace in the chosen format, save it if asked, and report warnings on stderr. ``first``: a line the
     text view starts with (a capture's layer against the model's own attention), once everything is checked."""
@@ -308,13 +325,7 @@ def emit(trace: Any, opts: View, protect: list[str], first: str | None = None) -
     from attncli.render import FORMATS, SAVERS, RenderOptions, load_renderers
 
     load_renderers()
-    steps = [s.strip() for s in opts.steps.split(",")] if opts.steps else None
-    if steps is not None:
-        known = {*trace.names(), *trace.inputs}
-        unknown = [s for s in steps if s not in known]
-        if unknown:
-            raise InputError(f"unknown step(s) {', '.join(unknown)}; this run has {', '.join([*trace.inputs, *trace.names()])}",
-                             "--steps")
+    steps = known_steps(trace, opts.steps) if opts.steps else None
     ropts = RenderOptions(precision=opts.precision, steps=steps, full=opts.full,
                           explain=list(opts.explain or []), explain_rows=list(opts.explain_row or []))
     show = pictures(trace, opts, ropts)
