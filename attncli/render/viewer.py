@@ -44,7 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 
 from attncli.core.backend import to_numpy
-from attncli.core.engine import Prepared, attention_weights, prepare
+from attncli.core.engine import Prepared, attention_weights, hidden_after, prepare
 from attncli.core.ops import expand_kv, weighted_sum
 from attncli.core.params import WeightedSum
 from attncli.core.problem import Problem
@@ -105,6 +105,20 @@ def pool(a: np.ndarray, fr: int, fc: int) -> np.ndarray:
     big = np.asarray(np.fmax.reduce(cols.reshape(a.shape[:-2] + (M, fr, N)), axis=-2), dtype=np.float32)
     big[np.isneginf(big)] = np.nan
     return big
+
+
+def finite_range(a: np.ndarray) -> tuple[float, float]:
+    """The smallest and largest finite value of ``a`` ((inf, -inf) when none is): two reductions that skip NaN,
+    the finite values picked out only when an infinity is there."""
+    if a.size == 0:
+        return math.inf, -math.inf
+    lo, hi = float(np.fmin.reduce(a, axis=None)), float(np.fmax.reduce(a, axis=None))
+    if math.isinf(lo) or math.isinf(hi):
+        kept = a[np.isfinite(a)]
+        return (float(kept.min()), float(kept.max())) if kept.size else (math.inf, -math.inf)
+    if math.isnan(lo):  # every value NaN
+        return math.inf, -math.inf
+    return lo, hi
 
 
 def png_of(a: np.ndarray, lo: float, hi: float) -> bytes:
@@ -219,10 +233,10 @@ class Layer:
 
     # ---- computing ----
 
-    def _compute(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    def _compute(self, rows: np.ndarray, keys: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """The query × key steps of ``rows``, every head (name -> values), and where the mask hid a key
-        (None: no mask step)."""
-        part = self._part(rows)
+        (None: no mask step); against the first ``keys`` keys only when given (see engine.hidden_after)."""
+        part = self._part(rows, keys)
         self._weights_step = part.meta.weights_step or "weights"
         qk = [s for s in part.steps if s.axes == (QUERIES, KEYS) and s.numpy().ndim == len(self.p.q.shape)]
         hidden: np.ndarray | None = None
@@ -241,11 +255,11 @@ class Layer:
         bad = ~np.isfinite(a) if hidden is None else hidden | ~np.isfinite(a)
         return np.where(bad, np.nan, a).astype(np.float32)
 
-    def _part(self, rows: np.ndarray) -> Trace:
+    def _part(self, rows: np.ndarray, keys: int | None = None) -> Trace:
         be = self.p.backend
         qr = be.xp.take(self.p.q, be.asarray(rows, "int64") if be.name == "torch" else rows, axis=-2)  # (..., r, d)
         part = Trace(query_labels=self.problem.query_labels, key_labels=self.problem.key_labels)
-        attention_weights(self.p.core, be, qr, self.k, self.p.score_weights, part, rows=rows)
+        attention_weights(self.p.core, be, qr, self.k, self.p.score_weights, part, rows=rows, keys=keys)
         return part
 
     def sweep(self, step: str) -> None:
@@ -264,15 +278,16 @@ class Layer:
 
                 def one(r0: int) -> dict[str, tuple[float, float, bool]]:  # numpy lets go of the GIL: side by side
                     r1 = min(self.m, r0 + self.block)
-                    arrays, hidden = self._compute(np.arange(r0, r1))
+                    rows = np.arange(r0, r1)
+                    keys = hidden_after(self.p.core, rows)  # a causal block: the keys after its last query not computed
+                    arrays, hidden = self._compute(rows, keys)  # (their cells: masked, NaN in the overview)
                     out = {}
                     for s, ov in ovs.items():
                         a = arrays[s]
                         shown = a if hidden is None else np.where(hidden, np.nan, a)
-                        ov.values[..., r0 // self.fr:math.ceil(r1 / self.fr), :] = pool(shown, self.fr, self.fc)
-                        kept = shown[np.isfinite(shown)]
-                        out[s] = ((float(kept.min()), float(kept.max())) if kept.size else (math.inf, -math.inf)) + (
-                            hidden is not None and bool(hidden.any()),)
+                        ov.values[..., r0 // self.fr:math.ceil(r1 / self.fr), :math.ceil(a.shape[-1] / self.fc)] = \
+                            pool(shown, self.fr, self.fc)
+                        out[s] = finite_range(shown) + (keys is not None or (hidden is not None and bool(hidden.any())),)
                     return out
 
                 from threadpoolctl import threadpool_limits
