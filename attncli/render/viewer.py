@@ -59,6 +59,7 @@ EXACT_ROWS = 256  # a tile of at most this many rows (and finer than the overvie
 HEAD_VIEW_MAX = 512  # the head view draws lines for at most this many queries and keys
 HEAD_VIEW_TOP = 8  # lines per query and head: its strongest keys ...
 HEAD_VIEW_MIN = 0.02  # ... of at least this weight
+ROW_TRACES = 4  # row traces kept (each every head's steps of one query: (..., 1, n) per step)
 MAX_TILE = 2048  # pixels per axis of one tile
 CLIP = 99.5  # percentile of a step's overview that takes the brightest colour
 PARAMETERS = {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", *LATENT, "W_g"}  # steps an unbatched run keeps whole
@@ -161,6 +162,8 @@ class Layer:
         self.lock = threading.Lock()
         self.failed: str | None = None
         self._steps64: list[Step] | None = None
+        self._row_traces: OrderedDict[int, Trace] = OrderedDict()  # the last row traces made (row_trace)
+        self._row_lock = threading.Lock()
         self._inputs64: dict[str, Any] = {}
         self._patterns: list[dict[str, Any]] | None = None
         self.named: list[dict[str, Any]] = []  # the diagnostics' head_patterns of this layer (set by the CLI)
@@ -324,7 +327,22 @@ class Layer:
     def row_trace(self, i: int) -> Trace:
         """A trace of the problem's shape whose query × key steps (and per-head output) hold query i's
         row, repeated over every row by a zero-stride view: what attncli.render.explain reads of cell
-        (i, j) or row i is exactly the engine's numbers for query i."""
+        (i, j) or row i is exactly the engine's numbers for query i. Every head and batch entry is computed
+        at once, so the last ROW_TRACES are kept (read only): each entry's explanation of the same query
+        (a page's first and last rows of every head) reads one computation."""
+        with self._row_lock:
+            t = self._row_traces.get(i)
+            if t is not None:
+                self._row_traces.move_to_end(i)
+                return t
+        t = self._row_trace(i)
+        with self._row_lock:
+            self._row_traces[i] = t
+            while len(self._row_traces) > ROW_TRACES:
+                self._row_traces.popitem(last=False)
+        return t
+
+    def _row_trace(self, i: int) -> Trace:
         base = self.p.trace
         part = self._part(np.array([i]))
         steps, inputs = self._base64()
