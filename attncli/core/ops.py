@@ -815,10 +815,12 @@ def dead_row_messages(problem: Problem, dead: np.ndarray) -> list[str]:
 
 
 def _all_fine(xp: Any, raw: Any, s: Any) -> bool:
-    """Whether every raw score is finite and no score after masking is NaN or +inf (a NaN anywhere makes a max
-    NaN; an infinity shows in the max or the min); False also when a shape or type makes it unsure."""
+    """Whether every raw score is finite and no score after masking is NaN or +inf: a sum of values one of which
+    is not finite is not finite (a finite sum that overflows says False too: the full check then decides), a NaN
+    makes a max NaN; False also when a shape or type makes it unsure."""
     try:
-        return bool(xp.isfinite(xp.max(raw))) and bool(xp.isfinite(xp.min(raw))) and bool(xp.max(s) < math.inf)
+        with np.errstate(over="ignore", invalid="ignore"):  # the sum's own overflow: no warning, the full check
+            return bool(xp.isfinite(xp.sum(raw))) and (s is raw or bool(xp.max(s) < math.inf))
     except (TypeError, ValueError, RuntimeError):  # an empty block, a type without max: the full check
         return False
 
