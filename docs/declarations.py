@@ -34,6 +34,9 @@ def _row(fam: Family) -> tuple[str, ...]:
                          "stored sinusoidal rotary table checked" if fam.rope_table else "",
                          "rotary over the whole head, no scaling" if fam.rope_whole else "",
                          f"partial rotary {fam.partial_default} by default" if fam.partial_default else "",
+                         "rope_type " + ", ".join(f"{a} read as {b}" for a, b in fam.rope_renamed)
+                         if fam.rope_renamed else "",
+                         "rope_type only " + " or ".join(sorted(fam.rope_types)) if fam.rope_types else "",
                          f"rotary style `{fam.rope_switch}`" if fam.rope_switch else "",
                          f"rotary width `{fam.rotary_key}`" if fam.rotary_key else "",
                          f"layer types: {_rule(fam.layer_type)}" if fam.layer_type else "",

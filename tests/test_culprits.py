@@ -283,3 +283,34 @@ def test_gpt_neox_without_a_rotary_fraction_rotates_a_quarter_as_transformers(tm
     assert r.returncode == 0, r.stderr
     out = np.asarray(json.loads(r.stdout)["output"]).reshape(7, 32)
     np.testing.assert_allclose(out, seen["y"][0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+PHI3_SCALINGS = [{"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+                 {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0},
+                 {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 32}]
+
+
+@pytest.mark.parametrize("scaling", PHI3_SCALINGS, ids=[s["rope_type"] for s in PHI3_SCALINGS])
+def test_a_phi3_rope_scaling_its_config_class_renames_or_refuses_is_refused(scaling: dict[str, Any],
+                                                                            tmp_path: Path) -> None:
+    """Phi3Config renames rope_type yarn (and su) to longrope and refuses linear, dynamic and llama3: transformers
+    computes no yarn for Phi-3 (before, attncli computed yarn: numbers of no model). Refused naming config.json and
+    rope_scaling; the config class itself is the reference for each type."""
+    transformers = pytest.importorskip("transformers")
+    kw = dict(hidden_size=E, num_attention_heads=H, num_key_value_heads=2, max_position_embeddings=64)
+    if scaling["rope_type"] == "yarn":  # read as longrope, which then asks for its long and short factors
+        with pytest.raises(Exception, match="longrope"):
+            transformers.Phi3Config(**kw, rope_scaling=dict(scaling))
+    else:
+        with pytest.raises(Exception, match=scaling["rope_type"]):
+            transformers.Phi3Config(**kw, rope_scaling=dict(scaling))
+    files(tmp_path)
+    model(tmp_path / "m", model_type="phi3", rope_scaling=scaling, max_position_embeddings=64)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "attncli", *SELF, "m", "-q"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120, preexec_fn=_cap)
+    line = r.stderr.strip()
+    assert r.returncode == 2 and r.stdout == "" and len(line.splitlines()) == 1 and len(line) < 300, r.stderr
+    for w in ("config.json", "rope_scaling", "phi3", scaling["rope_type"]):
+        assert w in line, (w, line)

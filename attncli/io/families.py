@@ -108,6 +108,8 @@ class Family:
     sink_form: str | None = None  # "scale": sinks as Granite SWA's sigmoid(lse - sink) scale (the option sink_form)
     fused: str | None = None  # its fused q/k/v where the layout has two splits: "groups" (rows (G, H/G + 2, d), G from
     # the config: Falcon) | "linear" (an nn.Linear c_attn: [Q; k; v] by rows under multi_query, else (H, 3, d): GPT-BigCode)
+    rope_renamed: tuple[tuple[str, str], ...] = ()  # rope_types its config class renames: (as written, as computed)
+    rope_types: frozenset[str] | None = None  # the rope_types its config class accepts (None: any attncli computes)
     rope_table: bool = False  # its sinusoidal rotary table may be stored (embed_positions.weight): checked, base 10000
     requires: tuple[tuple[str, str], ...] = ()  # config keys that must be set: (key, what it is), refused without
     layer_types: bool = False  # config.json must list layer_types (its config class derives them; attncli does not)
@@ -383,8 +385,11 @@ W = WINDOW_KEYS
 # Llama-style self_attn.{q,k,v,o}_proj; read from each modeling_*.py's Attention.forward (transformers 5.23)
 declare("llama", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "ministral", "arcee", "aria_text",
         "cwm", "dots1", "glm4_moe", "hy_v3", "internlm3", "iquestcoder", "kolibri1", "mellum",
-        "seed_oss", "solar_open", "phi3", "falcon_h1",
+        "seed_oss", "solar_open", "falcon_h1",
         layout="llama", keys=W)
+# Phi3Config renames rope_type su and yarn to longrope (not computed here) and refuses every other scaling type
+declare("phi3", layout="llama", keys=W, rope_renamed=(("su", "longrope"), ("yarn", "longrope")),
+        rope_types=frozenset({"default", "longrope"}))
 declare("qwen2", "qwen3", layout="llama", keys=W, slides=_max_window_layers)
 declare("minimax", layout="llama", keys=W, always_slides=True)  # its mask slides on every attention layer
 for mt in ("phimoe", "starcoder2", "jais2"):  # nn.LayerNorm with bias before attention

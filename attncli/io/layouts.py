@@ -51,7 +51,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from attncli.core.options import Options
+from attncli.core.options import ROPE_TYPES, Options
 from attncli.core.projections import BIASES, Projections
 from attncli.errors import InputError, printable
 from attncli.io import config as cfgcheck
@@ -751,6 +751,23 @@ def layer_kind(fam: Family, config: dict[str, Any] | None, layer: int, source: s
     return LayerKind(lt, fam.nope is not None and fam.nope(layer, cfg, lt), module, by_rule)
 
 
+def _rope_renamed(c: Ctx, fam: Family) -> None:
+    """A rope_type the family's config class renames before computing (Phi3Config: su, yarn -> longrope) or does
+    not accept: the renamed type is what the model computes, so it is the one checked; one it refuses is refused."""
+    sc = c.facts.rope_scaling
+    if sc is None:
+        return
+    kind = str(sc.get("rope_type", sc.get("type", "default")))
+    key = c.facts.keys.get("rope_scaling", "rope_scaling")
+    computed = dict(fam.rope_renamed).get(kind, kind)
+    if computed != kind and computed not in ROPE_TYPES:
+        raise c.fail(f"config.json {key}: {fam.model_type} computes rope_type {printable(kind, 30)} as {computed} "
+                     "(its config class renames it), which is not supported")
+    if fam.rope_types is not None and computed not in fam.rope_types:
+        raise c.fail(f"config.json {key}: {fam.model_type}'s config class refuses rope_type {printable(kind, 30)} "
+                     f"(it takes {' or '.join(sorted(fam.rope_types))})")
+
+
 def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
     """Rotary: the family's style, theta / scaling / partial width from the config (per layer type), HunYuan's NTK
     alpha, full-head rotary, Granite SWA's theta per layer; a NoPE layer has none."""
@@ -764,6 +781,7 @@ def _opt_rope(c: Ctx, fam: Family, k: LayerKind) -> None:
         if fam.rope_switch is not None:  # the config classes' default: true (interleaved)
             kind = "half" if cfg.get(fam.rope_switch) is False else "interleaved"
         _rope(c, kind, layer_type=k.type)
+        _rope_renamed(c, fam)
         if fam.rotary_key is not None:  # MLA: the rotary turns qk_rope_head_dim features (required)
             c.facts.rotary_dim = int(cfgcheck.value(cfg, fam.rotary_key, "config.json"))
         if fam.rope_alpha:
