@@ -373,7 +373,8 @@ def test_subarray_dtype_npy_same_from_file_and_stdin(work: Path) -> None:
     ({"bandwidth": 1e-200, "score": "gaussian"}, "bandwidth"),
     ({"query_labels": 5}, "query_labels"),
     ({"query_labels": "abc"}, "query"),
-    ({"params": [1, 2]}, "params"),
+    ({"params": [1, 2]}, "params"),  # the former name: the message names the argument given
+    ({"score_weights": [1, 2]}, "score_weights"),
 ])
 def test_attend_raises_input_error_naming_the_argument(kwargs: dict[str, object], named: str) -> None:
     with pytest.raises(InputError, match=named):

@@ -91,9 +91,9 @@ def attend(q: Any, k: Any = None, v: Any = None, *, valid_lens: Any = None, mask
     if params is not None and score_weights is not None:
         raise InputError("give the score's weights once: score_weights= (params= is its former name)",
                          "attend(score_weights=...)")
-    weights = score_weights if score_weights is not None else params
+    weights, given = (score_weights, "score_weights") if score_weights is not None else (params, "params")
     problem = Problem.build(q, k, v, valid_lens=valid_lens, mask=mask, query_labels=query_labels,
-                            key_labels=key_labels, score_weights=dict(mapping(weights, "attend() score_weights")),
+                            key_labels=key_labels, score_weights=dict(mapping(weights, f"attend() {given}")),
                             sinks=sinks,
                             alibi_slopes=alibi_slopes,
                             options=Options().merged(options, "attend()"), sources=_api_sources())
