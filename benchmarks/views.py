@@ -58,7 +58,9 @@ GRID_CAP = 6 << 30  # address space of one child of the grid (a "before" that gr
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    # PYTHONSAFEPATH: `python -m attncli` would otherwise import the attncli of the working directory (this tree)
+    # ahead of PYTHONPATH, so a --before run from the repository root measured today's code
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONSAFEPATH": "1"}
 
 
 def measure(cmd: list[str], timeout: float = 900, cap: int = 0, root: Path = ROOT,

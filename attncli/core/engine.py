@@ -472,10 +472,12 @@ def _corner_rows(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str
 
 @np.errstate(over="ignore", invalid="ignore")  # overflow is reported by check_scores, as one line
 def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dict[str, Any],
-                      trace: Trace, rows: np.ndarray | None = None) -> Any:
+                      trace: Trace, rows: np.ndarray | None = None, keys: int | None = None) -> Any:
     """Scores, scaling, masking, softmax and the softmax's variants for ``q`` against ``k``: adds the
     steps and returns the weights that multiply V. ``rows``: ``q`` holds only these queries of the
-    problem (their masks are taken for them)."""
+    problem (their masks are taken for them). ``keys``: against the first ``keys`` keys only (the steps
+    are (..., b, keys)): the caller knows that the mask hides every later key from every row of ``q``
+    (see :func:`hidden_after`), so their weights are exactly 0."""
     o, xp = problem.options, be.xp
     score = get_score(o.score)
 
@@ -501,7 +503,10 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     if N.SCALED not in [st.name for st in chain.needed(problem)]:  # no scaled step: the rule is still told
         name = chain.scale_name(problem)
         trace.meta.scaling = Scaling(text(chain.scale_rule(name, o.scale, problem.d_qk, problem.n)), None, o.temperature)
-    lg = chain.logits(problem, q, k, params, chain.block(problem, be, rows), record, trace)
+    blk = chain.block(problem, be, rows)
+    if keys is not None:  # (..., n, d) -> (..., keys, d): the keys after are masked for every row
+        blk, k = blk.cols(slice(0, keys)), k[..., :keys, :]
+    lg = chain.logits(problem, q, k, params, blk, record, trace)
     raw, s, keep = lg.unmasked, lg.s, lg.keep
 
     ops.check_scores(problem, xp, raw, s, keep)  # the overflow rule of every path
@@ -509,6 +514,25 @@ def attention_weights(problem: Problem, be: Backend, q: Any, k: Any, params: dic
     w = _weights_steps(problem, be, w, trace)
     trace.meta.weights_step = trace.steps[-1].name
     return w
+
+
+TRIMMABLE_SCORES = frozenset({"dot", "scaled-dot", "general", "cosine"})  # one score per (query, key), from q and k
+
+
+def hidden_after(problem: Problem, rows: np.ndarray) -> int | None:
+    """The number of leading keys that the queries ``rows`` can see when the mask hides every later key from each
+    of them (a causal block's keys after its last query), so that their softmax over those keys alone gives the
+    same weights (the later keys' exps are exactly 0); None when that is not so or not known (a --mask-value,
+    hard attention or dropout, a score that is not one per (query, key) pair)."""
+    o = problem.options
+    if o.mask_value is not None or o.hard or o.dropout > 0 or get_score(o.score).name not in TRIMMABLE_SCORES:
+        return None
+    keep, _ = ops.keep_mask(problem, problem.n, rows)
+    if keep is None or keep.shape[-1] != problem.n:
+        return None
+    seen = np.flatnonzero(np.any(keep.reshape(-1, problem.n), axis=0))  # (n,): keys some row of the block keeps
+    hi = int(seen[-1]) + 1 if seen.size else problem.n
+    return hi if hi < problem.n else None
 
 
 def _softmax_step(problem: Problem, be: Backend, s: Any, keep: Any, trace: Trace, rows: np.ndarray | None) -> Any:

@@ -814,12 +814,26 @@ def dead_row_messages(problem: Problem, dead: np.ndarray) -> list[str]:
     return out
 
 
+def _all_fine(xp: Any, raw: Any, s: Any) -> bool:
+    """Whether every raw score is finite and no score after masking is NaN or +inf: a sum of values one of which
+    is not finite is not finite (a finite sum that overflows says False too: the full check then decides), a NaN
+    makes a max NaN; False also when a shape or type makes it unsure."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # the sum's own overflow: no warning, the full check
+            return bool(xp.isfinite(xp.sum(raw))) and (s is raw or bool(xp.max(s) < math.inf))
+    except (TypeError, ValueError, RuntimeError):  # an empty block, a type without max: the full check
+        return False
+
+
 def check_scores(problem: Problem, xp: Any, raw: Any, s: Any, keep: Any, offset: tuple[int, int] = (0, 0)) -> None:
     """Raise a one-line InputError when a score that takes part is not finite: the inputs
     overflowed the dtype (e.g. float32 entries of 1e30, whose products reach 1e60), and no
     softmax of such a row means anything. ``raw``: the (scaled) scores, which must be finite
     where ``keep`` is True; ``s``: after masking, where only -inf (a masked key) may appear;
     ``offset``: the (query, key) index of their first score (a block of the blocked path)."""
+    if _all_fine(xp, raw, s):  # the common case in three reductions, not six passes over the block
+        _check_fill(problem, xp, s, keep, offset)
+        return
     bad = xp.isnan(s) | (xp.isinf(s) & (s > 0))
     raw_bad = ~xp.isfinite(raw)
     bad = bad | (raw_bad if keep is None else raw_bad & keep)

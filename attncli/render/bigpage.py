@@ -146,9 +146,12 @@ def layer_page(layer: Any, cells: list[str], rows: list[str], precision: int = 4
             for i in sorted({0, layer.m - 1}):
                 shown.append({"what": "row", "batch": list(e), "query": i, **layer.explain(e, i, None, precision)})
     tables = {}
+    by_query: dict[int, dict[str, np.ndarray]] = {}  # a query's steps, every head: computed once for all its entries
     for k, ex in enumerate(shown):
         if ex["what"] == "row":
-            arrays, _ = layer._compute(np.array([ex["query"]]))
+            if ex["query"] not in by_query:
+                by_query[ex["query"]] = layer._compute(np.array([ex["query"]]))[0]
+            arrays = by_query[ex["query"]]
             e = tuple(ex["batch"])
             pre = next((n for n in ("masked", "scaled", "scores") if n in arrays), step)
             tables[k] = _table(arrays[step][e][0], arrays[pre][e][0], pre, axis_labels(t, KEYS, layer.n), precision)

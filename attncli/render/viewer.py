@@ -44,7 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 
 from attncli.core.backend import to_numpy
-from attncli.core.engine import Prepared, attention_weights, prepare
+from attncli.core.engine import Prepared, attention_weights, hidden_after, prepare
 from attncli.core.ops import expand_kv, weighted_sum
 from attncli.core.params import WeightedSum
 from attncli.core.problem import Problem
@@ -59,6 +59,7 @@ EXACT_ROWS = 256  # a tile of at most this many rows (and finer than the overvie
 HEAD_VIEW_MAX = 512  # the head view draws lines for at most this many queries and keys
 HEAD_VIEW_TOP = 8  # lines per query and head: its strongest keys ...
 HEAD_VIEW_MIN = 0.02  # ... of at least this weight
+ROW_TRACES = 4  # row traces kept (each every head's steps of one query: (..., 1, n) per step)
 MAX_TILE = 2048  # pixels per axis of one tile
 CLIP = 99.5  # percentile of a step's overview that takes the brightest colour
 PARAMETERS = {"W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", *LATENT, "W_g"}  # steps an unbatched run keeps whole
@@ -107,6 +108,20 @@ def pool(a: np.ndarray, fr: int, fc: int) -> np.ndarray:
     return big
 
 
+def finite_range(a: np.ndarray) -> tuple[float, float]:
+    """The smallest and largest finite value of ``a`` ((inf, -inf) when none is): two reductions that skip NaN,
+    the finite values picked out only when an infinity is there."""
+    if a.size == 0:
+        return math.inf, -math.inf
+    lo, hi = float(np.fmin.reduce(a, axis=None)), float(np.fmax.reduce(a, axis=None))
+    if math.isinf(lo) or math.isinf(hi):
+        kept = a[np.isfinite(a)]
+        return (float(kept.min()), float(kept.max())) if kept.size else (math.inf, -math.inf)
+    if math.isnan(lo):  # every value NaN
+        return math.inf, -math.inf
+    return lo, hi
+
+
 def png_of(a: np.ndarray, lo: float, hi: float) -> bytes:
     return png(colour(a, lo, hi))
 
@@ -147,6 +162,8 @@ class Layer:
         self.lock = threading.Lock()
         self.failed: str | None = None
         self._steps64: list[Step] | None = None
+        self._row_traces: OrderedDict[int, Trace] = OrderedDict()  # the last row traces made (row_trace)
+        self._row_lock = threading.Lock()
         self._inputs64: dict[str, Any] = {}
         self._patterns: list[dict[str, Any]] | None = None
         self.named: list[dict[str, Any]] = []  # the diagnostics' head_patterns of this layer (set by the CLI)
@@ -219,10 +236,10 @@ class Layer:
 
     # ---- computing ----
 
-    def _compute(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    def _compute(self, rows: np.ndarray, keys: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """The query × key steps of ``rows``, every head (name -> values), and where the mask hid a key
-        (None: no mask step)."""
-        part = self._part(rows)
+        (None: no mask step); against the first ``keys`` keys only when given (see engine.hidden_after)."""
+        part = self._part(rows, keys)
         self._weights_step = part.meta.weights_step or "weights"
         qk = [s for s in part.steps if s.axes == (QUERIES, KEYS) and s.numpy().ndim == len(self.p.q.shape)]
         hidden: np.ndarray | None = None
@@ -241,11 +258,11 @@ class Layer:
         bad = ~np.isfinite(a) if hidden is None else hidden | ~np.isfinite(a)
         return np.where(bad, np.nan, a).astype(np.float32)
 
-    def _part(self, rows: np.ndarray) -> Trace:
+    def _part(self, rows: np.ndarray, keys: int | None = None) -> Trace:
         be = self.p.backend
         qr = be.xp.take(self.p.q, be.asarray(rows, "int64") if be.name == "torch" else rows, axis=-2)  # (..., r, d)
         part = Trace(query_labels=self.problem.query_labels, key_labels=self.problem.key_labels)
-        attention_weights(self.p.core, be, qr, self.k, self.p.score_weights, part, rows=rows)
+        attention_weights(self.p.core, be, qr, self.k, self.p.score_weights, part, rows=rows, keys=keys)
         return part
 
     def sweep(self, step: str) -> None:
@@ -264,15 +281,16 @@ class Layer:
 
                 def one(r0: int) -> dict[str, tuple[float, float, bool]]:  # numpy lets go of the GIL: side by side
                     r1 = min(self.m, r0 + self.block)
-                    arrays, hidden = self._compute(np.arange(r0, r1))
+                    rows = np.arange(r0, r1)
+                    keys = hidden_after(self.p.core, rows)  # a causal block: the keys after its last query not computed
+                    arrays, hidden = self._compute(rows, keys)  # (their cells: masked, NaN in the overview)
                     out = {}
                     for s, ov in ovs.items():
                         a = arrays[s]
                         shown = a if hidden is None else np.where(hidden, np.nan, a)
-                        ov.values[..., r0 // self.fr:math.ceil(r1 / self.fr), :] = pool(shown, self.fr, self.fc)
-                        kept = shown[np.isfinite(shown)]
-                        out[s] = ((float(kept.min()), float(kept.max())) if kept.size else (math.inf, -math.inf)) + (
-                            hidden is not None and bool(hidden.any()),)
+                        ov.values[..., r0 // self.fr:math.ceil(r1 / self.fr), :math.ceil(a.shape[-1] / self.fc)] = \
+                            pool(shown, self.fr, self.fc)
+                        out[s] = finite_range(shown) + (keys is not None or (hidden is not None and bool(hidden.any())),)
                     return out
 
                 from threadpoolctl import threadpool_limits
@@ -309,7 +327,22 @@ class Layer:
     def row_trace(self, i: int) -> Trace:
         """A trace of the problem's shape whose query × key steps (and per-head output) hold query i's
         row, repeated over every row by a zero-stride view: what attncli.render.explain reads of cell
-        (i, j) or row i is exactly the engine's numbers for query i."""
+        (i, j) or row i is exactly the engine's numbers for query i. Every head and batch entry is computed
+        at once, so the last ROW_TRACES are kept (read only): each entry's explanation of the same query
+        (a page's first and last rows of every head) reads one computation."""
+        with self._row_lock:
+            t = self._row_traces.get(i)
+            if t is not None:
+                self._row_traces.move_to_end(i)
+                return t
+        t = self._row_trace(i)
+        with self._row_lock:
+            self._row_traces[i] = t
+            while len(self._row_traces) > ROW_TRACES:
+                self._row_traces.popitem(last=False)
+        return t
+
+    def _row_trace(self, i: int) -> Trace:
         base = self.p.trace
         part = self._part(np.array([i]))
         steps, inputs = self._base64()
