@@ -541,13 +541,14 @@ def _softmax_step(problem: Problem, be: Backend, s: Any, keep: Any, trace: Trace
     o, xp = problem.options, be.xp
     before = trace.steps[-1].name
     name = "softmax" if o.hard or o.dropout > 0 else "weights"
-    w = ops.softmax_of(problem, xp, s, None if problem.sinks is None else be.asarray(problem.sinks, problem.dtype))
+    top = xp.max(s, axis=-1, keepdims=True)  # each row's max: the softmax's shift and the dead rows' test
+    w = ops.softmax_of(problem, xp, s, None if problem.sinks is None else be.asarray(problem.sinks, problem.dtype), top)
     if problem.sinks is not None:  # one more logit per head in the denominator, its column dropped
         trace.meta.sinks = [float(x) for x in problem.sinks]
         trace.add("sink", 1.0 - xp.sum(w, axis=-1, keepdims=True), (QUERIES, "sink"),
                   notes=["sinks per head: " + ", ".join(f"{x:.6g}" for x in problem.sinks[:8])
                          + (", …" if len(problem.sinks) > 8 else "")], params=Sink(tuple(trace.meta.sinks), before))
-    dead = ops.dead_rows(xp, s, keep)
+    dead = ops.dead_rows(xp, s, keep, top)
     trace.dead = dead if rows is None else None
     if dead is not None and rows is None:  # for some rows only: the run of the output names them
         trace.warnings.extend(ops.dead_row_messages(problem, dead))

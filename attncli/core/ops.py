@@ -687,31 +687,38 @@ def row_shift(xp: Any, mx: Any) -> Any:
     return xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
 
 
-def softmax_parts(xp: Any, s: Any) -> tuple[Any, Any, Any]:
-    """(row max, e = exp(s - max), z = Σ e) over the last axis; a row of -inf has max 0, e 0, z 0."""
-    mx = row_shift(xp, xp.max(s, axis=-1, keepdims=True))
-    e = xp.exp(s - mx)
+def softmax_parts(xp: Any, s: Any, top: Any = None) -> tuple[Any, Any, Any]:
+    """(row max, e = exp(s - max), z = Σ e) over the last axis; a row of -inf has max 0, e 0, z 0. ``top``: the row
+    max (..., m, 1) when the caller has it already. exp is taken in place of the difference (its own new array)."""
+    mx = row_shift(xp, xp.max(s, axis=-1, keepdims=True) if top is None else top)
+    e = _exp(xp, s - mx, True)
     return mx, e, xp.sum(e, axis=-1, keepdims=True)
 
 
-def softmax(xp: Any, s: Any) -> Any:
-    """Stable softmax over the last axis: exp(s - max) / Σ exp(s - max). Rows of -inf give zeros.
+def softmax(xp: Any, s: Any, top: Any = None) -> Any:
+    """Stable softmax over the last axis: exp(s - max) / Σ exp(s - max). Rows of -inf give zeros. ``top``: the row
+    max of ``s`` when the caller has it (:func:`softmax_of`).
 
     A namespace with ``fused_softmax`` computes it in one operation (attncli.check.precision: torch's softmax of a
     half tensor computes in float32 and rounds once)."""
     fused = getattr(xp, "fused_softmax", None)
     if fused is not None:
         return fused(s)
-    _, e, z = softmax_parts(xp, s)
-    return e / xp.where(z > 0, z, xp.ones_like(z))
+    _, e, z = softmax_parts(xp, s, top)
+    z = xp.where(z > 0, z, xp.ones_like(z))
+    if type(e) is np.ndarray:  # e is this function's own array: divided in place (the same quotients)
+        return np.divide(e, z, out=e)
+    if hasattr(e, "div_"):
+        return e.div_(z)
+    return e / z
 
 
-def softmax_of(problem: Problem, xp: Any, s: Any, sinks: Any = None) -> Any:
+def softmax_of(problem: Problem, xp: Any, s: Any, sinks: Any = None, top: Any = None) -> Any:
     """The exact softmax ``problem`` asks for over the scores ``s`` (..., m, n): plain, or with its ``sinks`` (H,)
     on the backend in gpt-oss's form or Granite SWA's (--sink-form scale). The explicit path's; the blocked path
     folds the same sinks into :class:`OnlineSoftmax` (:meth:`OnlineSoftmax.add_sinks`)."""
     if sinks is None:
-        return softmax(xp, s)
+        return softmax(xp, s, top)
     if problem.options.sink_form == "scale":
         return softmax_sink_scaled(xp, s, sinks)
     return softmax_with_sinks(xp, s, sinks)
@@ -784,10 +791,11 @@ def row_dead(xp: Any, top: Any, kept: Any) -> Any:
     return dead
 
 
-def dead_rows(xp: Any, s: Any, keep: Any) -> np.ndarray | None:
+def dead_rows(xp: Any, s: Any, keep: Any, top: Any = None) -> np.ndarray | None:
     """Rows (..., m) with every key masked (:func:`row_dead` of the whole scores ``s`` and ``keep``), on the host; None
-    if none. The warnings, diagnostics and views read it."""
-    dead = row_dead(xp, xp.max(s, axis=-1, keepdims=True), None if keep is None else xp.any(keep, axis=-1))
+    if none. The warnings, diagnostics and views read it. ``top``: the row max of ``s`` when the caller has it."""
+    top = xp.max(s, axis=-1, keepdims=True) if top is None else top
+    dead = row_dead(xp, top, None if keep is None else xp.any(keep, axis=-1))
     dead_np = to_numpy(dead)
     return dead_np if dead_np.any() else None
 
