@@ -64,6 +64,7 @@ def test_sweep_overview_is_the_pooled_reference(case: str, overview: int, monkey
     problem = Problem.build(x, x, x, valid_lens=valid, options=options) if valid is not None else \
         Problem.build(x, x, x, options=options)
     monkeypatch.setattr(viewer, "BLOCK_BYTES", viewer.WORKERS * 2 * H * T * 8 * 5 * 6)  # ~6 rows a block: many blocks
+    monkeypatch.setattr(viewer, "BLOCK_ROWS", 1)
     layer = viewer.Layer(problem, "attention", overview=overview)
     assert 1 < layer.block < T
     layer.sweep(layer.weights_step)

@@ -54,6 +54,8 @@ from attncli.render import colours
 
 OVERVIEW = 512  # values per axis of a step's overview (per head)
 BLOCK_BYTES = 48 << 20  # the steps of one block of queries, every head together, while it is computed
+BLOCK_ROWS = 16  # ... at least this many queries a block, within BLOCK_MAX: BLAS multiplies a few rows by a whole Kᵀ
+BLOCK_MAX = 192 << 20  # at a fraction of its speed (float64, 64 heads × 2048 keys: 4 rows 3.4x slower than 20)
 CACHE_BYTES = 256 << 20  # exact rows kept for zoomed-in tiles
 EXACT_ROWS = 256  # a tile of at most this many rows (and finer than the overview) is drawn from exact rows
 HEAD_VIEW_MAX = 512  # the head view draws lines for at most this many queries and keys
@@ -100,10 +102,11 @@ def pool(a: np.ndarray, fr: int, fc: int) -> np.ndarray:
         pad = np.full(a.shape[:-2] + (M * fr, N * fc), np.nan, dtype=np.float32)
         pad[..., :m, :n] = a
         a = pad
-    cols = a[..., 0::fc]  # (..., M·fr, N): the columns of each block side by side, one strided slice at a time
+    rows = np.fmax.reduce(a.reshape(a.shape[:-2] + (M, fr, N * fc)), axis=-2) if fr > 1 else a  # (..., M, N·fc)
+    big = rows[..., 0::fc]  # (..., M, N): the columns of each block side by side, one strided slice at a time
     for j in range(1, fc):  # ~10x faster than a reduction over a short last axis
-        cols = np.fmax(cols, a[..., j::fc])
-    big = np.asarray(np.fmax.reduce(cols.reshape(a.shape[:-2] + (M, fr, N)), axis=-2), dtype=np.float32)
+        big = np.fmax(big, rows[..., j::fc])  # (the rows first: these passes read fr times fewer values)
+    big = np.asarray(big, dtype=np.float32)
     big[np.isneginf(big)] = np.nan
     return big
 
@@ -228,11 +231,12 @@ class Layer:
         heads = int(np.prod(self.lead)) if self.lead else 1
         item = int(getattr(self.p.q.dtype, "itemsize", 4))  # float64 blocks hold twice float32's bytes
         size = self.m and max(1, heads * self.n * item * (len(self.steps) + 1))  # a row's steps and its mask
-        self.block = max(1, min(self.m, BLOCK_BYTES // WORKERS // size))
+        rows = max(BLOCK_BYTES // WORKERS // size, min(BLOCK_ROWS, BLOCK_MAX // WORKERS // size))
+        self.block = max(1, min(self.m, rows))
         self.fr, self.fc = max(1, math.ceil(self.m / overview)), max(1, math.ceil(self.n / overview))
         self.block = max(self.fr, self.block // self.fr * self.fr)  # whole blocks of the overview
-        # blocks side by side within BLOCK_BYTES (one at a time when a block of the overview is larger)
-        self.workers = max(1, min(WORKERS, BLOCK_BYTES // max(1, self.block * size)))
+        # blocks side by side within BLOCK_MAX (one at a time when a block of the overview is larger)
+        self.workers = max(1, min(WORKERS, max(BLOCK_BYTES, BLOCK_MAX) // max(1, self.block * size)))
 
     # ---- computing ----
 
@@ -304,7 +308,7 @@ class Layer:
                             ov.lo, ov.hi, ov.masked = min(ov.lo, lo), max(ov.hi, hi), ov.masked or masked
                 for s, ov in ovs.items():
                     finite = ov.values[np.isfinite(ov.values)]
-                    ov.top = float(np.percentile(finite, CLIP)) if finite.size else ov.hi
+                    ov.top = float(np.percentile(finite, CLIP, overwrite_input=True)) if finite.size else ov.hi
                     self.overviews[s] = ov
             except Exception as e:  # said on the page, never a half-drawn map
                 self.failed = f"{type(e).__name__}: {e}"
