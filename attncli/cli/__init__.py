@@ -212,6 +212,8 @@ def main() -> None:
         from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef,assignment]
 
     process.guard_stdout()  # the terminating signals are the console script's (attncli.__main__)
+    if sys.argv[1:2] and sys.argv[1] in process.SWEEPING:
+        process.allocator_for_sweeps()
     try:
         code = invoked(sys.argv[1:])(standalone_mode=False)  # usage errors come here, to be said in one line
         sys.stdout.flush()  # here, not at exit: a full disk or a closed pipe is said, not ignored

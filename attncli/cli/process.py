@@ -130,3 +130,27 @@ def stdout_failed(e: StdoutError) -> int:
     sys.stderr.write(f"attncli: error: stdout: cannot be written ({e.strerror or 'write failed'})\n")
     sys.stderr.flush()
     return 2
+
+
+SWEEPING = frozenset({"run", "self", "view", "heads", "check", "examples"})  # commands that compute a block at a time
+
+
+def allocator_for_sweeps() -> None:
+    """glibc's allocator set for a process that computes attention a block of queries at a time (the viewer's, the big
+    page's and the plot's sweeps, the blocked path, check's): by default each thread gets an arena of its own, a freed
+    array of over the (dynamic) mmap threshold goes back to the system, and so does a free heap top of over 128 KiB, so
+    every block's new arrays are faulted in page by page again. Here one arena, glibc's largest mmap threshold (32 MiB)
+    and a trim threshold of 1 GiB: the viewer's sweep of 64 float64 heads × 2048² spent 2.6 s of system time faulting
+    pages, now 0.2 s (3.2 s -> 2.2 s of wall time on 2 cores); its peak memory is the same. Process-wide, so the CLI's
+    (never the library's); nothing where the C library has no mallopt (musl's does nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (glibc refuses more)
+    mallopt(-8, 1)  # M_ARENA_MAX
