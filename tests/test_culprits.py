@@ -137,6 +137,16 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
     "config query_pre_attn_scalar 1e-320 (a scale of 1e160 that overflows)": (
         lambda t: [*SELF, model(t / "m", model_type="gemma2", head_dim=D, query_pre_attn_scalar=1e-320)],
         2, ["config.json", "query_pre_attn_scalar", "overflow"], ["--scale", "option scale", "x.npy"]),
+    # transformers builds the mask of a sliding layer with create_sliding_window_causal_mask, which raises on a null
+    # window (test below): attncli computed such a layer with no window at all before
+    "config sliding_window null on a sliding layer (layer_types)": (
+        lambda t: [*SELF, model(t / "m", model_type="gemma2", head_dim=D, sliding_window=None,
+                                layer_types=["full_attention", "sliding_attention"])],
+        2, ["config.json", "sliding_window", "null", "layer 1"], ["--window"]),
+    "config sliding_window null on a sliding layer (Gemma 2's rule)": (
+        lambda t: ["self", "x.npy", "--layer", "0", "--weights", model(t / "m", model_type="gemma2", head_dim=D,
+                                                                         sliding_window=None)],
+        2, ["config.json", "sliding_window", "null", "layer 0", "layer rule"], ["--window"]),
     "config rope_theta 1e-320": (
         lambda t: [*SELF, model(t / "m", rope_theta=1e-320)],
         2, ["config.json", "rope_theta", "larger than 1"], ["rope_base", "--rope-base"]),
@@ -224,6 +234,19 @@ def test_transformers_itself_refuses_yarn_without_factor(tmp_path: Path) -> None
     with pytest.raises(KeyError, match="factor"):
         cfg = transformers.AutoConfig.from_pretrained(tmp_path / "m")
         transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def test_transformers_itself_cannot_run_a_sliding_layer_without_its_window(tmp_path: Path) -> None:
+    """The origin of the sliding_window null rows above: Gemma 2's model from such a config.json fails in its forward
+    (no window for the sliding layer's mask), so there are no numbers of the model's own to agree with."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model(tmp_path / "m", model_type="gemma2", head_dim=D, sliding_window=None, vocab_size=8, intermediate_size=8,
+          max_position_embeddings=32)
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "m")
+    net = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    with pytest.raises(Exception), torch.no_grad():  # noqa: B017,PT011 (transformers' own error, wording not pinned)
+        net(input_ids=torch.tensor([[1, 2, 3]]))
 
 
 @pytest.mark.parametrize("key", ["num_attention_heads", "hidden_size"])

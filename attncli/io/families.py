@@ -327,8 +327,10 @@ def _gemma3_pattern(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
 
 
 def _max_window_layers(i: int, cfg: dict[str, Any], lt: str | None) -> bool:
-    """Qwen 2 / 3: with use_sliding_window, the layers from max_window_layers on slide."""
-    return bool(cfg.get("use_sliding_window")) and i >= int(cfg.get("max_window_layers", 0))
+    """Qwen 2 / 3: with use_sliding_window and a sliding_window, the layers from max_window_layers on slide (a null
+    window: none does, as Qwen2Config derives layer_types)."""
+    return bool(cfg.get("use_sliding_window")) and cfg.get("sliding_window") is not None \
+        and i >= int(cfg.get("max_window_layers", 0))
 
 
 def _two_of_three(i: int, cfg: dict[str, Any], lt: str | None) -> bool:

@@ -475,6 +475,12 @@ def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
                              f"{cfg.get(key)}): every query would see no key")
         else:
             w = fam.window_default
+    if w is None and (kind == "sliding_attention" or (kind is None and fam.slides is not None
+                                                      and fam.slides(c.layer, cfg, None))):
+        # a sliding layer without its window: transformers' create_sliding_window_causal_mask raises on it
+        said = "config.json's layer_types" if kind is not None else f"{fam.model_type}'s layer rule"
+        raise c.fail(f"{fam.model_type}: {said} makes layer {c.layer} a sliding-window layer, but config.json's "
+                     f"{fam.window_key} is null: its window is unknown (transformers cannot run it either)")
     if w is None or (w == 0 and cfg.get("use_sliding_window") is False):  # Qwen2-MoE: 0 = no window
         return
     if kind == "chunked_attention" and c.facts.chunk is None:
