@@ -44,3 +44,29 @@ def browser() -> Iterator[Any]:
         b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
         yield b
         b.close()
+
+
+def _cached_command() -> None:
+    """typer's CliRunner builds the whole click command from the app on every invoke (~50 ms: each command's
+    signature turned into options, as `attncli` does on start); the suite invokes the app thousands of times. The
+    command built once per state of the app (its registered commands, groups and callback) is reused: click
+    commands are stateless between invocations (each gets a new context). Only where typer.testing has the name."""
+    import typer.testing
+
+    build = getattr(typer.testing, "_get_command", None)
+    if build is None:
+        return
+    cache: dict[tuple[int, ...], Any] = {}
+
+    def get_command(app: Any) -> Any:
+        key = (id(app), id(getattr(app, "registered_callback", None)),
+               *(id(c) for c in getattr(app, "registered_commands", [])),
+               -1, *(id(g) for g in getattr(app, "registered_groups", [])))
+        if key not in cache:
+            cache[key] = build(app)
+        return cache[key]
+
+    typer.testing._get_command = get_command  # type: ignore[attr-defined]
+
+
+_cached_command()
