@@ -323,3 +323,33 @@ def test_cli_unknown_form_is_one_line_from_the_shell(tmp_path: Path) -> None:
                          cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 2 and res.stdout == "" and res.stderr.count("\n") == 1, res.stderr
     assert "--alibi-form" in res.stderr and "absolute-bf16" in res.stderr
+
+
+@pytest.mark.parametrize("given", [["--alibi"], ["--sinks", "SINKS"]])
+def test_a_3d_input_with_per_head_options_names_its_first_axis_heads(given: list[str], tmp_path: Path) -> None:
+    """Q (H, T, d) with ALiBi or sinks: axis -3 holds the heads whose slopes (sinks) apply, so the panels say
+    "head h of H" (they said "batch [h]"), the JSON's batch_axes is ["head"]; head h's weights are the causal softmax
+    of q·k/sqrt(d) + slope_h · j with Bloom's slopes for H heads (transformers' build_alibi_tensor), in float64."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    H, T, d = 3, 5, 8
+    q = np.random.default_rng(4).standard_normal((H, T, d))
+    np.save(tmp_path / "q.npy", q)
+    np.save(tmp_path / "sinks.npy", np.array([0.5, -1.0, 2.0]))
+    args = ["run", str(tmp_path / "q.npy"), "--causal", *[str(tmp_path / "sinks.npy") if a == "SINKS" else a
+                                                           for a in given]]
+    text = CliRunner().invoke(app, [*args, "--steps", "weights"])
+    assert text.exit_code == 0, text.output
+    assert [f"head {h} of {H}" in text.stdout for h in range(H)] == [True] * H and "batch [" not in text.stdout
+    res = CliRunner().invoke(app, [*args, "--format", "json"])
+    doc = json.loads(res.stdout)
+    assert doc["batch_axes"] == ["head"] and doc["head_axis"] == 0
+    s = np.einsum("htd,hsd->hts", q, q) / math.sqrt(d)
+    if given == ["--alibi"]:
+        s = s + build_alibi_tensor(torch.ones(1, T, dtype=torch.long), H, torch.float64).numpy()  # (H, 1, T)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    z = e.sum(-1, keepdims=True)
+    if given != ["--alibi"]:  # gpt-oss's sinks: one more logit per head in the denominator
+        z = z + np.exp(np.array([0.5, -1.0, 2.0])[:, None, None] - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.array(doc["weights"]), e / z, rtol=1e-12, atol=1e-15)

@@ -159,6 +159,8 @@ class Problem(Shared):
         names = ("batch",) * len(batch)
         if len(batch) >= 2 and (q.ndim >= 4 or G):  # (B, H, T, d): axis -3 holds heads
             names = ("batch" if self.batched else "",) * (len(batch) - 1) + ("head",)
+        elif len(batch) == 1 and (self.options.alibi or self.alibi_slopes is not None or self.sinks is not None):
+            names = ("head",)  # (H, T, d) with ALiBi or sinks: axis -3 holds the heads their slopes and sinks follow
         for name, value in (("batch_shape", batch), ("kv_heads", G), ("axis_names", names)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "query_limit", self._valid_lens_limit())
