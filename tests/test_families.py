@@ -573,6 +573,29 @@ def test_family_with_a_new_step_agrees(mt: str, dtype: str | None) -> None:
         assert {k.split(" ")[0] for k in outcomes} == {"0/chunked_attention/rope", "3/full_attention/nope"}
 
 
+@pytest.mark.parametrize("mt", ["qwen2_moe", "qwen3_moe", "qwen2", "qwen3"])
+def test_a_window_kept_beside_use_sliding_window_false_is_not_applied(mt: str, tmp_path: Path) -> None:
+    """The hub's Qwen1.5-MoE / Qwen2.5 config.json files keep sliding_window (32768, 131072) beside
+    use_sliding_window: false; transformers' configs drop it (None, or 0 for Qwen2-MoE): no layer slides. Here a window
+    of 3 keys (T = 10) is written back into the saved config.json: every run agrees with the module, which attended
+    to every key (attncli slid Qwen2-MoE's and Qwen3-MoE's layers before: weights off by 0.98 and 0.47, exit 0)."""
+    saved = OVERRIDES.get(mt)
+    OVERRIDES[mt] = {**(saved or {}), "use_sliding_window": False, "sliding_window": 3}
+    try:
+        built = build(mt, tmp_path / "m")
+    finally:
+        OVERRIDES.pop(mt)
+        if saved is not None:
+            OVERRIDES[mt] = saved
+    path = tmp_path / "m" / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["sliding_window"] = 3
+    cfg.pop("layer_types", None)
+    path.write_text(json.dumps(cfg))
+    outcomes = {layer: run_self(built, layer, False, tmp_path) for layer in built.kinds}
+    assert outcomes and {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
+
+
 @pytest.mark.slow
 def test_hybrid_layer_refused_naming_its_type(tmp_path: Path) -> None:
     """Qwen3-Next's linear_attention layers (Gated DeltaNet) have no softmax attention: --layer on one is refused in

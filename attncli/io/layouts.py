@@ -481,7 +481,9 @@ def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
         said = "config.json's layer_types" if kind is not None else f"{fam.model_type}'s layer rule"
         raise c.fail(f"{fam.model_type}: {said} makes layer {c.layer} a sliding-window layer, but config.json's "
                      f"{fam.window_key} is null: its window is unknown (transformers cannot run it either)")
-    if w is None or (w == 0 and cfg.get("use_sliding_window") is False):  # Qwen2-MoE: 0 = no window
+    if w is None or (cfg.get("use_sliding_window") is False and kind != "sliding_attention"):
+        # Qwen 2/3 (MoE) and SmolLM3: no window unless use_sliding_window, whatever sliding_window says beside it (their
+        # configs null it, or 0 for Qwen2-MoE; the hub's Qwen1.5-MoE and Qwen2.5 config.json files keep 32768/131072)
         return
     if kind == "chunked_attention" and c.facts.chunk is None:
         raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
