@@ -596,6 +596,50 @@ def test_a_window_kept_beside_use_sliding_window_false_is_not_applied(mt: str, t
     assert outcomes and {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
 
 
+def test_window_defaults_are_the_config_classes() -> None:
+    """A config.json without its window key is read as transformers reads it, with the config class's default
+    (families.WINDOW_DEFAULTS): each default is the class's own, and every declared family whose class has a window
+    by default is listed (or has its own rule: GPT-Neo's window_size, ModernBERT's local_attention, or Qwen's and
+    SmolLM3's use_sliding_window, false by default, which drops the window)."""
+    from transformers import CONFIG_MAPPING
+
+    from attncli.io.families import FAMILIES, WINDOW_DEFAULTS, WINDOW_SWITCHED
+
+    for mt, fam in FAMILIES.items():
+        if fam.window_key != "sliding_window" or fam.window_key not in fam.reads() or mt not in CONFIG_MAPPING:
+            continue
+        cfg = CONFIG_MAPPING[mt]()
+        default = getattr(cfg, "sliding_window", None)
+        if mt in WINDOW_SWITCHED:
+            assert getattr(cfg, "use_sliding_window", None) is False and not default, mt
+            assert fam.window_switch == "use_sliding_window", mt
+        elif fam.layer_type is None:
+            assert fam.window_default == default == WINDOW_DEFAULTS.get(mt), (mt, default)
+
+
+@pytest.mark.parametrize("mt", ["gpt_oss", "granite_swa"])
+def test_a_config_without_its_window_key_has_the_classs_window(mt: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpt-oss and Granite SWA (a default window of 128) at T = 140 with config.json's sliding_window deleted: the
+    module (built with the class's 128) and attncli agree; attncli attended to every key before (no window read)."""
+    monkeypatch.setattr(sys.modules[__name__], "T", 140)
+    saved = OVERRIDES.get(mt)
+    OVERRIDES[mt] = {**(saved or {}), "sliding_window": 128, "max_position_embeddings": 256}
+    try:
+        built = build(mt, tmp_path / "m")
+    finally:
+        OVERRIDES.pop(mt)
+        if saved is not None:
+            OVERRIDES[mt] = saved
+    path = tmp_path / "m" / "config.json"
+    cfg = json.loads(path.read_text())
+    del cfg["sliding_window"]
+    path.write_text(json.dumps(cfg))
+    outcomes = {layer: run_self(built, layer, False, tmp_path) for layer in built.kinds}
+    assert any("sliding" in kind for kind in built.kinds.values()), built.kinds
+    assert outcomes and {o.verdict for o in outcomes.values()} == {"agrees"}, outcomes
+
+
 @pytest.mark.slow
 def test_hybrid_layer_refused_naming_its_type(tmp_path: Path) -> None:
     """Qwen3-Next's linear_attention layers (Gated DeltaNet) have no softmax attention: --layer on one is refused in
