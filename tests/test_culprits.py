@@ -135,7 +135,8 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], int, list[str], list[str]]] 
         2, ["config.json", "rope_parameters", "max_position_embeddings"], ["--rope-scaling", "rope_scaling"]),
     # an option config.json gives under another name: that key, never the option's name or its flag
     "config query_pre_attn_scalar 1e-320 (a scale of 1e160 that overflows)": (
-        lambda t: [*SELF, model(t / "m", model_type="gemma2", head_dim=D, query_pre_attn_scalar=1e-320)],
+        lambda t: [*SELF, model(t / "m", model_type="gemma2", head_dim=D, query_pre_attn_scalar=1e-320,
+                                attn_logit_softcapping=None)],  # (Gemma2Config's default soft-cap 50 bounds them)
         2, ["config.json", "query_pre_attn_scalar", "overflow"], ["--scale", "option scale", "x.npy"]),
     # transformers builds the mask of a sliding layer with create_sliding_window_causal_mask, which raises on a null
     # window (test below): attncli computed such a layer with no window at all before

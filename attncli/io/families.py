@@ -615,6 +615,22 @@ for _mt, _w in WINDOW_DEFAULTS.items():
     FAMILIES[_mt] = replace(FAMILIES[_mt], window_default=_w)
 for _mt in WINDOW_SWITCHED:
     FAMILIES[_mt] = replace(FAMILIES[_mt], window_switch="use_sliding_window")
+NOT_ROTARY = frozenset({"no_rope_layers", "no_rope_layer_interval", "rope_interleave"})  # which layers, or the pairing
+
+
+def with_class_defaults(model_type: str, config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """config.json as transformers reads it through the family's config class: each attention key it leaves out
+    filled with the class's default (attncli.io.class_defaults; a null stays null: config.json said it), the class's
+    rope_parameters only where config.json has no rotary key at all, of any name (else the file's keys decide)."""
+    from attncli.io.class_defaults import DEFAULTS
+
+    given = DEFAULTS.get(model_type)
+    if config is None or not given:
+        return config
+    rotary = any(("rope" in k or "rotary" in k) and k not in NOT_ROTARY for k in config)  # of any name
+    fill = {k: v for k, v in given.items() if k not in config and not (k == "rope_parameters" and rotary)}
+    return {**fill, **config} if fill else config
+
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
 REFUSED: dict[str, str] = {
     "diffllama": "differential attention (two softmaxes, lambda, group norm) is not supported",

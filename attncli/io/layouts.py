@@ -57,7 +57,15 @@ from attncli.errors import InputError, printable
 from attncli.io import config as cfgcheck
 from attncli.io import weights
 from attncli.io.checkpoint import Checkpoint, model_args, open_checkpoint
-from attncli.io.families import CONFIG_DECIDES, FAMILIES, REFUSED, Family, attention_keys, unsupported_key
+from attncli.io.families import (
+    CONFIG_DECIDES,
+    FAMILIES,
+    REFUSED,
+    Family,
+    attention_keys,
+    unsupported_key,
+    with_class_defaults,
+)
 from attncli.io.weights import Converter, entries_of
 
 
@@ -1883,7 +1891,8 @@ def load_layer(path: str | Path | Checkpoint, layer: int | None, prefix: str | N
     args = model_args(ckpt.files) if ckpt.config is None else None
     if heads is None and args is not None and args.get("n_head") is not None:  # nanoGPT's ckpt.pt says it
         heads = cfgcheck.value(args, "n_head", f"{ckpt.source} (model_args)")
-    c = Ctx(ckpt, f.stack, layer, count, ckpt.config, heads_hint=heads, family=fam)
+    config = ckpt.config if fam is None else with_class_defaults(fam.model_type, ckpt.config)
+    c = Ctx(ckpt, f.stack, layer, count, config, heads_hint=heads, family=fam)
     f.layout.reader()(c)
     if fam is not None and c.facts.rope is not None:  # how its half-precision rotation rounds (every layout)
         c.facts.rope_rounding = fam.rope_rounding
@@ -1967,7 +1976,8 @@ def _facts_only(ckpt: Checkpoint, f: Found, layout: str | None = None) -> dict[s
     """Layer ``first``'s facts; reading its tensors only to learn shapes would map them, so headers are used."""
     shadow = _HeaderOnly(ckpt)
     fam = resolve_family(ckpt, f.layout, layout)
-    c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, ckpt.config, family=fam)  # type: ignore[arg-type]
+    config = ckpt.config if fam is None else with_class_defaults(fam.model_type, ckpt.config)
+    c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, config, family=fam)  # type: ignore[arg-type]
     f.layout.reader()(c)
     d = dict(c.facts.__dict__)
     d["first_layer"] = f.layers[0]
