@@ -622,6 +622,8 @@ def with_class_defaults(model_type: str, config: dict[str, Any] | None) -> dict[
     """config.json as transformers reads it through the family's config class: each attention key it leaves out
     filled with the class's default (attncli.io.class_defaults; a null stays null: config.json said it), the class's
     rope_parameters only where config.json has no rotary key at all, of any name (else the file's keys decide)."""
+    import copy
+
     from attncli.io.class_defaults import DEFAULTS
 
     given = DEFAULTS.get(model_type)
@@ -629,7 +631,7 @@ def with_class_defaults(model_type: str, config: dict[str, Any] | None) -> dict[
         return config
     rotary = any(("rope" in k or "rotary" in k) and k not in NOT_ROTARY for k in config)  # of any name
     fill = {k: v for k, v in given.items() if k not in config and not (k == "rope_parameters" and rotary)}
-    return {**fill, **config} if fill else config
+    return {**copy.deepcopy(fill), **config} if fill else config  # (the table's rope_parameters never shared)
 
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
 REFUSED: dict[str, str] = {
