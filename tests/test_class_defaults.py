@@ -6,7 +6,7 @@ config.json holding only what differs from the class (exit 0; weights off by 0.0
 apertus's llama3 scaling, glm's half rotary, ...), Gemma 2's soft-cap 50 and query_pre_attn_scalar 256, Llama 4's
 QK-norm. Each family's tiny model is saved, its config.json pruned of every value equal to the class's default
 (transformers reads the pruned file back to the same config), and attncli must agree with the model's own module
-or refuse in one line, never differ."""
+(plain and --from-residual: the norms' eps are defaults too) or refuse in one line, never differ."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def test_a_config_json_without_the_class_defaults_agrees_or_refuses(mt: str) -> 
         left = json.loads((work / "model" / "config.json").read_text())
         assert dropped and not set(dropped) & set(left)
         assert {k: read.get(k) for k in dropped} == dropped  # transformers reads the pruned file as the full one
-        outcomes = {layer: tf.run_self(built, layer, False, work) for layer in built.kinds}
+        outcomes = {(layer, residual): tf.run_self(built, layer, residual, work) for layer in built.kinds
+                    for residual in (False, True) if not residual or "hidden" in built.layers[layer]}
     bad = {layer: o for layer, o in outcomes.items() if o.verdict not in ("agrees", "refused")}
     assert not bad, (bad, dropped)
 
