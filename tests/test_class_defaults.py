@@ -84,3 +84,22 @@ def test_a_config_json_without_the_class_defaults_agrees_or_refuses(mt: str) -> 
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_inspect_says_which_facts_are_the_classs(tmp_path: Path) -> None:
+    """`inspect` of a pruned Gemma 2 folder: the soft-cap and scale are Gemma2Config's defaults (50, 256^-½), and a
+    note names the keys config.json left out."""
+    from typer.testing import CliRunner
+
+    from attncli.cli import app
+
+    _, dropped = pruned("gemma2", tmp_path)
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "model"), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    facts = json.loads(res.stdout)["stacks"][0]["facts"]
+    default = transformers.Gemma2Config()
+    assert facts["softcap"] == default.attn_logit_softcapping and facts["scale"] == default.query_pre_attn_scalar ** -0.5
+    note = facts["notes"]["class_defaults"]
+    assert {"attn_logit_softcapping", "query_pre_attn_scalar"} <= set(dropped) and all(k in note for k in
+                                                                                        ("attn_logit_softcapping",
+                                                                                         "query_pre_attn_scalar"))

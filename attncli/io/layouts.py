@@ -1978,6 +1978,10 @@ def _facts_only(ckpt: Checkpoint, f: Found, layout: str | None = None) -> dict[s
     fam = resolve_family(ckpt, f.layout, layout)
     config = ckpt.config if fam is None else with_class_defaults(fam.model_type, ckpt.config)
     c = Ctx(shadow, f.stack, f.layers[0], f.layers[-1] + 1, config, family=fam)  # type: ignore[arg-type]
+    filled = sorted(set(config or {}) - set(ckpt.config or {}))
+    if fam is not None and filled:  # what inspect shows: these facts are the class's, not the file's
+        c.facts.notes["class_defaults"] = (f"config.json leaves out {', '.join(filled)}: {fam.model_type}'s config "
+                                           "class defaults, as transformers reads it")
     f.layout.reader()(c)
     d = dict(c.facts.__dict__)
     d["first_layer"] = f.layers[0]
