@@ -103,3 +103,35 @@ def test_inspect_says_which_facts_are_the_classs(tmp_path: Path) -> None:
     assert {"attn_logit_softcapping", "query_pre_attn_scalar"} <= set(dropped) and all(k in note for k in
                                                                                         ("attn_logit_softcapping",
                                                                                          "query_pre_attn_scalar"))
+
+
+def _flat_rope() -> list[str]:
+    return [mt for mt in _agreeing() if isinstance(DEFAULTS.get(mt, {}).get("rope_parameters"), dict)
+            and "rope_theta" in DEFAULTS[mt]["rope_parameters"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mt", _flat_rope())
+def test_the_older_rope_theta_alone_takes_the_classs_rope_parameters(mt: str) -> None:
+    """A config.json with transformers 4's top-level rope_theta and no rope_parameters: transformers 5 takes the
+    class's rope_parameters with that base (gpt-oss's yarn, GLM's and Qwen3-Next's partial rotary, Apertus's and
+    CWM's llama3 scaling, Nemotron's half rotary); attncli read the base alone before (10 families off by up to 1.0).
+    Where transformers reads the file as another model than the one saved (a class whose default differs from the
+    saved factor), there is nothing to compare: skipped."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        try:
+            built = tf.build(mt, work / "model")
+        except tf.Skip as e:
+            pytest.skip(f"{e.why}: {e.detail}")
+        path = work / "model" / "config.json"
+        cfg = json.loads(path.read_text())
+        params = cfg.pop("rope_parameters", None)
+        if not isinstance(params, dict) or "rope_theta" not in params:
+            pytest.skip("its saved rope_parameters has no single base")
+        path.write_text(json.dumps({**cfg, "rope_theta": params["rope_theta"]}))
+        if transformers.AutoConfig.from_pretrained(work / "model").to_dict().get("rope_parameters") != params:
+            pytest.skip("transformers reads this file as another model than the one saved")
+        outcomes = {layer: tf.run_self(built, layer, False, work) for layer in built.kinds}
+    bad = {layer: o for layer, o in outcomes.items() if o.verdict not in ("agrees", "refused")}
+    assert not bad, bad

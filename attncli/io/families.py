@@ -620,8 +620,9 @@ NOT_ROTARY = frozenset({"no_rope_layers", "no_rope_layer_interval", "rope_interl
 
 def with_class_defaults(model_type: str, config: dict[str, Any] | None) -> dict[str, Any] | None:
     """config.json as transformers reads it through the family's config class: each attention key it leaves out
-    filled with the class's default (attncli.io.class_defaults; a null stays null: config.json said it), the class's
-    rope_parameters only where config.json has no rotary key at all, of any name (else the file's keys decide)."""
+    filled with the class's default (attncli.io.class_defaults; a null stays null: config.json said it); the class's
+    rope_parameters where config.json has no rotary key at all, of any name, or only the older rope_theta (its base
+    then replaces the class's); else the file's keys decide."""
     import copy
 
     from attncli.io.class_defaults import DEFAULTS
@@ -629,8 +630,13 @@ def with_class_defaults(model_type: str, config: dict[str, Any] | None) -> dict[
     given = DEFAULTS.get(model_type)
     if config is None or not given:
         return config
-    rotary = any(("rope" in k or "rotary" in k) and k not in NOT_ROTARY for k in config)  # of any name
+    rotary = {k for k in config if ("rope" in k or "rotary" in k) and k not in NOT_ROTARY}  # of any name
     fill = {k: v for k, v in given.items() if k not in config and not (k == "rope_parameters" and rotary)}
+    params = given.get("rope_parameters")
+    if rotary == {"rope_theta"} and isinstance(params, dict) and "rope_theta" in params:
+        # transformers' older key alone: the class's rope_parameters with that base (its scaling, its partial
+        # rotary factor: gpt-oss's yarn, GLM's half rotary), as convert_rope_params_to_dict fills them
+        fill["rope_parameters"] = {**params, "rope_theta": config["rope_theta"]}
     return {**copy.deepcopy(fill), **config} if fill else config  # (the table's rope_parameters never shared)
 
 # Known, and refused: model_type -> what of its attention attncli does not compute (one line each)
