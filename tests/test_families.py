@@ -574,19 +574,14 @@ def test_family_with_a_new_step_agrees(mt: str, dtype: str | None) -> None:
 
 
 @pytest.mark.parametrize("mt", ["qwen2_moe", "qwen3_moe", "qwen2", "qwen3"])
-def test_a_window_kept_beside_use_sliding_window_false_is_not_applied(mt: str, tmp_path: Path) -> None:
+def test_a_window_kept_beside_use_sliding_window_false_is_not_applied(mt: str, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The hub's Qwen1.5-MoE / Qwen2.5 config.json files keep sliding_window (32768, 131072) beside
     use_sliding_window: false; transformers' configs drop it (None, or 0 for Qwen2-MoE): no layer slides. Here a window
     of 3 keys (T = 10) is written back into the saved config.json: every run agrees with the module, which attended
     to every key (attncli slid Qwen2-MoE's and Qwen3-MoE's layers before: weights off by 0.98 and 0.47, exit 0)."""
-    saved = OVERRIDES.get(mt)
-    OVERRIDES[mt] = {**(saved or {}), "use_sliding_window": False, "sliding_window": 3}
-    try:
-        built = build(mt, tmp_path / "m")
-    finally:
-        OVERRIDES.pop(mt)
-        if saved is not None:
-            OVERRIDES[mt] = saved
+    monkeypatch.setitem(OVERRIDES, mt, {**OVERRIDES.get(mt, {}), "use_sliding_window": False, "sliding_window": 3})
+    built = build(mt, tmp_path / "m")
     path = tmp_path / "m" / "config.json"
     cfg = json.loads(path.read_text())
     cfg["sliding_window"] = 3
@@ -623,14 +618,8 @@ def test_a_config_without_its_window_key_has_the_classs_window(mt: str, tmp_path
     """gpt-oss and Granite SWA (a default window of 128) at T = 140 with config.json's sliding_window deleted: the
     module (built with the class's 128) and attncli agree; attncli attended to every key before (no window read)."""
     monkeypatch.setattr(sys.modules[__name__], "T", 140)
-    saved = OVERRIDES.get(mt)
-    OVERRIDES[mt] = {**(saved or {}), "sliding_window": 128, "max_position_embeddings": 256}
-    try:
-        built = build(mt, tmp_path / "m")
-    finally:
-        OVERRIDES.pop(mt)
-        if saved is not None:
-            OVERRIDES[mt] = saved
+    monkeypatch.setitem(OVERRIDES, mt, {**OVERRIDES.get(mt, {}), "sliding_window": 128, "max_position_embeddings": 256})
+    built = build(mt, tmp_path / "m")
     path = tmp_path / "m" / "config.json"
     cfg = json.loads(path.read_text())
     del cfg["sliding_window"]
