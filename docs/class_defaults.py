@@ -6,7 +6,8 @@ attncli reads config.json itself, so an absent key must mean what the class mean
 declaration reads (Family.reads()) whose class default is a constant (the dataclass field's default, unchanged by the
 class's __post_init__), not None, and not a shape (heads, widths, layer counts: read from the tensors or refused),
 and, for a family with rotary, the class's rope_parameters (used only where config.json has no rotary key at all).
-The window keys have their own rule (families.WINDOW_DEFAULTS). tests/test_class_defaults.py regenerates it and
+The window keys are among them: Mistral's sliding_window 4096, Qwen's use_sliding_window false (whose class then
+drops the window: no sliding_window default is listed for it). tests/test_class_defaults.py regenerates it and
 compares."""
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "attncli" / "io" / "class_defaults.py"
 SHAPES = frozenset({"hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers",
-                    "intermediate_size", "vocab_size", "layer_types", "sliding_window", "use_sliding_window",
-                    "window_size", "max_position_embeddings", "n_head", "n_embd", "n_layer", "d_model", "d_kv",
+                    "intermediate_size", "vocab_size", "layer_types", "window_size", "max_position_embeddings",
+                    "n_head", "n_embd", "n_layer", "d_model", "d_kv",
                     "num_heads", "num_layers", "dim", "n_heads", "n_layers", "encoder_layers", "decoder_layers",
                     "encoder_attention_heads", "decoder_attention_heads", "num_hidden_groups", "inner_group_num",
                     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_kv_heads",

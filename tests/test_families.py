@@ -592,24 +592,28 @@ def test_a_window_kept_beside_use_sliding_window_false_is_not_applied(mt: str, t
 
 
 def test_window_defaults_are_the_config_classes() -> None:
-    """A config.json without its window key is read as transformers reads it, with the config class's default
-    (families.WINDOW_DEFAULTS): each default is the class's own, and every declared family whose class has a window
-    by default is listed (or has its own rule: GPT-Neo's window_size, ModernBERT's local_attention, or Qwen's and
-    SmolLM3's use_sliding_window, false by default, which drops the window)."""
+    """A config.json without its window keys is read as transformers reads it (attncli.io.class_defaults): every
+    declared family whose class has a window by default gets that window, and the families whose class drops the
+    window unless use_sliding_window (Qwen 2/3 (MoE), SmolLM3) get use_sliding_window false and no window."""
     from transformers import CONFIG_MAPPING
 
-    from attncli.io.families import FAMILIES, WINDOW_DEFAULTS, WINDOW_SWITCHED
+    from attncli.io.class_defaults import DEFAULTS
+    from attncli.io.families import FAMILIES
 
+    windows, switched = {}, []
     for mt, fam in FAMILIES.items():
-        if fam.window_key != "sliding_window" or fam.window_key not in fam.reads() or mt not in CONFIG_MAPPING:
+        if fam.window_key != "sliding_window" or fam.window_key not in fam.reads() or mt not in CONFIG_MAPPING \
+                or fam.layer_type is not None:
             continue
         cfg = CONFIG_MAPPING[mt]()
-        default = getattr(cfg, "sliding_window", None)
-        if mt in WINDOW_SWITCHED:
-            assert getattr(cfg, "use_sliding_window", None) is False and not default, mt
-            assert fam.window_switch == "use_sliding_window", mt
-        elif fam.layer_type is None:
-            assert fam.window_default == default == WINDOW_DEFAULTS.get(mt), (mt, default)
+        if getattr(cfg, "use_sliding_window", None) is False:
+            switched.append(mt)
+            assert DEFAULTS[mt]["use_sliding_window"] is False and "sliding_window" not in DEFAULTS[mt], mt
+        elif getattr(cfg, "sliding_window", None) is not None:
+            windows[mt] = cfg.sliding_window
+            assert DEFAULTS[mt]["sliding_window"] == cfg.sliding_window, mt
+    assert windows["mistral"] == 4096 and windows["gpt_oss"] == 128 and len(windows) >= 20
+    assert {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3"} <= set(switched)
 
 
 @pytest.mark.parametrize("mt", ["gpt_oss", "granite_swa"])

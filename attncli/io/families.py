@@ -62,7 +62,7 @@ the read is refused in one line naming the key ("granite: attention_multiplier i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 Rule = Callable[[int, dict[str, Any], "str | None"], bool]  # (layer, config, layer type) -> yes/no
@@ -97,8 +97,6 @@ class Family:
     window_kind: str = "causal"  # its sliding layers: "causal" (the W keys up to each query) | "both" (|j - i| <= R)
     slides: Rule | None = None  # which layers slide when config.json lists no layer_types (None: every layer)
     always_slides: bool = False  # every layer slides whatever layer_types says (MiniMax's mask), given sliding_window
-    window_switch: str | None = None  # a config key without which (absent: false) no layer slides (Qwen's configs drop
-    # sliding_window unless use_sliding_window), whatever the window key says beside it
     rope_keys: frozenset[str] | None = None  # the rotary keys it reads (None: all of ROPE_KEYS)
     full_rotary: bool = False  # rotary over the whole head whatever partial_rotary_factor says; default or linear only
     gate: tuple[str, str] | None = None  # an output gate before o_proj: (its tensor after self_attn., sigmoid | softplus)
@@ -121,8 +119,7 @@ class Family:
     # config.json is_decoder) | "decoder-stack" (T5: the decoder's stack is causal) | "encoder-stack" (BART: the
     # encoder's stack is bidirectional)
     window_key: str = "sliding_window"  # the config key of the window (GPT-Neo: window_size)
-    window_default: int | None = None  # the window of a sliding layer when config.json has no window key at all
-    # (GPT-Neo: 256): the config class's default (a null is no default: config.json said it)
+    window_default: int | None = None  # the window of a local layer when config.json has none (GPT-Neo: 256)
     rope_whole: bool = False  # rotary over the whole head, base rope_theta (default 10000; the stored table where
     # rope_table), no partial factor or scaling read (RoFormer, ESM: their modeling files read none)
     rope_switch: str | None = None  # a config key choosing the rotary style: false half, else interleaved (DeepSeek-V3's
@@ -603,18 +600,6 @@ declare("distilbert", layout="distilbert", rope=None, pre_norm=None, causal=Fals
 # AlbertLayer: group int(r / (num_hidden_layers / num_hidden_groups)) with r = N // inner_group_num, inner N % inner)
 declare("albert", layout="albert", rope=None, pre_norm=None, causal=False)
 
-# A config.json without its window key: the config class's default, as transformers (5.23) reads such a file; a null
-# window is no default (config.json said it). tests/test_families.py pins each to transformers' own class.
-WINDOW_DEFAULTS = {"mistral": 4096, "ministral": 4096, "dots1": 4096, "gemma2": 4096, "gemma3_text": 4096,
-                   "vaultgemma": 4096, "cohere2": 4096, "cohere2_moe": 4096, "olmo3": 4096, "exaone4": 4096,
-                   "exaone_moe": 4096, "cwm": 8192, "afmoe": 1024, "mellum": 1024, "kolibri1": 513, "laguna": 512,
-                   "lfm3": 256, "gpt_oss": 128, "granite_swa": 128, "granitemoe_swa": 128, "ultrabert": 128}
-# Qwen 2/3 (MoE), SmolLM3: no window unless use_sliding_window (absent: false); their classes drop sliding_window
-WINDOW_SWITCHED = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3")
-for _mt, _w in WINDOW_DEFAULTS.items():
-    FAMILIES[_mt] = replace(FAMILIES[_mt], window_default=_w)
-for _mt in WINDOW_SWITCHED:
-    FAMILIES[_mt] = replace(FAMILIES[_mt], window_switch="use_sliding_window")
 NOT_ROTARY = frozenset({"no_rope_layers", "no_rope_layer_interval", "rope_interleave"})  # which layers, or the pairing
 
 

@@ -467,10 +467,6 @@ def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
     sliding rule (else every layer)."""
     cfg = c.config or {}
     w = cfg.get(fam.window_key)
-    defaulted = c.config is not None and fam.window_key not in cfg and fam.layer_type is None \
-        and fam.window_default is not None
-    if defaulted:  # no window key at all: the config class's default, as transformers reads such a file
-        w = fam.window_default
     kind = k.type
     if fam.layer_type is not None:  # the family's own layer kinds (GPT-Neo: global / local; ModernBERT: full / sliding)
         if k.by_rule:
@@ -493,11 +489,10 @@ def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
         said = "config.json's layer_types" if kind is not None else f"{fam.model_type}'s layer rule"
         raise c.fail(f"{fam.model_type}: {said} makes layer {c.layer} a sliding-window layer, but config.json's "
                      f"{fam.window_key} is null: its window is unknown (transformers cannot run it either)")
-    off = cfg.get("use_sliding_window") is False or (fam.window_switch is not None and not cfg.get(fam.window_switch))
-    if w is None or (off and kind != "sliding_attention"):
-        # Qwen 2/3 (MoE) and SmolLM3: no window unless use_sliding_window (absent: false), whatever sliding_window says
-        # beside it (their configs null it, or 0 for Qwen2-MoE; the hub's Qwen1.5-MoE and Qwen2.5 config.json files
-        # keep 32768/131072)
+    if w is None or (cfg.get("use_sliding_window") is False and kind != "sliding_attention"):
+        # Qwen 2/3 (MoE) and SmolLM3: no window unless use_sliding_window (their classes' default false: see
+        # with_class_defaults), whatever sliding_window says beside it (their configs null it, or 0 for Qwen2-MoE; the
+        # hub's Qwen1.5-MoE and Qwen2.5 config.json files keep 32768/131072)
         return
     if kind == "chunked_attention" and c.facts.chunk is None:
         raise c.fail(f"layer {c.layer} is a chunked-attention layer (Llama 4), which is not supported")
@@ -509,12 +504,7 @@ def _window(c: Ctx, fam: Family, k: LayerKind) -> None:
         slides = fam.slides is None or fam.slides(c.layer, cfg, None)
     if not slides:
         return
-    fact = "local_window" if fam.window_kind == "both" else "window"
-    if defaulted:  # the class's default, not a value config.json gave
-        setattr(c.facts, fact, int(w))
-        c.facts.notes["window"] = f"{int(w)}: {fam.model_type}'s default (config.json has no {fam.window_key})"
-    else:
-        c.facts.given(**{fact: int(w)})
+    c.facts.given(**{"local_window" if fam.window_kind == "both" else "window": int(w)})
     if fam.window_kind == "both":  # UltraBERT, ModernBERT: |j - i| <= R (sliding_window_bidirectional_overlay)
         c.facts.notes["bidirectional"] = (f"{fam.model_type}: an encoder's local layer, each token sees the tokens "
                                           f"within {int(w)} positions on either side")
