@@ -236,7 +236,7 @@ class Layer:
         self.fr, self.fc = max(1, math.ceil(self.m / overview)), max(1, math.ceil(self.n / overview))
         self.block = max(self.fr, self.block // self.fr * self.fr)  # whole blocks of the overview
         # blocks side by side within BLOCK_MAX (one at a time when a block of the overview is larger)
-        self.workers = max(1, min(WORKERS, max(BLOCK_BYTES, BLOCK_MAX) // max(1, self.block * size)))
+        self.workers = max(1, min(WORKERS, BLOCK_MAX // max(1, self.block * size)))
 
     # ---- computing ----
 
