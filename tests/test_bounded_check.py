@@ -86,6 +86,16 @@ CASES = [
 BUDGET_MB = 200  # per batch entry above the process's start; an explicit run of the whole problem holds 256 MB (4 steps)
 
 
+def said(rc: int, out: str, words: str) -> None:
+    """check's verdict: a match (exit 0), or a mismatch (exit 1) whose explanations name ``words``."""
+    verdict = json.loads(out)
+    if words == "MATCH":
+        assert rc == 0 and verdict["match"], out[:2000]
+    else:
+        named = [e["name"] for e in verdict["explanations"]]
+        assert rc == 1 and not verdict["match"] and words in named, (named, out[:2000])
+
+
 @pytest.mark.parametrize(("gqa", "causal", "dtype", "batch", "made", "words"), CASES)
 def test_check_is_bounded_and_right(inputs: Path, tmp_path: Path, gqa: bool, causal: bool, dtype: str, batch: int,
                                     made: str, words: str) -> None:
@@ -98,13 +108,7 @@ def test_check_is_bounded_and_right(inputs: Path, tmp_path: Path, gqa: bool, cau
             "--format", "json"] + (["--causal"] if causal else [])
     start = baseline(tmp_path)
     rc, out, peak = child(args, tmp_path)
-    verdict = json.loads(out)
-    if words == "MATCH":
-        assert rc == 0 and verdict["match"], out[:2000]
-    else:
-        assert rc == 1 and not verdict["match"]
-        named = [e["name"] for e in verdict["explanations"]]
-        assert words in named, (named, out[:2000])
+    said(rc, out, words)
     assert peak - start <= BUDGET_MB * batch, (peak, start)
 
 
@@ -168,11 +172,7 @@ def test_check_of_a_layer_is_bounded_and_right(tmp_path: Path, causal: bool, bat
             "--heads", str(H), "--kv-heads", str(KV), "--format", "json"] + (["--causal"] if causal else [])
     start = baseline(tmp_path)
     rc, out, peak = child(args, tmp_path)
-    verdict = json.loads(out)
-    if words == "MATCH":
-        assert rc == 0 and verdict["match"], out[:2000]
-    else:
-        assert rc == 1 and words in [e["name"] for e in verdict["explanations"]], out[:2000]
+    said(rc, out, words)
     assert peak - start <= BUDGET_MB * batch, (peak, start)
 
 
